@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what Cellium needs to build, test and demo on Debian 12, as root.
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+
+packages=(
+  # Build: BPF objects (clang), vendored libbpf (libelf, zlib), gRPC codegen (protoc).
+  clang make pkg-config gcc libc6-dev libelf-dev zlib1g-dev linux-libc-dev protobuf-compiler
+  # Network namespaces, veths, probes.
+  iproute2 iputils-ping
+  # Rendering `cellium-agent hive --dot`.
+  graphviz
+  # A real CNI runtime and the reference plugins (tests and benchmarks).
+  podman runc containernetworking-plugins
+  # Benchmarks.
+  iperf3 sockperf
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (it installs Debian packages and later creates network namespaces)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The CI machine has no rustfmt or clippy component unless rustup adds them.
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
+  done
+fi
