@@ -1,0 +1,41 @@
+//! `cellium`: inspect and drive a running Cellium agent over its unix socket.
+
+mod output;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Inspect and drive the Cellium agent on this node.
+#[derive(Debug, Parser)]
+#[command(name = "cellium", version, about)]
+struct Cli {
+    /// The agent's API socket.
+    #[arg(long, global = true, env = "CELLIUM_API_SOCKET", default_value = cellium_api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the agent's version, uptime and module health.
+    Status(status::Args),
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Status(args) => status::exec(&cli.socket, args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cellium: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

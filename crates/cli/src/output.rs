@@ -1,0 +1,75 @@
+//! How commands print: a table for people, JSON for programs.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// The `-o` flag shared by every listing command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns.
+    #[default]
+    Table,
+    /// One JSON document.
+    Json,
+}
+
+/// Prints `value` as pretty JSON.
+pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Prints rows under a header, each column as wide as its widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// A wall-clock time in milliseconds since the epoch as RFC 3339 (UTC, seconds).
+pub fn rfc3339_ms(unix_ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// How long ago `unix_ms` was, rounded to whole seconds ("3m 12s").
+pub fn ago_ms(unix_ms: i64) -> String {
+    let then = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    let secs = SystemTime::now()
+        .duration_since(then)
+        .unwrap_or_default()
+        .as_secs();
+    format!(
+        "{} ago",
+        humantime::format_duration(Duration::from_secs(secs))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_is_utc_seconds() {
+        assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20Z");
+    }
+}

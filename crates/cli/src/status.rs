@@ -1,0 +1,144 @@
+//! `cellium status`: the agent's version, uptime and module health.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use cellium_api::v1::{HealthLevel, HealthNode, StatusRequest, agent_client::AgentClient};
+use serde::Serialize;
+
+use crate::output::{self, Format};
+
+/// Arguments of `cellium status`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Show every module and job, not only those that are not OK.
+    #[arg(long, short)]
+    verbose: bool,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t)]
+    output: Format,
+}
+
+/// What `-o json` prints.
+#[derive(Debug, Serialize)]
+struct StatusView {
+    version: String,
+    uptime_seconds: u64,
+    level: &'static str,
+    modules: Vec<NodeView>,
+}
+
+#[derive(Debug, Serialize)]
+struct NodeView {
+    id: String,
+    level: &'static str,
+    message: String,
+    since: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    children: Vec<NodeView>,
+}
+
+/// Runs `cellium status`.
+pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
+    let channel = cellium_api::connect(socket).await?;
+    let status = AgentClient::new(channel)
+        .status(StatusRequest {})
+        .await
+        .context("the agent did not answer the Status call")?
+        .into_inner();
+    let view = StatusView {
+        version: status.version.clone(),
+        uptime_seconds: status.uptime_ms / 1000,
+        level: level_name(status.level()),
+        modules: status.modules.iter().map(node_view).collect(),
+    };
+    match args.output {
+        Format::Json => output::print_json(&view),
+        Format::Table => {
+            print_summary(&view, &status.modules);
+            if args.verbose {
+                println!();
+                print_tree(&status.modules);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_summary(view: &StatusView, modules: &[HealthNode]) {
+    let uptime = humantime::format_duration(Duration::from_secs(view.uptime_seconds));
+    let (total, unhealthy) = count(modules);
+    println!("Version:  {}", view.version);
+    println!("Uptime:   {uptime}");
+    println!(
+        "Health:   {} ({} of {} modules and jobs OK)",
+        view.level,
+        total - unhealthy.len(),
+        total
+    );
+    for node in unhealthy {
+        println!(
+            "          {} {}: {}",
+            node.id,
+            level_name(node.level()),
+            node.message
+        );
+    }
+}
+
+/// Counts the nodes and collects those that are not OK and have no child that explains why.
+fn count(nodes: &[HealthNode]) -> (usize, Vec<&HealthNode>) {
+    let mut total = 0;
+    let mut unhealthy = Vec::new();
+    let mut stack: Vec<&HealthNode> = nodes.iter().collect();
+    while let Some(node) = stack.pop() {
+        total += 1;
+        let child_explains = node.children.iter().any(|c| c.level == node.level);
+        if node.level() != HealthLevel::Ok && !child_explains {
+            unhealthy.push(node);
+        }
+        stack.extend(node.children.iter());
+    }
+    unhealthy.sort_by(|a, b| a.id.cmp(&b.id));
+    (total, unhealthy)
+}
+
+fn print_tree(modules: &[HealthNode]) {
+    let mut rows = Vec::new();
+    for node in modules {
+        push_rows(node, 0, &mut rows);
+    }
+    output::print_table(&["MODULE", "LEVEL", "SINCE", "MESSAGE"], &rows);
+}
+
+fn push_rows(node: &HealthNode, depth: usize, rows: &mut Vec<Vec<String>>) {
+    rows.push(vec![
+        format!("{}{}", "  ".repeat(depth), node.id),
+        level_name(node.level()).to_string(),
+        output::ago_ms(node.since_unix_ms),
+        node.message.clone(),
+    ]);
+    for child in &node.children {
+        push_rows(child, depth + 1, rows);
+    }
+}
+
+fn node_view(node: &HealthNode) -> NodeView {
+    NodeView {
+        id: node.id.clone(),
+        level: level_name(node.level()),
+        message: node.message.clone(),
+        since: output::rfc3339_ms(node.since_unix_ms),
+        children: node.children.iter().map(node_view).collect(),
+    }
+}
+
+fn level_name(level: HealthLevel) -> &'static str {
+    match level {
+        HealthLevel::Ok => "OK",
+        HealthLevel::Degraded => "Degraded",
+        HealthLevel::Stopped => "Stopped",
+        HealthLevel::Unspecified => "Unknown",
+    }
+}
