@@ -625,3 +625,275 @@ fn suggest_section(sections: &HashMap<TypeId, TypeKey>, wanted: &str) -> Option<
     let candidates = sections.values().map(|t| (t.pretty(), ""));
     best(wanted, candidates).map(|(name, _)| format!("did you mean `Config<{name}>`?"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::{Config, Error, Hive, Module, Problem};
+
+    struct Store;
+    struct EndpointManager;
+    struct Api;
+    struct Unused;
+    mod elsewhere {
+        pub struct Store;
+    }
+
+    fn problems(hive: &Hive) -> Vec<Problem> {
+        match hive.validate() {
+            Err(Error::Invalid { problems }) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    /// The problems' texts, without this module's path in type names.
+    fn texts(hive: &Hive) -> Vec<String> {
+        problems(hive)
+            .iter()
+            .map(|p| p.to_string().replace("cellium_hive::graph::tests::", ""))
+            .collect()
+    }
+
+    #[test]
+    fn a_missing_provider_names_type_consumer_module_path_and_a_suggestion() {
+        let hive = Hive::new([
+            Module::new("store", "Keeps state")
+                .provide(|| Arc::new(elsewhere::Store))
+                .into(),
+            Module::new("endpoint-manager", "Manages endpoints")
+                .provide(|_s: Arc<Store>| Arc::new(EndpointManager))
+                .into(),
+            Module::new("api-server", "Serves")
+                .provide(|_e: Arc<EndpointManager>| Arc::new(Api))
+                .invoke(|_a: Arc<Api>| {})
+                .into(),
+        ]);
+        let problems = texts(&hive);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let text = &problems[0];
+        for part in [
+            "missing provider: `Arc<Store>`",
+            "in module `endpoint-manager`",
+            "path: invoke in api-server -> Arc<Api> (api-server) -> Arc<EndpointManager> (endpoint-manager) -> Arc<Store>",
+            "did you mean `Arc<elsewhere::Store>` (provided by module `store`)?",
+        ] {
+            assert!(text.contains(part), "missing {part:?} in\n{text}");
+        }
+        assert!(!text.contains("alloc::sync"), "{text}");
+    }
+
+    #[test]
+    fn a_typo_gets_a_suggestion_and_an_unrelated_type_none() {
+        struct EndpointManagr;
+        struct Zebra;
+        let hive = Hive::new([
+            Module::new("em", "x")
+                .provide(|| Arc::new(EndpointManager))
+                .into(),
+            Module::new("user", "x")
+                .invoke(|_a: Arc<EndpointManagr>, _z: Arc<Zebra>| {})
+                .into(),
+        ]);
+        let texts = texts(&hive);
+        assert_eq!(texts.len(), 2);
+        assert!(
+            texts[0].contains("did you mean `Arc<EndpointManager>` (provided by module `em`)"),
+            "{}",
+            texts[0]
+        );
+        assert!(!texts[1].contains("did you mean"), "{}", texts[1]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let hive = Hive::new([
+            Module::new("Bad", "x").into(),
+            Module::new("a", "x").provide(|| Arc::new(Store)).into(),
+            Module::new("b", "x").provide(|| Arc::new(Store)).into(),
+            Module::new("c", "x")
+                .invoke(|_a: Arc<Api>, _e: Arc<EndpointManager>| {})
+                .into(),
+        ]);
+        let texts = texts(&hive);
+        assert_eq!(texts.len(), 4, "{texts:#?}");
+        assert!(texts[0].starts_with("invalid module id `Bad`"));
+        assert!(texts[1].starts_with("duplicate provider: `Arc<Store>`"));
+        assert!(texts[1].contains("in module `a`") && texts[1].contains("in module `b`"));
+        assert!(texts[2].contains("`Arc<Api>`"));
+        assert!(texts[3].contains("`Arc<EndpointManager>`"));
+    }
+
+    #[test]
+    fn private_types_are_visible_below_their_module_only() {
+        let ok = Hive::new([Module::new("cp", "x")
+            .provide_private(|| Arc::new(Store))
+            .cell(Module::new("inner", "x").invoke(|_s: Arc<Store>| {}))
+            .invoke(|_s: Arc<Store>| {})
+            .into()]);
+        ok.validate().unwrap();
+
+        let bad = Hive::new([
+            Module::new("cp", "x")
+                .provide_private(|| Arc::new(Store))
+                .into(),
+            Module::new("api", "x").invoke(|_s: Arc<Store>| {}).into(),
+        ]);
+        let texts = texts(&bad);
+        assert_eq!(texts.len(), 1);
+        assert!(
+            texts[0].contains("is private to module `cp`")
+                && texts[0].contains("needed by")
+                && texts[0].contains("in module `api`")
+                && texts[0].contains("path: invoke in api -> Arc<"),
+            "{}",
+            texts[0]
+        );
+    }
+
+    #[test]
+    fn private_providers_in_sibling_modules_do_not_clash_but_nested_ones_do() {
+        let siblings = Hive::new([
+            Module::new("a", "x")
+                .provide_private(|| Arc::new(Store))
+                .invoke(|_s: Arc<Store>| {})
+                .into(),
+            Module::new("b", "x")
+                .provide_private(|| Arc::new(Store))
+                .invoke(|_s: Arc<Store>| {})
+                .into(),
+        ]);
+        siblings.validate().unwrap();
+        let nested = Hive::new([Module::new("a", "x")
+            .provide_private(|| Arc::new(Store))
+            .cell(Module::new("b", "x").provide_private(|| Arc::new(Store)))
+            .into()]);
+        let texts = texts(&nested);
+        assert!(
+            texts[0].contains("duplicate provider") && texts[0].contains("module `a.b`"),
+            "{texts:?}"
+        );
+        let with_public = Hive::new([
+            Module::new("a", "x")
+                .provide_private(|| Arc::new(Store))
+                .into(),
+            Module::new("b", "x").provide(|| Arc::new(Store)).into(),
+        ]);
+        assert!(texts_of(&with_public)[0].contains("duplicate provider"));
+    }
+
+    fn texts_of(hive: &Hive) -> Vec<String> {
+        texts(hive)
+    }
+
+    struct CycA;
+    struct CycB;
+    struct CycC;
+
+    #[test]
+    fn a_cycle_is_reported_whole_with_modules() {
+        let hive = Hive::new([
+            Module::new("a", "x")
+                .provide(|_b: Arc<CycB>| Arc::new(CycA))
+                .into(),
+            Module::new("b", "x")
+                .provide(|_c: Arc<CycC>| Arc::new(CycB))
+                .into(),
+            Module::new("c", "x")
+                .provide(|_a: Arc<CycA>| Arc::new(CycC))
+                .invoke(|_a: Arc<CycA>| {})
+                .into(),
+        ]);
+        let texts = texts(&hive);
+        assert_eq!(texts.len(), 1, "{texts:?}");
+        let t = &texts[0];
+        assert!(t.starts_with("dependency cycle: "), "{t}");
+        let cycle = t.trim_start_matches("dependency cycle: ");
+        assert_eq!(
+            cycle,
+            "Arc<CycA> (a) -> Arc<CycB> (b) -> Arc<CycC> (c) -> Arc<CycA> (a)"
+        );
+    }
+
+    #[test]
+    fn a_self_dependency_is_a_cycle() {
+        let hive = Hive::new([Module::new("a", "x")
+            .provide(|_a: Option<Arc<CycA>>| Arc::new(CycA))
+            .invoke(|_a: Arc<CycA>| {})
+            .into()]);
+        assert!(texts(&hive)[0].contains("Arc<CycA> (a) -> Arc<CycA> (a)"));
+    }
+
+    #[test]
+    fn unneeded_constructors_are_not_checked_for_missing_dependencies() {
+        let hive = Hive::new([Module::new("a", "x")
+            .provide(|_m: Arc<EndpointManager>| Arc::new(Unused))
+            .provide(|| Arc::new(Store))
+            .invoke(|_s: Arc<Store>| {})
+            .into()]);
+        hive.validate().unwrap();
+    }
+
+    #[test]
+    fn value_groups_are_not_mixed_with_single_values() {
+        let mixed = Hive::new([
+            Module::new("a", "x").provide(|| Arc::new(Store)).into(),
+            Module::new("b", "x").contribute(|| Arc::new(Store)).into(),
+        ]);
+        let t = &texts(&mixed)[0];
+        assert!(
+            t.contains("provided by")
+                && t.contains("module `a`")
+                && t.contains("contributed to a value group")
+                && t.contains("module `b`"),
+            "{t}"
+        );
+
+        let single_of_group = Hive::new([
+            Module::new("b", "x").contribute(|| Arc::new(Store)).into(),
+            Module::new("c", "x").invoke(|_s: Arc<Store>| {}).into(),
+        ]);
+        let t = &texts(&single_of_group)[0];
+        assert!(
+            t.contains("is a value group") && t.contains("depend on `Vec<Arc<Store>>`"),
+            "{t}"
+        );
+
+        let group_of_single = Hive::new([
+            Module::new("a", "x").provide(|| Arc::new(Store)).into(),
+            Module::new("c", "x")
+                .invoke(|_s: Vec<Arc<Store>>| {})
+                .into(),
+        ]);
+        let t = &texts(&group_of_single)[0];
+        assert!(
+            t.contains("is provided (not contributed)") && t.contains("module `a`"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn a_missing_config_section_is_named_with_a_suggestion() {
+        #[derive(Default, serde::Serialize, serde::Deserialize)]
+        struct IpamConfig {
+            x: u8,
+        }
+        #[derive(Default, serde::Serialize, serde::Deserialize)]
+        struct IpamConfg {
+            y: u8,
+        }
+        let hive = Hive::new([
+            Module::new("ipam", "x").config::<IpamConfig>().into(),
+            Module::new("user", "x")
+                .invoke(|_c: Config<IpamConfg>| {})
+                .into(),
+        ]);
+        let t = &texts(&hive)[0];
+        assert!(
+            t.contains("missing config section: `Config<")
+                && t.contains(".config::<")
+                && t.contains("did you mean `Config<"),
+            "{t}"
+        );
+    }
+}

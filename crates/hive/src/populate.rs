@@ -177,3 +177,211 @@ pub(crate) fn construct(
     }
     Ok(store)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::{Error, Hive, Jobs, Lifecycle, Module, Reporter, group};
+
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    fn push(log: &Log, s: &str) {
+        log.lock().unwrap().push(s.to_string());
+    }
+
+    struct A;
+    struct B;
+    struct C;
+
+    #[test]
+    fn only_what_invokes_need_is_built_once_dependencies_first() {
+        let log = Log::default();
+        let (l1, l2, l3, l4, l5) = (
+            log.clone(),
+            log.clone(),
+            log.clone(),
+            log.clone(),
+            log.clone(),
+        );
+        let mut hive = Hive::new([Module::new("m", "x")
+            .provide(move |_a: Arc<A>| {
+                push(&l1, "new B");
+                Arc::new(B)
+            })
+            .provide(move || {
+                push(&l2, "new A");
+                Arc::new(A)
+            })
+            .provide(move || {
+                push(&l3, "new C (unused)");
+                Arc::new(C)
+            })
+            .invoke(move |_b: Arc<B>, _a: Arc<A>| push(&l4, "invoke 1"))
+            .invoke(move |_a: Arc<A>| push(&l5, "invoke 2"))
+            .into()]);
+        hive.populate().unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["new A", "new B", "invoke 1", "invoke 2"]
+        );
+        hive.populate().unwrap();
+        assert_eq!(log.lock().unwrap().len(), 4, "populate is idempotent");
+    }
+
+    trait Greeter: Send + Sync {
+        fn hello(&self) -> String;
+    }
+    struct English;
+    impl Greeter for English {
+        fn hello(&self) -> String {
+            "hello".into()
+        }
+    }
+    struct Loud(Arc<dyn Greeter>);
+    impl Greeter for Loud {
+        fn hello(&self) -> String {
+            self.0.hello().to_uppercase()
+        }
+    }
+
+    #[test]
+    fn trait_objects_and_decorators_for_a_sub_tree() {
+        let seen = Log::default();
+        let (inside, outside) = (seen.clone(), seen.clone());
+        let mut hive = Hive::new([
+            Module::new("greeting", "x")
+                .provide(|| Arc::new(English) as Arc<dyn Greeter>)
+                .into(),
+            Module::new("app", "x")
+                .decorate(
+                    |g: Arc<dyn Greeter>| Arc::new(Loud(g)) as Arc<dyn Greeter>,
+                    [group([Module::new("loud", "x")
+                        .invoke(move |g: Arc<dyn Greeter>| push(&inside, &g.hello()))
+                        .into()])
+                    .into()],
+                )
+                .invoke(move |g: Arc<dyn Greeter>| push(&outside, &g.hello()))
+                .into(),
+        ]);
+        hive.populate().unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["HELLO", "hello"]);
+        assert!(
+            hive.health().node("app.loud").is_some(),
+            "decorated cells are children"
+        );
+    }
+
+    #[test]
+    fn optional_and_group_dependencies() {
+        struct Member(&'static str);
+        let seen = Log::default();
+        let s = seen.clone();
+        let mut hive = Hive::new([
+            Module::new("one", "x")
+                .contribute(|| Arc::new(Member("one")))
+                .into(),
+            Module::new("two", "x")
+                .contribute(|| Arc::new(Member("two")))
+                .provide(|| Arc::new(A))
+                .into(),
+            Module::new("user", "x")
+                .invoke(
+                    move |members: Vec<Arc<Member>>,
+                          a: Option<Arc<A>>,
+                          b: Option<Arc<B>>,
+                          none: Vec<Arc<C>>| {
+                        let names: Vec<&str> = members.iter().map(|m| m.0).collect();
+                        push(
+                            &s,
+                            &format!("{names:?} {} {} {}", a.is_some(), b.is_some(), none.len()),
+                        );
+                    },
+                )
+                .into(),
+        ]);
+        hive.populate().unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["[\"one\", \"two\"] true false 0"]);
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("disk is full")]
+    struct DiskFull;
+
+    #[test]
+    fn a_failing_constructor_names_itself_its_module_and_the_cause() {
+        fn new_store() -> Result<Arc<A>, DiskFull> {
+            Err(DiskFull)
+        }
+        let built = Arc::new(AtomicUsize::new(0));
+        let b = built.clone();
+        let mut hive = Hive::new([Module::new("cp", "x")
+            .cell(Module::new("store", "x").provide(new_store))
+            .invoke(move |_a: Arc<A>| {
+                b.fetch_add(1, Ordering::SeqCst);
+            })
+            .into()]);
+        let err = hive.populate().unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("constructor `cellium_hive::populate::tests::a_failing_constructor_names_itself_its_module_and_the_cause::new_store`"), "{text}");
+        assert!(
+            text.contains("of `Arc<cellium_hive::populate::tests::A>` in module `cp.store` failed"),
+            "{text}"
+        );
+        assert_eq!(
+            std::error::Error::source(&err).unwrap().to_string(),
+            "disk is full"
+        );
+        assert_eq!(built.load(Ordering::SeqCst), 0);
+        assert!(matches!(hive.populate(), Err(Error::State { .. })));
+    }
+
+    #[test]
+    fn a_failing_invoke_is_named() {
+        let mut hive = Hive::new([Module::new("api", "x")
+            .invoke(|| -> Result<(), DiskFull> { Err(DiskFull) })
+            .into()]);
+        let err = hive.populate().unwrap_err();
+        assert!(err.to_string().starts_with("invoke `"), "{err}");
+        assert!(err.to_string().contains("in module `api` failed"), "{err}");
+    }
+
+    #[test]
+    fn built_ins_are_scoped_to_the_consuming_module() {
+        let seen = Log::default();
+        let s = seen.clone();
+        let mut hive = Hive::new([Module::new("cp", "x")
+            .cell(
+                Module::new("ipam", "x").invoke(move |lc: Lifecycle, r: Reporter, _j: Jobs| {
+                    push(&s, lc.module_id());
+                    push(&s, r.id());
+                }),
+            )
+            .into()]);
+        hive.populate().unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["cp.ipam", "cp.ipam"]);
+    }
+
+    #[test]
+    fn bad_job_names_added_while_populating_are_populate_errors() {
+        let mut hive = Hive::new([Module::new("sync", "x")
+            .invoke(|jobs: Jobs| {
+                jobs.one_shot("Bad_Name", |_| async { Ok(()) }).add();
+                jobs.one_shot("twice", |_| async { Ok(()) }).add();
+                jobs.one_shot("twice", |_| async { Ok(()) }).add();
+            })
+            .into()]);
+        let err = hive.populate().unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("invalid job name `Bad_Name` in module `sync`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("job name `twice` is used twice in module `sync`"),
+            "{text}"
+        );
+    }
+}

@@ -9,7 +9,18 @@
 use std::any::TypeId;
 
 /// Path prefixes whose types are shown by their last segment only.
-const SHORTENED: &[&str] = &["alloc", "core", "std", "cellium_hive"];
+const SHORTENED: &[&str] = &["alloc", "core", "std"];
+
+/// The hive's own types that parameters name, shown without their path.
+const HIVE_TYPES: &[&str] = &[
+    "Config",
+    "HiveConfig",
+    "Lifecycle",
+    "Jobs",
+    "Reporter",
+    "Health",
+    "Shutdowner",
+];
 
 /// A type recorded at declaration: its identity and its `type_name`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,8 +52,10 @@ pub(crate) fn prettify(name: &str) -> String {
             return;
         }
         let first = path.split("::").next().unwrap_or_default();
-        if SHORTENED.contains(&first) {
-            out.push_str(path.rsplit("::").next().unwrap_or(path));
+        let last = path.rsplit("::").next().unwrap_or(path);
+        let hive_type = first == "cellium_hive" && HIVE_TYPES.contains(&last);
+        if hive_type || (SHORTENED.contains(&first) && !path.ends_with("}}")) {
+            out.push_str(last);
         } else {
             out.push_str(path);
         }
@@ -102,7 +115,7 @@ mod tests {
     #[test]
     fn standard_paths_are_shortened_and_user_paths_kept() {
         let name = std::any::type_name::<Arc<Local>>();
-        assert_eq!(prettify(name), "Arc<Local>");
+        assert_eq!(prettify(name), "Arc<cellium_hive::typename::tests::Local>");
         assert_eq!(
             prettify("alloc::sync::Arc<cellium_ipam::Ipam>"),
             "Arc<cellium_ipam::Ipam>"
