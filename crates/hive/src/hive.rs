@@ -388,4 +388,291 @@ mod tests {
         hive.stop().await.unwrap();
         assert_eq!(hive.health().level(), Level::Stopped);
     }
+
+    #[tokio::test]
+    async fn module_health_goes_not_started_started_stopped() {
+        let mut hive = Hive::new([
+            Module::new("quiet", "x").into(),
+            Module::new("talks", "x")
+                .invoke(|r: crate::Reporter| r.degraded("no peers yet"))
+                .into(),
+        ]);
+        let health = hive.health();
+        let status = |id: &str| {
+            let n = health.node(id).unwrap();
+            (n.status.level, n.status.message)
+        };
+        assert_eq!(status("quiet"), (Level::Stopped, "not started".into()));
+        hive.start().await.unwrap();
+        assert_eq!(status("quiet"), (Level::Ok, "started".into()));
+        assert_eq!(status("talks"), (Level::Degraded, "no peers yet".into()));
+        hive.stop().await.unwrap();
+        assert_eq!(status("quiet"), (Level::Stopped, "stopped".into()));
+        assert_eq!(status("talks"), (Level::Stopped, "stopped".into()));
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("port 4240 in use")]
+    struct InUse;
+
+    #[tokio::test]
+    async fn a_failed_start_names_hook_module_and_cause_and_undoes_the_start() {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (l1, l2) = (log.clone(), log.clone());
+        let mut hive = Hive::new([
+            Module::new("store", "x")
+                .invoke(move |lc: Lifecycle| {
+                    lc.append(Hook::new("open").on_stop(move |_| async move {
+                        l1.lock().unwrap().push("store stopped".into());
+                        Ok(())
+                    }))
+                })
+                .into(),
+            Module::new("cp", "x")
+                .cell(Module::new("api", "x").invoke(move |lc: Lifecycle| {
+                    let l = l2.clone();
+                    lc.append(
+                        Hook::new("listen")
+                            .on_start(|_| async { Err(Box::new(InUse) as crate::BoxError) })
+                            .on_stop(move |_| async move {
+                                l.lock().unwrap().push("api stopped".into());
+                                Ok(())
+                            }),
+                    )
+                }))
+                .into(),
+        ]);
+        let err = hive.start().await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "start hook `listen` of module `cp.api` failed"
+        );
+        assert_eq!(
+            std::error::Error::source(&err).unwrap().to_string(),
+            "port 4240 in use"
+        );
+        assert_eq!(*log.lock().unwrap(), ["store stopped"]);
+        assert_eq!(hive.health().level(), Level::Stopped);
+        assert!(matches!(hive.start().await, Err(Error::State { .. })));
+    }
+
+    #[tokio::test]
+    async fn start_twice_and_start_after_stop_are_state_errors() {
+        let mut hive = Hive::new([]);
+        hive.start().await.unwrap();
+        let again = hive.start().await.unwrap_err();
+        assert_eq!(
+            again.to_string(),
+            "cannot start: the hive is already started"
+        );
+        hive.stop().await.unwrap();
+        hive.stop().await.unwrap();
+        assert!(
+            hive.start()
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("has stopped")
+        );
+    }
+
+    #[tokio::test]
+    async fn stop_runs_every_hook_and_reports_every_failure() {
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(|lc: Lifecycle| {
+                for name in ["one", "two", "three"] {
+                    lc.append(Hook::new(name).on_stop(move |_| async move {
+                        if name == "two" {
+                            Ok(())
+                        } else {
+                            Err(format!("{name} failed").into())
+                        }
+                    }));
+                }
+            })
+            .into()]);
+        hive.start().await.unwrap();
+        let err = hive.stop().await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("2 stop hook(s) failed:"), "{text}");
+        assert!(text.contains("stop hook `three` of module `m`: three failed\n  - stop hook `one` of module `m`: one failed"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn run_stops_on_the_shutdown_future_or_a_shutdowner() {
+        let hive = Hive::new([Module::new("m", "x").into()]);
+        let health = hive.health();
+        hive.run(async {}).await.unwrap();
+        assert_eq!(health.node("m").unwrap().status.message, "stopped");
+
+        let clean = Hive::new([Module::new("m", "x")
+            .invoke(|lc: Lifecycle, s: Shutdowner| {
+                lc.append(Hook::new("quit").on_start(move |_| async move {
+                    s.shutdown(None);
+                    Ok(())
+                }))
+            })
+            .into()]);
+        clean.run(std::future::pending()).await.unwrap();
+
+        let failing = Hive::new([Module::new("m", "x")
+            .invoke(|lc: Lifecycle, s: Shutdowner| {
+                lc.append(
+                    Hook::new("quit")
+                        .on_start(move |_| async move {
+                            s.shutdown(Some("lost the datapath".into()));
+                            Ok(())
+                        })
+                        .on_stop(|_| async { Err("cleanup failed".into()) }),
+                )
+            })
+            .into()]);
+        let err = failing.run(std::future::pending()).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("shutdown requested with an error; then 1 stop hook(s) failed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("stop hook `quit` of module `m`: cleanup failed"),
+            "{text}"
+        );
+        assert_eq!(
+            std::error::Error::source(&err).unwrap().to_string(),
+            "lost the datapath"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_start_timeout_comes_from_the_config() {
+        let mut hive = Hive::new([Module::new("slow", "x")
+            .invoke(|lc: Lifecycle| {
+                lc.append(Hook::new("hang").on_start(|ctx| async move {
+                    ctx.cancelled().await;
+                    Err("cancelled".into())
+                }))
+            })
+            .into()])
+        .with_config(crate::ConfigSources::new().flag("start-timeout", "3s"));
+        let err = hive.start().await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "start hook `hang` of module `slow` timed out after 3s"
+        );
+    }
+
+    /// Records each event with the fields of the spans it is inside.
+    #[derive(Default)]
+    struct Capture {
+        next: std::sync::atomic::AtomicU64,
+        spans: Mutex<HashMap<u64, String>>,
+        stack: Mutex<Vec<u64>>,
+        lines: Arc<Mutex<Vec<String>>>,
+    }
+
+    struct Fields(String);
+
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={:?} ", field.name(), value));
+        }
+    }
+
+    impl tracing::Subscriber for Capture {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let id = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let mut f = Fields(String::new());
+            attrs.record(&mut f);
+            self.spans.lock().unwrap().insert(id, f.0);
+            tracing::span::Id::from_u64(id)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut f = Fields(String::new());
+            event.record(&mut f);
+            let spans = self.spans.lock().unwrap();
+            let ctx: Vec<String> = self
+                .stack
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|id| spans.get(id).cloned())
+                .collect();
+            self.lines
+                .lock()
+                .unwrap()
+                .push(format!("{}| {}", ctx.join(""), f.0));
+        }
+        fn enter(&self, id: &tracing::span::Id) {
+            self.stack.lock().unwrap().push(id.into_u64());
+        }
+        fn exit(&self, id: &tracing::span::Id) {
+            let mut stack = self.stack.lock().unwrap();
+            if let Some(pos) = stack.iter().rposition(|s| *s == id.into_u64()) {
+                stack.remove(pos);
+            }
+        }
+    }
+
+    #[test]
+    fn logs_of_hooks_and_jobs_carry_the_module_id() {
+        let capture = Capture::default();
+        let lines = capture.lines.clone();
+        let _guard = tracing::subscriber::set_default(capture);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let tx = Mutex::new(Some(tx));
+            let mut hive = Hive::new([Module::new("cp", "x")
+                .cell(
+                    Module::new("ipam", "x").invoke(move |lc: Lifecycle, jobs: crate::Jobs| {
+                        lc.append(Hook::new("restore").on_start(|_| async {
+                            tracing::info!("hello from a hook");
+                            Ok(())
+                        }));
+                        let tx = tx.lock().unwrap().take();
+                        let mut tx = tx;
+                        jobs.one_shot("sync", move |_| {
+                            let tx = tx.take();
+                            async move {
+                                tracing::info!("hello from a job");
+                                if let Some(tx) = tx {
+                                    let _ = tx.send(());
+                                }
+                                Ok(())
+                            }
+                        })
+                        .add();
+                    }),
+                )
+                .into()]);
+            hive.start().await.unwrap();
+            rx.await.unwrap();
+            hive.stop().await.unwrap();
+        });
+        let lines = lines.lock().unwrap();
+        let hook = lines
+            .iter()
+            .find(|l| l.contains("hello from a hook"))
+            .unwrap();
+        assert!(
+            hook.contains("module=cp.ipam") && hook.contains("hook=restore"),
+            "{hook}"
+        );
+        let job = lines
+            .iter()
+            .find(|l| l.contains("hello from a job"))
+            .unwrap();
+        assert!(
+            job.contains("module=cp.ipam") && job.contains("job=sync"),
+            "{job}"
+        );
+    }
 }

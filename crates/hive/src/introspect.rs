@@ -317,3 +317,102 @@ fn render_values(out: &mut String, pad: &str, values: Option<&Vec<(String, Strin
 fn esc(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::{Config, Hive, Hook, Lifecycle, Module};
+
+    #[derive(Default, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    struct StoreConfig {
+        state_dir: String,
+    }
+    struct Store;
+    struct Api;
+    struct Missing;
+
+    fn new_store(_c: Config<StoreConfig>, lc: Lifecycle) -> Arc<Store> {
+        lc.append(Hook::new("open-store"));
+        Arc::new(Store)
+    }
+
+    fn new_api(_s: Arc<Store>, lc: Lifecycle) -> Arc<Api> {
+        lc.append(Hook::new("listen"));
+        Arc::new(Api)
+    }
+
+    fn hive() -> Hive {
+        Hive::new([Module::new("agent", "The whole agent")
+            .cell(
+                Module::new("store", "Keeps state on disk")
+                    .config::<StoreConfig>()
+                    .provide(new_store),
+            )
+            .cell(
+                Module::new("api", "Serves the state")
+                    .provide(new_api)
+                    .invoke(|_a: Arc<Api>| {}),
+            )
+            .into()])
+        .with_config(crate::ConfigSources::new().flag("state-dir", "/run/x"))
+    }
+
+    #[test]
+    fn describe_shows_modules_config_providers_invokes_and_orders() {
+        let mut hive = hive();
+        let before = hive.describe();
+        assert!(
+            before.contains("start order:\n  (known once populated"),
+            "{before}"
+        );
+        hive.populate().unwrap();
+        let text = hive.describe();
+        for part in [
+            "modules:\n  agent: The whole agent\n    store: Keeps state on disk\n",
+            "      config cellium_hive::introspect::tests::StoreConfig:\n        state-dir = \"/run/x\"\n",
+            "      provide cellium_hive::introspect::tests::new_store(Config<cellium_hive::introspect::tests::StoreConfig>, Lifecycle) -> Arc<cellium_hive::introspect::tests::Store>\n",
+            "    api: Serves the state\n",
+            "      invoke cellium_hive::introspect::tests::hive::{{closure}}(Arc<cellium_hive::introspect::tests::Api>)\n",
+            "hive config:\n    start-timeout = \"5m\"\n    stop-timeout = \"1m\"\n",
+            "construction order:\n  1. Arc<cellium_hive::introspect::tests::Store> (agent.store) by cellium_hive::introspect::tests::new_store\n  2. Arc<cellium_hive::introspect::tests::Api> (agent.api) by",
+            "  3. invoke in agent.api (",
+            "start order:\n  1. open-store (agent.store)\n  2. listen (agent.api)\n",
+        ] {
+            assert!(text.contains(part), "missing {part:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn dot_has_nested_clusters_nodes_edges_and_missing_nodes() {
+        let text = hive().dot();
+        assert!(text.starts_with("digraph hive {"), "{text}");
+        assert!(text.contains("subgraph cluster_0 {"), "{text}");
+        assert!(
+            text.contains(
+                "  subgraph cluster_1 {\n      label=\"agent.store\\nKeeps state on disk\";"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("p1 -> p0 [label=\"Arc<cellium_hive::introspect::tests::Store>\"];"),
+            "{text}"
+        );
+        assert!(text.contains("p0 -> s0 [label=\"Config<"), "{text}");
+        assert!(text.contains("i0 -> p1"), "{text}");
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
+
+        let broken = Hive::new([Module::new("a", "x").invoke(|_m: Arc<Missing>| {}).into()]);
+        let text = broken.dot();
+        assert!(text.contains("missing1 [label=\"Arc<cellium_hive::introspect::tests::Missing>\\n(missing)\", color=red"), "{text}");
+        assert!(text.contains("i0 -> missing1"), "{text}");
+        assert!(
+            broken
+                .describe()
+                .contains("(unknown: 1 problem(s); see validate)")
+        );
+    }
+}

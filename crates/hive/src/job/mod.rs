@@ -344,9 +344,118 @@ impl Backoff {
     }
 }
 
+/// Waits until `f` holds, polling every 10ms (of paused or real time).
+#[cfg(test)]
+pub(crate) async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Hive, Hook, Lifecycle, Module};
+
+    #[tokio::test]
+    async fn jobs_start_after_their_module_hooks_and_stop_before_them() {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let l = log.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |lc: Lifecycle, jobs: Jobs| {
+                let (a, b, c) = (l.clone(), l.clone(), l.clone());
+                lc.append(
+                    Hook::new("open")
+                        .on_start(move |_| async move {
+                            a.lock().unwrap().push("hook start".into());
+                            Ok(())
+                        })
+                        .on_stop(move |_| async move {
+                            b.lock().unwrap().push("hook stop".into());
+                            Ok(())
+                        }),
+                );
+                jobs.one_shot("work", move |ctx| {
+                    let c = c.clone();
+                    async move {
+                        c.lock().unwrap().push("job runs".into());
+                        ctx.cancelled().await;
+                        c.lock().unwrap().push("job cancelled".into());
+                        Ok(())
+                    }
+                })
+                .add();
+            })
+            .into()]);
+        hive.populate().unwrap();
+        let health = hive.health();
+        assert_eq!(health.node("m.work").unwrap().status.message, "not started");
+        hive.start().await.unwrap();
+        eventually("the job runs", || log.lock().unwrap().len() == 2).await;
+        assert_eq!(health.node("m.work").unwrap().status.level, Level::Ok);
+        hive.stop().await.unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["hook start", "job runs", "job cancelled", "hook stop"]
+        );
+    }
+
+    #[tokio::test]
+    async fn jobs_added_after_start_run_at_once() {
+        let slot: Arc<Mutex<Option<Jobs>>> = Arc::default();
+        let s = slot.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| *s.lock().unwrap() = Some(jobs))
+            .into()]);
+        hive.start().await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let jobs = slot.lock().unwrap().clone().unwrap();
+        let mut tx = Some(tx);
+        jobs.one_shot("late", move |_| {
+            let tx = tx.take();
+            async move {
+                if let Some(tx) = tx {
+                    let _ = tx.send(());
+                }
+                Ok(())
+            }
+        })
+        .add();
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .unwrap()
+            .unwrap();
+        hive.stop().await.unwrap();
+        jobs.one_shot("after-stop", |_| async { Ok(()) }).add();
+        assert!(hive.health().node("m.after-stop").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_bad_job_name_at_run_time_degrades_the_module() {
+        let slot: Arc<Mutex<Option<Jobs>>> = Arc::default();
+        let s = slot.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .cell(Module::new("sub", "x"))
+            .invoke(move |jobs: Jobs| *s.lock().unwrap() = Some(jobs))
+            .into()]);
+        hive.start().await.unwrap();
+        let jobs = slot.lock().unwrap().clone().unwrap();
+        jobs.one_shot("sub", |_| async { Ok(()) }).add();
+        let m = hive.health().node("m").unwrap();
+        assert_eq!(m.status.level, Level::Degraded);
+        assert!(
+            m.status
+                .message
+                .contains("job name `sub` is used twice in module `m`"),
+            "{}",
+            m.status.message
+        );
+        hive.stop().await.unwrap();
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

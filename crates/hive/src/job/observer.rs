@@ -73,3 +73,67 @@ impl Observer {
         self.jobs.add(&self.name, self.run);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::job::eventually;
+    use crate::{Hive, Module};
+
+    #[tokio::test]
+    async fn items_in_order_failures_degrade_and_the_end_stops() {
+        let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let s = seen.clone();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+        let rx = Arc::new(Mutex::new(Some(rx)));
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| {
+                let s = s.clone();
+                let stream = futures::stream::unfold(rx.lock().unwrap().take(), |rx| async move {
+                    let mut rx = rx?;
+                    let item = rx.recv().await?;
+                    Some((item, Some(rx)))
+                });
+                jobs.observer("events", stream, move |item, _ctx| {
+                    s.lock().unwrap().push(item);
+                    async move {
+                        if item == 2 {
+                            Err("item 2 is bad".into())
+                        } else {
+                            Ok(())
+                        }
+                    }
+                })
+                .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        eventually("two items", || seen.lock().unwrap().len() == 2).await;
+        eventually("degraded", || {
+            health.node("m.events").unwrap().status.level == Level::Degraded
+        })
+        .await;
+        assert_eq!(
+            health.node("m.events").unwrap().status.message,
+            "item failed: item 2 is bad"
+        );
+        tx.send(3).unwrap();
+        eventually("ok again", || {
+            health.node("m.events").unwrap().status.level == Level::Ok
+        })
+        .await;
+        drop(tx);
+        eventually("the stream ended", || {
+            health.node("m.events").unwrap().status.message == "stream ended"
+        })
+        .await;
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+        assert_eq!(health.node("m").unwrap().status.level, Level::Ok);
+        hive.stop().await.unwrap();
+    }
+}

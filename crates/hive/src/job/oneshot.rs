@@ -120,3 +120,111 @@ impl OneShot {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use crate::job::eventually;
+    use crate::{Backoff, Error, Hive, Jobs, Level, Module};
+
+    fn backoff(max_retries: Option<u32>) -> Backoff {
+        Backoff {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(4),
+            factor: 2.0,
+            max_retries,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_show_degraded_then_a_success_removes_the_node() {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let a = attempts.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| {
+                let a = a.clone();
+                jobs.one_shot("restore", move |_| {
+                    let n = a.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if n < 2 {
+                            Err(format!("try {n} failed").into())
+                        } else {
+                            Ok(())
+                        }
+                    }
+                })
+                .retry(backoff(None))
+                .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        eventually("two failures and a success", || {
+            if let Some(n) = health.node("m.restore") {
+                let mut s = seen.lock().unwrap();
+                if s.last() != Some(&n.status.message) {
+                    s.push(n.status.message.clone());
+                }
+            }
+            attempts.load(Ordering::SeqCst) == 3 && health.node("m.restore").is_none()
+        })
+        .await;
+        let seen = seen.lock().unwrap().join("\n");
+        assert!(
+            seen.contains("attempt 1 failed, retrying in 1s: try 0 failed"),
+            "{seen}"
+        );
+        assert!(
+            seen.contains("attempt 2 failed, retrying in 2s: try 1 failed"),
+            "{seen}"
+        );
+        assert_eq!(health.node("m").unwrap().status.level, Level::Ok);
+        hive.stop().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_essential_job_shuts_the_hive_down_with_its_error() {
+        let hive = Hive::new([Module::new("cp", "x")
+            .cell(Module::new("ipam", "x").invoke(|jobs: Jobs| {
+                jobs.one_shot("restore", |_| async { Err("state dir unreadable".into()) })
+                    .retry(backoff(Some(1)))
+                    .shutdown_on_error()
+                    .add();
+            }))
+            .into()]);
+        let health = hive.health();
+        let err = hive.run(std::future::pending()).await.unwrap_err();
+        assert!(matches!(err, Error::Shutdown { .. }), "{err:?}");
+        let job = std::error::Error::source(&err).unwrap();
+        assert_eq!(job.to_string(), "job `restore` of module `cp.ipam` failed");
+        assert_eq!(job.source().unwrap().to_string(), "state dir unreadable");
+        assert_eq!(health.level(), Level::Stopped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_job_without_shutdown_stays_degraded() {
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(|jobs: Jobs| {
+                jobs.one_shot("once", |_| async { Err("boom".into()) })
+                    .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        eventually("the job fails", || {
+            health
+                .node("m.once")
+                .is_some_and(|n| n.status.level == Level::Degraded)
+        })
+        .await;
+        let m = health.node("m").unwrap();
+        assert_eq!(m.status.level, Level::Degraded);
+        assert_eq!(m.status.message, "m.once: failed: boom");
+        assert!(!hive.shutdowner().is_requested());
+        hive.stop().await.unwrap();
+    }
+}

@@ -171,3 +171,109 @@ impl Timer {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::job::eventually;
+    use crate::{Hive, Module};
+
+    #[tokio::test(start_paused = true)]
+    async fn runs_every_interval_and_triggers_coalesce() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let trigger = Trigger::new();
+        let t = trigger.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| {
+                let r = r.clone();
+                jobs.timer("gc", Duration::from_secs(10), move |_| {
+                    let n = r.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if n == 1 {
+                            Err("gc failed".into())
+                        } else {
+                            Ok(())
+                        }
+                    }
+                })
+                .trigger(t.clone())
+                .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "the first run waits an interval"
+        );
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(
+            health
+                .node("m.gc")
+                .unwrap()
+                .status
+                .message
+                .starts_with("ok (")
+        );
+        trigger.trigger();
+        trigger.trigger();
+        trigger.trigger();
+        eventually("one triggered run", || runs.load(Ordering::SeqCst) == 2).await;
+        let gc = health.node("m.gc").unwrap();
+        assert_eq!(gc.status.level, Level::Degraded);
+        assert_eq!(gc.status.message, "run failed: gc failed");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "three triggers made one run"
+        );
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "counted from the triggered run"
+        );
+        eventually("the next interval", || runs.load(Ordering::SeqCst) == 3).await;
+        assert!(start.elapsed() >= Duration::from_secs(20));
+        assert_eq!(health.node("m.gc").unwrap().status.level, Level::Ok);
+        hive.stop().await.unwrap();
+        assert_eq!(health.node("m.gc").unwrap().status.level, Level::Stopped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_interval_runs_only_when_triggered_even_before_start() {
+        let runs: Arc<Mutex<u32>> = Arc::default();
+        let r = runs.clone();
+        let trigger = Trigger::new();
+        trigger.trigger();
+        let t = trigger.clone();
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| {
+                let r = r.clone();
+                jobs.timer("resync", Duration::ZERO, move |_| {
+                    *r.lock().unwrap() += 1;
+                    async { Ok(()) }
+                })
+                .trigger(t.clone())
+                .add();
+            })
+            .into()]);
+        hive.start().await.unwrap();
+        eventually("the early trigger is served", || *runs.lock().unwrap() == 1).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(*runs.lock().unwrap(), 1);
+        trigger.trigger();
+        eventually("a second run", || *runs.lock().unwrap() == 2).await;
+        hive.stop().await.unwrap();
+    }
+}
