@@ -618,8 +618,29 @@ mod tests {
         }
     }
 
+    /// Runs in a child process of its own: `tracing` caches per call site
+    /// whether anyone listens, and other tests running in parallel threads
+    /// without a subscriber race with the one installed here.
     #[test]
     fn logs_of_hooks_and_jobs_carry_the_module_id() {
+        if std::env::var("HIVE_LOG_CHILD").is_err() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "hive::tests::logs_of_hooks_and_jobs_carry_the_module_id",
+                ])
+                .env("HIVE_LOG_CHILD", "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains("1 passed"), "{stdout}");
+            return;
+        }
         let capture = Capture::default();
         let lines = capture.lines.clone();
         let _guard = tracing::subscriber::set_default(capture);
