@@ -1,0 +1,38 @@
+//! The cells that make up `cellium-agent`.
+
+use cellium_hive::{Cell, group};
+
+/// Every cell of the agent, infrastructure first.
+pub fn cells() -> Vec<Cell> {
+    vec![
+        group([
+            cellium_statedir::cell().into(),
+            cellium_metrics::cell().into(),
+            cellium_api_server::cell().into(),
+        ])
+        .into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellium_hive::{ConfigSources, Hive};
+
+    /// A broken wiring (a missing provider, a cycle, a clash of config keys) fails here.
+    #[test]
+    fn the_agent_graph_populates() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = ConfigSources::new()
+            .flag("state-dir", dir.path().join("state"))
+            .flag("api-socket", dir.path().join("api.sock"));
+        let mut hive = Hive::new(cells()).with_config(sources);
+        if let Err(e) = hive.populate() {
+            panic!("the agent's graph does not populate:\n{e}");
+        }
+        let text = hive.describe();
+        for module in ["statedir", "metrics", "api-server"] {
+            assert!(text.contains(module), "{module} missing from:\n{text}");
+        }
+    }
+}

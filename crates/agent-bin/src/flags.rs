@@ -1,0 +1,44 @@
+//! The configuration flags shared by `run` and `hive`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use cellium_hive::ConfigSources;
+
+/// Configuration: defaults < `--config` file < `CELLIUM_*` environment < these flags.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ConfigArgs {
+    /// A configuration file (TOML, or YAML with a .yaml/.yml name) of `key = value` pairs.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The state directory (key `state-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The API's unix socket (key `api-socket`).
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    /// The address metrics are served on (key `metrics-addr`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl ConfigArgs {
+    /// The layered sources the hive reads its configuration from.
+    pub fn sources(&self) -> ConfigSources {
+        let mut sources = ConfigSources::new();
+        if let Some(file) = &self.config {
+            sources = sources.file(file);
+        }
+        sources = sources.env("CELLIUM_");
+        if let Some(v) = &self.state_dir {
+            sources = sources.flag("state-dir", v);
+        }
+        if let Some(v) = &self.api_socket {
+            sources = sources.flag("api-socket", v);
+        }
+        if let Some(v) = &self.metrics_addr {
+            sources = sources.flag("metrics-addr", v);
+        }
+        sources
+    }
+}

@@ -1,0 +1,12 @@
+//! The Cellium agent as a list of cells.
+//!
+//! [`cells`] is the whole agent; a custom agent is another list built from the same cell
+//! crates (say IPAM and the endpoint manager without Kubernetes), and the hive tells at
+//! populate time, before anything runs, which cell is missing and who needs it.
+//! [`ConfigArgs`] are the command-line flags every subcommand that builds the hive accepts.
+
+mod cells;
+mod flags;
+
+pub use cells::cells;
+pub use flags::ConfigArgs;

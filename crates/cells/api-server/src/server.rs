@@ -1,0 +1,107 @@
+//! The gRPC server: every contributed service, mounted on the API socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cellium_api::ApiService;
+use cellium_api::v1::agent_server::AgentServer;
+use cellium_hive::{Config, Health, Hook, Jobs, Lifecycle, Reporter};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::RoutesBuilder;
+use tonic::transport::Server;
+
+use crate::agent::AgentService;
+use crate::config::ApiServerConfig;
+use crate::socket;
+
+/// The running API server.
+#[derive(Debug)]
+pub struct ApiServer {
+    socket: PathBuf,
+    services: Vec<&'static str>,
+}
+
+impl ApiServer {
+    /// Declares the server; the socket is bound by the start hook, after every cell whose
+    /// service it mounts has started, so no call reaches a cell that is not ready.
+    pub fn new(
+        cfg: Config<ApiServerConfig>,
+        lc: Lifecycle,
+        jobs: Jobs,
+        health: Health,
+        reporter: Reporter,
+        services: Vec<Arc<ApiService>>,
+    ) -> Arc<ApiServer> {
+        let agent = AgentServer::new(AgentService {
+            health,
+            started: Instant::now(),
+        });
+        let mut names = vec![ApiService::new(agent.clone()).name()];
+        names.extend(services.iter().map(|s| s.name()));
+        let server = Arc::new(ApiServer {
+            socket: cfg.api_socket.clone(),
+            services: names,
+        });
+
+        let path = cfg.api_socket.clone();
+        let cleanup = path.clone();
+        lc.append(
+            Hook::new("serve-api")
+                .on_start(move |_| async move {
+                    let listener = socket::bind(&path)?;
+                    let mut routes = RoutesBuilder::default();
+                    routes.add_service(agent);
+                    for s in &services {
+                        s.add_to(&mut routes);
+                    }
+                    serve(&jobs, listener, routes, reporter);
+                    tracing::info!(socket = %path.display(), "serving the API");
+                    Ok(())
+                })
+                .on_stop(move |_| async move {
+                    // Unlinking does not disturb calls in flight; new clients find no socket
+                    // instead of one nobody will answer.
+                    let _ = std::fs::remove_file(&cleanup);
+                    Ok(())
+                }),
+        );
+        server
+    }
+
+    /// The socket path.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// The names of the gRPC services served, e.g. `cellium.v1.Agent`.
+    pub fn services(&self) -> &[&'static str] {
+        &self.services
+    }
+}
+
+fn serve(
+    jobs: &Jobs,
+    listener: tokio::net::UnixListener,
+    routes: RoutesBuilder,
+    reporter: Reporter,
+) {
+    let routes = routes.routes();
+    let mut listener = Some(listener);
+    jobs.one_shot("serve", move |ctx| {
+        let listener = listener.take();
+        let routes = routes.clone();
+        let reporter = reporter.clone();
+        async move {
+            let listener =
+                listener.ok_or("the API listener is gone; it is not re-bound on retry")?;
+            reporter.ok("serving");
+            Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), ctx.cancelled())
+                .await?;
+            Ok(())
+        }
+    })
+    .add();
+}

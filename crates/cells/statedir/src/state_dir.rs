@@ -1,0 +1,227 @@
+//! The state directory itself: locking, atomic writes, reads and listings.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cellium_hive::{Config, Hook, Lifecycle};
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::config::StateDirConfig;
+use crate::error::{Error, Result, io};
+
+const LOCK_FILE: &str = "agent.lock";
+
+/// The agent's state directory.
+///
+/// Paths given to its methods are relative to the directory and may not leave it. Writes are
+/// atomic: a reader (or an agent restarted after a crash) sees the old or the new content,
+/// never a torn file.
+#[derive(Debug)]
+pub struct StateDir {
+    root: PathBuf,
+    lock: Mutex<Option<Flock<File>>>,
+}
+
+impl StateDir {
+    /// Declares the directory; it is created and locked by the start hook, not here, so that
+    /// describing or validating the agent touches nothing on disk.
+    pub fn new(cfg: Config<StateDirConfig>, lc: Lifecycle) -> Arc<StateDir> {
+        let dir = Arc::new(StateDir {
+            root: cfg.state_dir.clone(),
+            lock: Mutex::new(None),
+        });
+        let (start, stop) = (dir.clone(), dir.clone());
+        lc.append(
+            Hook::new("lock-state-dir")
+                .on_start(move |_| async move { Ok(start.open()?) })
+                .on_stop(move |_| async move {
+                    stop.release();
+                    Ok(())
+                }),
+        );
+        dir
+    }
+
+    /// Opens a state directory at `root` right away (for tools and tests outside a hive).
+    pub fn open_at(root: impl Into<PathBuf>) -> Result<StateDir> {
+        let dir = StateDir {
+            root: root.into(),
+            lock: Mutex::new(None),
+        };
+        dir.open()?;
+        Ok(dir)
+    }
+
+    /// The directory's absolute path.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Writes `bytes` to `rel` atomically, creating parent directories.
+    pub fn write(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
+        let path = self.resolve(rel.as_ref())?;
+        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        make_dir(&parent)?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = parent.join(format!(".{name}.tmp"));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?;
+        file.write_all(bytes).map_err(io("write", &tmp))?;
+        file.sync_all().map_err(io("sync", &tmp))?;
+        fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
+        // The rename is durable only once the directory entry itself is on disk.
+        File::open(&parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io("sync", &parent))
+    }
+
+    /// Reads `rel`, or `None` if it does not exist.
+    pub fn read(&self, rel: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
+        let path = self.resolve(rel.as_ref())?;
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("open", &path)(e)),
+        };
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io("read", &path))?;
+        Ok(Some(bytes))
+    }
+
+    /// Removes `rel`; removing what does not exist is not an error.
+    pub fn remove(&self, rel: impl AsRef<Path>) -> Result<()> {
+        let path = self.resolve(rel.as_ref())?;
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &path)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The names of the regular files directly in directory `rel` (sorted; temp files skipped).
+    pub fn list(&self, rel: impl AsRef<Path>) -> Result<Vec<String>> {
+        let dir = self.resolve(rel.as_ref())?;
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("list", &dir)(e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io("list", &dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            if is_file && !name.starts_with('.') {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn open(&self) -> Result<()> {
+        make_dir(&self.root)?;
+        let path = self.root.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io("open", &path))?;
+        let mut locked = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => l,
+            Err((mut file, _)) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                return Err(Error::Locked {
+                    dir: self.root.clone(),
+                    holder: format!("pid {}", holder.trim()),
+                });
+            }
+        };
+        locked.set_len(0).map_err(io("truncate", &path))?;
+        write!(locked, "{}", std::process::id()).map_err(io("write", &path))?;
+        *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(locked);
+        tracing::info!(dir = %self.root.display(), "state directory locked");
+        Ok(())
+    }
+
+    fn release(&self) {
+        // Dropping the Flock unlocks; the lock file stays so its pid helps a later diagnosis.
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    fn resolve(&self, rel: &Path) -> Result<PathBuf> {
+        let plain = rel
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if !plain {
+            return Err(Error::OutsidePath(rel.to_path_buf()));
+        }
+        Ok(self.root.join(rel))
+    }
+}
+
+fn make_dir(path: &Path) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(io("create", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_read_back_and_listed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_at(tmp.path().join("state")).unwrap();
+        dir.write("endpoints/1.json", b"{\"id\":1}").unwrap();
+        dir.write("endpoints/2.json", b"{}").unwrap();
+        dir.write("endpoints/1.json", b"{\"id\":1,\"v\":2}")
+            .unwrap();
+        assert_eq!(
+            dir.read("endpoints/1.json").unwrap().unwrap(),
+            b"{\"id\":1,\"v\":2}"
+        );
+        assert_eq!(dir.list("endpoints").unwrap(), vec!["1.json", "2.json"]);
+        dir.remove("endpoints/2.json").unwrap();
+        dir.remove("endpoints/2.json").unwrap();
+        assert_eq!(dir.read("endpoints/2.json").unwrap(), None);
+        assert_eq!(dir.list("nothing-here").unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn paths_cannot_leave_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_at(tmp.path()).unwrap();
+        for bad in ["../x", "/etc/passwd", "a/../../b"] {
+            let err = dir.write(bad, b"x").unwrap_err();
+            assert!(matches!(err, Error::OutsidePath(_)), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_second_agent_cannot_take_the_same_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _first = StateDir::open_at(tmp.path()).unwrap();
+        let err = StateDir::open_at(tmp.path()).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Locked { .. }), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+    }
+}
