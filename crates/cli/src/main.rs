@@ -1,5 +1,7 @@
 //! `cellium`: inspect and drive a running Cellium agent over its unix socket.
 
+mod apply;
+mod ipam;
 mod output;
 mod status;
 
@@ -23,6 +25,13 @@ struct Cli {
 enum Command {
     /// Show the agent's version, uptime and module health.
     Status(status::Args),
+    /// Create or update the objects of Kubernetes YAML files (Namespace, Pod, ...).
+    Apply(apply::Args),
+    /// Delete the objects named in Kubernetes YAML files.
+    Delete(apply::Args),
+    /// The node's pod address pools.
+    #[command(subcommand)]
+    Ipam(ipam::Command),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -30,6 +39,9 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Status(args) => status::exec(&cli.socket, args).await,
+        Command::Apply(args) => apply::exec(&cli.socket, apply::Verb::Apply, args).await,
+        Command::Delete(args) => apply::exec(&cli.socket, apply::Verb::Delete, args).await,
+        Command::Ipam(command) => ipam::exec(&cli.socket, command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,47 @@
+//! The `resources` cell: the node's desired state as typed tables.
+//!
+//! - **Owns** one [`Table`] per kind (namespaces and pods now; services, endpoint slices and
+//!   network policies join the same way), each with change events and a revision counter.
+//! - **Provides** `Arc<Resources>` and the `cellium.v1.Resources` gRPC service, which is how
+//!   `cellium apply -f` / `cellium delete -f` feed the tables in standalone mode. Applying
+//!   behaves as the Kubernetes API server would for what the agent observes: the same
+//!   validation (names, labels, ports; unknown fields rejected), the same defaulting (a pod's
+//!   namespace, a port's protocol, the `kubernetes.io/metadata.name` namespace label), and
+//!   all-or-nothing for a file.
+//! - **Depends on** nothing.
+//! - **Config keys:** none.
+//! - **Degraded** never.
+//!
+//! Consumers read tables and subscribe to their events; the tables keep slim copies of the
+//! objects with only what the agent's cells read.
+
+mod document;
+mod error;
+mod grpc;
+mod key;
+mod kinds;
+mod objects;
+mod resources;
+mod table;
+mod validate;
+
+use cellium_hive::Module;
+
+pub use document::DocumentError;
+pub use error::{Error, Result};
+pub use grpc::ResourcesService;
+pub use key::{Object, ObjectKey};
+pub use objects::{NAME_LABEL, NamedPort, Namespace, Pod, Protocol, SYSTEM_NAMESPACES};
+pub use resources::{Action, Outcome, Resources};
+pub use table::{Change, Event, Table};
+pub use validate::FieldError;
+
+/// The `resources` module.
+pub fn cell() -> Module {
+    Module::new(
+        "resources",
+        "Holds the node's desired state (namespaces, pods, ...) as typed tables fed by apply",
+    )
+    .provide(Resources::new)
+    .contribute(ResourcesService::api)
+}

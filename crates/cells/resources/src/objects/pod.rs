@@ -1,0 +1,184 @@
+//! Pods: the labels and named ports policies need.
+
+use std::collections::BTreeMap;
+
+use crate::key::{Object, ObjectKey};
+use crate::objects::Protocol;
+use crate::validate::{self, FieldError};
+
+/// A container port with a name, which policies may refer to instead of a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedPort {
+    /// The port's name (an IANA service name).
+    pub name: String,
+    /// The port number.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+/// A pod: its name, labels and named container ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its named container ports.
+    pub ports: Vec<NamedPort>,
+}
+
+impl Pod {
+    /// From the Kubernetes object, checked and defaulted as the API server would (the namespace
+    /// defaults to `default`, a port's protocol to TCP).
+    pub fn from_k8s(pod: k8s_openapi::api::core::v1::Pod) -> Result<Pod, FieldError> {
+        let meta = pod.metadata;
+        let name = meta.name.ok_or_else(|| {
+            FieldError::new(
+                "metadata.name",
+                "a name is required (generateName is not supported)",
+            )
+        })?;
+        validate::dns1123_subdomain("metadata.name", &name)?;
+        let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
+        validate::dns1123_label("metadata.namespace", &namespace)?;
+        let labels = meta.labels.unwrap_or_default();
+        validate::labels("metadata.labels", &labels)?;
+        let spec = pod
+            .spec
+            .ok_or_else(|| FieldError::new("spec", "a pod needs a spec"))?;
+        if spec.containers.is_empty() {
+            return Err(FieldError::new(
+                "spec.containers",
+                "at least one container is required",
+            ));
+        }
+        let mut ports = Vec::new();
+        for (c, container) in spec.containers.iter().enumerate() {
+            for (p, port) in container.ports.iter().flatten().enumerate() {
+                let field = format!("spec.containers[{c}].ports[{p}]");
+                let number = u16::try_from(port.container_port)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            format!("{field}.containerPort"),
+                            format!("{} is not a port number (1-65535)", port.container_port),
+                        )
+                    })?;
+                let protocol = match port.protocol.as_deref() {
+                    None => Protocol::Tcp,
+                    Some(p) => p
+                        .parse()
+                        .map_err(|e| FieldError::new(format!("{field}.protocol"), e))?,
+                };
+                if let Some(name) = &port.name {
+                    port_name(&format!("{field}.name"), name)?;
+                    ports.push(NamedPort {
+                        name: name.clone(),
+                        port: number,
+                        protocol,
+                    });
+                }
+            }
+        }
+        Ok(Pod {
+            namespace,
+            name,
+            labels,
+            ports,
+        })
+    }
+}
+
+/// An IANA service name: at most 15 characters, lower-case alphanumerics and '-', at least one
+/// letter, no '-' at either end or twice in a row.
+pub fn port_name(field: &str, name: &str) -> Result<(), FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().any(|b| b.is_ascii_lowercase())
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    ok.then_some(()).ok_or_else(|| {
+        FieldError::new(
+            field,
+            format!("{name:?} is not a valid port name (at most 15 characters: a-z, 0-9 and '-', with at least one letter)"),
+        )
+    })
+}
+
+impl Object for Pod {
+    const KIND: &'static str = "Pod";
+    fn key(&self) -> ObjectKey {
+        ObjectKey::namespaced(&self.namespace, &self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<Pod, FieldError> {
+        Pod::from_k8s(serde_yaml::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn named_ports_and_defaults() {
+        let pod = parse(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: web, labels: { app: web } }
+spec:
+  containers:
+  - name: c
+    image: x
+    ports:
+    - { name: http, containerPort: 8080 }
+    - { name: dns, containerPort: 53, protocol: UDP }
+    - { containerPort: 9000 }
+"#,
+        )
+        .unwrap();
+        assert_eq!(pod.namespace, "default");
+        assert_eq!(pod.labels["app"], "web");
+        assert_eq!(
+            pod.ports,
+            vec![
+                NamedPort {
+                    name: "http".into(),
+                    port: 8080,
+                    protocol: Protocol::Tcp
+                },
+                NamedPort {
+                    name: "dns".into(),
+                    port: 53,
+                    protocol: Protocol::Udp
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let base = "apiVersion: v1\nkind: Pod\nmetadata: { name: web }\n";
+        let err = parse(&format!(
+            "{base}spec: {{ containers: [ {{ name: c, ports: [ {{ name: Http, containerPort: 80 }} ] }} ] }}"
+        ))
+        .unwrap_err();
+        assert_eq!(err.field, "spec.containers[0].ports[0].name");
+        let err = parse(&format!(
+            "{base}spec: {{ containers: [ {{ name: c, ports: [ {{ containerPort: 70000 }} ] }} ] }}"
+        ))
+        .unwrap_err();
+        assert_eq!(err.field, "spec.containers[0].ports[0].containerPort");
+        let err = parse(&format!("{base}spec: {{ containers: [] }}")).unwrap_err();
+        assert_eq!(err.field, "spec.containers");
+    }
+}

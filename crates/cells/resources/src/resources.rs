@@ -1,0 +1,316 @@
+//! The tables of the node's desired state, and applying YAML to them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::document::{self, Document, DocumentError};
+use crate::error::{Error, Result};
+use crate::key::{Object, ObjectKey};
+use crate::kinds::{self, Parsed};
+use crate::objects::{Namespace, Pod, SYSTEM_NAMESPACES};
+use crate::table::{Change, Table};
+use crate::validate::FieldError;
+
+/// What happened to one object of an apply or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// It is new.
+    Created,
+    /// It existed and was changed.
+    Configured,
+    /// It existed as given.
+    Unchanged,
+    /// It was deleted.
+    Deleted,
+    /// It was to be deleted but did not exist.
+    NotFound,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Created => "created",
+            Action::Configured => "configured",
+            Action::Unchanged => "unchanged",
+            Action::Deleted => "deleted",
+            Action::NotFound => "not found",
+        })
+    }
+}
+
+/// One object's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Its kind.
+    pub kind: &'static str,
+    /// Its key.
+    pub key: ObjectKey,
+    /// What happened.
+    pub action: Action,
+}
+
+/// The node's desired state: one table per kind.
+#[derive(Debug)]
+pub struct Resources {
+    /// Namespaces (`default`, `kube-system` and `kube-public` always exist).
+    pub namespaces: Table<Namespace>,
+    /// Pods.
+    pub pods: Table<Pod>,
+    /// Applies and deletes run one at a time, so each is checked against the state it changes.
+    writes: Mutex<()>,
+}
+
+impl Resources {
+    /// Empty tables but for the system namespaces.
+    pub fn new() -> Arc<Resources> {
+        let resources = Resources {
+            namespaces: Table::default(),
+            pods: Table::default(),
+            writes: Mutex::new(()),
+        };
+        for name in SYSTEM_NAMESPACES {
+            if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
+                resources.namespaces.upsert(ns);
+            }
+        }
+        Arc::new(resources)
+    }
+
+    /// Creates or updates every object in `text` (multi-document YAML from `source`).
+    ///
+    /// All documents are decoded and checked first; if any fails, nothing is applied and
+    /// every failure is returned. Documents are applied in order.
+    pub fn apply(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
+        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let docs = self.documents(source, text)?;
+        let mut parsed = Vec::new();
+        let mut errors = Vec::new();
+        let mut new_namespaces = BTreeSet::new();
+        for doc in &docs {
+            match kinds::parse(doc).and_then(|p| self.check(&p, &new_namespaces).map(|_| p)) {
+                Ok(p) => {
+                    if let Parsed::Namespace(ns) = &p {
+                        new_namespaces.insert(ns.name.clone());
+                    }
+                    parsed.push(p);
+                }
+                Err(e) => errors.push(doc_error(source, doc, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Invalid(errors));
+        }
+        Ok(parsed.into_iter().map(|p| self.write(p)).collect())
+    }
+
+    /// Deletes every object named in `text`. A namespace takes its pods with it, as the
+    /// namespace controller does; the system namespaces cannot be deleted.
+    pub fn delete(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
+        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let docs = self.documents(source, text)?;
+        let mut errors = Vec::new();
+        let mut keys = Vec::new();
+        for doc in &docs {
+            match delete_key(doc) {
+                Ok(key) => keys.push((doc.kind.clone(), key)),
+                Err(e) => errors.push(doc_error(source, doc, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Invalid(errors));
+        }
+        Ok(keys
+            .into_iter()
+            .map(|(kind, key)| self.remove(&kind, key))
+            .collect())
+    }
+
+    fn documents(&self, source: &str, text: &str) -> Result<Vec<Document>> {
+        let docs = document::split(source, text).map_err(|e| Error::Invalid(vec![e]))?;
+        if docs.is_empty() {
+            return Err(Error::Empty(source.to_string()));
+        }
+        Ok(docs)
+    }
+
+    /// Checks that depend on the state: a pod's namespace must exist, as the API server requires.
+    fn check(&self, parsed: &Parsed, new_namespaces: &BTreeSet<String>) -> Result<(), FieldError> {
+        if let Parsed::Pod(pod) = parsed {
+            let exists = new_namespaces.contains(&pod.namespace)
+                || self
+                    .namespaces
+                    .get(&ObjectKey::cluster(&pod.namespace))
+                    .is_some();
+            if !exists {
+                return Err(FieldError::new(
+                    "metadata.namespace",
+                    format!(
+                        "namespace {:?} not found (apply the Namespace first, or in the same file before the pod)",
+                        pod.namespace
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, parsed: Parsed) -> Outcome {
+        let (kind, key, change) = match parsed {
+            Parsed::Namespace(ns) => (Namespace::KIND, ns.key(), self.namespaces.upsert(ns)),
+            Parsed::Pod(pod) => (Pod::KIND, pod.key(), self.pods.upsert(pod)),
+        };
+        let action = match change {
+            Change::Created => Action::Created,
+            Change::Configured => Action::Configured,
+            Change::Unchanged => Action::Unchanged,
+        };
+        Outcome { kind, key, action }
+    }
+
+    fn remove(&self, kind: &str, key: ObjectKey) -> Outcome {
+        let (kind, found) = match kind {
+            "Namespace" => {
+                for pod in self.pods.list_namespace(&key.name) {
+                    self.pods.delete(&pod.key());
+                }
+                (Namespace::KIND, self.namespaces.delete(&key).is_some())
+            }
+            _ => (Pod::KIND, self.pods.delete(&key).is_some()),
+        };
+        let action = if found {
+            Action::Deleted
+        } else {
+            Action::NotFound
+        };
+        Outcome { kind, key, action }
+    }
+}
+
+fn delete_key(doc: &Document) -> Result<ObjectKey, FieldError> {
+    kinds::check_kind(doc)?;
+    let name = doc
+        .name
+        .clone()
+        .ok_or_else(|| FieldError::new("metadata.name", "a name is required"))?;
+    if !kinds::namespaced(doc) {
+        if SYSTEM_NAMESPACES.contains(&name.as_str()) {
+            return Err(FieldError::new(
+                "metadata.name",
+                format!("namespace {name:?} is a system namespace and may not be deleted"),
+            ));
+        }
+        return Ok(ObjectKey::cluster(name));
+    }
+    let namespace = doc.namespace.clone().unwrap_or_else(|| "default".into());
+    Ok(ObjectKey::namespaced(namespace, name))
+}
+
+fn doc_error(source: &str, doc: &Document, e: FieldError) -> DocumentError {
+    DocumentError {
+        source: source.to_string(),
+        index: doc.index,
+        object: Some(doc.describe()),
+        field: e.field,
+        reason: e.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APP: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: { name: shop, labels: { team: a } }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web, namespace: shop, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } ] }
+"#;
+
+    fn actions(outcomes: &[Outcome]) -> Vec<String> {
+        outcomes
+            .iter()
+            .map(|o| format!("{} {} {}", o.kind, o.key, o.action))
+            .collect()
+    }
+
+    #[test]
+    fn apply_creates_then_reports_unchanged_and_configured() {
+        let r = Resources::new();
+        let out = r.apply("app.yaml", APP).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec!["Namespace shop created", "Pod shop/web created"]
+        );
+        let out = r.apply("app.yaml", APP).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec!["Namespace shop unchanged", "Pod shop/web unchanged"]
+        );
+        let out = r
+            .apply("app.yaml", &APP.replace("team: a", "team: b"))
+            .unwrap();
+        assert_eq!(out[0].action, Action::Configured);
+        let ns = r.namespaces.get(&ObjectKey::cluster("shop")).unwrap();
+        assert_eq!(ns.labels["kubernetes.io/metadata.name"], "shop");
+    }
+
+    #[test]
+    fn one_bad_document_applies_nothing_and_every_error_is_listed() {
+        let r = Resources::new();
+        let text = format!(
+            "{APP}---\napiVersion: v1\nkind: Pod\nmetadata: {{ name: x, namespace: nowhere }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: s }}\n"
+        );
+        let err = r.apply("app.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("2 invalid document(s), nothing applied"),
+            "{err}"
+        );
+        assert!(err.contains("app.yaml: document 3 (Pod nowhere/x): metadata.namespace: namespace \"nowhere\" not found"), "{err}");
+        assert!(
+            err.contains("document 4 (Secret s): kind: unsupported kind v1/Secret"),
+            "{err}"
+        );
+        assert!(r.pods.is_empty());
+        assert!(r.namespaces.get(&ObjectKey::cluster("shop")).is_none());
+    }
+
+    #[test]
+    fn deleting_a_namespace_takes_its_pods() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let out = r
+            .delete(
+                "ns.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+            )
+            .unwrap();
+        assert_eq!(actions(&out), vec!["Namespace shop deleted"]);
+        assert!(r.pods.is_empty());
+        let out = r.delete("app.yaml", APP).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec!["Namespace shop not found", "Pod shop/web not found"]
+        );
+        let err = r
+            .delete(
+                "d.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: default}\n",
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("may not be deleted"), "{err}");
+    }
+
+    #[test]
+    fn empty_text_is_an_error() {
+        let err = Resources::new().apply("e.yaml", "# nothing\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "e.yaml: no object found (empty text or only comments)"
+        );
+    }
+}

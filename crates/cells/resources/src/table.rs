@@ -1,0 +1,208 @@
+//! A table of one kind: the current objects and a stream of their changes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tokio::sync::{broadcast, watch};
+
+use crate::key::{Object, ObjectKey};
+
+/// How many unread events a subscriber may fall behind before it is told it lagged.
+const EVENT_BUFFER: usize = 4096;
+
+/// A change to a table.
+#[derive(Debug, Clone)]
+pub enum Event<T> {
+    /// An object was created (`old` is `None`) or changed.
+    Upsert {
+        /// The previous version.
+        old: Option<Arc<T>>,
+        /// The new version.
+        new: Arc<T>,
+    },
+    /// An object was deleted.
+    Delete(Arc<T>),
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The object is new.
+    Created,
+    /// The object existed and differs now.
+    Configured,
+    /// The object existed as it is.
+    Unchanged,
+}
+
+/// The objects of one kind, keyed by namespace and name.
+///
+/// Readers get `Arc`s of immutable objects, so a read never blocks a writer for longer than
+/// a map lookup. Changes are broadcast as [`Event`]s; a subscriber that lags behind receives
+/// `RecvError::Lagged` and must re-read the table (level-triggered consumers do so anyway).
+/// The table has one writer by convention: the apply API in standalone mode, the Kubernetes
+/// watchers otherwise.
+#[derive(Debug)]
+pub struct Table<T> {
+    objects: RwLock<BTreeMap<ObjectKey, Arc<T>>>,
+    events: broadcast::Sender<Event<T>>,
+    revision: watch::Sender<u64>,
+}
+
+impl<T: Object> Default for Table<T> {
+    fn default() -> Self {
+        Table {
+            objects: RwLock::new(BTreeMap::new()),
+            events: broadcast::channel(EVENT_BUFFER).0,
+            revision: watch::channel(0).0,
+        }
+    }
+}
+
+impl<T: Object> Table<T> {
+    /// The object named `key`.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        self.read().get(key).cloned()
+    }
+
+    /// Every object, ordered by key.
+    pub fn list(&self) -> Vec<Arc<T>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// The objects of one namespace, ordered by name.
+    pub fn list_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
+        self.read()
+            .range(ObjectKey::namespaced(namespace, "")..)
+            .take_while(|(k, _)| k.namespace == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// How many objects there are.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Creates or replaces the object with `obj`'s key.
+    pub fn upsert(&self, obj: T) -> Change {
+        let key = obj.key();
+        let mut objects = self.write();
+        let old = objects.get(&key).cloned();
+        if old.as_deref() == Some(&obj) {
+            return Change::Unchanged;
+        }
+        let new = Arc::new(obj);
+        objects.insert(key, new.clone());
+        let change = if old.is_some() {
+            Change::Configured
+        } else {
+            Change::Created
+        };
+        // Sent under the lock so that subscribers see events in the order of the writes.
+        self.publish(Event::Upsert { old, new });
+        change
+    }
+
+    /// Deletes the object named `key`, returning it.
+    pub fn delete(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        let mut objects = self.write();
+        let old = objects.remove(key)?;
+        self.publish(Event::Delete(old.clone()));
+        Some(old)
+    }
+
+    /// The current objects and a receiver of every change after them, with no gap between.
+    pub fn snapshot_and_subscribe(&self) -> (Vec<Arc<T>>, broadcast::Receiver<Event<T>>) {
+        let objects = self.read();
+        (objects.values().cloned().collect(), self.events.subscribe())
+    }
+
+    /// A receiver of every change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event<T>> {
+        self.events.subscribe()
+    }
+
+    /// A counter that increases with every change, for consumers that only need to know
+    /// that something changed.
+    pub fn revision(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    fn publish(&self, event: Event<T>) {
+        // No subscriber is not an error: nobody needs to hear about the change.
+        let _ = self.events.send(event);
+        self.revision.send_modify(|r| *r += 1);
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<ObjectKey, Arc<T>>> {
+        // Writers replace whole entries, so a poisoned map is still consistent.
+        self.objects.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<ObjectKey, Arc<T>>> {
+        self.objects.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq)]
+    struct Thing {
+        ns: &'static str,
+        name: &'static str,
+        value: u32,
+    }
+
+    impl Object for Thing {
+        const KIND: &'static str = "Thing";
+        fn key(&self) -> ObjectKey {
+            ObjectKey::namespaced(self.ns, self.name)
+        }
+    }
+
+    fn thing(ns: &'static str, name: &'static str, value: u32) -> Thing {
+        Thing { ns, name, value }
+    }
+
+    #[test]
+    fn upserts_report_what_changed_and_publish_events() {
+        let table = Table::<Thing>::default();
+        let (snapshot, mut rx) = table.snapshot_and_subscribe();
+        assert!(snapshot.is_empty());
+        assert_eq!(table.upsert(thing("a", "x", 1)), Change::Created);
+        assert_eq!(table.upsert(thing("a", "x", 1)), Change::Unchanged);
+        assert_eq!(table.upsert(thing("a", "x", 2)), Change::Configured);
+        assert!(table.delete(&ObjectKey::namespaced("a", "x")).is_some());
+        assert!(table.delete(&ObjectKey::namespaced("a", "x")).is_none());
+        assert!(matches!(rx.try_recv(), Ok(Event::Upsert { old: None, .. })));
+        match rx.try_recv() {
+            Ok(Event::Upsert {
+                old: Some(old),
+                new,
+            }) => assert_eq!((old.value, new.value), (1, 2)),
+            other => panic!("expected a change from 1 to 2, got {other:?}"),
+        }
+        assert!(matches!(rx.try_recv(), Ok(Event::Delete(_))));
+        assert!(rx.try_recv().is_err());
+        assert_eq!(*table.revision().borrow(), 3);
+    }
+
+    #[test]
+    fn namespaces_are_listed_apart() {
+        let table = Table::<Thing>::default();
+        for (ns, name) in [("b", "1"), ("a", "2"), ("a", "1"), ("ab", "1")] {
+            table.upsert(thing(ns, name, 0));
+        }
+        let names: Vec<_> = table.list_namespace("a").iter().map(|t| t.name).collect();
+        assert_eq!(names, vec!["1", "2"]);
+        assert_eq!(table.len(), 4);
+    }
+}
