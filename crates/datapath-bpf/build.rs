@@ -9,7 +9,8 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 fn main() {
-    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let bpf = manifest.join("../../bpf");
     let include = bpf.join("include");
@@ -42,7 +43,9 @@ fn main() {
         .status()
         .expect("running clang for build/layout.c");
     assert!(status.success(), "compiling build/layout.c failed");
-    let output = Command::new(&layout_bin).output().expect("running the layout program");
+    let output = Command::new(&layout_bin)
+        .output()
+        .expect("running the layout program");
     assert!(output.status.success(), "the layout program failed");
     std::fs::write(out.join("layout.rs"), output.stdout).expect("writing layout.rs");
 
