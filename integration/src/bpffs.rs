@@ -19,9 +19,20 @@ impl BpffsMount {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("cel-bpf-{}-{n}", std::process::id()));
-        let err = |op, source| Error::Mount { op, path: path.display().to_string(), source };
+        let err = |op, source| Error::Mount {
+            op,
+            path: path.display().to_string(),
+            source,
+        };
         std::fs::create_dir_all(&path).map_err(|e| err("create", e))?;
-        mount(Some("bpf"), &path, Some("bpf"), MsFlags::empty(), None::<&str>).map_err(|e| err("mount", e.into()))?;
+        mount(
+            Some("bpf"),
+            &path,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .map_err(|e| err("mount", e.into()))?;
         Ok(Self { path })
     }
 

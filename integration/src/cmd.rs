@@ -6,12 +6,21 @@ use std::process::{Command, Output};
 use crate::error::{Error, Result};
 
 fn line(program: &str, args: &[&str]) -> String {
-    std::iter::once(program).chain(args.iter().copied()).collect::<Vec<_>>().join(" ")
+    std::iter::once(program)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs `program args...`, returning its output even on failure.
 pub fn output(program: &str, args: &[&str]) -> Result<Output> {
-    Command::new(program).args(args).output().map_err(|source| Error::Spawn { cmd: line(program, args), source })
+    Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| Error::Spawn {
+            cmd: line(program, args),
+            source,
+        })
 }
 
 /// Runs `program args...` and fails unless it exits with 0; returns stdout.

@@ -34,14 +34,20 @@ impl NetNs {
     /// Creates a namespace with the given name, owned (deleted on drop).
     pub fn create(name: &str) -> Result<Self> {
         cmd::run("ip", &["netns", "add", name])?;
-        let ns = Self { name: name.to_owned(), owned: true };
+        let ns = Self {
+            name: name.to_owned(),
+            owned: true,
+        };
         ns.exec("ip", &["link", "set", "lo", "up"])?;
         Ok(ns)
     }
 
     /// Refers to an existing namespace without deleting it on drop.
     pub fn existing(name: &str) -> Self {
-        Self { name: name.to_owned(), owned: false }
+        Self {
+            name: name.to_owned(),
+            owned: false,
+        }
     }
 
     /// Keeps the namespace after this guard is dropped.
@@ -76,7 +82,8 @@ impl NetNs {
 
     /// Sets a sysctl inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
-        self.exec("sysctl", &["-q", "-w", &format!("{key}={value}")]).map(|_| ())
+        self.exec("sysctl", &["-q", "-w", &format!("{key}={value}")])
+            .map(|_| ())
     }
 
     /// Runs `f` on a new thread that has entered this namespace, and waits.
@@ -86,16 +93,26 @@ impl NetNs {
         F: FnOnce() -> T + Send + 'static,
     {
         let name = self.name.clone();
-        let file = File::open(self.path()).map_err(|source| Error::Setns { name: name.clone(), source })?;
+        let file = File::open(self.path()).map_err(|source| Error::Setns {
+            name: name.clone(),
+            source,
+        })?;
         let thread = std::thread::Builder::new()
             .name(format!("netns-{name}"))
             .spawn(move || -> Result<T> {
-                setns(&file, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| Error::Setns { name: name.clone(), source: e.into() })?;
+                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|e| Error::Setns {
+                    name: name.clone(),
+                    source: e.into(),
+                })?;
                 Ok(f())
             })
-            .map_err(|source| Error::Setns { name: self.name.clone(), source })?;
-        thread.join().map_err(|_| Error::ThreadPanicked { name: self.name.clone() })?
+            .map_err(|source| Error::Setns {
+                name: self.name.clone(),
+                source,
+            })?;
+        thread.join().map_err(|_| Error::ThreadPanicked {
+            name: self.name.clone(),
+        })?
     }
 
     /// A counter from the namespace's `/proc/net/snmp`, e.g. ("Tcp", "RetransSegs").
@@ -104,23 +121,30 @@ impl NetNs {
         let prefix = format!("{proto}:");
         let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
         let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
-            return Err(Error::Unexpected { what: "/proc/net/snmp", detail: format!("no {proto} lines") });
+            return Err(Error::Unexpected {
+                what: "/proc/net/snmp",
+                detail: format!("no {proto} lines"),
+            });
         };
         names
             .split_whitespace()
             .zip(values.split_whitespace())
             .find(|(n, _)| *n == field)
             .and_then(|(_, v)| v.parse().ok())
-            .ok_or_else(|| Error::Unexpected { what: "/proc/net/snmp", detail: format!("no {proto} {field}") })
+            .ok_or_else(|| Error::Unexpected {
+                what: "/proc/net/snmp",
+                detail: format!("no {proto} {field}"),
+            })
     }
 }
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        if self.owned {
-            if let Err(e) = cmd::run("ip", &["netns", "del", &self.name]) {
-                tracing::warn!(netns = %self.name, error = %e, "cannot delete network namespace");
-            }
+        if !self.owned {
+            return;
+        }
+        if let Err(e) = cmd::run("ip", &["netns", "del", &self.name]) {
+            tracing::warn!(netns = %self.name, error = %e, "cannot delete network namespace");
         }
     }
 }

@@ -13,14 +13,32 @@ use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 fn probe_err(probe: &'static str, target: impl ToString) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Probe { probe, target: target.to_string(), source }
+    move |source| Error::Probe {
+        probe,
+        target: target.to_string(),
+        source,
+    }
 }
 
 /// Pings `dst` from `ns` `count` times; true if every echo was answered.
 pub fn ping(ns: &NetNs, dst: Ipv4Addr, count: u32) -> Result<bool> {
     let out = crate::cmd::output(
         "ip",
-        &["netns", "exec", ns.name(), "ping", "-n", "-q", "-c", &count.to_string(), "-i", "0.2", "-W", "1", &dst.to_string()],
+        &[
+            "netns",
+            "exec",
+            ns.name(),
+            "ping",
+            "-n",
+            "-q",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            &dst.to_string(),
+        ],
     )?;
     Ok(out.status.success())
 }
@@ -37,9 +55,12 @@ pub struct TcpServer {
 impl TcpServer {
     /// Listens on `addr` inside `ns`.
     pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
-        let listener =
-            ns.run(move || TcpListener::bind(addr))?.map_err(probe_err("tcp listen", addr))?;
-        listener.set_nonblocking(true).map_err(probe_err("tcp listen", addr))?;
+        let listener = ns
+            .run(move || TcpListener::bind(addr))?
+            .map_err(probe_err("tcp listen", addr))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(probe_err("tcp listen", addr))?;
         let stop = Arc::new(AtomicBool::new(false));
         let received = Arc::new(AtomicU64::new(0));
         let (s, r, banner) = (stop.clone(), received.clone(), format!("{banner}\n"));
@@ -54,7 +75,12 @@ impl TcpServer {
                 }
             }
         });
-        Ok(Self { stop, received, thread: Some(thread), addr })
+        Ok(Self {
+            stop,
+            received,
+            thread: Some(thread),
+            addr,
+        })
     }
 
     /// Bytes received over all connections so far.
@@ -84,7 +110,11 @@ fn serve_echo(mut conn: TcpStream, banner: &str, stop: &AtomicBool, received: &A
                     return;
                 }
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return,
         }
     }
@@ -104,8 +134,12 @@ pub fn tcp_connect(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<T
     let stream = ns
         .run(move || TcpStream::connect_timeout(&SocketAddr::V4(dst), timeout))?
         .map_err(probe_err("tcp connect", dst))?;
-    stream.set_read_timeout(Some(timeout)).map_err(probe_err("tcp connect", dst))?;
-    stream.set_write_timeout(Some(timeout)).map_err(probe_err("tcp connect", dst))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(probe_err("tcp connect", dst))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(probe_err("tcp connect", dst))?;
     Ok(stream)
 }
 
@@ -124,16 +158,28 @@ pub fn tcp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<T
     let peer = stream.peer_addr().map_err(probe_err("tcp request", dst))?;
     let mut reader = BufReader::new(stream.try_clone().map_err(probe_err("tcp request", dst))?);
     let mut banner = String::new();
-    reader.read_line(&mut banner).map_err(probe_err("tcp banner", dst))?;
+    reader
+        .read_line(&mut banner)
+        .map_err(probe_err("tcp banner", dst))?;
     let mut writer = stream;
-    writer.write_all(b"hello cellium").map_err(probe_err("tcp send", dst))?;
+    writer
+        .write_all(b"hello cellium")
+        .map_err(probe_err("tcp send", dst))?;
     let mut echo = [0u8; 13];
-    reader.read_exact(&mut echo).map_err(probe_err("tcp echo", dst))?;
+    reader
+        .read_exact(&mut echo)
+        .map_err(probe_err("tcp echo", dst))?;
     if &echo != b"hello cellium" {
-        return Err(Error::Unexpected { what: "tcp echo", detail: String::from_utf8_lossy(&echo).into_owned() });
+        return Err(Error::Unexpected {
+            what: "tcp echo",
+            detail: String::from_utf8_lossy(&echo).into_owned(),
+        });
     }
     let _ = writer.shutdown(Shutdown::Both);
-    Ok(TcpReply { banner: banner.trim_end().to_owned(), peer })
+    Ok(TcpReply {
+        banner: banner.trim_end().to_owned(),
+        peer,
+    })
 }
 
 /// A UDP server in a namespace: answers each datagram with `<banner>:<payload>`.
@@ -146,8 +192,11 @@ pub struct UdpServer {
 impl UdpServer {
     /// Binds `addr` inside `ns`.
     pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
-        let sock = ns.run(move || UdpSocket::bind(addr))?.map_err(probe_err("udp bind", addr))?;
-        sock.set_read_timeout(Some(Duration::from_millis(100))).map_err(probe_err("udp bind", addr))?;
+        let sock = ns
+            .run(move || UdpSocket::bind(addr))?
+            .map_err(probe_err("udp bind", addr))?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(probe_err("udp bind", addr))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (s, banner) = (stop.clone(), banner.to_owned());
         let thread = std::thread::spawn(move || {
@@ -160,7 +209,10 @@ impl UdpServer {
                 }
             }
         });
-        Ok(Self { stop, thread: Some(thread) })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -187,14 +239,21 @@ pub fn udp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<U
     let sock = ns
         .run(|| UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))?
         .map_err(probe_err("udp bind", "0.0.0.0:0"))?;
-    sock.set_read_timeout(Some(timeout)).map_err(probe_err("udp request", dst))?;
-    sock.send_to(b"ping", dst).map_err(probe_err("udp send", dst))?;
+    sock.set_read_timeout(Some(timeout))
+        .map_err(probe_err("udp request", dst))?;
+    sock.send_to(b"ping", dst)
+        .map_err(probe_err("udp send", dst))?;
     let mut buf = [0u8; 2048];
-    let (n, from) = sock.recv_from(&mut buf).map_err(probe_err("udp reply", dst))?;
+    let (n, from) = sock
+        .recv_from(&mut buf)
+        .map_err(probe_err("udp reply", dst))?;
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     let banner = text
         .strip_suffix(":ping")
-        .ok_or_else(|| Error::Unexpected { what: "udp reply", detail: text.clone() })?
+        .ok_or_else(|| Error::Unexpected {
+            what: "udp reply",
+            detail: text.clone(),
+        })?
         .to_owned();
     Ok(UdpReply { banner, from })
 }

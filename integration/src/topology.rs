@@ -58,7 +58,14 @@ pub struct Pod {
 impl Pod {
     /// The endpoint entry for this pod.
     pub fn endpoint(&self, id: u16, identity: u32, flags: EndpointFlags) -> EndpointInfo {
-        EndpointInfo { ifindex: self.host_ifindex, id, flags, identity, host_mac: self.host_mac, pod_mac: self.pod_mac }
+        EndpointInfo {
+            ifindex: self.host_ifindex,
+            id,
+            flags,
+            identity,
+            host_mac: self.host_mac,
+            pod_mac: self.pod_mac,
+        }
     }
 }
 
@@ -76,7 +83,10 @@ impl Topology {
     /// A node with `pods` pods, in uniquely named namespaces removed on drop.
     pub fn new(pods: u8) -> Result<Self> {
         let node = NetNs::new()?;
-        let mut t = Self { pods: Vec::new(), node };
+        let mut t = Self {
+            pods: Vec::new(),
+            node,
+        };
         t.setup_node()?;
         for i in 1..=pods {
             let ns = NetNs::new()?;
@@ -93,7 +103,10 @@ impl Topology {
 
     fn build_named(name: &str, pods: u8) -> Result<Self> {
         let node = NetNs::create(&format!("cel-{name}-node"))?.keep();
-        let mut t = Self { pods: Vec::new(), node };
+        let mut t = Self {
+            pods: Vec::new(),
+            node,
+        };
         t.setup_node()?;
         for i in 1..=pods {
             let ns = NetNs::create(&format!("cel-{name}-pod{i}"))?.keep();
@@ -151,21 +164,77 @@ impl Topology {
         let node = &self.node;
         ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
         node.ip(&[
-            "link", "add", &host_if, "address", &hmac.to_string(), "type", "veth", "peer", "name", "eth0",
-            "address", &pmac.to_string(), "netns", ns.name(),
+            "link",
+            "add",
+            &host_if,
+            "address",
+            &hmac.to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "address",
+            &pmac.to_string(),
+            "netns",
+            ns.name(),
         ])?;
         node.ip(&["link", "set", &host_if, "up"])?;
         node.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
-        node.ip(&["neigh", "replace", &ip.to_string(), "lladdr", &pmac.to_string(), "dev", &host_if, "nud", "permanent"])?;
+        node.ip(&[
+            "neigh",
+            "replace",
+            &ip.to_string(),
+            "lladdr",
+            &pmac.to_string(),
+            "dev",
+            &host_if,
+            "nud",
+            "permanent",
+        ])?;
 
         ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
         ns.ip(&["link", "set", "eth0", "up"])?;
-        ns.ip(&["route", "add", &format!("{GATEWAY}/32"), "dev", "eth0", "scope", "link"])?;
-        ns.ip(&["route", "add", "default", "via", &GATEWAY.to_string(), "dev", "eth0"])?;
-        ns.ip(&["neigh", "replace", &GATEWAY.to_string(), "lladdr", &hmac.to_string(), "dev", "eth0", "nud", "permanent"])?;
+        ns.ip(&[
+            "route",
+            "add",
+            &format!("{GATEWAY}/32"),
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])?;
+        ns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &GATEWAY.to_string(),
+            "dev",
+            "eth0",
+        ])?;
+        ns.ip(&[
+            "neigh",
+            "replace",
+            &GATEWAY.to_string(),
+            "lladdr",
+            &hmac.to_string(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ])?;
 
         let host_ifindex = ifindex_in(node, &host_if)?;
-        self.pods.push(Pod { ns, index: i, ip, host_if, host_ifindex, host_mac: hmac, pod_mac: pmac });
+        self.pods.push(Pod {
+            ns,
+            index: i,
+            ip,
+            host_if,
+            host_ifindex,
+            host_mac: hmac,
+            pod_mac: pmac,
+        });
         Ok(())
     }
 }
@@ -174,5 +243,8 @@ impl Topology {
 pub fn ifindex_in(ns: &NetNs, ifname: &str) -> Result<u32> {
     let name = ifname.to_owned();
     ns.run(move || nix::net::if_::if_nametoindex(name.as_str()))?
-        .map_err(|e| Error::Unexpected { what: "interface", detail: format!("{ifname} in {}: {e}", ns.name()) })
+        .map_err(|e| Error::Unexpected {
+            what: "interface",
+            detail: format!("{ifname} in {}: {e}", ns.name()),
+        })
 }

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapHandle, OpenObject, Program};
+use libbpf_rs::{MapHandle, OpenObject, PrintLevel, Program};
 
 use crate::abi::{DatapathConfig, LAYOUT_VERSION};
 use crate::attach::{
@@ -79,6 +79,23 @@ pub struct Datapath {
     maps_report: Vec<MapReport>,
 }
 
+/// libbpf's own messages go to `tracing` instead of stderr: expected
+/// failures (probing a clsact filter that does not exist yet) are not
+/// worth a warning, and the agent's log is the one place to look.
+fn route_libbpf_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        fn log(level: PrintLevel, msg: String) {
+            let msg = msg.trim_end();
+            match level {
+                PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
+                _ => tracing::trace!(target: "libbpf", "{msg}"),
+            }
+        }
+        libbpf_rs::set_print(Some((PrintLevel::Debug, log)));
+    });
+}
+
 fn handle(name: &'static str, map: &libbpf_rs::Map<'_>) -> Result<MapHandle> {
     MapHandle::try_from(map).map_err(|e| Error::Handle {
         object: name,
@@ -98,6 +115,7 @@ impl Datapath {
     /// Mounts bpffs if needed, loads the programs, and creates or reuses
     /// the pinned maps (see [`crate::pinning`]). Nothing is attached yet.
     pub fn open(options: DatapathOptions) -> Result<Self> {
+        route_libbpf_logs();
         let root = options.bpf_root;
         bpffs::ensure_bpffs(&root)?;
         let maps_dir = root.join("maps");

@@ -63,6 +63,7 @@ pub use clock::ktime_now_ns;
 pub use datapath::{Datapath, DatapathOptions, HookAttach};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind, EventReader};
+pub use ipnet::IpNet;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::lb::{Backend, Frontend, ServiceEntry};
 pub use maps::metrics::MetricSample;

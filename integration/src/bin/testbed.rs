@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use cellium_datapath_bpf::{
-    AttachMode, Datapath, DatapathOptions, Direction, EndpointFlags, IpNet, PolicyRule, Verdict, compile_policy,
+    AttachMode, Datapath, DatapathOptions, Direction, EndpointFlags, IpNet, PolicyRule, Verdict,
+    compile_policy,
 };
 use cellium_integration::Topology;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -93,7 +94,11 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
         Mode::Tcx => AttachMode::Tcx,
         Mode::Clsact => AttachMode::Clsact,
     };
-    let dp = Datapath::open(DatapathOptions { bpf_root, attach_mode }).context("opening the datapath")?;
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root,
+        attach_mode,
+    })
+    .context("opening the datapath")?;
     for r in dp.maps_report() {
         println!("map {} {}", r.name, r.origin);
     }
@@ -103,8 +108,12 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
     };
     for pod in &topo.pods {
         let id = u16::from(pod.index);
-        dp.endpoints().put(pod.ip.into(), &pod.endpoint(id, identity(pod.index), flags))?;
-        dp.ipcache().put(IpNet::from(std::net::IpAddr::V4(pod.ip)), identity(pod.index))?;
+        dp.endpoints()
+            .put(pod.ip.into(), &pod.endpoint(id, identity(pod.index), flags))?;
+        dp.ipcache().put(
+            IpNet::from(std::net::IpAddr::V4(pod.ip)),
+            identity(pod.index),
+        )?;
         let rules: Vec<PolicyRule> = topo
             .pods
             .iter()
@@ -127,7 +136,13 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
         let (dp2, ifindex) = (dp.clone(), pod.host_ifindex);
         let done = topo.node.run(move || dp2.attach(ifindex))??;
         for h in done {
-            println!("attach {} {} {} {:?}", pod.host_if, h.hook.program(), h.kind, h.action);
+            println!(
+                "attach {} {} {} {:?}",
+                pod.host_if,
+                h.hook.program(),
+                h.kind,
+                h.action
+            );
         }
     }
     let (from, to) = dp.program_ids()?;
@@ -136,21 +151,38 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-    ).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
     match Cli::parse().command {
         Cmd::Up { name, pods } => {
-            let topo = Topology::named(&name, pods).with_context(|| format!("creating topology {name}"))?;
+            let topo = Topology::named(&name, pods)
+                .with_context(|| format!("creating topology {name}"))?;
             for p in &topo.pods {
                 println!("pod {} {} {}", p.ns.name(), p.ip, p.host_if);
             }
         }
         Cmd::Down { name, pods } => Topology::remove_named(&name, pods),
-        Cmd::Attach { name, pods, bpf_root, policy, mode } => attach(&name, pods, bpf_root, policy, mode)?,
-        Cmd::Detach { name, pods, bpf_root } => {
+        Cmd::Attach {
+            name,
+            pods,
+            bpf_root,
+            policy,
+            mode,
+        } => attach(&name, pods, bpf_root, policy, mode)?,
+        Cmd::Detach {
+            name,
+            pods,
+            bpf_root,
+        } => {
             let topo = Topology::open_named(&name, pods)?;
-            let dp = std::sync::Arc::new(Datapath::open(DatapathOptions { bpf_root, ..Default::default() })?);
+            let dp = std::sync::Arc::new(Datapath::open(DatapathOptions {
+                bpf_root,
+                ..Default::default()
+            })?);
             for pod in &topo.pods {
                 let (dp2, ifindex) = (dp.clone(), pod.host_ifindex);
                 topo.node.run(move || dp2.detach(ifindex))??;
