@@ -22,6 +22,14 @@ use cellium_integration::{BpffsMount, Topology};
 const TIMEOUT: Duration = Duration::from_secs(2);
 const SHORT: Duration = Duration::from_millis(700);
 
+/// Tests share two cores and time-sensitive assertions: one at a time even
+/// when the harness runs threads in parallel.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A node with pods and the datapath attached to every pod.
 struct Env {
     // Field order is drop order: namespaces first, then the pins.
@@ -128,6 +136,7 @@ fn wait_event(dp: &Datapath, trigger: impl FnOnce(), pred: impl Fn(&Event) -> bo
 
 #[test]
 fn pods_exchange_icmp_tcp_and_udp() {
+    let _serial = serial();
     let env = env(3, no_enforcement);
     let (p1, p2, p3) = (env.topo.pod(1), env.topo.pod(2), env.topo.pod(3));
 
@@ -173,6 +182,7 @@ fn pods_exchange_icmp_tcp_and_udp() {
 
 #[test]
 fn deny_entry_drops_and_reports_the_reason() {
+    let _serial = serial();
     let env = env(3, |i| {
         if i == 2 {
             EndpointFlags::ENFORCE_INGRESS
@@ -255,6 +265,7 @@ fn deny_entry_drops_and_reports_the_reason() {
 
 #[test]
 fn replies_pass_while_the_reverse_direction_is_denied() {
+    let _serial = serial();
     let both = EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS;
     let env = env(2, |_| both);
     let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
@@ -308,6 +319,7 @@ fn replies_pass_while_the_reverse_direction_is_denied() {
 
 #[test]
 fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
+    let _serial = serial();
     let env = env(3, no_enforcement);
     let (p1, p2, p3) = (env.topo.pod(1), env.topo.pod(2), env.topo.pod(3));
     let vip = Ipv4Addr::new(10, 96, 0, 10);
@@ -421,6 +433,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
 
 #[test]
 fn spoofed_source_addresses_are_dropped() {
+    let _serial = serial();
     let env = env(2, no_enforcement);
     let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
     p1.ns
@@ -462,6 +475,7 @@ fn spoofed_source_addresses_are_dropped() {
 
 #[test]
 fn traffic_from_the_node_gets_ingress_policy_at_to_container() {
+    let _serial = serial();
     let env = env(1, |_| EndpointFlags::ENFORCE_INGRESS);
     let p1 = env.topo.pod(1);
     env.dp
@@ -503,6 +517,7 @@ fn traffic_from_the_node_gets_ingress_policy_at_to_container() {
 
 #[test]
 fn conntrack_gc_removes_expired_entries() {
+    let _serial = serial();
     let env = env(2, no_enforcement);
     let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
     let cfg = DatapathConfig {
@@ -537,6 +552,7 @@ fn conntrack_gc_removes_expired_entries() {
 
 #[test]
 fn clsact_attach_works_and_detach_restores_plain_routing() {
+    let _serial = serial();
     let env = env_with(2, AttachMode::Clsact, no_enforcement);
     let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
     let attached = env.dp.attached().unwrap();
@@ -619,6 +635,7 @@ fn program_ids(report: &str) -> (u32, u32) {
 
 #[test]
 fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
+    let _serial = serial();
     let name = format!("rt{}", std::process::id());
     let topo = Topology::named(&name, 2).expect("topology");
     let _cleanup = NamedTopology(name.clone(), 2);
