@@ -288,3 +288,18 @@ impl Datapath {
         self.attacher.list()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shareable<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+
+    #[test]
+    fn the_datapath_can_be_shared_across_tasks() {
+        shareable::<Datapath>();
+        shareable::<std::sync::Arc<Datapath>>();
+        movable::<EventReader>();
+    }
+}
