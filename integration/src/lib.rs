@@ -13,6 +13,7 @@ mod error;
 pub mod netns;
 pub mod probe;
 pub mod topology;
+pub mod veth;
 
 pub use bpffs::BpffsMount;
 pub use error::{Error, Result};

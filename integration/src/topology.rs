@@ -163,23 +163,7 @@ impl Topology {
         let (ip, hmac, pmac) = (pod_ip(i), host_mac(i), pod_mac(i));
         let node = &self.node;
         ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
-        node.ip(&[
-            "link",
-            "add",
-            &host_if,
-            "address",
-            &hmac.to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "address",
-            &pmac.to_string(),
-            "netns",
-            ns.name(),
-        ])?;
-        node.ip(&["link", "set", &host_if, "up"])?;
+        crate::veth::create(node, &host_if, hmac, &ns, "eth0", pmac)?;
         node.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
         node.ip(&[
             "neigh",
@@ -194,7 +178,6 @@ impl Topology {
         ])?;
 
         ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-        ns.ip(&["link", "set", "eth0", "up"])?;
         ns.ip(&[
             "route",
             "add",

@@ -20,28 +20,51 @@ pub fn is_bpffs(path: &Path) -> Result<bool> {
     Ok(st.filesystem_type() == BPF_FS_MAGIC)
 }
 
-/// Creates `root` and mounts bpffs on it unless it already is one.
-/// Returns whether a mount was made.
-pub fn ensure_bpffs(root: &Path) -> Result<bool> {
-    fs::create_dir_all(root).map_err(|source| Error::CreateDir {
-        path: root.to_owned(),
-        source,
-    })?;
-    if is_bpffs(root)? {
-        return Ok(false);
-    }
+fn mount_bpffs(path: &Path) -> Result<()> {
     mount(
         Some("bpf"),
-        root,
+        path,
         Some("bpf"),
         MsFlags::empty(),
         None::<&str>,
     )
     .map_err(|source| Error::Mount {
-        path: root.to_owned(),
+        path: path.to_owned(),
         source,
     })?;
-    tracing::info!(path = %root.display(), "mounted bpffs");
+    tracing::info!(path = %path.display(), "mounted bpffs");
+    Ok(())
+}
+
+/// Makes `root` a directory on a bpffs. Returns whether a mount was made.
+///
+/// - `root` on a bpffs already: nothing to do.
+/// - `root` elsewhere: bpffs is mounted on it (e.g. `/run/cellium/bpf`).
+/// - `root` missing under an unmounted `/sys/fs/bpf`: sysfs refuses the
+///   directory, so bpffs is mounted on the parent first, then `root` is
+///   created inside it (`/sys/fs/bpf/cellium` on a fresh node).
+pub fn ensure_bpffs(root: &Path) -> Result<bool> {
+    if !root.exists()
+        && let Err(first) = fs::create_dir_all(root)
+    {
+        let parent = root.parent().filter(|p| p.is_dir());
+        let Some(parent) = parent.filter(|p| !is_bpffs(p).unwrap_or(true)) else {
+            return Err(Error::CreateDir {
+                path: root.to_owned(),
+                source: first,
+            });
+        };
+        mount_bpffs(parent)?;
+        fs::create_dir_all(root).map_err(|source| Error::CreateDir {
+            path: root.to_owned(),
+            source,
+        })?;
+        return Ok(true);
+    }
+    if is_bpffs(root)? {
+        return Ok(false);
+    }
+    mount_bpffs(root)?;
     Ok(true)
 }
 
