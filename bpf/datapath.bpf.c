@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0)
+/*
+ * The Cellium datapath: one object for every endpoint. Both programs sit on
+ * the host-side veth of a pod; everything endpoint-specific comes from maps.
+ *
+ *   cel_from_container  TC ingress: packets the pod sends.
+ *     source check -> service DNAT -> conntrack -> (new: egress policy of the
+ *     source, ingress policy of a local destination) -> reverse NAT of
+ *     replies -> redirect into a local pod, or up the node's stack.
+ *   cel_to_container    TC egress: packets the node's stack sends to the pod.
+ *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
+ *
+ * IPv6 and non-IP frames pass untouched.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "lib/conntrack.h"
+#include "lib/lb.h"
+#include "lib/lookup.h"
+#include "lib/maps.h"
+#include "lib/nat.h"
+#include "lib/notify.h"
+#include "lib/packet.h"
+#include "lib/policy.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Hands the frame to a local pod's eth0, skipping the node's stack (and
+ * therefore that pod's cel_to_container, whose checks were done here). */
+static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
+						const struct trace *t,
+						const struct endpoint_info *dst)
+{
+	__u8 macs[12];
+	__u32 ifindex = dst->ifindex;
+
+	__builtin_memcpy(&macs[0], dst->pod_mac, 6);
+	__builtin_memcpy(&macs[6], dst->host_mac, 6);
+	if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0)
+		return drop(skb, p, t, CEL_REASON_NAT_FAILED);
+	count(t->direction, CEL_REASON_FORWARDED, skb->len);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+SEC("tc")
+int cel_from_container(struct __sk_buff *skb)
+{
+	struct datapath_config *cfg = config_get();
+	struct trace t = { .direction = CEL_DIR_EGRESS };
+	struct endpoint_info *src, *dst;
+	struct ct_entry *ce = NULL;
+	struct ct_key key = {};
+	struct pkt p = {};
+	__u32 backend_id = 0;
+	__u16 rev_nat_id = 0;
+	__u64 now;
+	int ret, ct;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ret = parse_ipv4(skb, &p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+
+	/* Anti-spoofing: the source address must belong to the endpoint
+	 * behind this very interface. */
+	src = endpoint_lookup4(p.saddr);
+	if (!src || src->ifindex != skb->ifindex)
+		return drop(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
+	t.endpoint_id = src->id;
+	t.src_identity = src->identity;
+
+	now = bpf_ktime_get_ns();
+	ret = lb4_dnat(skb, &p, cfg, now, &rev_nat_id, &backend_id);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+
+	/* After DNAT: the destination is the backend. */
+	dst = endpoint_lookup4(p.daddr);
+	ct_key_from_pkt(&key, &p, 0);
+	ct = ct_lookup4(&key, &p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		t.dst_identity = dst ? dst->identity : ipcache_identity4(p.daddr);
+		ret = policy_check(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+		if (dst) {
+			/* The redirect skips the destination's to-container
+			 * program, so its ingress policy is decided here. */
+			struct trace it = t;
+
+			it.direction = CEL_DIR_INGRESS;
+			it.endpoint_id = dst->id;
+			ret = policy_check(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+			if (ret)
+				return drop(skb, &p, &it, ret);
+		}
+		ret = ct_create4(&key, &p, cfg, now, rev_nat_id, backend_id);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb4_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop(skb, &p, &t, ret);
+		}
+	}
+
+	if (dst)
+		return redirect_to_endpoint(skb, &p, &t, dst);
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int cel_to_container(struct __sk_buff *skb)
+{
+	struct datapath_config *cfg = config_get();
+	struct trace t = { .direction = CEL_DIR_INGRESS };
+	struct endpoint_info *dst;
+	struct ct_entry *ce = NULL;
+	struct ct_key key = {};
+	struct pkt p = {};
+	__u64 now;
+	int ret, ct;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ret = parse_ipv4(skb, &p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+
+	/* Only packets for the endpoint behind this interface are ours. */
+	dst = endpoint_lookup4(p.daddr);
+	if (!dst || dst->ifindex != skb->ifindex)
+		return TC_ACT_OK;
+	t.endpoint_id = dst->id;
+	t.dst_identity = dst->identity;
+
+	now = bpf_ktime_get_ns();
+	ct_key_from_pkt(&key, &p, 0);
+	ct = ct_lookup4(&key, &p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		t.src_identity = identity_of4(p.saddr);
+		ret = policy_check(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+		ret = ct_create4(&key, &p, cfg, now, 0, 0);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb4_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop(skb, &p, &t, ret);
+		}
+	}
+
+	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+	return TC_ACT_OK;
+}

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Constants shared by the datapath and its user-space mirror
+ * (crates/datapath-bpf/src/types.rs). Changing any number here is a layout
+ * change: bump CEL_LAYOUT_VERSION so that an agent restart recreates the
+ * pinned maps instead of reading them with the wrong meaning.
+ */
+#ifndef CELLIUM_COMMON_H
+#define CELLIUM_COMMON_H
+
+#include <linux/types.h>
+
+/* Version of every map layout below; stored in cel_config.layout_version. */
+#define CEL_LAYOUT_VERSION 1
+
+/* Address families as stored in keys (not AF_*: keys only need 4 or 6). */
+#define CEL_FAMILY_IPV4 4
+#define CEL_FAMILY_IPV6 6
+
+/*
+ * Traffic direction relative to an endpoint. Used by policy keys, metrics
+ * keys and events: INGRESS is traffic entering the pod, EGRESS leaving it.
+ */
+#define CEL_DIR_INGRESS 0
+#define CEL_DIR_EGRESS 1
+#define CEL_DIR_MAX 2
+
+/* Reserved security identities (same numbers as Cilium). */
+#define CEL_IDENTITY_UNKNOWN 0
+#define CEL_IDENTITY_HOST 1
+#define CEL_IDENTITY_WORLD 2
+
+/*
+ * Verdict reasons. 0 is "forwarded"; every other number is a drop reason.
+ * Metrics are indexed by direction * CEL_REASON_SLOTS + reason.
+ */
+#define CEL_REASON_FORWARDED 0
+#define CEL_REASON_INVALID_SOURCE 1
+#define CEL_REASON_POLICY_DENY 2
+#define CEL_REASON_POLICY_DEFAULT_DENY 3
+#define CEL_REASON_NO_SERVICE_BACKEND 4
+#define CEL_REASON_MALFORMED 5
+#define CEL_REASON_FRAGMENT_UNSUPPORTED 6
+#define CEL_REASON_CT_FULL 7
+#define CEL_REASON_NAT_FAILED 8
+#define CEL_REASON_SLOTS 256
+
+/* IP protocol numbers used in keys (IPPROTO_* without pulling libc in). */
+#define CEL_PROTO_ICMP 1
+#define CEL_PROTO_TCP 6
+#define CEL_PROTO_UDP 17
+#define CEL_PROTO_SCTP 132
+
+#endif /* CELLIUM_COMMON_H */

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * cel_config: ARRAY[1] of datapath-wide settings. layout_version stays the
+ * first field in every future layout so that any loader can read it.
+ */
+#ifndef CELLIUM_CONFIG_H
+#define CELLIUM_CONFIG_H
+
+#include <linux/types.h>
+
+/* Emit a POLICY_VERDICT event for every new connection's policy decision. */
+#define CEL_CFG_F_POLICY_VERDICT_EVENTS (1 << 0)
+
+/* Timeouts used while a field is still zero (a map nobody configured). */
+#define CEL_CT_DEFAULT_TCP_SYN 60
+#define CEL_CT_DEFAULT_TCP_ESTABLISHED 21600
+#define CEL_CT_DEFAULT_TCP_CLOSING 10
+#define CEL_CT_DEFAULT_UDP 60
+#define CEL_CT_DEFAULT_ICMP 60
+#define CEL_CT_DEFAULT_OTHER 60
+
+struct datapath_config {
+	__u32 layout_version; /* CEL_LAYOUT_VERSION of the writer */
+	__u32 flags;          /* CEL_CFG_F_* */
+	/* Conntrack timeouts in seconds. */
+	__u32 ct_tcp_syn;
+	__u32 ct_tcp_established;
+	__u32 ct_tcp_closing;
+	__u32 ct_udp;
+	__u32 ct_icmp;
+	__u32 ct_other;
+};
+
+#endif /* CELLIUM_CONFIG_H */

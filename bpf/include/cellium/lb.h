@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * ClusterIP load balancing. cel_lb4_services holds, per frontend
+ * (vip, port, protocol), slot 0 = the service (backend count, rev-NAT id)
+ * and slots 1..=count = backend ids; cel_lb4_backends resolves an id to an
+ * address; cel_lb4_revnat maps a rev-NAT id back to the frontend so replies
+ * carry the VIP.
+ */
+#ifndef CELLIUM_LB_H
+#define CELLIUM_LB_H
+
+#include <linux/types.h>
+
+struct lb4_key {
+	__be32 vip;
+	__be16 dport;
+	__u16 slot; /* 0 = the service itself, 1..=count = a backend slot */
+	__u8 protocol;
+	__u8 pad[3];
+};
+
+struct lb4_service {
+	__u32 backend_id; /* slots >= 1 */
+	__u16 count;      /* slot 0: number of backend slots */
+	__u16 rev_nat_id; /* slot 0 */
+	__u8 flags;       /* reserved, zero */
+	__u8 pad[3];
+};
+
+struct lb4_backend {
+	__be32 addr;
+	__be16 port;
+	__u8 protocol;
+	__u8 flags; /* reserved, zero */
+};
+
+struct lb4_reverse_nat {
+	__be32 vip;
+	__be16 port;
+	__u16 pad;
+};
+
+#endif /* CELLIUM_LB_H */

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * ClusterIP: DNAT of a client's packet to a backend, and reverse NAT of the
+ * backend's replies. The backend of a connection is chosen once, at random
+ * among the service's slots, and remembered in a service conntrack entry
+ * keyed on the client -> VIP tuple, so later packets never re-balance.
+ */
+#ifndef CELLIUM_LIB_LB_H
+#define CELLIUM_LIB_LB_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "conntrack.h"
+#include "maps.h"
+#include "nat.h"
+#include "packet.h"
+
+/*
+ * If the packet is for a frontend, translates it to the connection's
+ * backend and sets *rev_nat_id / *backend_id. Returns 0 or a drop reason.
+ */
+static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
+				    const struct datapath_config *cfg, __u64 now,
+				    __u16 *rev_nat_id, __u32 *backend_id)
+{
+	struct lb4_key key = {};
+	struct lb4_service *svc, *slot;
+	struct lb4_backend *be = NULL;
+	struct ct_key skey = {};
+	struct ct_entry *se;
+	__u32 id = 0;
+	__u16 count, rnat;
+	__be32 addr;
+	__be16 port;
+	int ret;
+
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+		return 0;
+	key.vip = p->daddr;
+	key.dport = p->dport;
+	key.protocol = p->protocol;
+	svc = bpf_map_lookup_elem(&cel_lb4_services, &key);
+	if (!svc)
+		return 0;
+	count = svc->count;
+	rnat = svc->rev_nat_id;
+
+	ct_key_from_pkt(&skey, p, CEL_CT_F_SERVICE);
+	se = bpf_map_lookup_elem(&cel_ct4, &skey);
+	if (se && se->expires_ns > now && !ct_is_reopen(se, p)) {
+		id = se->backend_id;
+		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
+		if (be)
+			ct_account(se, CEL_CT_FORWARD, p, cfg, now);
+	}
+	/* New connection, or its backend was removed: choose (again). */
+	if (!be) {
+		if (count == 0)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		key.slot = (bpf_get_prandom_u32() % count) + 1;
+		slot = bpf_map_lookup_elem(&cel_lb4_services, &key);
+		if (!slot)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		id = slot->backend_id;
+		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
+		if (!be)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		ret = ct_create4(&skey, p, cfg, now, rnat, id);
+		if (ret)
+			return ret;
+	}
+
+	addr = be->addr;
+	port = be->port;
+	*rev_nat_id = rnat;
+	*backend_id = id;
+	return nat4_rewrite(skb, p, NAT_DST, addr, port);
+}
+
+/*
+ * Rewrites a backend's reply so that its source is the frontend again, and
+ * keeps the service entry alive with it. Returns 0 or a drop reason.
+ */
+static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt *p, __u16 rev_nat_id,
+				       const struct datapath_config *cfg, __u64 now)
+{
+	struct lb4_reverse_nat *rn = bpf_map_lookup_elem(&cel_lb4_revnat, &rev_nat_id);
+	struct ct_key skey = {};
+	struct ct_entry *se;
+	__be32 vip;
+	__be16 port;
+
+	/* The service is gone: the client gets the backend's address and
+	 * resets, exactly as if the connection had never been balanced. */
+	if (!rn)
+		return 0;
+	vip = rn->vip;
+	port = rn->port;
+
+	skey.saddr = p->daddr;
+	skey.daddr = vip;
+	skey.sport = p->dport;
+	skey.dport = port;
+	skey.protocol = p->protocol;
+	skey.flags = CEL_CT_F_SERVICE;
+	se = bpf_map_lookup_elem(&cel_ct4, &skey);
+	if (se)
+		ct_account(se, CEL_CT_REPLY, p, cfg, now);
+
+	return nat4_rewrite(skb, p, NAT_SRC, vip, port);
+}
+
+#endif /* CELLIUM_LIB_LB_H */

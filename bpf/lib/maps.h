@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Map definitions. Names are the contract with user space (they become the
+ * pin names under <bpf_root>/maps); sizes are what a node of a few hundred
+ * pods with heavy traffic needs, and changing one makes the loader recreate
+ * that map on the next start.
+ */
+#ifndef CELLIUM_LIB_MAPS_H
+#define CELLIUM_LIB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include <cellium/common.h>
+#include <cellium/config.h>
+#include <cellium/conntrack.h>
+#include <cellium/endpoint.h>
+#include <cellium/events.h>
+#include <cellium/ipcache.h>
+#include <cellium/lb.h>
+#include <cellium/metrics.h>
+#include <cellium/policy.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct endpoint_key);
+	__type(value, struct endpoint_info);
+	__uint(max_entries, 65536);
+} cel_endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, struct ipcache_value);
+	__uint(max_entries, 524288);
+	/* LPM tries must not be preallocated. */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cel_ipcache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct policy_key);
+	__type(value, struct policy_value);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cel_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 131072);
+} cel_ct4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_key);
+	__type(value, struct lb4_service);
+	__uint(max_entries, 65536);
+} cel_lb4_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb4_backend);
+	__uint(max_entries, 65536);
+} cel_lb4_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb4_reverse_nat);
+	__uint(max_entries, 65536);
+} cel_lb4_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct datapath_config);
+	__uint(max_entries, 1);
+} cel_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct metrics_value);
+	__uint(max_entries, CEL_DIR_MAX * CEL_REASON_SLOTS);
+} cel_metrics SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+} cel_events SEC(".maps");
+
+#endif /* CELLIUM_LIB_MAPS_H */

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Rewriting an IPv4 address and L4 port with incremental checksum updates.
+ * The helpers keep CHECKSUM_PARTIAL packets (veth offload) correct: the
+ * pseudo-header flag tells the kernel the address is part of the L4 sum.
+ */
+#ifndef CELLIUM_LIB_NAT_H
+#define CELLIUM_LIB_NAT_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+
+#include "packet.h"
+
+#define NAT_SRC 0
+#define NAT_DST 1
+
+/* Only TCP and UDP are translated; returns 0 or CEL_REASON_NAT_FAILED. */
+static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, int which,
+					__be32 addr, __be16 port)
+{
+	__be32 old_addr = which == NAT_DST ? p->daddr : p->saddr;
+	__be16 old_port = which == NAT_DST ? p->dport : p->sport;
+	__u32 addr_off = ETH_HLEN + (which == NAT_DST ? __builtin_offsetof(struct iphdr, daddr)
+						      : __builtin_offsetof(struct iphdr, saddr));
+	__u32 port_off = p->l4_off + (which == NAT_DST ? 2 : 0);
+	__u32 csum_off;
+	/* A UDP checksum of zero means "none" and must stay zero. */
+	__u64 mangled = 0;
+
+	if (p->protocol == CEL_PROTO_TCP) {
+		csum_off = p->l4_off + 16;
+	} else if (p->protocol == CEL_PROTO_UDP) {
+		csum_off = p->l4_off + 6;
+		mangled = BPF_F_MARK_MANGLED_0;
+	} else {
+		return CEL_REASON_NAT_FAILED;
+	}
+
+	if (old_addr != addr) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
+					BPF_F_PSEUDO_HDR | mangled | sizeof(addr)) < 0)
+			return CEL_REASON_NAT_FAILED;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + __builtin_offsetof(struct iphdr, check),
+					old_addr, addr, sizeof(addr)) < 0)
+			return CEL_REASON_NAT_FAILED;
+		if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0) < 0)
+			return CEL_REASON_NAT_FAILED;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | sizeof(port)) < 0)
+			return CEL_REASON_NAT_FAILED;
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0) < 0)
+			return CEL_REASON_NAT_FAILED;
+	}
+
+	if (which == NAT_DST) {
+		p->daddr = addr;
+		p->dport = port;
+	} else {
+		p->saddr = addr;
+		p->sport = port;
+	}
+	return 0;
+}
+
+#endif /* CELLIUM_LIB_NAT_H */

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Policy decision for a new connection: two LPM lookups, one for the peer's
+ * identity and one for "any identity" (0). A deny from either wins, then an
+ * allow from either, then default deny, but only when the endpoint enforces
+ * this direction.
+ */
+#ifndef CELLIUM_LIB_POLICY_H
+#define CELLIUM_LIB_POLICY_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "maps.h"
+#include "notify.h"
+#include "packet.h"
+
+/* Returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason. */
+static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u32 identity,
+					 __u8 protocol, __be16 dport)
+{
+	struct policy_key key = {};
+	struct policy_value *v;
+	int allow = 0, deny = 0;
+
+	key.prefixlen = CEL_POLICY_PREFIX_FULL;
+	key.endpoint_id = endpoint_id;
+	key.direction = direction;
+	key.identity = identity;
+	key.protocol = protocol;
+	key.dport = dport;
+	/* Flags instead of `exact || any`: clang would OR the two pointers,
+	 * which the verifier rejects. */
+	v = bpf_map_lookup_elem(&cel_policy, &key);
+	if (v) {
+		deny |= v->deny;
+		allow = 1;
+	}
+	key.identity = 0;
+	v = bpf_map_lookup_elem(&cel_policy, &key);
+	if (v) {
+		deny |= v->deny;
+		allow = 1;
+	}
+
+	if (deny)
+		return CEL_REASON_POLICY_DENY;
+	if (allow)
+		return CEL_REASON_FORWARDED;
+	return CEL_REASON_POLICY_DEFAULT_DENY;
+}
+
+/*
+ * Decides one direction for endpoint `ep` and reports the verdict when the
+ * configuration asks for it. `peer_identity` is the other side's identity.
+ */
+static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt *p,
+					const struct trace *t,
+					const struct endpoint_info *ep, __u8 direction,
+					__u32 peer_identity, const struct datapath_config *cfg)
+{
+	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
+						     : CEL_EP_F_ENFORCE_EGRESS;
+	/* ICMP has no port; its policy entries are protocol-wide. */
+	__be16 dport = p->protocol == CEL_PROTO_ICMP ? 0 : p->dport;
+	int reason = CEL_REASON_FORWARDED;
+
+	if (ep->flags & enforce)
+		reason = policy_lookup(ep->id, direction, peer_identity, p->protocol, dport);
+
+	if (cfg && (cfg->flags & CEL_CFG_F_POLICY_VERDICT_EVENTS)) {
+		struct trace vt = *t;
+
+		vt.direction = direction;
+		vt.endpoint_id = ep->id;
+		emit_event(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
+			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
+	}
+	return reason;
+}
+
+#endif /* CELLIUM_LIB_POLICY_H */

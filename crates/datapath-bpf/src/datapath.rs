@@ -1,0 +1,305 @@
+//! [`Datapath`]: the loaded object, its pinned maps and its attachments.
+
+use std::fs;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapHandle, OpenObject, PrintLevel, Program};
+
+use crate::abi::{DatapathConfig, LAYOUT_VERSION};
+use crate::attach::{
+    self, AttachAction, AttachKind, AttachMode, Attacher, Attachment, Hook, Programs,
+};
+use crate::bpffs;
+use crate::error::{Error, Result};
+use crate::events::EventReader;
+use crate::maps::TypedMap;
+use crate::maps::config::ConfigMap;
+use crate::maps::conntrack::Conntrack;
+use crate::maps::endpoints::Endpoints;
+use crate::maps::ipcache::Ipcache;
+use crate::maps::lb::Services;
+use crate::maps::metrics::Metrics;
+use crate::maps::policy::PolicyMap;
+use crate::pinning::{self, MapOrigin, MapReport};
+use crate::skel::DatapathSkelBuilder;
+
+/// How to open the datapath.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatapathOptions {
+    /// Where maps (`maps/`) and links (`links/`) are pinned. Mounted as
+    /// bpffs if it is not one already.
+    pub bpf_root: PathBuf,
+    /// tcx, clsact, or tcx with a clsact fallback.
+    pub attach_mode: AttachMode,
+}
+
+impl Default for DatapathOptions {
+    fn default() -> Self {
+        Self {
+            bpf_root: PathBuf::from("/sys/fs/bpf/cellium"),
+            attach_mode: AttachMode::Auto,
+        }
+    }
+}
+
+/// What attaching did on one hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookAttach {
+    /// The hook.
+    pub hook: Hook,
+    /// tcx or clsact.
+    pub kind: AttachKind,
+    /// Created or replaced.
+    pub action: AttachAction,
+}
+
+/// The loaded datapath. Cheap to share (`Send + Sync`, put it in an `Arc`):
+/// map operations and attachments are independent kernel calls.
+///
+/// Dropping it detaches nothing and unpins nothing: programs stay attached
+/// through their pinned links and maps through their pins, which is what
+/// lets a restarted agent pick up where this one stopped.
+#[derive(Debug)]
+pub struct Datapath {
+    root: PathBuf,
+    endpoints: Endpoints,
+    ipcache: Ipcache,
+    policy: PolicyMap,
+    conntrack: Conntrack,
+    services: Services,
+    config: ConfigMap,
+    metrics: Metrics,
+    events: MapHandle,
+    from_container: OwnedFd,
+    to_container: OwnedFd,
+    attacher: Attacher,
+    maps_report: Vec<MapReport>,
+}
+
+/// libbpf's own messages go to `tracing` instead of stderr: expected
+/// failures (probing a clsact filter that does not exist yet) are not
+/// worth a warning, and the agent's log is the one place to look.
+fn route_libbpf_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        fn log(level: PrintLevel, msg: String) {
+            let msg = msg.trim_end();
+            match level {
+                PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
+                _ => tracing::trace!(target: "libbpf", "{msg}"),
+            }
+        }
+        libbpf_rs::set_print(Some((PrintLevel::Debug, log)));
+    });
+}
+
+fn handle(name: &'static str, map: &libbpf_rs::Map<'_>) -> Result<MapHandle> {
+    MapHandle::try_from(map).map_err(|e| Error::Handle {
+        object: name,
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
+fn typed<K, V>(name: &'static str, map: &libbpf_rs::Map<'_>) -> Result<TypedMap<K, V>>
+where
+    K: crate::abi::Plain,
+    V: crate::abi::Plain,
+{
+    Ok(TypedMap::new(name, handle(name, map)?))
+}
+
+impl Datapath {
+    /// Mounts bpffs if needed, loads the programs, and creates or reuses
+    /// the pinned maps (see [`crate::pinning`]). Nothing is attached yet.
+    pub fn open(options: DatapathOptions) -> Result<Self> {
+        route_libbpf_logs();
+        let root = options.bpf_root;
+        bpffs::ensure_bpffs(&root)?;
+        let maps_dir = root.join("maps");
+        let links_dir = attach::links_dir(&root);
+        for dir in [&maps_dir, &links_dir] {
+            fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+
+        let mut storage = MaybeUninit::<OpenObject>::uninit();
+        let mut open = DatapathSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(Error::OpenObject)?;
+        let plan = pinning::prepare(open.open_object_mut(), &maps_dir)?;
+        let skel = open.load().map_err(Error::LoadObject)?;
+        let m = &skel.maps;
+
+        let mut maps_report = plan.reports;
+        for (name, old, reason) in plan.migrations {
+            let new = match name.as_str() {
+                "cel_endpoints" => handle("cel_endpoints", &m.cel_endpoints)?,
+                "cel_ipcache" => handle("cel_ipcache", &m.cel_ipcache)?,
+                "cel_policy" => handle("cel_policy", &m.cel_policy)?,
+                "cel_ct4" => handle("cel_ct4", &m.cel_ct4)?,
+                "cel_lb4_services" => handle("cel_lb4_services", &m.cel_lb4_services)?,
+                "cel_lb4_backends" => handle("cel_lb4_backends", &m.cel_lb4_backends)?,
+                "cel_lb4_revnat" => handle("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                "cel_config" => handle("cel_config", &m.cel_config)?,
+                _ => continue,
+            };
+            let entries = pinning::migrate(&name, &old, &new);
+            if let Some(r) = maps_report.iter_mut().find(|r| r.name == name) {
+                r.origin = MapOrigin::Migrated { reason, entries };
+            }
+        }
+
+        let dup = |name: &'static str, prog: &Program<'_>| {
+            prog.as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| Error::Handle {
+                    object: name,
+                    source,
+                })
+        };
+        let dp = Self {
+            endpoints: Endpoints::new(typed("cel_endpoints", &m.cel_endpoints)?),
+            ipcache: Ipcache::new(typed("cel_ipcache", &m.cel_ipcache)?),
+            policy: PolicyMap::new(typed("cel_policy", &m.cel_policy)?),
+            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?),
+            services: Services::new(
+                typed("cel_lb4_services", &m.cel_lb4_services)?,
+                typed("cel_lb4_backends", &m.cel_lb4_backends)?,
+                typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+            ),
+            config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
+            metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
+            events: handle("cel_events", &m.cel_events)?,
+            from_container: dup("cel_from_container", &skel.progs.cel_from_container)?,
+            to_container: dup("cel_to_container", &skel.progs.cel_to_container)?,
+            attacher: Attacher::new(links_dir, options.attach_mode),
+            root,
+            maps_report,
+        };
+        // The object's own descriptors close here; ours keep everything.
+        drop(skel);
+
+        if dp.config.get()?.layout_version != LAYOUT_VERSION {
+            dp.config.set(&DatapathConfig::default())?;
+        }
+        Ok(dp)
+    }
+
+    /// The BPF root.
+    pub fn bpf_root(&self) -> &Path {
+        &self.root
+    }
+
+    /// What happened to each map at open (reused, created, ...).
+    pub fn maps_report(&self) -> &[MapReport] {
+        &self.maps_report
+    }
+
+    /// Local endpoints.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// Prefix -> identity.
+    pub fn ipcache(&self) -> &Ipcache {
+        &self.ipcache
+    }
+
+    /// Policy entries.
+    pub fn policy(&self) -> &PolicyMap {
+        &self.policy
+    }
+
+    /// Connection tracking.
+    pub fn conntrack(&self) -> &Conntrack {
+        &self.conntrack
+    }
+
+    /// ClusterIP services, backends and reverse NAT.
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// Datapath-wide settings.
+    pub fn config(&self) -> &ConfigMap {
+        &self.config
+    }
+
+    /// Counters by direction and reason.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A new reader of the events ring buffer.
+    pub fn events(&self) -> Result<EventReader> {
+        let map = MapHandle::try_from(&self.events).map_err(|e| Error::Handle {
+            object: "cel_events",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        EventReader::new(map)
+    }
+
+    /// Kernel ids of the loaded (from-container, to-container) programs.
+    pub fn program_ids(&self) -> Result<(u32, u32)> {
+        let id = |name: &'static str, fd: &OwnedFd| {
+            Program::id_from_fd(fd.as_fd()).map_err(|e| Error::Handle {
+                object: name,
+                source: std::io::Error::other(e.to_string()),
+            })
+        };
+        Ok((
+            id("cel_from_container", &self.from_container)?,
+            id("cel_to_container", &self.to_container)?,
+        ))
+    }
+
+    fn programs(&self) -> Programs<'_> {
+        Programs {
+            from_container: self.from_container.as_fd(),
+            to_container: self.to_container.as_fd(),
+        }
+    }
+
+    /// Attaches both programs to a pod's host-side veth (in the calling
+    /// thread's network namespace), or switches an existing attachment to
+    /// this datapath's programs without a moment in between.
+    pub fn attach(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
+        Ok(self
+            .attacher
+            .attach(&self.programs(), ifindex)?
+            .into_iter()
+            .map(|(hook, kind, action)| HookAttach { hook, kind, action })
+            .collect())
+    }
+
+    /// Detaches both programs from `ifindex`. Nothing attached is fine.
+    pub fn detach(&self, ifindex: u32) -> Result<()> {
+        self.attacher.detach(&self.programs(), ifindex)
+    }
+
+    /// Current attachments: live pinned tcx links, and clsact filters
+    /// attached by this process.
+    pub fn attached(&self) -> Result<Vec<Attachment>> {
+        self.attacher.list()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shareable<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+
+    #[test]
+    fn the_datapath_can_be_shared_across_tasks() {
+        shareable::<Datapath>();
+        shareable::<std::sync::Arc<Datapath>>();
+        movable::<EventReader>();
+    }
+}

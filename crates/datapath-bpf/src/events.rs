@@ -1,0 +1,278 @@
+//! Reading `cel_events`: drops and policy verdicts, blocking or async.
+//!
+//! Trap: the ring buffer is shared by every reader of the node and a full
+//! buffer loses events (never packets), so read continuously; counters in
+//! `cel_metrics` are the lossless record.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libbpf_rs::{MapHandle, RingBuffer, RingBufferBuilder};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use crate::abi::{Plain, RawEvent, ipv4_of};
+use crate::error::{Error, Result};
+use crate::types::{Direction, Protocol, Reason};
+
+/// The map name.
+pub const NAME: &str = "cel_events";
+
+/// What an event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A dropped packet.
+    Drop,
+    /// The policy decision for a new connection (when enabled).
+    PolicyVerdict,
+    /// A number this version does not know.
+    Unknown(u8),
+}
+
+/// One datapath event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// `bpf_ktime_get_ns()` when it happened.
+    pub ktime_ns: u64,
+    /// Drop or policy verdict.
+    pub kind: EventKind,
+    /// The drop reason, or `Forwarded` for an allowed verdict.
+    pub reason: Reason,
+    /// Direction relative to `endpoint_id`.
+    pub direction: Direction,
+    /// The packet's protocol.
+    pub protocol: Protocol,
+    /// The endpoint whose hook or policy decided.
+    pub endpoint_id: u16,
+    /// Source identity (0 when not yet resolved).
+    pub src_identity: u32,
+    /// Destination identity (0 when not yet resolved).
+    pub dst_identity: u32,
+    /// Source address.
+    pub saddr: Ipv4Addr,
+    /// Destination address.
+    pub daddr: Ipv4Addr,
+    /// Source port (ICMP echo request: identifier).
+    pub sport: u16,
+    /// Destination port (ICMP echo reply: identifier).
+    pub dport: u16,
+    /// The interface the program ran on.
+    pub ifindex: u32,
+    /// Packet length.
+    pub len: u32,
+    /// Whether the packet was let through (policy verdicts).
+    pub allowed: bool,
+}
+
+impl Event {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let raw = RawEvent::decode(bytes.get(..RawEvent::SIZE)?)?;
+        Some(Self {
+            ktime_ns: raw.ktime,
+            kind: match raw.kind {
+                1 => EventKind::Drop,
+                2 => EventKind::PolicyVerdict,
+                n => EventKind::Unknown(n),
+            },
+            reason: Reason::from(raw.reason),
+            direction: Direction::from_u8(raw.direction)?,
+            protocol: Protocol::from(raw.protocol),
+            endpoint_id: raw.endpoint_id,
+            src_identity: raw.src_identity,
+            dst_identity: raw.dst_identity,
+            saddr: ipv4_of(raw.saddr),
+            daddr: ipv4_of(raw.daddr),
+            sport: u16::from_be(raw.sport),
+            dport: u16::from_be(raw.dport),
+            ifindex: raw.ifindex,
+            len: raw.len,
+            allowed: raw.verdict == 0,
+        })
+    }
+}
+
+/// A reader of the events ring buffer. `Send`, so it can move into a
+/// tokio task; each reader sees every event submitted while it reads.
+pub struct EventReader {
+    // A duplicate of the ring buffer's epoll descriptor, registered with
+    // the tokio reactor on first use.
+    async_fd: Option<AsyncFd<OwnedFd>>,
+    ring: RingBuffer<'static>,
+    queue: Arc<Mutex<VecDeque<Event>>>,
+    malformed: Arc<AtomicU64>,
+    _map: MapHandle,
+}
+
+impl std::fmt::Debug for EventReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventReader")
+            .field("malformed", &self.malformed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventReader {
+    pub(crate) fn new(map: MapHandle) -> Result<Self> {
+        let queue = Arc::new(Mutex::new(VecDeque::new()));
+        let malformed = Arc::new(AtomicU64::new(0));
+        let (q, m) = (queue.clone(), malformed.clone());
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&map, move |bytes: &[u8]| {
+                match Event::decode(bytes) {
+                    Some(e) => q.lock().unwrap_or_else(|p| p.into_inner()).push_back(e),
+                    None => {
+                        m.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                0
+            })
+            .map_err(|e| Error::Events {
+                op: "register the map",
+                source: io::Error::other(e.to_string()),
+            })?;
+        let ring = builder.build().map_err(|e| Error::Events {
+            op: "build",
+            source: io::Error::other(e.to_string()),
+        })?;
+        Ok(Self {
+            async_fd: None,
+            ring,
+            queue,
+            malformed,
+            _map: map,
+        })
+    }
+
+    fn pop(&self) -> Option<Event> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    fn drain(&self) -> Vec<Event> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect()
+    }
+
+    fn consume(&self) -> Result<()> {
+        self.ring.consume().map_err(|e| Error::Events {
+            op: "consume",
+            source: io::Error::other(e.to_string()),
+        })
+    }
+
+    /// Waits up to `timeout` for events and returns all that are available.
+    /// Blocks the thread: use [`EventReader::next`] from async code.
+    pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Event>> {
+        self.consume()?;
+        if self
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            self.ring.poll(timeout).map_err(|e| Error::Events {
+                op: "poll",
+                source: io::Error::other(e.to_string()),
+            })?;
+        }
+        Ok(self.drain())
+    }
+
+    /// The next event, waiting without blocking the executor. Must run
+    /// inside a tokio runtime (with I/O enabled).
+    pub async fn next(&mut self) -> Result<Event> {
+        if self.async_fd.is_none() {
+            self.async_fd = Some(self.register()?);
+        }
+        loop {
+            if let Some(e) = self.pop() {
+                return Ok(e);
+            }
+            self.consume()?;
+            if let Some(e) = self.pop() {
+                return Ok(e);
+            }
+            let Some(fd) = self.async_fd.as_ref() else {
+                continue;
+            };
+            let mut guard = fd
+                .readable()
+                .await
+                .map_err(|source| Error::Events { op: "wait", source })?;
+            // Cleared before the next consume: data arriving after this
+            // point raises readiness again, so nothing is missed.
+            guard.clear_ready();
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn register(&self) -> Result<AsyncFd<OwnedFd>> {
+        // SAFETY: epoll_fd() is the descriptor the ring buffer owns while
+        // `self.ring` lives; it is only borrowed here to duplicate it.
+        let epoll = unsafe { BorrowedFd::borrow_raw(self.ring.epoll_fd()) };
+        let owned = epoll.try_clone_to_owned().map_err(|source| Error::Events {
+            op: "duplicate the epoll fd",
+            source,
+        })?;
+        // SAFETY: `owned` moves into the AsyncFd, so the descriptor stays
+        // open and refers to the same epoll instance for its whole life.
+        unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }.map_err(|e| {
+            Error::Events {
+                op: "register with the runtime",
+                source: e.into(),
+            }
+        })
+    }
+
+    /// Records that could not be decoded (a layout mismatch) so far.
+    pub fn malformed(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::be32;
+
+    #[test]
+    fn events_decode_from_the_c_layout() {
+        let raw = RawEvent {
+            ktime: 99,
+            kind: 1,
+            reason: 2,
+            direction: 1,
+            protocol: 6,
+            endpoint_id: 4,
+            src_identity: 1000,
+            dst_identity: 2000,
+            saddr: be32(Ipv4Addr::new(10, 0, 0, 1)),
+            daddr: be32(Ipv4Addr::new(10, 0, 0, 2)),
+            sport: 5555u16.to_be(),
+            dport: 80u16.to_be(),
+            ifindex: 3,
+            len: 60,
+            verdict: 1,
+            ..Default::default()
+        };
+        let e = Event::decode(&raw.encode()).unwrap();
+        assert_eq!(e.kind, EventKind::Drop);
+        assert_eq!(e.reason, Reason::PolicyDeny);
+        assert_eq!(e.direction, Direction::Egress);
+        assert_eq!(e.saddr, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(e.dport, 80);
+        assert!(!e.allowed);
+        assert!(Event::decode(&[0u8; 8]).is_none());
+    }
+}

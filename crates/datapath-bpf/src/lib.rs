@@ -1,0 +1,73 @@
+//! The Cellium eBPF datapath, from Rust.
+//!
+//! `bpf/datapath.bpf.c` is compiled into a libbpf skeleton at build time.
+//! [`Datapath::open`] mounts bpffs at the configured root if needed, loads
+//! the programs, and creates or reuses the maps pinned under
+//! `<root>/maps` (a restarted agent keeps conntrack, policy and services);
+//! [`Datapath::attach`] puts `cel_from_container` and `cel_to_container` on
+//! a pod's host-side veth with pinned tcx links (clsact as fallback) and
+//! replaces the programs of an existing attachment atomically.
+//!
+//! Every map has a typed wrapper ([`maps`]) speaking `Ipv4Addr`, [`MacAddr`],
+//! [`Direction`], [`Protocol`]; the raw `#[repr(C)]` mirrors of the C
+//! structs live in [`abi`] and are tested against the headers.
+//! [`policy_rules::compile`] turns allow/deny rules into consistent policy
+//! map entries; [`events::EventReader`] reads drops and verdicts, blocking or
+//! async; [`maps::conntrack::Conntrack::gc`] removes expired connections.
+//!
+//! Where to start: `docs/datapath.md` describes the packet walk and maps.
+//!
+//! ```no_run
+//! use std::net::Ipv4Addr;
+//! use cellium_datapath_bpf::{Datapath, DatapathOptions, EndpointFlags, EndpointInfo, MacAddr};
+//!
+//! # fn main() -> cellium_datapath_bpf::Result<()> {
+//! let dp = Datapath::open(DatapathOptions::default())?;
+//! let info = EndpointInfo {
+//!     ifindex: 12,
+//!     id: 1,
+//!     flags: EndpointFlags::NONE,
+//!     identity: 1000,
+//!     host_mac: "02:00:00:00:00:01".parse()?,
+//!     pod_mac: "02:00:00:00:00:02".parse::<MacAddr>()?,
+//! };
+//! dp.endpoints().put(Ipv4Addr::new(10, 200, 0, 2).into(), &info)?;
+//! dp.attach(12)?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod abi;
+mod attach;
+pub mod bpffs;
+mod clock;
+mod datapath;
+mod error;
+pub mod events;
+pub mod maps;
+pub mod pinning;
+pub mod policy_rules;
+mod sys;
+mod types;
+
+// SAFETY: the generated skeleton dereferences libbpf's object pointers
+// right after libbpf created them; the code is libbpf-cargo's, not ours.
+#[allow(unsafe_code, missing_docs, clippy::all, unused_imports)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/datapath.skel.rs"));
+}
+
+pub use abi::{DatapathConfig, EndpointInfo, LAYOUT_VERSION};
+pub use attach::{AttachAction, AttachKind, AttachMode, Attachment, Hook};
+pub use clock::ktime_now_ns;
+pub use datapath::{Datapath, DatapathOptions, HookAttach};
+pub use error::{Error, Result};
+pub use events::{Event, EventKind, EventReader};
+pub use ipnet::IpNet;
+pub use maps::conntrack::{CtState, CtTuple, GcStats};
+pub use maps::lb::{Backend, Frontend, ServiceEntry};
+pub use maps::metrics::MetricSample;
+pub use maps::policy::{Decision, L4Match, PolicyEntry, SyncStats, Verdict};
+pub use pinning::{MapOrigin, MapReport};
+pub use policy_rules::{PolicyRule, compile as compile_policy};
+pub use types::{Direction, EndpointFlags, MacAddr, Protocol, Reason};

@@ -1,0 +1,93 @@
+//! Typed wrappers over the pinned datapath maps: one file per map, each
+//! taking and returning Rust types (addresses, enums, ports in host order).
+
+pub mod config;
+pub mod conntrack;
+pub mod endpoints;
+pub mod ipcache;
+pub mod lb;
+pub mod metrics;
+pub mod policy;
+
+use std::marker::PhantomData;
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
+
+use crate::abi::Plain;
+use crate::error::{Error, Result};
+
+/// A map with a Rust key and value type; the kernel object is shared with
+/// the programs and outlives this process through its pin.
+#[derive(Debug)]
+pub(crate) struct TypedMap<K, V> {
+    name: &'static str,
+    handle: MapHandle,
+    _types: PhantomData<fn(K, V)>,
+}
+
+impl<K: Plain, V: Plain> TypedMap<K, V> {
+    pub(crate) fn new(name: &'static str, handle: MapHandle) -> Self {
+        Self {
+            name,
+            handle,
+            _types: PhantomData,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub(crate) fn handle(&self) -> &MapHandle {
+        &self.handle
+    }
+
+    pub(crate) fn get(&self, key: &K) -> Result<Option<V>> {
+        let raw = self
+            .handle
+            .lookup(&key.encode(), MapFlags::ANY)
+            .map_err(Error::map_op(self.name, "lookup"))?;
+        raw.map(|bytes| self.decode_value(&bytes)).transpose()
+    }
+
+    pub(crate) fn put(&self, key: &K, value: &V) -> Result<()> {
+        self.handle
+            .update(&key.encode(), &value.encode(), MapFlags::ANY)
+            .map_err(Error::map_op(self.name, "update"))
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    pub(crate) fn delete(&self, key: &K) -> Result<bool> {
+        match self.handle.delete(&key.encode()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::map_op(self.name, "delete")(e)),
+        }
+    }
+
+    /// Every entry. Concurrent datapath updates may add or remove entries
+    /// during the walk; each returned pair was present when read.
+    pub(crate) fn entries(&self) -> Result<Vec<(K, V)>> {
+        let mut out = Vec::new();
+        for raw_key in self.handle.keys() {
+            let key = K::decode(&raw_key).ok_or(Error::Layout {
+                map: self.name,
+                len: raw_key.len(),
+                expected: K::SIZE,
+            })?;
+            // The entry may have been deleted since get_next_key.
+            if let Some(v) = self.get(&key)? {
+                out.push((key, v));
+            }
+        }
+        Ok(out)
+    }
+
+    fn decode_value(&self, bytes: &[u8]) -> Result<V> {
+        V::decode(bytes).ok_or(Error::Layout {
+            map: self.name,
+            len: bytes.len(),
+            expected: V::SIZE,
+        })
+    }
+}

@@ -1,0 +1,371 @@
+//! `cel_policy`: per-endpoint allow/deny entries, an LPM trie over
+//! (endpoint, direction, identity, protocol, port prefix).
+//!
+//! Trap: within one identity the longest entry decides, so a broad deny
+//! written next to a narrower allow loses to it. Build entries with
+//! [`crate::policy_rules::compile`], which resolves such overlaps, and write
+//! them with [`PolicyMap::sync_endpoint`].
+
+use std::collections::HashMap;
+
+use crate::abi::{PolicyKey, PolicyValue};
+use crate::error::{Error, Result};
+use crate::maps::TypedMap;
+use crate::types::{Direction, Protocol};
+
+/// The map name.
+pub const NAME: &str = "cel_policy";
+
+const PREFIX_ANY_PROTO: u32 = 64;
+const PREFIX_ANY_PORT: u32 = 80;
+const PREFIX_FULL: u32 = 96;
+
+/// What an entry matches below (endpoint, direction, identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum L4Match {
+    /// Every protocol and port.
+    Any,
+    /// One protocol, every port.
+    Protocol(Protocol),
+    /// A block of `2^(16 - prefix_bits)` ports starting at `port` (aligned).
+    PortBlock {
+        /// The protocol.
+        protocol: Protocol,
+        /// First port of the block.
+        port: u16,
+        /// Leading port bits that must match, 1..=16 (16 = one port).
+        prefix_bits: u8,
+    },
+}
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    /// Allow the connection.
+    Allow,
+    /// Deny the connection (wins over any allow).
+    Deny,
+}
+
+/// One policy map entry's key, typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyEntry {
+    /// The endpoint the entry belongs to.
+    pub endpoint_id: u16,
+    /// Traffic direction relative to the endpoint.
+    pub direction: Direction,
+    /// The peer identity; 0 = any identity.
+    pub identity: u32,
+    /// Protocol and ports.
+    pub l4: L4Match,
+}
+
+/// What the datapath would decide for a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// An allow entry matched and no deny did.
+    Allowed,
+    /// A deny entry matched.
+    Denied,
+    /// Nothing matched: denied if the endpoint enforces the direction.
+    NoMatch,
+}
+
+impl PolicyEntry {
+    fn key(&self) -> PolicyKey {
+        let (prefixlen, protocol, dport) = match self.l4 {
+            L4Match::Any => (PREFIX_ANY_PROTO, 0, 0),
+            L4Match::Protocol(p) => (PREFIX_ANY_PORT, p.number(), 0),
+            L4Match::PortBlock {
+                protocol,
+                port,
+                prefix_bits,
+            } => {
+                let bits = u32::from(prefix_bits.clamp(1, 16));
+                let mask = (0xffff_u32 << (16 - bits)) as u16;
+                (
+                    PREFIX_ANY_PORT + bits,
+                    protocol.number(),
+                    (port & mask).to_be(),
+                )
+            }
+        };
+        PolicyKey {
+            prefixlen,
+            endpoint_id: self.endpoint_id,
+            direction: self.direction.as_u8(),
+            pad1: 0,
+            identity: self.identity,
+            protocol,
+            pad2: 0,
+            dport,
+        }
+    }
+
+    fn from_key(key: &PolicyKey) -> Result<Self> {
+        let bad = |why: &str| Error::invalid(format!("policy key {key:?}"), why.to_owned());
+        let direction =
+            Direction::from_u8(key.direction).ok_or_else(|| bad("unknown direction"))?;
+        let l4 = match key.prefixlen {
+            PREFIX_ANY_PROTO => L4Match::Any,
+            PREFIX_ANY_PORT => L4Match::Protocol(Protocol::from(key.protocol)),
+            n if n > PREFIX_ANY_PORT && n <= PREFIX_FULL => L4Match::PortBlock {
+                protocol: Protocol::from(key.protocol),
+                port: u16::from_be(key.dport),
+                prefix_bits: (n - PREFIX_ANY_PORT) as u8,
+            },
+            _ => return Err(bad("prefix length outside 64..=96")),
+        };
+        Ok(Self {
+            endpoint_id: key.endpoint_id,
+            direction,
+            identity: key.identity,
+            l4,
+        })
+    }
+}
+
+fn value_of(v: Verdict) -> PolicyValue {
+    PolicyValue {
+        deny: u8::from(v == Verdict::Deny),
+        pad: [0; 3],
+        flags: 0,
+    }
+}
+
+fn verdict_of(v: &PolicyValue) -> Verdict {
+    if v.deny != 0 {
+        Verdict::Deny
+    } else {
+        Verdict::Allow
+    }
+}
+
+/// Counts of a [`PolicyMap::sync_endpoint`] run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Entries written (new or changed verdict).
+    pub written: usize,
+    /// Entries already as desired.
+    pub unchanged: usize,
+    /// Stale entries removed.
+    pub removed: usize,
+}
+
+/// The policy map.
+#[derive(Debug)]
+pub struct PolicyMap {
+    map: TypedMap<PolicyKey, PolicyValue>,
+}
+
+impl PolicyMap {
+    pub(crate) fn new(map: TypedMap<PolicyKey, PolicyValue>) -> Self {
+        Self { map }
+    }
+
+    /// Writes one entry.
+    pub fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
+        self.map.put(&entry.key(), &value_of(verdict))
+    }
+
+    /// Removes one entry; returns whether it existed.
+    pub fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
+        self.map.delete(&entry.key())
+    }
+
+    /// Every entry of the map.
+    pub fn entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {
+        self.map
+            .entries()?
+            .iter()
+            .map(|(k, v)| Ok((PolicyEntry::from_key(k)?, verdict_of(v))))
+            .collect()
+    }
+
+    /// The entries of one endpoint.
+    pub fn endpoint_entries(&self, endpoint_id: u16) -> Result<Vec<(PolicyEntry, Verdict)>> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter(|(e, _)| e.endpoint_id == endpoint_id)
+            .collect())
+    }
+
+    /// Makes the endpoint's entries exactly `desired`. Denies are written
+    /// before allows and stale allows removed before stale denies, so no
+    /// intermediate state allows more than either the old or the new set.
+    pub fn sync_endpoint(
+        &self,
+        endpoint_id: u16,
+        desired: &[(PolicyEntry, Verdict)],
+    ) -> Result<SyncStats> {
+        if let Some((e, _)) = desired.iter().find(|(e, _)| e.endpoint_id != endpoint_id) {
+            return Err(Error::invalid(
+                format!("policy entry {e:?}"),
+                format!("belongs to endpoint {}, not {endpoint_id}", e.endpoint_id),
+            ));
+        }
+        let current: HashMap<PolicyEntry, Verdict> =
+            self.endpoint_entries(endpoint_id)?.into_iter().collect();
+        let wanted: HashMap<PolicyEntry, Verdict> = desired.iter().copied().collect();
+        let mut stats = SyncStats::default();
+
+        for pass in [Verdict::Deny, Verdict::Allow] {
+            for (entry, verdict) in desired.iter().filter(|(_, v)| *v == pass) {
+                if current.get(entry) == Some(verdict) {
+                    stats.unchanged += 1;
+                } else {
+                    self.put(entry, *verdict)?;
+                    stats.written += 1;
+                }
+            }
+        }
+        for pass in [Verdict::Allow, Verdict::Deny] {
+            for (entry, _) in current
+                .iter()
+                .filter(|(e, v)| **v == pass && !wanted.contains_key(e))
+            {
+                if self.delete(entry)? {
+                    stats.removed += 1;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Removes every entry of the endpoint; returns how many.
+    pub fn clear_endpoint(&self, endpoint_id: u16) -> Result<usize> {
+        Ok(self.sync_endpoint(endpoint_id, &[])?.removed)
+    }
+
+    /// What the datapath decides for a new connection of `endpoint_id` in
+    /// `direction` with a peer of `identity`, by the same two kernel
+    /// lookups the programs make (the enforcement flag is not consulted).
+    pub fn decide(
+        &self,
+        endpoint_id: u16,
+        direction: Direction,
+        identity: u32,
+        protocol: Protocol,
+        dport: u16,
+    ) -> Result<Decision> {
+        let dport = if protocol == Protocol::Icmp { 0 } else { dport };
+        let mut deny = false;
+        let mut allow = false;
+        for id in [identity, 0] {
+            let key = PolicyEntry {
+                endpoint_id,
+                direction,
+                identity: id,
+                l4: L4Match::PortBlock {
+                    protocol,
+                    port: dport,
+                    prefix_bits: 16,
+                },
+            }
+            .key();
+            if let Some(v) = self.map.get(&key)? {
+                allow = true;
+                deny |= v.deny != 0;
+            }
+        }
+        Ok(if deny {
+            Decision::Denied
+        } else if allow {
+            Decision::Allowed
+        } else {
+            Decision::NoMatch
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let entries = [
+            PolicyEntry {
+                endpoint_id: 7,
+                direction: Direction::Ingress,
+                identity: 0,
+                l4: L4Match::Any,
+            },
+            PolicyEntry {
+                endpoint_id: 7,
+                direction: Direction::Egress,
+                identity: 4242,
+                l4: L4Match::Protocol(Protocol::Udp),
+            },
+            PolicyEntry {
+                endpoint_id: 9,
+                direction: Direction::Ingress,
+                identity: 3,
+                l4: L4Match::PortBlock {
+                    protocol: Protocol::Tcp,
+                    port: 8080,
+                    prefix_bits: 16,
+                },
+            },
+            PolicyEntry {
+                endpoint_id: 9,
+                direction: Direction::Ingress,
+                identity: 3,
+                l4: L4Match::PortBlock {
+                    protocol: Protocol::Tcp,
+                    port: 1024,
+                    prefix_bits: 6,
+                },
+            },
+        ];
+        for e in entries {
+            assert_eq!(PolicyEntry::from_key(&e.key()).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn key_prefixes_follow_the_header() {
+        let e = PolicyEntry {
+            endpoint_id: 1,
+            direction: Direction::Egress,
+            identity: 5,
+            l4: L4Match::PortBlock {
+                protocol: Protocol::Tcp,
+                port: 80,
+                prefix_bits: 16,
+            },
+        };
+        let k = e.key();
+        assert_eq!(k.prefixlen, 96);
+        assert_eq!(k.dport, 80u16.to_be());
+        assert_eq!(k.protocol, 6);
+        assert_eq!(k.direction, 1);
+        // Host bits of a block are cleared so the LPM key is canonical.
+        let b = PolicyEntry {
+            l4: L4Match::PortBlock {
+                protocol: Protocol::Tcp,
+                port: 1030,
+                prefix_bits: 6,
+            },
+            ..e
+        };
+        assert_eq!(u16::from_be(b.key().dport), 1024);
+        assert_eq!(b.key().prefixlen, 86);
+    }
+
+    #[test]
+    fn bad_prefixes_are_rejected() {
+        let mut k = PolicyEntry {
+            endpoint_id: 1,
+            direction: Direction::Egress,
+            identity: 0,
+            l4: L4Match::Any,
+        }
+        .key();
+        k.prefixlen = 63;
+        assert!(PolicyEntry::from_key(&k).is_err());
+        k.prefixlen = 97;
+        assert!(PolicyEntry::from_key(&k).is_err());
+    }
+}

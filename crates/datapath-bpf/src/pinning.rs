@@ -1,0 +1,232 @@
+//! Reusing pinned maps across agent restarts.
+//!
+//! Before load, every map of the object is compared with its pin under
+//! `<bpf_root>/maps`: same type, key and value size, size limit and flags,
+//! and the same layout version in `cel_config`, and libbpf reuses the pinned
+//! map (conntrack, policy and services survive). A map whose only change is
+//! its size limit or flags is recreated and its entries copied over
+//! (migrated); any other difference recreates it empty. Either is logged.
+
+use std::fmt;
+use std::fs;
+use std::path::Path;
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenObject};
+
+use crate::abi::LAYOUT_VERSION;
+use crate::error::{Error, Result};
+
+/// What happened to one map at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapOrigin {
+    /// The pinned map was reused with its contents.
+    Reused,
+    /// No pin existed: a new, empty map.
+    Created,
+    /// The pin was incompatible and replaced by an empty map.
+    Recreated {
+        /// What differed.
+        reason: String,
+    },
+    /// The pin was replaced and its entries copied into the new map.
+    Migrated {
+        /// What differed.
+        reason: String,
+        /// Entries copied.
+        entries: usize,
+    },
+}
+
+impl fmt::Display for MapOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MapOrigin::Reused => f.write_str("reused"),
+            MapOrigin::Created => f.write_str("created"),
+            MapOrigin::Recreated { reason } => write!(f, "recreated ({reason})"),
+            MapOrigin::Migrated { reason, entries } => {
+                write!(f, "migrated {entries} entries ({reason})")
+            }
+        }
+    }
+}
+
+/// One map's fate at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapReport {
+    /// The map name.
+    pub name: String,
+    /// What happened.
+    pub origin: MapOrigin,
+}
+
+/// Maps to copy after load: name, old map, why.
+pub(crate) struct Plan {
+    pub(crate) reports: Vec<MapReport>,
+    pub(crate) migrations: Vec<(String, MapHandle, String)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Shape {
+    ty: MapType,
+    key: u32,
+    value: u32,
+    max: u32,
+    flags: u32,
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} key {} value {} max {} flags {:#x}",
+            self.ty, self.key, self.value, self.max, self.flags
+        )
+    }
+}
+
+/// The layout version stored in a pinned `cel_config`, if there is one.
+fn pinned_layout_version(path: &Path) -> Option<u32> {
+    let map = MapHandle::from_pinned_path(path).ok()?;
+    let value = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
+    // layout_version is the first field of every layout.
+    let bytes: [u8; 4] = value.get(..4)?.try_into().ok()?;
+    Some(u32::from_ne_bytes(bytes))
+}
+
+fn migratable(ty: MapType) -> bool {
+    matches!(
+        ty,
+        MapType::Hash | MapType::LruHash | MapType::LpmTrie | MapType::Array
+    )
+}
+
+/// Decides, for every map of `object`, whether to reuse its pin, and sets
+/// the pin paths libbpf loads with.
+pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> {
+    // A version of 0 is a config nobody wrote yet: nothing to distrust.
+    let stale_version = pinned_layout_version(&maps_dir.join("cel_config"))
+        .filter(|v| *v != 0 && *v != LAYOUT_VERSION);
+    let mut plan = Plan {
+        reports: Vec::new(),
+        migrations: Vec::new(),
+    };
+
+    for mut map in object.maps_mut() {
+        let name = map.name().to_string_lossy().into_owned();
+        let path = maps_dir.join(&name);
+        let wanted = Shape {
+            ty: map.map_type(),
+            key: map.key_size(),
+            value: map.value_size(),
+            max: map.max_entries(),
+            flags: map.map_flags(),
+        };
+
+        let origin = if path.exists() {
+            let old = MapHandle::from_pinned_path(&path).map_err(|source| Error::OpenPinned {
+                path: path.clone(),
+                source,
+            })?;
+            let flags = old.info().map(|i| i.info.map_flags).unwrap_or(u32::MAX);
+            let have = Shape {
+                ty: old.map_type(),
+                key: old.key_size(),
+                value: old.value_size(),
+                max: old.max_entries(),
+                flags,
+            };
+            let origin = if let Some(v) = stale_version {
+                MapOrigin::Recreated {
+                    reason: format!("layout version {v}, this build has {LAYOUT_VERSION}"),
+                }
+            } else if have == wanted {
+                MapOrigin::Reused
+            } else if have.ty == wanted.ty
+                && have.key == wanted.key
+                && have.value == wanted.value
+                && migratable(have.ty)
+            {
+                let reason = format!("pinned {have}, object {wanted}");
+                plan.migrations.push((name.clone(), old, reason.clone()));
+                MapOrigin::Migrated { reason, entries: 0 }
+            } else {
+                MapOrigin::Recreated {
+                    reason: format!("pinned {have}, object {wanted}"),
+                }
+            };
+            if origin != MapOrigin::Reused {
+                // The old map lives on for programs still attached to it
+                // (and for the migration), but no longer under this name.
+                fs::remove_file(&path).map_err(|source| Error::Unpin {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+            origin
+        } else {
+            MapOrigin::Created
+        };
+
+        match &origin {
+            MapOrigin::Reused => tracing::info!(map = %name, "reusing pinned map"),
+            MapOrigin::Created => tracing::info!(map = %name, "creating map"),
+            MapOrigin::Recreated { reason } => {
+                tracing::warn!(map = %name, %reason, "recreating pinned map, its entries are lost")
+            }
+            MapOrigin::Migrated { reason, .. } => {
+                tracing::warn!(map = %name, %reason, "recreating pinned map, migrating entries")
+            }
+        }
+        map.set_pin_path(&path)
+            .map_err(|source| Error::PreparePin {
+                map: name.clone(),
+                path: path.clone(),
+                source,
+            })?;
+        plan.reports.push(MapReport { name, origin });
+    }
+    Ok(plan)
+}
+
+/// Copies every entry of `old` into `new`; returns how many were copied.
+pub(crate) fn migrate(name: &str, old: &MapHandle, new: &MapHandle) -> usize {
+    let mut copied = 0;
+    let mut failed = 0;
+    for key in old.keys() {
+        let Ok(Some(value)) = old.lookup(&key, MapFlags::ANY) else {
+            continue;
+        };
+        match new.update(&key, &value, MapFlags::ANY) {
+            Ok(()) => copied += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    if failed > 0 {
+        tracing::warn!(map = %name, copied, failed, "some entries did not fit the new map");
+    } else {
+        tracing::info!(map = %name, copied, "migrated map entries");
+    }
+    copied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keyed_maps_migrate() {
+        assert!(migratable(MapType::LruHash));
+        assert!(migratable(MapType::LpmTrie));
+        assert!(!migratable(MapType::RingBuf));
+        assert!(!migratable(MapType::PercpuArray));
+    }
+
+    #[test]
+    fn origins_print_their_reason() {
+        let o = MapOrigin::Migrated {
+            reason: "max 1 vs 2".into(),
+            entries: 3,
+        };
+        assert_eq!(o.to_string(), "migrated 3 entries (max 1 vs 2)");
+    }
+}

@@ -1,0 +1,91 @@
+//! The few libbpf calls libbpf-rs 0.27 has no safe wrapper for: creating,
+//! pinning, opening, updating and detaching tcx links by file descriptor.
+//! Every function returns an owned fd or an `io::Error` with the errno.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// libbpf returns `-errno` (libbpf 1.x mode) or a non-negative fd.
+fn fd_or_errno(ret: i32) -> io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(io::Error::from_raw_os_error(-ret));
+    }
+    // SAFETY: a non-negative return of these calls is a new descriptor
+    // that the kernel handed to this process and nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
+fn ok_or_errno(ret: i32) -> io::Result<()> {
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(-ret))
+    } else {
+        Ok(())
+    }
+}
+
+/// Which tcx hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TcxHook {
+    Ingress,
+    Egress,
+}
+
+/// Attaches `prog` to `ifindex` with a new tcx link.
+pub(crate) fn tcx_link_create(
+    prog: BorrowedFd<'_>,
+    ifindex: u32,
+    hook: TcxHook,
+) -> io::Result<OwnedFd> {
+    let attach_type = match hook {
+        TcxHook::Ingress => libbpf_sys::BPF_TCX_INGRESS,
+        TcxHook::Egress => libbpf_sys::BPF_TCX_EGRESS,
+    };
+    let target = i32::try_from(ifindex).map_err(|_| io::Error::from_raw_os_error(libc_einval()))?;
+    // SAFETY: plain integer arguments; libbpf accepts NULL opts (no
+    // relative ordering among tcx programs).
+    let ret = unsafe {
+        libbpf_sys::bpf_link_create(prog.as_raw_fd(), target, attach_type, std::ptr::null())
+    };
+    fd_or_errno(ret)
+}
+
+/// Points an existing link at `prog` atomically (no window without a program).
+pub(crate) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: two valid descriptors and NULL opts (no expected old program).
+    ok_or_errno(unsafe {
+        libbpf_sys::bpf_link_update(link.as_raw_fd(), prog.as_raw_fd(), std::ptr::null())
+    })
+}
+
+/// Detaches a link from its hook (the link object lives on, defunct).
+pub(crate) fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a valid descriptor.
+    ok_or_errno(unsafe { libbpf_sys::bpf_link_detach(link.as_raw_fd()) })
+}
+
+/// Pins any BPF object fd at `path` on a bpffs.
+pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c = cstring(path)?;
+    // SAFETY: a valid descriptor and a NUL-terminated path that outlives the call.
+    ok_or_errno(unsafe { libbpf_sys::bpf_obj_pin(fd.as_raw_fd(), c.as_ptr()) })
+}
+
+/// Opens the BPF object pinned at `path`.
+pub(crate) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    fd_or_errno(unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) })
+}
+
+fn libc_einval() -> i32 {
+    nix::errno::Errno::EINVAL as i32
+}

@@ -1,0 +1,362 @@
+//! Typed vocabulary of the datapath: directions, protocols, verdict reasons,
+//! MAC addresses and endpoint flags, each convertible to the numbers the C
+//! headers use (bpf/include/cellium/common.h).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// Traffic direction relative to an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// Entering the pod.
+    Ingress,
+    /// Leaving the pod.
+    Egress,
+}
+
+impl Direction {
+    /// Both directions, in key order.
+    pub const ALL: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+    /// The number used in keys (`CEL_DIR_*`).
+    pub fn as_u8(self) -> u8 {
+        match self {
+            Direction::Ingress => 0,
+            Direction::Egress => 1,
+        }
+    }
+
+    /// The direction for a key number, if valid.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Direction::Ingress),
+            1 => Some(Direction::Egress),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        })
+    }
+}
+
+/// An IP protocol as the datapath sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// ICMP (echo identifiers play the port in conntrack).
+    Icmp,
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP (ports tracked like UDP; not load-balanced).
+    Sctp,
+    /// Any other IP protocol number.
+    Other(u8),
+}
+
+impl Protocol {
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Icmp => 1,
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+            Protocol::Other(n) => n,
+        }
+    }
+
+    /// Whether packets of this protocol carry ports the datapath reads.
+    pub fn has_ports(self) -> bool {
+        matches!(self, Protocol::Tcp | Protocol::Udp | Protocol::Sctp)
+    }
+}
+
+impl From<u8> for Protocol {
+    fn from(n: u8) -> Self {
+        match n {
+            1 => Protocol::Icmp,
+            6 => Protocol::Tcp,
+            17 => Protocol::Udp,
+            132 => Protocol::Sctp,
+            n => Protocol::Other(n),
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Protocol::Icmp => f.write_str("icmp"),
+            Protocol::Tcp => f.write_str("tcp"),
+            Protocol::Udp => f.write_str("udp"),
+            Protocol::Sctp => f.write_str("sctp"),
+            Protocol::Other(n) => write!(f, "proto-{n}"),
+        }
+    }
+}
+
+/// Why a packet was forwarded or dropped (`CEL_REASON_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Forwarded (not a drop).
+    Forwarded,
+    /// The source address is not the endpoint behind the interface.
+    InvalidSource,
+    /// An explicit deny entry matched.
+    PolicyDeny,
+    /// The endpoint enforces policy and nothing allowed the connection.
+    PolicyDefaultDeny,
+    /// A frontend without (reachable) backends.
+    NoServiceBackend,
+    /// Headers could not be parsed.
+    Malformed,
+    /// IPv4 fragments are not tracked.
+    FragmentUnsupported,
+    /// The conntrack table refused a new entry.
+    CtFull,
+    /// Rewriting addresses or checksums failed.
+    NatFailed,
+    /// A number this version does not know.
+    Unknown(u8),
+}
+
+impl Reason {
+    /// Every reason the datapath emits, in number order.
+    pub const KNOWN: [Reason; 9] = [
+        Reason::Forwarded,
+        Reason::InvalidSource,
+        Reason::PolicyDeny,
+        Reason::PolicyDefaultDeny,
+        Reason::NoServiceBackend,
+        Reason::Malformed,
+        Reason::FragmentUnsupported,
+        Reason::CtFull,
+        Reason::NatFailed,
+    ];
+
+    /// The reason's number.
+    pub fn as_u8(self) -> u8 {
+        match self {
+            Reason::Forwarded => 0,
+            Reason::InvalidSource => 1,
+            Reason::PolicyDeny => 2,
+            Reason::PolicyDefaultDeny => 3,
+            Reason::NoServiceBackend => 4,
+            Reason::Malformed => 5,
+            Reason::FragmentUnsupported => 6,
+            Reason::CtFull => 7,
+            Reason::NatFailed => 8,
+            Reason::Unknown(n) => n,
+        }
+    }
+
+    /// Whether this reason is a drop.
+    pub fn is_drop(self) -> bool {
+        self != Reason::Forwarded
+    }
+}
+
+impl From<u8> for Reason {
+    fn from(n: u8) -> Self {
+        Reason::KNOWN
+            .iter()
+            .copied()
+            .find(|r| r.as_u8() == n)
+            .unwrap_or(Reason::Unknown(n))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Forwarded => f.write_str("forwarded"),
+            Reason::InvalidSource => f.write_str("invalid source"),
+            Reason::PolicyDeny => f.write_str("policy denied"),
+            Reason::PolicyDefaultDeny => f.write_str("policy default deny"),
+            Reason::NoServiceBackend => f.write_str("no service backend"),
+            Reason::Malformed => f.write_str("malformed packet"),
+            Reason::FragmentUnsupported => f.write_str("fragment not supported"),
+            Reason::CtFull => f.write_str("conntrack table full"),
+            Reason::NatFailed => f.write_str("nat failed"),
+            Reason::Unknown(n) => write!(f, "reason {n}"),
+        }
+    }
+}
+
+/// A MAC address, laid out as the six bytes the headers use.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
+    }
+}
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || {
+            Error::invalid(
+                format!("mac address {s:?}"),
+                "expected six hex bytes separated by ':'",
+            )
+        };
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut out {
+            let part = parts.next().ok_or_else(bad)?;
+            if part.is_empty() || part.len() > 2 {
+                return Err(bad());
+            }
+            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(MacAddr(out))
+    }
+}
+
+/// Endpoint flags (`CEL_EP_F_*`): which directions enforce policy.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct EndpointFlags(pub u16);
+
+impl EndpointFlags {
+    /// No enforcement: everything allowed.
+    pub const NONE: EndpointFlags = EndpointFlags(0);
+    /// Enforce policy on traffic entering the pod.
+    pub const ENFORCE_INGRESS: EndpointFlags = EndpointFlags(1 << 0);
+    /// Enforce policy on traffic leaving the pod.
+    pub const ENFORCE_EGRESS: EndpointFlags = EndpointFlags(1 << 1);
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: EndpointFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The flag that enforces `direction`.
+    pub fn enforce(direction: Direction) -> EndpointFlags {
+        match direction {
+            Direction::Ingress => Self::ENFORCE_INGRESS,
+            Direction::Egress => Self::ENFORCE_EGRESS,
+        }
+    }
+}
+
+impl std::ops::BitOr for EndpointFlags {
+    type Output = EndpointFlags;
+
+    fn bitor(self, rhs: Self) -> Self {
+        EndpointFlags(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for EndpointFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = Vec::new();
+        if self.contains(Self::ENFORCE_INGRESS) {
+            names.push("ENFORCE_INGRESS");
+        }
+        if self.contains(Self::ENFORCE_EGRESS) {
+            names.push("ENFORCE_EGRESS");
+        }
+        let rest = self.0 & !(Self::ENFORCE_INGRESS.0 | Self::ENFORCE_EGRESS.0);
+        if rest != 0 {
+            return write!(f, "{}|{rest:#x}", names.join("|"));
+        }
+        if names.is_empty() {
+            return f.write_str("NONE");
+        }
+        f.write_str(&names.join("|"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::c;
+
+    #[test]
+    fn numbers_match_the_headers() {
+        assert_eq!(u64::from(Direction::Ingress.as_u8()), c::CEL_DIR_INGRESS);
+        assert_eq!(u64::from(Direction::Egress.as_u8()), c::CEL_DIR_EGRESS);
+        let reasons = [
+            (Reason::Forwarded, c::CEL_REASON_FORWARDED),
+            (Reason::InvalidSource, c::CEL_REASON_INVALID_SOURCE),
+            (Reason::PolicyDeny, c::CEL_REASON_POLICY_DENY),
+            (Reason::PolicyDefaultDeny, c::CEL_REASON_POLICY_DEFAULT_DENY),
+            (Reason::NoServiceBackend, c::CEL_REASON_NO_SERVICE_BACKEND),
+            (Reason::Malformed, c::CEL_REASON_MALFORMED),
+            (
+                Reason::FragmentUnsupported,
+                c::CEL_REASON_FRAGMENT_UNSUPPORTED,
+            ),
+            (Reason::CtFull, c::CEL_REASON_CT_FULL),
+            (Reason::NatFailed, c::CEL_REASON_NAT_FAILED),
+        ];
+        for (r, n) in reasons {
+            assert_eq!(u64::from(r.as_u8()), n, "{r}");
+            assert_eq!(Reason::from(r.as_u8()), r);
+        }
+        assert_eq!(Reason::from(200), Reason::Unknown(200));
+        assert_eq!(
+            u64::from(EndpointFlags::ENFORCE_INGRESS.0),
+            c::CEL_EP_F_ENFORCE_INGRESS
+        );
+        assert_eq!(
+            u64::from(EndpointFlags::ENFORCE_EGRESS.0),
+            c::CEL_EP_F_ENFORCE_EGRESS
+        );
+    }
+
+    #[test]
+    fn protocols_round_trip() {
+        for n in [1u8, 6, 17, 132, 47] {
+            assert_eq!(Protocol::from(n).number(), n);
+        }
+        assert!(Protocol::Tcp.has_ports());
+        assert!(!Protocol::Icmp.has_ports());
+    }
+
+    #[test]
+    fn mac_parses_and_prints() {
+        let mac: MacAddr = "02:00:0a:ff:00:01".parse().unwrap();
+        assert_eq!(mac.0, [2, 0, 0x0a, 0xff, 0, 1]);
+        assert_eq!(mac.to_string(), "02:00:0a:ff:00:01");
+        assert!("02:00:0a:ff:00".parse::<MacAddr>().is_err());
+        assert!("02:00:0a:ff:00:01:02".parse::<MacAddr>().is_err());
+        assert!("02:00:0a:ff:00:zz".parse::<MacAddr>().is_err());
+    }
+
+    #[test]
+    fn flags_compose() {
+        let f = EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS;
+        assert!(f.contains(EndpointFlags::enforce(Direction::Egress)));
+        assert!(!EndpointFlags::NONE.contains(EndpointFlags::ENFORCE_INGRESS));
+        assert_eq!(format!("{f:?}"), "ENFORCE_INGRESS|ENFORCE_EGRESS");
+    }
+}

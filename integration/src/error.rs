@@ -1,0 +1,75 @@
+//! Errors of the test helpers: each names the command, namespace or probe.
+
+use std::io;
+
+/// Errors of the integration helpers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A command could not be started.
+    #[error("cannot run `{cmd}`")]
+    Spawn {
+        /// The command line.
+        cmd: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A command exited with a failure.
+    #[error("`{cmd}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// Its exit status.
+        status: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// Entering a network namespace failed.
+    #[error("cannot enter network namespace {name}")]
+    Setns {
+        /// The namespace.
+        name: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A helper thread panicked.
+    #[error("the thread running in network namespace {name} panicked")]
+    ThreadPanicked {
+        /// The namespace.
+        name: String,
+    },
+    /// A mount or unmount failed.
+    #[error("cannot {op} {path}")]
+    Mount {
+        /// mount or unmount.
+        op: &'static str,
+        /// The mount point.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A probe's socket operation failed or timed out.
+    #[error("{probe} to {target} failed")]
+    Probe {
+        /// What was tried (tcp connect, udp request, ...).
+        probe: &'static str,
+        /// The address.
+        target: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Unexpected output from a tool or peer.
+    #[error("unexpected {what}: {detail}")]
+    Unexpected {
+        /// What was read.
+        what: &'static str,
+        /// What it contained.
+        detail: String,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,259 @@
+//! Traffic probes run inside pod namespaces: ping, and small TCP and UDP
+//! servers and clients with timeouts. Servers answer with a banner so a
+//! client can tell which backend served it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::netns::NetNs;
+
+fn probe_err(probe: &'static str, target: impl ToString) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Probe {
+        probe,
+        target: target.to_string(),
+        source,
+    }
+}
+
+/// Pings `dst` from `ns` `count` times; true if every echo was answered.
+pub fn ping(ns: &NetNs, dst: Ipv4Addr, count: u32) -> Result<bool> {
+    let out = crate::cmd::output(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns.name(),
+            "ping",
+            "-n",
+            "-q",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            &dst.to_string(),
+        ],
+    )?;
+    Ok(out.status.success())
+}
+
+/// A TCP server in a namespace: sends `<banner>\n`, then echoes. Stops on drop.
+#[derive(Debug)]
+pub struct TcpServer {
+    stop: Arc<AtomicBool>,
+    received: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+    addr: SocketAddrV4,
+}
+
+impl TcpServer {
+    /// Listens on `addr` inside `ns`.
+    pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
+        let listener = ns
+            .run(move || TcpListener::bind(addr))?
+            .map_err(probe_err("tcp listen", addr))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(probe_err("tcp listen", addr))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicU64::new(0));
+        let (s, r, banner) = (stop.clone(), received.clone(), format!("{banner}\n"));
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (s, r, b) = (s.clone(), r.clone(), banner.clone());
+                        std::thread::spawn(move || serve_echo(conn, &b, &s, &r));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            received,
+            thread: Some(thread),
+            addr,
+        })
+    }
+
+    /// Bytes received over all connections so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddrV4 {
+        self.addr
+    }
+}
+
+fn serve_echo(mut conn: TcpStream, banner: &str, stop: &AtomicBool, received: &AtomicU64) {
+    let _ = conn.set_nodelay(true);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    if conn.write_all(banner.as_bytes()).is_err() {
+        return;
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                received.fetch_add(n as u64, Ordering::Relaxed);
+                if conn.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects from inside `ns` to `dst` within `timeout`.
+pub fn tcp_connect(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<TcpStream> {
+    let stream = ns
+        .run(move || TcpStream::connect_timeout(&SocketAddr::V4(dst), timeout))?
+        .map_err(probe_err("tcp connect", dst))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(probe_err("tcp connect", dst))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(probe_err("tcp connect", dst))?;
+    Ok(stream)
+}
+
+/// What a TCP request saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpReply {
+    /// The server's banner.
+    pub banner: String,
+    /// The address the connection's packets came from.
+    pub peer: SocketAddr,
+}
+
+/// Connects, reads the banner, sends a message and checks its echo.
+pub fn tcp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<TcpReply> {
+    let stream = tcp_connect(ns, dst, timeout)?;
+    let peer = stream.peer_addr().map_err(probe_err("tcp request", dst))?;
+    let mut reader = BufReader::new(stream.try_clone().map_err(probe_err("tcp request", dst))?);
+    let mut banner = String::new();
+    reader
+        .read_line(&mut banner)
+        .map_err(probe_err("tcp banner", dst))?;
+    let mut writer = stream;
+    writer
+        .write_all(b"hello cellium")
+        .map_err(probe_err("tcp send", dst))?;
+    let mut echo = [0u8; 13];
+    reader
+        .read_exact(&mut echo)
+        .map_err(probe_err("tcp echo", dst))?;
+    if &echo != b"hello cellium" {
+        return Err(Error::Unexpected {
+            what: "tcp echo",
+            detail: String::from_utf8_lossy(&echo).into_owned(),
+        });
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+    Ok(TcpReply {
+        banner: banner.trim_end().to_owned(),
+        peer,
+    })
+}
+
+/// A UDP server in a namespace: answers each datagram with `<banner>:<payload>`.
+#[derive(Debug)]
+pub struct UdpServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UdpServer {
+    /// Binds `addr` inside `ns`.
+    pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
+        let sock = ns
+            .run(move || UdpSocket::bind(addr))?
+            .map_err(probe_err("udp bind", addr))?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(probe_err("udp bind", addr))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, banner) = (stop.clone(), banner.to_owned());
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                    let mut reply = format!("{banner}:").into_bytes();
+                    reply.extend_from_slice(&buf[..n]);
+                    let _ = sock.send_to(&reply, from);
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a UDP request saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpReply {
+    /// The server's banner.
+    pub banner: String,
+    /// The source of the reply datagram.
+    pub from: SocketAddr,
+}
+
+/// Sends one datagram from inside `ns` and waits for the answer.
+pub fn udp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<UdpReply> {
+    let sock = ns
+        .run(|| UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))?
+        .map_err(probe_err("udp bind", "0.0.0.0:0"))?;
+    sock.set_read_timeout(Some(timeout))
+        .map_err(probe_err("udp request", dst))?;
+    sock.send_to(b"ping", dst)
+        .map_err(probe_err("udp send", dst))?;
+    let mut buf = [0u8; 2048];
+    let (n, from) = sock
+        .recv_from(&mut buf)
+        .map_err(probe_err("udp reply", dst))?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let banner = text
+        .strip_suffix(":ping")
+        .ok_or_else(|| Error::Unexpected {
+            what: "udp reply",
+            detail: text.clone(),
+        })?
+        .to_owned();
+    Ok(UdpReply { banner, from })
+}

@@ -1,0 +1,763 @@
+//! Privileged end-to-end tests of the eBPF datapath on network namespaces.
+//! Run as root, serially: `cargo test -p cellium-integration --test datapath -- --test-threads=1`.
+//!
+//! Each test builds a node namespace with pods (see `Topology`), mounts a
+//! private bpffs, writes maps through the crate API and checks what a user
+//! would see: packets delivered or dropped, events, counters.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cellium_datapath_bpf::{
+    AttachKind, AttachMode, Backend, CtTuple, Datapath, DatapathConfig, DatapathOptions, Direction,
+    EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin, PolicyRule, Protocol, Reason,
+    Verdict, compile_policy,
+};
+use cellium_integration::probe::{self, TcpServer, UdpServer};
+use cellium_integration::topology::GATEWAY;
+use cellium_integration::{BpffsMount, Topology};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const SHORT: Duration = Duration::from_millis(700);
+
+/// Tests share two cores and time-sensitive assertions: one at a time even
+/// when the harness runs threads in parallel.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A node with pods and the datapath attached to every pod.
+struct Env {
+    // Field order is drop order: namespaces first, then the pins.
+    topo: Topology,
+    dp: Arc<Datapath>,
+    _bpf: BpffsMount,
+}
+
+fn identity(i: u8) -> u32 {
+    1000 + u32::from(i)
+}
+
+fn env_with(pods: u8, mode: AttachMode, flags: impl Fn(u8) -> EndpointFlags) -> Env {
+    let topo = Topology::new(pods).expect("topology");
+    let bpf = BpffsMount::new().expect("bpffs");
+    let dp = Arc::new(
+        Datapath::open(DatapathOptions {
+            bpf_root: bpf.path().to_owned(),
+            attach_mode: mode,
+        })
+        .expect("open datapath"),
+    );
+    for pod in &topo.pods {
+        let info = pod.endpoint(u16::from(pod.index), identity(pod.index), flags(pod.index));
+        dp.endpoints().put(pod.ip.into(), &info).expect("endpoint");
+        dp.ipcache()
+            .put(
+                IpNet::from(std::net::IpAddr::V4(pod.ip)),
+                identity(pod.index),
+            )
+            .expect("ipcache");
+        let (dp2, ifindex) = (dp.clone(), pod.host_ifindex);
+        let done = topo
+            .node
+            .run(move || dp2.attach(ifindex))
+            .expect("netns")
+            .expect("attach");
+        assert_eq!(done.len(), 2);
+    }
+    Env {
+        topo,
+        dp,
+        _bpf: bpf,
+    }
+}
+
+fn env(pods: u8, flags: impl Fn(u8) -> EndpointFlags) -> Env {
+    env_with(pods, AttachMode::Auto, flags)
+}
+
+fn no_enforcement(_: u8) -> EndpointFlags {
+    EndpointFlags::NONE
+}
+
+fn rule(
+    identity: u32,
+    direction: Direction,
+    protocol: Option<Protocol>,
+    port: Option<u16>,
+    verdict: Verdict,
+) -> PolicyRule {
+    PolicyRule {
+        identity,
+        direction,
+        protocol,
+        ports: port.map(|p| p..=p),
+        verdict,
+    }
+}
+
+fn set_policy(dp: &Datapath, endpoint: u8, rules: &[PolicyRule]) {
+    let id = u16::from(endpoint);
+    let entries = compile_policy(id, rules).expect("compile policy");
+    dp.policy()
+        .sync_endpoint(id, &entries)
+        .expect("sync policy");
+}
+
+fn addr(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(ip, port)
+}
+
+/// Waits for an event matching `pred`, reading with the async reader.
+fn wait_event(dp: &Datapath, trigger: impl FnOnce(), pred: impl Fn(&Event) -> bool) -> Event {
+    let mut reader = dp.events().expect("events reader");
+    trigger();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let e = reader.next().await.expect("read event");
+                if pred(&e) {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("no matching event within 5s")
+    })
+}
+
+#[test]
+fn pods_exchange_icmp_tcp_and_udp() {
+    let _serial = serial();
+    let env = env(3, no_enforcement);
+    let (p1, p2, p3) = (env.topo.pod(1), env.topo.pod(2), env.topo.pod(3));
+
+    assert!(probe::ping(&p1.ns, p2.ip, 3).unwrap(), "ping pod1 -> pod2");
+    assert!(probe::ping(&p2.ns, p3.ip, 3).unwrap(), "ping pod2 -> pod3");
+
+    let _tcp = TcpServer::start(&p3.ns, addr(p3.ip, 8080), "pod3").unwrap();
+    let reply = probe::tcp_request(&p1.ns, addr(p3.ip, 8080), TIMEOUT).unwrap();
+    assert_eq!(reply.banner, "pod3");
+    assert_eq!(reply.peer, SocketAddr::V4(addr(p3.ip, 8080)));
+
+    let _udp = UdpServer::start(&p2.ns, addr(p2.ip, 5353), "pod2").unwrap();
+    let reply = probe::udp_request(&p3.ns, addr(p2.ip, 5353), TIMEOUT).unwrap();
+    assert_eq!(reply.banner, "pod2");
+
+    // The datapath carried them: conntrack knows the flows, nothing dropped.
+    let flows = env.dp.conntrack().entries().unwrap();
+    assert!(
+        flows.iter().any(|(t, e)| t.saddr == p1.ip
+            && t.daddr == p3.ip
+            && t.dport == 8080
+            && t.protocol == Protocol::Tcp
+            && e.packets[1] > 0),
+        "no TCP flow in {flows:?}"
+    );
+    assert!(flows.iter().any(|(t, _)| t.saddr == p3.ip
+        && t.daddr == p2.ip
+        && t.dport == 5353
+        && t.protocol == Protocol::Udp));
+    assert!(
+        flows
+            .iter()
+            .any(|(t, _)| t.saddr == p1.ip && t.daddr == p2.ip && t.protocol == Protocol::Icmp)
+    );
+    let fwd = env
+        .dp
+        .metrics()
+        .get(Direction::Egress, Reason::Forwarded)
+        .unwrap();
+    assert!(fwd.packets >= 10, "{fwd:?}");
+    assert_eq!(env.dp.metrics().drops().unwrap(), 0);
+}
+
+#[test]
+fn deny_entry_drops_and_reports_the_reason() {
+    let _serial = serial();
+    let env = env(3, |i| {
+        if i == 2 {
+            EndpointFlags::ENFORCE_INGRESS
+        } else {
+            EndpointFlags::NONE
+        }
+    });
+    let (p1, p2, p3) = (env.topo.pod(1), env.topo.pod(2), env.topo.pod(3));
+    set_policy(
+        &env.dp,
+        2,
+        &[
+            rule(
+                identity(1),
+                Direction::Ingress,
+                Some(Protocol::Tcp),
+                Some(8080),
+                Verdict::Allow,
+            ),
+            rule(
+                identity(1),
+                Direction::Ingress,
+                Some(Protocol::Tcp),
+                Some(9090),
+                Verdict::Deny,
+            ),
+        ],
+    );
+    let _open = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "open").unwrap();
+    let _closed = TcpServer::start(&p2.ns, addr(p2.ip, 9090), "closed").unwrap();
+
+    assert_eq!(
+        probe::tcp_request(&p1.ns, addr(p2.ip, 8080), TIMEOUT)
+            .unwrap()
+            .banner,
+        "open"
+    );
+
+    let event = wait_event(
+        &env.dp,
+        || {
+            assert!(
+                probe::tcp_connect(&p1.ns, addr(p2.ip, 9090), SHORT).is_err(),
+                "denied port connected"
+            )
+        },
+        |e| e.kind == EventKind::Drop && e.dport == 9090,
+    );
+    assert_eq!(event.reason, Reason::PolicyDeny);
+    assert_eq!(event.direction, Direction::Ingress);
+    assert_eq!(event.endpoint_id, 2);
+    assert_eq!((event.saddr, event.daddr), (p1.ip, p2.ip));
+    assert_eq!(
+        (event.src_identity, event.dst_identity),
+        (identity(1), identity(2))
+    );
+    assert_eq!(event.protocol, Protocol::Tcp);
+    assert!(
+        env.dp
+            .metrics()
+            .get(Direction::Ingress, Reason::PolicyDeny)
+            .unwrap()
+            .packets
+            >= 1
+    );
+
+    // pod3 has no allow entry at all: default deny, a different reason.
+    let event = wait_event(
+        &env.dp,
+        || {
+            assert!(
+                probe::tcp_connect(&p3.ns, addr(p2.ip, 8080), SHORT).is_err(),
+                "unlisted peer connected"
+            )
+        },
+        |e| e.kind == EventKind::Drop && e.saddr == p3.ip,
+    );
+    assert_eq!(event.reason, Reason::PolicyDefaultDeny);
+}
+
+#[test]
+fn replies_pass_while_the_reverse_direction_is_denied() {
+    let _serial = serial();
+    let both = EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS;
+    let env = env(2, |_| both);
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    set_policy(
+        &env.dp,
+        1,
+        &[rule(
+            identity(2),
+            Direction::Egress,
+            None,
+            None,
+            Verdict::Allow,
+        )],
+    );
+    set_policy(
+        &env.dp,
+        2,
+        &[rule(
+            identity(1),
+            Direction::Ingress,
+            None,
+            None,
+            Verdict::Allow,
+        )],
+    );
+
+    let _s2 = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let _s1 = TcpServer::start(&p1.ns, addr(p1.ip, 8081), "pod1").unwrap();
+
+    // pod1 -> pod2 is allowed, and the replies of that connection come back.
+    for _ in 0..3 {
+        assert_eq!(
+            probe::tcp_request(&p1.ns, addr(p2.ip, 8080), TIMEOUT)
+                .unwrap()
+                .banner,
+            "pod2"
+        );
+    }
+    assert!(probe::ping(&p1.ns, p2.ip, 2).unwrap());
+
+    // A new connection pod2 -> pod1 is not.
+    assert!(probe::tcp_connect(&p2.ns, addr(p1.ip, 8081), SHORT).is_err());
+    assert!(!probe::ping(&p2.ns, p1.ip, 1).unwrap());
+    let denied = env
+        .dp
+        .metrics()
+        .get(Direction::Egress, Reason::PolicyDefaultDeny)
+        .unwrap();
+    assert!(denied.packets >= 2, "{denied:?}");
+}
+
+#[test]
+fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
+    let _serial = serial();
+    let env = env(3, no_enforcement);
+    let (p1, p2, p3) = (env.topo.pod(1), env.topo.pod(2), env.topo.pod(3));
+    let vip = Ipv4Addr::new(10, 96, 0, 10);
+    let _t2 = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let _t3 = TcpServer::start(&p3.ns, addr(p3.ip, 8080), "pod3").unwrap();
+    let _u2 = UdpServer::start(&p2.ns, addr(p2.ip, 5353), "pod2").unwrap();
+    let _u3 = UdpServer::start(&p3.ns, addr(p3.ip, 5353), "pod3").unwrap();
+
+    let svc = env.dp.services();
+    svc.put_backend(
+        1,
+        &Backend {
+            addr: p2.ip,
+            port: 8080,
+            protocol: Protocol::Tcp,
+        },
+    )
+    .unwrap();
+    svc.put_backend(
+        2,
+        &Backend {
+            addr: p3.ip,
+            port: 8080,
+            protocol: Protocol::Tcp,
+        },
+    )
+    .unwrap();
+    svc.put_backend(
+        3,
+        &Backend {
+            addr: p2.ip,
+            port: 5353,
+            protocol: Protocol::Udp,
+        },
+    )
+    .unwrap();
+    svc.put_backend(
+        4,
+        &Backend {
+            addr: p3.ip,
+            port: 5353,
+            protocol: Protocol::Udp,
+        },
+    )
+    .unwrap();
+    let tcp_fe = Frontend {
+        vip,
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    let udp_fe = Frontend {
+        vip,
+        port: 53,
+        protocol: Protocol::Udp,
+    };
+    svc.put_service(&tcp_fe, 1, &[1, 2]).unwrap();
+    svc.put_service(&udp_fe, 2, &[3, 4]).unwrap();
+    assert_eq!(
+        svc.service(&tcp_fe).unwrap().unwrap().backend_ids,
+        vec![1, 2]
+    );
+
+    let mut tcp_seen = std::collections::BTreeSet::new();
+    let mut udp_seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let r = probe::tcp_request(&p1.ns, addr(vip, 80), TIMEOUT).unwrap();
+        assert_eq!(
+            r.peer,
+            SocketAddr::V4(addr(vip, 80)),
+            "TCP reply not from the VIP"
+        );
+        tcp_seen.insert(r.banner);
+        let r = probe::udp_request(&p1.ns, addr(vip, 53), TIMEOUT).unwrap();
+        assert_eq!(
+            r.from,
+            SocketAddr::V4(addr(vip, 53)),
+            "UDP reply not from the VIP"
+        );
+        udp_seen.insert(r.banner);
+        if tcp_seen.len() == 2 && udp_seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(tcp_seen.into_iter().collect::<Vec<_>>(), ["pod2", "pod3"]);
+    assert_eq!(udp_seen.into_iter().collect::<Vec<_>>(), ["pod2", "pod3"]);
+
+    // The backend choice is remembered per connection in a service entry.
+    let flows = env.dp.conntrack().entries().unwrap();
+    assert!(flows.iter().any(|(t, e)| t.service
+        && t.daddr == vip
+        && t.dport == 80
+        && [1, 2].contains(&e.backend_id)));
+
+    // A frontend without backends drops with its own reason.
+    let empty = Frontend {
+        vip: Ipv4Addr::new(10, 96, 0, 11),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    svc.put_service(&empty, 3, &[]).unwrap();
+    assert!(probe::tcp_connect(&p1.ns, addr(empty.vip, 80), SHORT).is_err());
+    assert!(
+        env.dp
+            .metrics()
+            .get(Direction::Egress, Reason::NoServiceBackend)
+            .unwrap()
+            .packets
+            >= 1
+    );
+}
+
+#[test]
+fn spoofed_source_addresses_are_dropped() {
+    let _serial = serial();
+    let env = env(2, no_enforcement);
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    p1.ns
+        .ip(&["addr", "add", "10.244.0.99/32", "dev", "eth0"])
+        .unwrap();
+    let event = wait_event(
+        &env.dp,
+        || {
+            let ok = cellium_integration::cmd::output(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    p1.ns.name(),
+                    "ping",
+                    "-n",
+                    "-c",
+                    "1",
+                    "-W",
+                    "1",
+                    "-I",
+                    "10.244.0.99",
+                    &p2.ip.to_string(),
+                ],
+            )
+            .unwrap()
+            .status
+            .success();
+            assert!(!ok, "a spoofed ping got an answer");
+        },
+        |e| e.kind == EventKind::Drop && e.saddr == Ipv4Addr::new(10, 244, 0, 99),
+    );
+    assert_eq!(event.reason, Reason::InvalidSource);
+    assert!(
+        probe::ping(&p1.ns, p2.ip, 1).unwrap(),
+        "the real address still works"
+    );
+}
+
+#[test]
+fn traffic_from_the_node_gets_ingress_policy_at_to_container() {
+    let _serial = serial();
+    let env = env(1, |_| EndpointFlags::ENFORCE_INGRESS);
+    let p1 = env.topo.pod(1);
+    env.dp
+        .ipcache()
+        .put(IpNet::from(std::net::IpAddr::V4(GATEWAY)), 1)
+        .unwrap();
+
+    // Nothing allows the host yet.
+    let node = cellium_integration::NetNs::existing(env.topo.node.name());
+    assert!(!probe::ping(&node, p1.ip, 1).unwrap());
+    assert!(
+        env.dp
+            .metrics()
+            .get(Direction::Ingress, Reason::PolicyDefaultDeny)
+            .unwrap()
+            .packets
+            >= 1
+    );
+
+    set_policy(
+        &env.dp,
+        1,
+        &[rule(
+            1,
+            Direction::Ingress,
+            Some(Protocol::Icmp),
+            None,
+            Verdict::Allow,
+        )],
+    );
+    assert!(probe::ping(&node, p1.ip, 2).unwrap());
+    let fwd = env
+        .dp
+        .metrics()
+        .get(Direction::Ingress, Reason::Forwarded)
+        .unwrap();
+    assert!(fwd.packets >= 2, "{fwd:?}");
+}
+
+#[test]
+fn conntrack_gc_removes_expired_entries() {
+    let _serial = serial();
+    let env = env(2, no_enforcement);
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    let cfg = DatapathConfig {
+        ct_udp: 1,
+        ..env.dp.config().get().unwrap()
+    };
+    env.dp.config().set(&cfg).unwrap();
+    let _u = UdpServer::start(&p2.ns, addr(p2.ip, 5353), "pod2").unwrap();
+    probe::udp_request(&p1.ns, addr(p2.ip, 5353), TIMEOUT).unwrap();
+    let is_flow = |t: &CtTuple| t.protocol == Protocol::Udp && t.daddr == p2.ip && t.dport == 5353;
+    assert!(
+        env.dp
+            .conntrack()
+            .entries()
+            .unwrap()
+            .iter()
+            .any(|(t, _)| is_flow(t))
+    );
+
+    std::thread::sleep(Duration::from_millis(2500));
+    let stats = env.dp.conntrack().gc().unwrap();
+    assert!(stats.deleted >= 1, "{stats:?}");
+    assert!(
+        !env.dp
+            .conntrack()
+            .entries()
+            .unwrap()
+            .iter()
+            .any(|(t, _)| is_flow(t))
+    );
+}
+
+#[test]
+fn clsact_attach_works_and_detach_restores_plain_routing() {
+    let _serial = serial();
+    let env = env_with(2, AttachMode::Clsact, no_enforcement);
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    let attached = env.dp.attached().unwrap();
+    assert_eq!(attached.len(), 4);
+    assert!(attached.iter().all(|a| a.kind == AttachKind::Clsact));
+    assert!(probe::ping(&p1.ns, p2.ip, 2).unwrap());
+    let before = env
+        .dp
+        .metrics()
+        .get(Direction::Egress, Reason::Forwarded)
+        .unwrap()
+        .packets;
+    assert!(before >= 2);
+
+    for pod in &env.topo.pods {
+        let (dp, ifindex) = (env.dp.clone(), pod.host_ifindex);
+        env.topo
+            .node
+            .run(move || dp.detach(ifindex))
+            .unwrap()
+            .unwrap();
+    }
+    assert!(env.dp.attached().unwrap().is_empty());
+    assert!(
+        probe::ping(&p1.ns, p2.ip, 2).unwrap(),
+        "plain routing after detach"
+    );
+    assert_eq!(
+        env.dp
+            .metrics()
+            .get(Direction::Egress, Reason::Forwarded)
+            .unwrap()
+            .packets,
+        before
+    );
+}
+
+/// Removes a named topology on drop.
+struct NamedTopology(String, u8);
+
+impl Drop for NamedTopology {
+    fn drop(&mut self) {
+        Topology::remove_named(&self.0, self.1);
+    }
+}
+
+fn testbed_attach(name: &str, bpf_root: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cellium-testbed"))
+        .args([
+            "attach",
+            "--name",
+            name,
+            "--pods",
+            "2",
+            "--policy",
+            "allow",
+            "--bpf-root",
+        ])
+        .arg(bpf_root)
+        .output()
+        .expect("run cellium-testbed");
+    assert!(
+        out.status.success(),
+        "cellium-testbed attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn program_ids(report: &str) -> (u32, u32) {
+    let line = report
+        .lines()
+        .find_map(|l| l.strip_prefix("programs "))
+        .expect("programs line");
+    let mut ids = line
+        .split_whitespace()
+        .map(|s| s.parse::<u32>().expect("program id"));
+    (ids.next().expect("from id"), ids.next().expect("to id"))
+}
+
+#[test]
+fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
+    let _serial = serial();
+    let name = format!("rt{}", std::process::id());
+    let topo = Topology::named(&name, 2).expect("topology");
+    let _cleanup = NamedTopology(name.clone(), 2);
+    let bpf = BpffsMount::new().unwrap();
+    let (p1, p2) = (topo.pod(1), topo.pod(2));
+
+    // First agent: loads, writes endpoints and an allow policy, attaches, exits.
+    let first = testbed_attach(&name, bpf.path());
+    assert!(
+        first.contains("map cel_ct4 created") && first.contains("tcx Created"),
+        "{first}"
+    );
+    let first_ids = program_ids(&first);
+
+    // A long-lived stream through the datapath, in lock-step rounds.
+    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let stream = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+    let retrans_before = (
+        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
+        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let client = std::thread::spawn(move || -> std::io::Result<Vec<Instant>> {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut banner = String::new();
+        reader.read_line(&mut banner)?;
+        let mut writer = stream;
+        let chunk = vec![0x5a_u8; 16 * 1024];
+        let mut echo = vec![0u8; chunk.len()];
+        let mut rounds = Vec::new();
+        while !stop2.load(Ordering::Relaxed) {
+            writer.write_all(&chunk)?;
+            reader.read_exact(&mut echo)?;
+            rounds.push(Instant::now());
+        }
+        Ok(rounds)
+    });
+
+    std::thread::sleep(Duration::from_millis(700));
+    // Second agent: reopens the pinned maps and swaps the programs in place.
+    let restart_at = Instant::now();
+    let second = testbed_attach(&name, bpf.path());
+    let restart_done = Instant::now();
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Ordering::Relaxed);
+    let rounds = client
+        .join()
+        .expect("client thread")
+        .expect("stream failed");
+
+    for map in [
+        "cel_endpoints",
+        "cel_policy",
+        "cel_ct4",
+        "cel_lb4_services",
+        "cel_config",
+        "cel_metrics",
+    ] {
+        assert!(
+            second.contains(&format!("map {map} reused")),
+            "{map} not reused: {second}"
+        );
+    }
+    assert_eq!(second.matches("tcx Replaced").count(), 4, "{second}");
+    let second_ids = program_ids(&second);
+    assert_ne!(first_ids, second_ids, "programs were not replaced");
+
+    // Bytes flowed before, during and after the swap, without stalls.
+    assert!(
+        rounds.iter().any(|t| *t < restart_at) && rounds.iter().any(|t| *t > restart_done),
+        "{} rounds",
+        rounds.len()
+    );
+    let max_gap = rounds
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        max_gap < Duration::from_millis(150),
+        "stream stalled for {max_gap:?}"
+    );
+    assert!(server.received() >= rounds.len() as u64 * 16 * 1024);
+    let retrans_after = (
+        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
+        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
+    );
+    assert_eq!(retrans_after, retrans_before, "TCP retransmitted");
+
+    // The pinned state is one and the same: no drops, the flow tracked once.
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(
+        dp.maps_report()
+            .iter()
+            .all(|r| r.origin == MapOrigin::Reused),
+        "{:?}",
+        dp.maps_report()
+    );
+    assert_eq!(
+        dp.metrics().drops().unwrap(),
+        0,
+        "{:?}",
+        dp.metrics().all().unwrap()
+    );
+    let flows = dp.conntrack().entries().unwrap();
+    let flow = flows
+        .iter()
+        .find(|(t, _)| t.saddr == p1.ip && t.daddr == p2.ip && t.dport == 8080)
+        .expect("flow");
+    assert!(flow.1.packets[0] as usize >= rounds.len(), "{:?}", flow.1);
+    let attached = dp.attached().unwrap();
+    assert_eq!(attached.len(), 4);
+    for a in attached
+        .iter()
+        .filter(|a| a.hook == cellium_datapath_bpf::Hook::FromContainer)
+    {
+        assert_eq!(a.program_id, Some(second_ids.0));
+    }
+}

@@ -1,0 +1,130 @@
+//! Privileged tests of pinned-map reuse: what `Datapath::open` does with pins
+//! left by an older or different build. Run as root.
+
+use std::ffi::OsStr;
+
+use cellium_datapath_bpf::{Backend, Datapath, DatapathOptions, MapOrigin, Protocol};
+use cellium_integration::BpffsMount;
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
+
+fn origin(dp: &Datapath, map: &str) -> MapOrigin {
+    dp.maps_report()
+        .iter()
+        .find(|r| r.name == map)
+        .map(|r| r.origin.clone())
+        .expect("map in report")
+}
+
+fn open(bpf: &BpffsMount) -> Datapath {
+    Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..Default::default()
+    })
+    .expect("open")
+}
+
+fn pin_map(bpf: &BpffsMount, name: &str, ty: MapType, key: u32, value: u32, max: u32) -> MapHandle {
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
+        ..Default::default()
+    };
+    let mut map =
+        MapHandle::create(ty, Some(OsStr::new(name)), key, value, max, &opts).expect("create map");
+    std::fs::create_dir_all(bpf.path().join("maps")).unwrap();
+    map.pin(bpf.path().join("maps").join(name))
+        .expect("pin map");
+    map
+}
+
+#[test]
+fn pins_of_another_shape_are_migrated_or_recreated() {
+    let bpf = BpffsMount::new().unwrap();
+    // An older build's backends map: same key and value, fewer entries.
+    let old = pin_map(&bpf, "cel_lb4_backends", MapType::Hash, 4, 8, 1024);
+    let backend = [10u8, 244, 0, 12, 0x1f, 0x90, 6, 0]; // 10.244.0.12:8080 TCP
+    old.update(&7u32.to_ne_bytes(), &backend, MapFlags::ANY)
+        .unwrap();
+    // A map of the wrong type under the ipcache's name.
+    let _wrong = pin_map(&bpf, "cel_ipcache", MapType::Hash, 24, 8, 16);
+
+    let dp = open(&bpf);
+    assert!(
+        matches!(
+            origin(&dp, "cel_lb4_backends"),
+            MapOrigin::Migrated { entries: 1, .. }
+        ),
+        "{:?}",
+        dp.maps_report()
+    );
+    assert!(matches!(
+        origin(&dp, "cel_ipcache"),
+        MapOrigin::Recreated { .. }
+    ));
+    assert_eq!(origin(&dp, "cel_ct4"), MapOrigin::Created);
+    let b = dp.services().backend(7).unwrap().expect("migrated backend");
+    assert_eq!(
+        b,
+        Backend {
+            addr: "10.244.0.12".parse().unwrap(),
+            port: 8080,
+            protocol: Protocol::Tcp
+        }
+    );
+    drop(dp);
+
+    // Everything now matches: a second open reuses every map.
+    let dp = open(&bpf);
+    assert!(
+        dp.maps_report()
+            .iter()
+            .all(|r| r.origin == MapOrigin::Reused),
+        "{:?}",
+        dp.maps_report()
+    );
+    assert!(dp.services().backend(7).unwrap().is_some());
+}
+
+#[test]
+fn a_different_layout_version_recreates_every_map() {
+    let bpf = BpffsMount::new().unwrap();
+    let dp = open(&bpf);
+    dp.services()
+        .put_backend(
+            1,
+            &Backend {
+                addr: "10.244.0.12".parse().unwrap(),
+                port: 80,
+                protocol: Protocol::Tcp,
+            },
+        )
+        .unwrap();
+    drop(dp);
+
+    // Stamp the pinned config with another layout version.
+    let cfg = MapHandle::from_pinned_path(bpf.path().join("maps/cel_config")).unwrap();
+    let mut value = cfg
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .unwrap();
+    value[..4].copy_from_slice(&99u32.to_ne_bytes());
+    cfg.update(&0u32.to_ne_bytes(), &value, MapFlags::ANY)
+        .unwrap();
+
+    let dp = open(&bpf);
+    for r in dp.maps_report() {
+        match &r.origin {
+            MapOrigin::Recreated { reason } => {
+                assert!(reason.contains("layout version 99"), "{reason}")
+            }
+            other => panic!("{} was {other}", r.name),
+        }
+    }
+    assert!(
+        dp.services().backend(1).unwrap().is_none(),
+        "entries of another layout must not be read"
+    );
+    assert_eq!(
+        dp.config().get().unwrap().layout_version,
+        cellium_datapath_bpf::LAYOUT_VERSION
+    );
+}
