@@ -11,6 +11,11 @@ pub fn cells() -> Vec<Cell> {
             cellium_api_server::cell().into(),
         ])
         .into(),
+        group([
+            cellium_resources::cell().into(),
+            cellium_ipam::cell().into(),
+        ])
+        .into(),
     ]
 }
 
@@ -31,7 +36,7 @@ mod tests {
             panic!("the agent's graph does not populate:\n{e}");
         }
         let text = hive.describe();
-        for module in ["statedir", "metrics", "api-server"] {
+        for module in ["statedir", "metrics", "api-server", "resources", "ipam"] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }
     }

@@ -1,6 +1,8 @@
 //! The configuration flags shared by `run` and `hive`.
 
 use std::net::SocketAddr;
+
+use ipnet::IpNet;
 use std::path::PathBuf;
 
 use cellium_hive::ConfigSources;
@@ -20,6 +22,9 @@ pub struct ConfigArgs {
     /// The address metrics are served on (key `metrics-addr`).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// A pod CIDR of this node, IPv4 or IPv6; repeat for several (key `pod-cidr`).
+    #[arg(long, value_name = "CIDR")]
+    pub pod_cidr: Vec<IpNet>,
 }
 
 impl ConfigArgs {
@@ -38,6 +43,9 @@ impl ConfigArgs {
         }
         if let Some(v) = &self.metrics_addr {
             sources = sources.flag("metrics-addr", v);
+        }
+        if !self.pod_cidr.is_empty() {
+            sources = sources.flag("pod-cidr", &self.pod_cidr);
         }
         sources
     }
