@@ -1,0 +1,147 @@
+//! CHECK: is the attachment still what ADD set up?
+//!
+//! Three comparisons, each failure naming what differs:
+//! 1. `prevResult` (the runtime's view) must list the pod interface `CNI_IFNAME` in `CNI_NETNS`;
+//! 2. `Endpoints.Check`: the agent compares the pod's interface, addresses and routes in the
+//!    netns with its record (FAILED_PRECONDITION with the difference, NOT_FOUND if unknown);
+//! 3. every address of the agent's record must be in `prevResult` on that interface.
+//!
+//! MACs and routes in `prevResult` are not compared: a later plugin of the chain may change
+//! them, which the spec tells CHECK to allow.
+
+use cellium_api::v1::{CheckEndpointRequest, ListEndpointsRequest};
+
+use super::{Reply, Request};
+use crate::addr::Cidr;
+use crate::agent::Agent;
+use crate::env::{Attachment, Env};
+use crate::error::{Error, Result};
+use crate::result::CniResult;
+use crate::version::Verb;
+
+/// Runs CHECK.
+pub async fn exec(env: &Env, stdin: &[u8]) -> Result<Reply> {
+    let Request {
+        attachment, conf, ..
+    } = Request::parse(env, stdin, Verb::Check)?;
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or(Error::MissingPrevResult { verb: Verb::Check })?;
+    let prev = CniResult::parse(prev, conf.version)?;
+    let pod = pod_interface(&prev, &attachment)?;
+
+    let agent = Agent::connect(&conf.socket, conf.timeout).await?;
+    let request = CheckEndpointRequest {
+        container_id: attachment.container_id.clone(),
+        ifname: attachment.ifname.clone(),
+        netns: attachment.netns.clone(),
+    };
+    agent
+        .call(
+            "Endpoints.Check",
+            agent.endpoints().check(agent.request(request)),
+        )
+        .await?;
+    let list = agent
+        .call(
+            "Endpoints.List",
+            agent
+                .endpoints()
+                .list(agent.request(ListEndpointsRequest {})),
+        )
+        .await?;
+    let Some(ep) = list
+        .endpoints
+        .iter()
+        .find(|e| e.container_id == attachment.container_id && e.ifname == attachment.ifname)
+    else {
+        return Err(Error::CheckMismatch {
+            differences: vec![format!(
+                "the agent has no endpoint for container {} interface {}",
+                attachment.container_id, attachment.ifname
+            )],
+        });
+    };
+    let mut differences = Vec::new();
+    for a in &ep.addresses {
+        let address = Cidr::parse(&a.address).map_err(|reason| Error::AgentReply {
+            call: "Endpoints.List",
+            reason,
+        })?;
+        let listed = prev
+            .ips
+            .iter()
+            .any(|ip| ip.address == address && ip.interface == Some(pod));
+        if !listed {
+            differences.push(format!(
+                "address {address} of endpoint {} is not in prevResult on interface {}",
+                ep.id, attachment.ifname
+            ));
+        }
+    }
+    if !differences.is_empty() {
+        return Err(Error::CheckMismatch { differences });
+    }
+    Ok(Reply {
+        stdout: None,
+        summary: format!("endpoint {} as set up", ep.id),
+    })
+}
+
+/// The index of the pod interface in `prevResult`.
+fn pod_interface(prev: &CniResult, attachment: &Attachment) -> Result<usize> {
+    prev.interfaces
+        .iter()
+        .position(|i| {
+            i.name == attachment.ifname && i.sandbox.as_deref() == Some(attachment.netns.as_str())
+        })
+        .ok_or_else(|| Error::CheckMismatch {
+            differences: vec![format!(
+                "prevResult lists no interface {} in {}",
+                attachment.ifname, attachment.netns
+            )],
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::version::CniVersion;
+    use serde_json::json;
+
+    fn attachment() -> Attachment {
+        Attachment {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/p1".into(),
+        }
+    }
+
+    #[test]
+    fn the_pod_interface_is_found_by_name_and_netns() {
+        let prev = CniResult::parse(
+            &json!({"cniVersion": "1.0.0", "interfaces": [
+                {"name": "lxc1"},
+                {"name": "eth0", "sandbox": "/run/netns/other"},
+                {"name": "eth0", "sandbox": "/run/netns/p1"}
+            ]}),
+            CniVersion::V1_0_0,
+        )
+        .unwrap();
+        assert_eq!(pod_interface(&prev, &attachment()).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_prev_result_without_the_pod_interface_is_a_check_failure() {
+        let prev = CniResult::parse(
+            &json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}]}),
+            CniVersion::V1_0_0,
+        )
+        .unwrap();
+        let err = pod_interface(&prev, &attachment()).unwrap_err();
+        assert_eq!(err.code(), 105);
+        let msg = err.to_string();
+        assert!(msg.contains("no interface eth0 in /run/netns/p1"), "{msg}");
+    }
+}
