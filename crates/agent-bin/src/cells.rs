@@ -11,6 +11,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_api_server::cell().into(),
         ])
         .into(),
+        cellium_loader::cell().into(),
         group([
             cellium_resources::cell().into(),
             cellium_ipam::cell().into(),
@@ -36,7 +37,14 @@ mod tests {
             panic!("the agent's graph does not populate:\n{e}");
         }
         let text = hive.describe();
-        for module in ["statedir", "metrics", "api-server", "resources", "ipam"] {
+        for module in [
+            "statedir",
+            "metrics",
+            "api-server",
+            "loader",
+            "resources",
+            "ipam",
+        ] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }
     }

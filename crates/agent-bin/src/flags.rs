@@ -19,6 +19,9 @@ pub struct ConfigArgs {
     /// The API's unix socket (key `api-socket`).
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// Where the datapath's maps and links are pinned; mounted as bpffs if needed (key `bpf-root`).
+    #[arg(long, value_name = "DIR")]
+    pub bpf_root: Option<PathBuf>,
     /// The address metrics are served on (key `metrics-addr`).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
@@ -40,6 +43,9 @@ impl ConfigArgs {
         }
         if let Some(v) = &self.api_socket {
             sources = sources.flag("api-socket", v);
+        }
+        if let Some(v) = &self.bpf_root {
+            sources = sources.flag("bpf-root", v);
         }
         if let Some(v) = &self.metrics_addr {
             sources = sources.flag("metrics-addr", v);

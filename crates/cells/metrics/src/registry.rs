@@ -61,6 +61,14 @@ impl Metrics {
             .register(name, help, metric);
     }
 
+    /// Registers a collector, asked for its samples at every scrape.
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register_collector(collector);
+    }
+
     /// The address the listener is bound to, once started.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         *self.bound.lock().unwrap_or_else(|p| p.into_inner())

@@ -1,0 +1,15 @@
+//! Errors of the loader.
+
+/// What can go wrong with the loaded datapath.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The datapath is asked for before the loader's start hook ran.
+    #[error("the datapath is not loaded yet (the loader starts before every cell that uses it)")]
+    NotLoaded,
+    /// Loading failed.
+    #[error("cannot load the datapath")]
+    Load(#[source] cellium_datapath_bpf::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
