@@ -92,7 +92,7 @@ pub(crate) fn load(
         let default = defaults[owner].as_ref().and_then(|d| d.get(&entry.key));
         let value = match entry.value {
             RawValue::Typed(v) => v,
-            RawValue::Env(s) => env_value(&s, default),
+            RawValue::Text(s) => env_value(&s, default),
         };
         winners.insert(entry.key, (value, entry.origin));
     }
@@ -250,7 +250,7 @@ mod tests {
         let file = dir.path().join("cellium.toml");
         std::fs::write(
             &file,
-            "state-dir = \"/from/file\"\nmax-pods = 50\ndebug = true\n",
+            "state-dir = \"/from/file\"\nmax-pods = 50\ndebug = false\n",
         )
         .unwrap();
         let seen = Arc::default();
@@ -264,7 +264,8 @@ mod tests {
                     ("UNRELATED", "x"),
                 ],
             )
-            .flag("max-pods", 70);
+            .flag("max-pods", 70)
+            .flag("debug", "true");
         let mut hive = hive_with(sources, Arc::clone(&seen));
         hive.populate().unwrap();
         let got = seen.lock().unwrap().clone().unwrap();
