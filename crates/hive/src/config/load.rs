@@ -430,6 +430,27 @@ mod tests {
         );
     }
 
+    #[test]
+    fn option_fields_are_declared_keys() {
+        #[derive(Default, Serialize, Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        struct Opt {
+            node_name: Option<String>,
+            mtu: Option<u32>,
+        }
+        let seen: Arc<Mutex<Option<(Option<String>, Option<u32>)>>> = Arc::default();
+        let s = seen.clone();
+        let mut hive = Hive::new([Module::new("node", "x")
+            .config::<Opt>()
+            .invoke(move |c: Config<Opt>| {
+                *s.lock().unwrap() = Some((c.node_name.clone(), c.mtu));
+            })
+            .into()])
+        .with_config(ConfigSources::new().env_vars("X_", [("X_MTU", "1450")]));
+        hive.populate().unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some((None, Some(1450))));
+    }
+
     /// Reads the real process environment in a child process, since setting
     /// variables in this multi-threaded test process is unsound.
     #[test]
