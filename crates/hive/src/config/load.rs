@@ -438,7 +438,8 @@ mod tests {
             node_name: Option<String>,
             mtu: Option<u32>,
         }
-        let seen: Arc<Mutex<Option<(Option<String>, Option<u32>)>>> = Arc::default();
+        type Seen = Option<(Option<String>, Option<u32>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
         let s = seen.clone();
         let mut hive = Hive::new([Module::new("node", "x")
             .config::<Opt>()
