@@ -76,6 +76,14 @@ impl fmt::Debug for Hive {
     }
 }
 
+impl Drop for Hive {
+    fn drop(&mut self) {
+        // A hive dropped without `stop` runs no stop hooks (they are async),
+        // but its jobs must not outlive it.
+        self.jobs.root.cancel();
+    }
+}
+
 impl Hive {
     /// A hive of these cells. Declaration problems (a bad module id, say) are
     /// reported by [`validate`](Hive::validate), never by a panic here.
