@@ -204,3 +204,70 @@ impl_decorator!(A1, A2, A3, A4, A5, A6, A7, A8);
 impl_decorator!(A1, A2, A3, A4, A5, A6, A7, A8, A9);
 impl_decorator!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10);
 impl_decorator!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11);
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::{Health, Hive, Jobs, Lifecycle, Module, Reporter, Shutdowner};
+
+    struct Wide(usize);
+    struct P<const N: usize>;
+
+    #[allow(clippy::too_many_arguments)]
+    fn twelve(
+        _a: Arc<P<1>>,
+        _b: Arc<P<2>>,
+        _c: Arc<P<3>>,
+        _d: Option<Arc<P<4>>>,
+        _e: Vec<Arc<P<5>>>,
+        _f: Lifecycle,
+        _g: Jobs,
+        _h: Reporter,
+        _i: Health,
+        _j: Shutdowner,
+        _k: Arc<P<1>>,
+        _l: Arc<P<2>>,
+    ) -> Arc<Wide> {
+        Arc::new(Wide(12))
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot wrap")]
+    struct CannotWrap;
+
+    #[test]
+    fn twelve_parameters_and_fallible_decorators() {
+        let mut hive = Hive::new([Module::new("m", "x")
+            .provide(|| Arc::new(P::<1>))
+            .provide(|| Arc::new(P::<2>))
+            .provide(|| Arc::new(P::<3>))
+            .provide(twelve)
+            .decorate(
+                |w: Arc<Wide>, _p: Arc<P<1>>| -> Result<Arc<Wide>, CannotWrap> {
+                    Ok(Arc::new(Wide(w.0 + 1)))
+                },
+                [Module::new("inner", "x")
+                    .invoke(|w: Arc<Wide>| assert_eq!(w.0, 13))
+                    .into()],
+            )
+            .invoke(|w: Arc<Wide>| assert_eq!(w.0, 12))
+            .into()]);
+        hive.populate().unwrap();
+
+        let mut failing = Hive::new([Module::new("m", "x")
+            .provide(|| Arc::new(Wide(0)))
+            .decorate(
+                |_w: Arc<Wide>| -> Result<Arc<Wide>, CannotWrap> { Err(CannotWrap) },
+                [Module::new("inner", "x").invoke(|_w: Arc<Wide>| {}).into()],
+            )
+            .into()]);
+        let err = failing.populate().unwrap_err();
+        assert!(err.to_string().starts_with("decorator `"), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("of `Arc<cellium_hive::constructor::tests::Wide>` in module `m` failed"),
+            "{err}"
+        );
+    }
+}

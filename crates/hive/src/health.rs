@@ -217,23 +217,26 @@ impl Health {
     pub(crate) fn set(&self, path: &str, level: Level, message: String, user: bool) {
         {
             let mut reg = self.lock();
-            let seq = reg.next_seq;
             if !reg.nodes.contains_key(path) {
+                let seq = reg.next_seq;
                 reg.next_seq += 1;
-            }
-            let node = reg
-                .nodes
-                .entry(path.to_string())
-                .or_insert_with(|| NodeState {
-                    own: Status {
-                        level,
-                        message: String::new(),
-                        since: SystemTime::now(),
+                reg.nodes.insert(
+                    path.to_string(),
+                    NodeState {
+                        own: Status {
+                            level,
+                            message: String::new(),
+                            since: SystemTime::now(),
+                        },
+                        reported: false,
+                        version: 0,
+                        seq,
                     },
-                    reported: false,
-                    version: 0,
-                    seq,
-                });
+                );
+            }
+            let Some(node) = reg.nodes.get_mut(path) else {
+                return;
+            };
             if node.own.level != level || node.own.message != message {
                 node.own = Status {
                     level,

@@ -76,6 +76,14 @@ impl fmt::Debug for Hive {
     }
 }
 
+impl Drop for Hive {
+    fn drop(&mut self) {
+        // A hive dropped without `stop` runs no stop hooks (they are async),
+        // but its jobs must not outlive it.
+        self.jobs.root.cancel();
+    }
+}
+
 impl Hive {
     /// A hive of these cells. Declaration problems (a bad module id, say) are
     /// reported by [`validate`](Hive::validate), never by a panic here.
@@ -117,7 +125,8 @@ impl Hive {
     /// and values. Every problem is in the returned [`Error::Invalid`].
     ///
     /// Missing dependencies are checked for what the invokes need (what
-    /// populate would construct); declarations are checked throughout.
+    /// populate would construct); declarations are checked throughout. Job
+    /// names are checked when jobs are added, so by `populate`.
     pub fn validate(&self) -> Result<()> {
         self.check().map(|_| ())
     }
@@ -387,6 +396,21 @@ mod tests {
         assert_eq!(hive.health().node("a").unwrap().status.message, "started");
         hive.stop().await.unwrap();
         assert_eq!(hive.health().level(), Level::Stopped);
+    }
+
+    #[test]
+    fn a_hive_and_its_run_future_can_move_between_threads() {
+        fn send<T: Send>(_: &T) {}
+        let hive = Hive::new([]);
+        send(&hive);
+        send(&hive.run(async {}));
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<crate::Lifecycle>();
+        send_sync::<crate::Jobs>();
+        send_sync::<crate::Reporter>();
+        send_sync::<crate::Health>();
+        send_sync::<crate::Shutdowner>();
+        send_sync::<crate::Config<String>>();
     }
 
     #[tokio::test]

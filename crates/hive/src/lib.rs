@@ -11,6 +11,7 @@
 //!   precedence and environment lists are in the [`config`] module.
 //! - Doing work: [`Lifecycle`] hooks for start/stop, [`Jobs`] for loops,
 //!   [`health::Reporter`] to say how it goes, [`Shutdowner`] to give up.
+//! - Testing a cell without a hive: [`testing::TestLifecycle`].
 //! - A runnable example: `examples/mini_agent.rs`
 //!   (`cargo run -p cellium-hive --example mini_agent`).
 //!
@@ -32,6 +33,7 @@ mod lifecycle;
 mod module;
 mod populate;
 mod shutdown;
+pub mod testing;
 mod typename;
 
 mod catalog;

@@ -215,7 +215,8 @@ impl Module {
     /// Wraps `Arc<T>` for the given cells: inside them (and their descendants)
     /// `Arc<T>` resolves to what `d` returns. `d` takes the original `Arc<T>`
     /// first, resolved from this module's scope, then any other dependencies.
-    /// The cells become children of this module.
+    /// The cells become children of this module. Value groups
+    /// (`Vec<Arc<T>>`) are not decorated.
     pub fn decorate<Args, D: Decorator<Args>>(
         mut self,
         d: D,

@@ -8,12 +8,13 @@ use crate::config::LoadedConfig;
 use crate::constructor::CallError;
 use crate::dependency::{DepKind, Resolved};
 use crate::error::{BoxError, Error};
-use crate::graph::{Analysis, NodeId, Source, node_owner};
+use crate::graph::{Analysis, NodeId, Source};
 use crate::health::Health;
 use crate::job::{JobGroup, Jobs, JobsShared};
 use crate::lifecycle::{Hook, LifecycleShared};
 use crate::module::ValueBox;
 use crate::shutdown::Shutdowner;
+use crate::typename::prettify;
 
 /// The constructed values, kept alive as long as the hive.
 #[derive(Default)]
@@ -58,22 +59,29 @@ pub(crate) fn construct(
             NodeId::Invoke(i) => (cat.invokes[i].module, &analysis.invoke_deps[i]),
         };
         let module_ref = cat.module_ref(module);
-        let (name, module_id) = node_owner(cat, node);
+        // Names are prettified only for errors: populate stays cheap.
+        let raw: &'static str = match node {
+            NodeId::Provider(p) => cat.providers[p].decl.name,
+            NodeId::Decorator(d) => cat.decorators[d].name,
+            NodeId::Invoke(i) => cat.invokes[i].decl.name,
+        };
+        let module_id = module_ref.id.clone();
+        let name = || prettify(raw);
         let mut groups = Vec::new();
         let mut resolved = Vec::with_capacity(sources.len());
         for src in sources {
-            let value = |v| stored(v, &name).map(Resolved::Value);
+            let value = |v| stored(v, raw).map(Resolved::Value);
             resolved.push(match src {
                 Source::Provider(p) => value(&store.providers[*p])?,
                 Source::Decorator(d) => value(&store.decorators[*d])?,
                 Source::Group(ps) => Resolved::Group(
                     ps.iter()
-                        .map(|p| stored(&store.providers[*p], &name))
+                        .map(|p| stored(&store.providers[*p], raw))
                         .collect::<Result<_, Error>>()?,
                 ),
                 Source::Config(t) => {
                     Resolved::Value(config.values.get(t).map(|v| v.as_ref()).ok_or_else(|| {
-                        internal(format!("a config section of `{name}` was not loaded"))
+                        internal(format!("a config section of `{}` was not loaded", name()))
                     })?)
                 }
                 Source::Absent => Resolved::Absent,
@@ -93,18 +101,20 @@ pub(crate) fn construct(
                 },
                 Source::Missing(m) => {
                     return Err(internal(format!(
-                        "`{name}` has an unresolved parameter ({m:?})"
+                        "`{}` has an unresolved parameter ({m:?})",
+                        name()
                     )));
                 }
             });
         }
         let span = tracing::info_span!("populate", module = %module_id);
         let _entered = span.enter();
-        let called = |what: &str| internal(format!("{what} `{name}` was called twice"));
+        let called = |what: &str| internal(format!("{what} `{}` was called twice", name()));
         let fail = |e: CallError, wrap: &dyn Fn(BoxError) -> Error| match e {
             CallError::Failed(source) => wrap(source),
             CallError::Dependency { index } => internal(format!(
-                "parameter {index} of `{name}` did not match its declaration"
+                "parameter {index} of `{}` did not match its declaration",
+                name()
             )),
         };
         match node {
@@ -114,13 +124,13 @@ pub(crate) fn construct(
                     .call
                     .take()
                     .ok_or_else(|| called("constructor"))?;
-                tracing::debug!(ctor = %name, "constructing");
-                let output = format!("Arc<{}>", cat.providers[p].decl.output.pretty());
+                tracing::debug!(ctor = raw, "constructing");
+                let output = cat.providers[p].decl.output;
                 let value = call(resolved).map_err(|e| {
                     fail(e, &|source| Error::Construct {
-                        ctor: name.clone(),
-                        output: output.clone(),
-                        module: module_id.clone(),
+                        ctor: name(),
+                        output: format!("Arc<{}>", output.pretty()),
+                        module: module_id.to_string(),
                         source,
                     })
                 })?;
@@ -131,12 +141,12 @@ pub(crate) fn construct(
                     .call
                     .take()
                     .ok_or_else(|| called("decorator"))?;
-                let target = format!("Arc<{}>", cat.decorators[d].target.pretty());
+                let target = cat.decorators[d].target;
                 let value = call(resolved).map_err(|e| {
                     fail(e, &|source| Error::Decorate {
-                        decorator: name.clone(),
-                        target: target.clone(),
-                        module: module_id.clone(),
+                        decorator: name(),
+                        target: format!("Arc<{}>", target.pretty()),
+                        module: module_id.to_string(),
                         source,
                     })
                 })?;
@@ -148,11 +158,11 @@ pub(crate) fn construct(
                     .call
                     .take()
                     .ok_or_else(|| called("invoke"))?;
-                tracing::debug!(invoke = %name, "invoking");
+                tracing::debug!(invoke = raw, "invoking");
                 call(resolved).map_err(|e| {
                     fail(e, &|source| Error::Invoke {
-                        invoke: name.clone(),
-                        module: module_id.clone(),
+                        invoke: name(),
+                        module: module_id.to_string(),
                         source,
                     })
                 })?;

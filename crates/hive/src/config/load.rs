@@ -92,7 +92,7 @@ pub(crate) fn load(
         let default = defaults[owner].as_ref().and_then(|d| d.get(&entry.key));
         let value = match entry.value {
             RawValue::Typed(v) => v,
-            RawValue::Env(s) => env_value(&s, default),
+            RawValue::Text(s) => env_value(&s, default),
         };
         winners.insert(entry.key, (value, entry.origin));
     }
@@ -250,7 +250,7 @@ mod tests {
         let file = dir.path().join("cellium.toml");
         std::fs::write(
             &file,
-            "state-dir = \"/from/file\"\nmax-pods = 50\ndebug = true\n",
+            "state-dir = \"/from/file\"\nmax-pods = 50\ndebug = false\n",
         )
         .unwrap();
         let seen = Arc::default();
@@ -264,7 +264,8 @@ mod tests {
                     ("UNRELATED", "x"),
                 ],
             )
-            .flag("max-pods", 70);
+            .flag("max-pods", 70)
+            .flag("debug", "true");
         let mut hive = hive_with(sources, Arc::clone(&seen));
         hive.populate().unwrap();
         let got = seen.lock().unwrap().clone().unwrap();
@@ -427,6 +428,28 @@ mod tests {
             "{}",
             hive.describe()
         );
+    }
+
+    #[test]
+    fn option_fields_are_declared_keys() {
+        #[derive(Default, Serialize, Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        struct Opt {
+            node_name: Option<String>,
+            mtu: Option<u32>,
+        }
+        type Seen = Option<(Option<String>, Option<u32>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let s = seen.clone();
+        let mut hive = Hive::new([Module::new("node", "x")
+            .config::<Opt>()
+            .invoke(move |c: Config<Opt>| {
+                *s.lock().unwrap() = Some((c.node_name.clone(), c.mtu));
+            })
+            .into()])
+        .with_config(ConfigSources::new().env_vars("X_", [("X_MTU", "1450")]));
+        hive.populate().unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some((None, Some(1450))));
     }
 
     /// Reads the real process environment in a child process, since setting

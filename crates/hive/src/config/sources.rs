@@ -39,8 +39,9 @@ enum EnvSource {
 pub(crate) enum RawValue {
     /// Parsed by the file format or serialized from a flag.
     Typed(Value),
-    /// An environment string, converted using the field's default.
-    Env(String),
+    /// A string from the environment or a flag, converted using the field's
+    /// default (split on commas for a list).
+    Text(String),
 }
 
 /// One key set by one source.
@@ -92,7 +93,8 @@ impl ConfigSources {
         self
     }
 
-    /// Sets a key with the highest precedence, as a command-line flag does.
+    /// Sets a key with the highest precedence, as a command-line flag does. A
+    /// string value is read as an environment value is (`"a,b"` for a list).
     pub fn flag(mut self, key: &str, value: impl Serialize) -> Self {
         let value = Value::serialize(value).map_err(|e| e.kind.to_string());
         self.flags.push((key.to_string(), value));
@@ -141,6 +143,12 @@ impl ConfigSources {
         for (key, value) in &self.flags {
             let origin = format!("flag `--{key}`");
             match value {
+                // Command lines give strings: read them as the environment's.
+                Ok(Value::String(_, s)) => entries.push(RawEntry {
+                    key: key.clone(),
+                    origin,
+                    value: RawValue::Text(s.clone()),
+                }),
                 Ok(v) => entries.push(RawEntry {
                     key: key.clone(),
                     origin,
@@ -167,7 +175,7 @@ fn env_entries(prefix: &str, vars: &[(String, String)], entries: &mut Vec<RawEnt
         entries.push(RawEntry {
             key: name[prefix.len()..].to_ascii_lowercase().replace('_', "-"),
             origin: format!("environment variable `{name}`"),
-            value: RawValue::Env(value.clone()),
+            value: RawValue::Text(value.clone()),
         });
     }
 }

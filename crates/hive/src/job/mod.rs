@@ -55,6 +55,9 @@ pub(crate) struct JobsShared {
     live: Mutex<HashSet<String>>,
     /// Bad job names found while populating; populate reports them.
     problems: Mutex<Vec<Problem>>,
+    /// Parent of every group's token: cancelled when the hive is dropped, so
+    /// jobs of a hive dropped without `stop` do not run on forever.
+    pub(crate) root: CancellationToken,
 }
 
 impl JobsShared {
@@ -65,6 +68,7 @@ impl JobsShared {
             modules,
             live: Mutex::default(),
             problems: Mutex::default(),
+            root: CancellationToken::new(),
         }
     }
 
@@ -99,10 +103,10 @@ pub(crate) struct JobGroup {
 impl JobGroup {
     pub(crate) fn new(shared: Arc<JobsShared>, module: ModuleRef) -> Arc<JobGroup> {
         Arc::new(JobGroup {
+            token: shared.root.child_token(),
             shared,
             module,
             phase: Mutex::new((Phase::Pending, Vec::new())),
-            token: CancellationToken::new(),
             tracker: TaskTracker::new(),
         })
     }
@@ -402,6 +406,34 @@ mod tests {
             *log.lock().unwrap(),
             ["hook start", "job runs", "job cancelled", "hook stop"]
         );
+    }
+
+    #[tokio::test]
+    async fn dropping_a_running_hive_cancels_its_jobs() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = Mutex::new(Some(tx));
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(move |jobs: Jobs| {
+                let mut tx = tx.lock().unwrap().take();
+                jobs.one_shot("forever", move |ctx| {
+                    let tx = tx.take();
+                    async move {
+                        ctx.cancelled().await;
+                        if let Some(tx) = tx {
+                            let _ = tx.send(());
+                        }
+                        Ok(())
+                    }
+                })
+                .add();
+            })
+            .into()]);
+        hive.start().await.unwrap();
+        drop(hive);
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]
