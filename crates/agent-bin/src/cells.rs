@@ -15,6 +15,7 @@ pub fn cells() -> Vec<Cell> {
         group([
             cellium_resources::cell().into(),
             cellium_ipam::cell().into(),
+            cellium_endpoint_manager::cell().into(),
         ])
         .into(),
     ]
@@ -47,5 +48,22 @@ mod tests {
         ] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }
+    }
+
+    /// Leaving out a cell that another needs is reported before anything runs, naming the
+    /// missing type and who needs it.
+    #[test]
+    fn a_missing_cell_is_named_with_who_needs_it() {
+        let without_ipam: Vec<Cell> = vec![
+            cellium_statedir::cell().into(),
+            cellium_loader::cell().into(),
+            cellium_resources::cell().into(),
+            cellium_endpoint_manager::cell().into(),
+            cellium_api_server::cell().into(),
+        ];
+        let err = Hive::new(without_ipam).validate().unwrap_err().to_string();
+        assert!(err.contains("cellium_ipam::ipam::Ipam"), "{err}");
+        assert!(err.contains("endpoint-manager"), "{err}");
+        assert!(err.contains("EndpointManager::new"), "{err}");
     }
 }

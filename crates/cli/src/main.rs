@@ -1,6 +1,7 @@
 //! `cellium`: inspect and drive a running Cellium agent over its unix socket.
 
 mod apply;
+mod endpoint;
 mod ipam;
 mod output;
 mod status;
@@ -29,6 +30,9 @@ enum Command {
     Apply(apply::Args),
     /// Delete the objects named in Kubernetes YAML files.
     Delete(apply::Args),
+    /// The node's endpoints (one per pod interface).
+    #[command(subcommand)]
+    Endpoint(endpoint::Command),
     /// The node's pod address pools.
     #[command(subcommand)]
     Ipam(ipam::Command),
@@ -36,11 +40,13 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Status(args) => status::exec(&cli.socket, args).await,
         Command::Apply(args) => apply::exec(&cli.socket, apply::Verb::Apply, args).await,
         Command::Delete(args) => apply::exec(&cli.socket, apply::Verb::Delete, args).await,
+        Command::Endpoint(command) => endpoint::exec(&cli.socket, command).await,
         Command::Ipam(command) => ipam::exec(&cli.socket, command).await,
     };
     match result {
@@ -50,4 +56,14 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Rust ignores SIGPIPE, which turns `cellium ... | head` into a panic on the closed pipe;
+/// the default action ends the process quietly, as every other command-line tool does.
+#[allow(unsafe_code)]
+fn restore_sigpipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called first thing in main, before any other thread exists, and SigDfl installs
+    // no Rust code as a handler.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }

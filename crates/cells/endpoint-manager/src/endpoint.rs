@@ -1,0 +1,112 @@
+//! The endpoint record: everything needed to serve, check, restore and remove a pod's endpoint.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Where an endpoint is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Being created: its addresses are taken and its interfaces may exist. A record found in
+    /// this state at start belongs to a create that never finished and is removed.
+    Creating,
+    /// Set up and enforced by the datapath.
+    Ready,
+}
+
+/// A pod's address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Address {
+    /// The address.
+    pub ip: IpAddr,
+    /// The pool it came from.
+    pub pool: IpNet,
+    /// The pool's router: the pod's gateway.
+    pub gateway: IpAddr,
+}
+
+/// The pod an endpoint belongs to, when the runtime named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+/// One pod interface managed by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The endpoint id (the datapath's key for its policy).
+    pub id: u16,
+    /// The runtime's container id.
+    pub container_id: String,
+    /// The interface name inside the pod.
+    pub ifname: String,
+    /// The pod's network namespace.
+    pub netns: PathBuf,
+    /// The CNI network it was created for.
+    pub network: String,
+    /// The pod, if named.
+    pub pod: Option<PodRef>,
+    /// Its addresses.
+    pub addresses: Vec<Address>,
+    /// The host end of its veth pair.
+    pub host_ifname: String,
+    /// The host end's interface index (0 until created).
+    pub host_ifindex: u32,
+    /// The host end's MAC.
+    pub host_mac: [u8; 6],
+    /// The pod end's MAC.
+    pub pod_mac: [u8; 6],
+    /// The MTU.
+    pub mtu: u32,
+    /// Its labels, from the pod and its namespace.
+    pub labels: BTreeMap<String, String>,
+    /// Its security identity (0 until identities are assigned).
+    pub identity: u32,
+    /// The policy revision the datapath enforces for it.
+    pub policy_revision: u64,
+    /// Where it is in its life.
+    pub state: State,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_unix_ms: i64,
+}
+
+impl Endpoint {
+    /// How messages name it: `endpoint 12 (shop/web)` or `endpoint 12 (container 3f2a9c1b)`.
+    pub fn describe(&self) -> String {
+        match &self.pod {
+            Some(p) => format!("endpoint {} ({}/{})", self.id, p.namespace, p.name),
+            None => format!(
+                "endpoint {} (container {})",
+                self.id,
+                short(&self.container_id)
+            ),
+        }
+    }
+
+    /// The key the runtime knows it by.
+    pub fn key(&self) -> (String, String) {
+        (self.container_id.clone(), self.ifname.clone())
+    }
+}
+
+/// The first 12 characters of a container id, as runtimes show them.
+pub fn short(container_id: &str) -> &str {
+    container_id
+        .get(..12.min(container_id.len()))
+        .unwrap_or(container_id)
+}
+
+/// A MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

@@ -1,0 +1,70 @@
+//! Errors of the endpoint manager, each naming the endpoint and the input at fault.
+
+use std::path::PathBuf;
+
+/// Why an endpoint operation failed. Every failure of `create` leaves nothing behind.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request itself is wrong.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The request field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The pod's network namespace does not exist.
+    #[error("network namespace {0} does not exist")]
+    NetnsMissing(PathBuf),
+    /// No endpoint matches.
+    #[error("no endpoint {0}")]
+    NotFound(String),
+    /// Every endpoint id is taken.
+    #[error("no endpoint id left: all {0} are in use")]
+    IdsExhausted(usize),
+    /// Address allocation failed.
+    #[error("cannot allocate an address for {owner}")]
+    Ipam {
+        /// Who asked.
+        owner: String,
+        /// Why.
+        #[source]
+        source: cellium_ipam::Error,
+    },
+    /// Setting up or checking the interfaces failed.
+    #[error("interfaces of endpoint {endpoint}")]
+    Plumbing {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: crate::plumbing::Error,
+    },
+    /// The datapath could not be programmed for the endpoint.
+    #[error("datapath of endpoint {endpoint}")]
+    Datapath {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
+    /// The datapath is not loaded.
+    #[error(transparent)]
+    Loader(#[from] cellium_loader::Error),
+    /// The endpoint record could not be written or read.
+    #[error("state of endpoint {endpoint}")]
+    State {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: cellium_statedir::Error,
+    },
+    /// The agent has not finished starting (restoring endpoints).
+    #[error("the endpoint manager is not started yet")]
+    NotStarted,
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

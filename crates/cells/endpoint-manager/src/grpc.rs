@@ -1,0 +1,225 @@
+//! The `cellium.v1.Endpoints` service: what the CNI plugin and `cellium endpoint` call.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cellium_api::ApiService;
+use cellium_api::v1::endpoints_server::{Endpoints as EndpointsApi, EndpointsServer};
+use cellium_api::v1::{
+    self, CheckEndpointRequest, CheckEndpointResponse, CreateEndpointRequest,
+    DeleteEndpointRequest, DeleteEndpointResponse, EndpointState, GcRequest, GcResponse,
+    GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse, Route,
+};
+use tonic::{Code, Request, Response, Status};
+
+use crate::endpoint::{Endpoint, PodRef, State, mac_text};
+use crate::error::Error;
+use crate::manager::EndpointManager;
+use crate::request::CreateRequest;
+
+/// Serves the endpoint manager over gRPC.
+#[derive(Debug, Clone)]
+pub struct EndpointService(Arc<EndpointManager>);
+
+impl EndpointService {
+    /// The service as the API server mounts it.
+    pub fn api(manager: Arc<EndpointManager>) -> Arc<ApiService> {
+        Arc::new(ApiService::new(EndpointsServer::new(EndpointService(
+            manager,
+        ))))
+    }
+}
+
+#[tonic::async_trait]
+impl EndpointsApi for EndpointService {
+    async fn create(
+        &self,
+        req: Request<CreateEndpointRequest>,
+    ) -> Result<Response<v1::Endpoint>, Status> {
+        let req = create_request(req.into_inner())?;
+        let ep = self.0.create(req).await.map_err(status)?;
+        Ok(Response::new(to_proto(&ep)))
+    }
+
+    async fn delete(
+        &self,
+        req: Request<DeleteEndpointRequest>,
+    ) -> Result<Response<DeleteEndpointResponse>, Status> {
+        let req = req.into_inner();
+        let existed = self
+            .0
+            .delete(&req.container_id, &req.ifname)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(DeleteEndpointResponse { existed }))
+    }
+
+    async fn check(
+        &self,
+        req: Request<CheckEndpointRequest>,
+    ) -> Result<Response<CheckEndpointResponse>, Status> {
+        let req = req.into_inner();
+        self.0
+            .check(&req.container_id, &req.ifname)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(CheckEndpointResponse {}))
+    }
+
+    async fn get(
+        &self,
+        req: Request<GetEndpointRequest>,
+    ) -> Result<Response<v1::Endpoint>, Status> {
+        let id = req.into_inner().id;
+        u16::try_from(id)
+            .ok()
+            .and_then(|id| self.0.get(id))
+            .map(|ep| Response::new(to_proto(&ep)))
+            .ok_or_else(|| Status::not_found(format!("no endpoint {id}")))
+    }
+
+    async fn list(
+        &self,
+        _: Request<ListEndpointsRequest>,
+    ) -> Result<Response<ListEndpointsResponse>, Status> {
+        let endpoints = self.0.list().iter().map(to_proto).collect();
+        Ok(Response::new(ListEndpointsResponse { endpoints }))
+    }
+
+    async fn gc(&self, req: Request<GcRequest>) -> Result<Response<GcResponse>, Status> {
+        let req = req.into_inner();
+        let valid: HashSet<(String, String)> = req
+            .valid
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect();
+        let removed = self.0.gc(&req.network, &valid).await.map_err(status)?;
+        Ok(Response::new(GcResponse {
+            removed: removed.into_iter().map(u32::from).collect(),
+        }))
+    }
+}
+
+fn create_request(req: CreateEndpointRequest) -> Result<CreateRequest, Status> {
+    let requested_ips = req
+        .requested_ips
+        .iter()
+        .map(|s| {
+            // The runtime may send an address with its prefix (the `ips` capability does).
+            let ip = s.split('/').next().unwrap_or_default();
+            ip.parse::<IpAddr>().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "invalid requested_ips: {s:?} is not an IP address"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Runtimes that name only the pod (podman) mean the default namespace.
+    let pod = (!req.pod_name.is_empty()).then(|| PodRef {
+        namespace: if req.pod_namespace.is_empty() {
+            "default".into()
+        } else {
+            req.pod_namespace.clone()
+        },
+        name: req.pod_name.clone(),
+    });
+    Ok(CreateRequest {
+        container_id: req.container_id,
+        netns: PathBuf::from(req.netns),
+        ifname: req.ifname,
+        pod,
+        requested_ips,
+        network: req.network,
+        mtu: (req.mtu != 0).then_some(req.mtu),
+    })
+}
+
+/// Error kinds as the API's contract names them; the message carries the whole chain.
+fn status(e: Error) -> Status {
+    let code = match &e {
+        Error::Invalid { .. } => Code::InvalidArgument,
+        Error::NetnsMissing(_) | Error::NotFound(_) => Code::NotFound,
+        Error::IdsExhausted(_) => Code::ResourceExhausted,
+        Error::Ipam { source, .. } => match source {
+            cellium_ipam::Error::Exhausted { .. } => Code::ResourceExhausted,
+            cellium_ipam::Error::InUse { .. } => Code::AlreadyExists,
+            cellium_ipam::Error::NoPool { .. }
+            | cellium_ipam::Error::NotInPool { .. }
+            | cellium_ipam::Error::Reserved { .. } => Code::InvalidArgument,
+            _ => Code::Internal,
+        },
+        Error::Plumbing { source, .. } => match source {
+            crate::plumbing::Error::LinkExists { .. } => Code::AlreadyExists,
+            crate::plumbing::Error::Netns { .. } => Code::NotFound,
+            crate::plumbing::Error::Drift(_) | crate::plumbing::Error::LinkMissing { .. } => {
+                Code::FailedPrecondition
+            }
+            _ => Code::Internal,
+        },
+        Error::NotStarted | Error::Loader(_) => Code::Unavailable,
+        Error::Datapath { .. } | Error::State { .. } => Code::Internal,
+    };
+    Status::new(code, chain(&e))
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The endpoint as the API returns it.
+pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
+    let addresses = ep
+        .addresses
+        .iter()
+        .map(|a| IpConfig {
+            address: format!("{}/{}", a.ip, if a.ip.is_ipv4() { 32 } else { 128 }),
+            gateway: a.gateway.to_string(),
+        })
+        .collect();
+    let routes = ep
+        .addresses
+        .iter()
+        .map(|a| Route {
+            dst: if a.ip.is_ipv4() { "0.0.0.0/0" } else { "::/0" }.into(),
+            gateway: a.gateway.to_string(),
+        })
+        .collect();
+    let (state, message) = match ep.state {
+        State::Creating => (EndpointState::Pending, "being created"),
+        State::Ready => (EndpointState::Ready, ""),
+    };
+    v1::Endpoint {
+        id: u32::from(ep.id),
+        container_id: ep.container_id.clone(),
+        ifname: ep.ifname.clone(),
+        netns: ep.netns.display().to_string(),
+        pod_namespace: ep
+            .pod
+            .as_ref()
+            .map(|p| p.namespace.clone())
+            .unwrap_or_default(),
+        pod_name: ep.pod.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+        network: ep.network.clone(),
+        addresses,
+        routes,
+        host_ifname: ep.host_ifname.clone(),
+        host_mac: mac_text(&ep.host_mac),
+        pod_mac: mac_text(&ep.pod_mac),
+        mtu: ep.mtu,
+        state: state as i32,
+        status_message: message.into(),
+        identity: ep.identity,
+        labels: ep.labels.clone().into_iter().collect(),
+        policy_revision: ep.policy_revision,
+        created_unix_ms: ep.created_unix_ms,
+    }
+}

@@ -1,0 +1,51 @@
+//! The `endpoint-manager` cell: one endpoint per pod interface.
+//!
+//! - **Owns** the endpoints: their ids, records (one JSON file each under `endpoints/` in the
+//!   state directory, written atomically), veth pairs, routes and datapath entries.
+//! - **Provides** `Arc<EndpointManager>` (create, delete, check, gc, list, get) and the
+//!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
+//!   `create` returns only once the datapath enforces the endpoint.
+//! - **Depends on** ipam (addresses), loader (the datapath), resources (pod and namespace
+//!   labels), statedir (records).
+//! - **Config keys:** `mtu` (default 1500).
+//! - **Degraded** when following label changes fails; a failed restore fails the start.
+//!
+//! At start it sets the node up (forwarding, the `cellium_host` device with the pools'
+//! router addresses), restores the endpoints whose pods still exist (re-reserving their
+//! addresses and re-attaching programs, which replaces the old ones atomically), removes
+//! those that are gone or whose creation never finished, and sweeps interfaces, map entries
+//! and attachments no endpoint owns. Only then does the API serve CNI calls.
+
+mod config;
+mod endpoint;
+mod error;
+mod grpc;
+mod labels;
+mod locks;
+mod manager;
+pub mod plumbing;
+mod program;
+mod request;
+mod restore;
+mod store;
+mod watch;
+
+use cellium_hive::Module;
+
+pub use config::EndpointConfig;
+pub use endpoint::{Address, Endpoint, PodRef, State};
+pub use error::{Error, Result};
+pub use grpc::{EndpointService, to_proto};
+pub use manager::EndpointManager;
+pub use request::CreateRequest;
+
+/// The `endpoint-manager` module.
+pub fn cell() -> Module {
+    Module::new(
+        "endpoint-manager",
+        "Creates, restores and removes pods' endpoints: interfaces, addresses and datapath",
+    )
+    .config::<EndpointConfig>()
+    .provide(EndpointManager::new)
+    .contribute(EndpointService::api)
+}

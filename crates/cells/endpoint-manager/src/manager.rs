@@ -1,0 +1,420 @@
+//! Creating, deleting, checking and listing endpoints.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
+use cellium_ipam::Ipam;
+use cellium_loader::Loader;
+use cellium_resources::Resources;
+use cellium_statedir::StateDir;
+
+use crate::config::EndpointConfig;
+use crate::endpoint::{Address, Endpoint, State};
+use crate::error::{Error, Result};
+use crate::labels;
+use crate::locks::KeyLocks;
+use crate::plumbing::{self, Netlink, PodNetwork};
+use crate::program::{self, Enforcement};
+use crate::request::CreateRequest;
+use crate::store::Store;
+
+/// The endpoints of this node.
+///
+/// Every create is recorded on disk (state `Creating`) before the kernel is touched and
+/// marked `Ready` once the datapath enforces it, so that after a crash the restore can tell
+/// what finished (restored) from what did not (removed, its addresses free again).
+#[derive(Debug)]
+pub struct EndpointManager {
+    pub(crate) cfg: Config<EndpointConfig>,
+    pub(crate) ipam: Arc<Ipam>,
+    pub(crate) loader: Arc<Loader>,
+    pub(crate) resources: Arc<Resources>,
+    pub(crate) store: Store,
+    pub(crate) node: OnceLock<Netlink>,
+    pub(crate) table: Mutex<Table>,
+    locks: KeyLocks,
+}
+
+/// The endpoints in memory, by id and by the runtime's key.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    pub(crate) endpoints: BTreeMap<u16, Endpoint>,
+    pub(crate) by_key: HashMap<(String, String), u16>,
+    next_id: u16,
+}
+
+impl Table {
+    pub(crate) fn insert(&mut self, ep: Endpoint) {
+        self.by_key.insert(ep.key(), ep.id);
+        self.endpoints.insert(ep.id, ep);
+    }
+
+    pub(crate) fn remove(&mut self, id: u16) -> Option<Endpoint> {
+        let ep = self.endpoints.remove(&id)?;
+        self.by_key.remove(&ep.key());
+        Some(ep)
+    }
+
+    /// The next free id, round-robin from the last one, so a deleted endpoint's id (and any
+    /// policy entry a failed cleanup left under it) is not reused at once.
+    fn take_id(&mut self) -> Result<u16> {
+        let capacity = usize::from(u16::MAX);
+        if self.endpoints.len() >= capacity {
+            return Err(Error::IdsExhausted(capacity));
+        }
+        loop {
+            self.next_id = self.next_id.checked_add(1).unwrap_or(1);
+            if !self.endpoints.contains_key(&self.next_id) {
+                return Ok(self.next_id);
+            }
+        }
+    }
+}
+
+impl EndpointManager {
+    /// Declares the manager; endpoints are restored by its start hook.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: Config<EndpointConfig>,
+        lc: Lifecycle,
+        jobs: Jobs,
+        reporter: Reporter,
+        ipam: Arc<Ipam>,
+        loader: Arc<Loader>,
+        resources: Arc<Resources>,
+        state_dir: Arc<StateDir>,
+    ) -> Arc<EndpointManager> {
+        let manager = Arc::new(EndpointManager {
+            cfg,
+            ipam,
+            loader,
+            resources,
+            store: Store(state_dir),
+            node: OnceLock::new(),
+            table: Mutex::new(Table::default()),
+            locks: KeyLocks::default(),
+        });
+        let this = manager.clone();
+        // Restored endpoints re-reserve their addresses here, before the API serves any CNI ADD
+        // (the API server starts after every cell whose service it mounts): that order is what
+        // keeps an address from being handed out twice across a restart.
+        lc.append(
+            Hook::new("restore-endpoints").on_start(move |_| async move {
+                let summary = this.restore().await?;
+                reporter.ok(summary);
+                crate::watch::follow_labels(&jobs, this);
+                Ok(())
+            }),
+        );
+        manager
+    }
+
+    /// Creates the endpoint of (`container_id`, `ifname`), or returns the existing one.
+    pub async fn create(&self, req: CreateRequest) -> Result<Endpoint> {
+        req.validate()?;
+        let node = self.node()?.clone();
+        let _serial = self
+            .locks
+            .lock((req.container_id.clone(), req.ifname.clone()))
+            .await;
+        if let Some(ep) = self.find(&req.container_id, &req.ifname) {
+            return Ok(ep);
+        }
+        if !plumbing::netns_exists(&req.netns) {
+            return Err(Error::NetnsMissing(req.netns.clone()));
+        }
+        let mut ep = self.reserve(&req)?;
+        if let Err(e) = self.allocate(&mut ep, &req.requested_ips) {
+            self.forget(&ep);
+            return Err(e);
+        }
+        if let Err(e) = self.store.save(&ep) {
+            self.release_addresses(&ep);
+            self.forget(&ep);
+            return Err(e);
+        }
+        match self.build(&node, &mut ep).await {
+            Ok(()) => {
+                tracing::info!(endpoint = %ep.describe(), ips = ?ep.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(), "endpoint ready");
+                Ok(ep)
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %ep.describe(), error = %e, "create failed, rolling back");
+                self.remove(&node, &ep).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes the endpoint of (`container_id`, `ifname`); returns whether it existed.
+    /// Deleting what is gone succeeds, and a veth pair left without a record is removed too.
+    pub async fn delete(&self, container_id: &str, ifname: &str) -> Result<bool> {
+        let node = self.node()?.clone();
+        let _serial = self
+            .locks
+            .lock((container_id.to_string(), ifname.to_string()))
+            .await;
+        let Some(ep) = self.find(container_id, ifname) else {
+            let host = plumbing::host_ifname(container_id, ifname);
+            plumbing::teardown_pod(&node, &host)
+                .await
+                .map_err(|source| Error::Plumbing {
+                    endpoint: format!("of container {container_id}"),
+                    source,
+                })?;
+            return Ok(false);
+        };
+        self.teardown(&node, &ep).await?;
+        tracing::info!(endpoint = %ep.describe(), "endpoint deleted");
+        Ok(true)
+    }
+
+    /// Checks that the endpoint's interfaces and datapath are as created.
+    pub async fn check(&self, container_id: &str, ifname: &str) -> Result<Endpoint> {
+        let node = self.node()?.clone();
+        let ep = self.find(container_id, ifname).ok_or_else(|| {
+            Error::NotFound(format!("for container {container_id} interface {ifname}"))
+        })?;
+        plumbing::check_pod(&node, &ep.netns, &network(&ep))
+            .await
+            .map_err(|source| Error::Plumbing {
+                endpoint: ep.describe(),
+                source,
+            })?;
+        let dp = self.loader.datapath()?;
+        let datapath = |source| Error::Datapath {
+            endpoint: ep.describe(),
+            source,
+        };
+        for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
+            let entry = dp.endpoints().get(addr.ip).map_err(datapath)?;
+            if entry.is_none_or(|e| e.id != ep.id) {
+                return Err(Error::Plumbing {
+                    endpoint: ep.describe(),
+                    source: plumbing::Error::Drift(format!(
+                        "the datapath has no entry for {}",
+                        addr.ip
+                    )),
+                });
+            }
+        }
+        Ok(ep)
+    }
+
+    /// Deletes the endpoints of `network` whose (container id, interface) is not in `valid`.
+    pub async fn gc(&self, network: &str, valid: &HashSet<(String, String)>) -> Result<Vec<u16>> {
+        let stale: Vec<Endpoint> = self
+            .list()
+            .into_iter()
+            .filter(|ep| ep.network == network && !valid.contains(&ep.key()))
+            .collect();
+        let mut removed = Vec::new();
+        for ep in stale {
+            if self.delete(&ep.container_id, &ep.ifname).await? {
+                removed.push(ep.id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Every endpoint, by id.
+    pub fn list(&self) -> Vec<Endpoint> {
+        self.table().endpoints.values().cloned().collect()
+    }
+
+    /// The endpoint with `id`.
+    pub fn get(&self, id: u16) -> Option<Endpoint> {
+        self.table().endpoints.get(&id).cloned()
+    }
+
+    /// The endpoint of (`container_id`, `ifname`).
+    pub fn find(&self, container_id: &str, ifname: &str) -> Option<Endpoint> {
+        let table = self.table();
+        let id = table
+            .by_key
+            .get(&(container_id.to_string(), ifname.to_string()))?;
+        table.endpoints.get(id).cloned()
+    }
+
+    /// Waits for and takes the lock of one endpoint key.
+    pub(crate) async fn lock(&self, key: (String, String)) -> crate::locks::KeyGuard<'_> {
+        self.locks.lock(key).await
+    }
+
+    pub(crate) fn node(&self) -> Result<&Netlink> {
+        self.node.get().ok_or(Error::NotStarted)
+    }
+
+    pub(crate) fn table(&self) -> MutexGuard<'_, Table> {
+        // Every mutation is a single insert or remove, so a poisoned table is consistent.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new record with an id, in state `Creating`, known to the table.
+    fn reserve(&self, req: &CreateRequest) -> Result<Endpoint> {
+        let mut table = self.table();
+        let id = table.take_id()?;
+        let ep = Endpoint {
+            id,
+            container_id: req.container_id.clone(),
+            ifname: req.ifname.clone(),
+            netns: req.netns.clone(),
+            network: req.network.clone(),
+            pod: req.pod.clone(),
+            addresses: Vec::new(),
+            host_ifname: plumbing::host_ifname(&req.container_id, &req.ifname),
+            host_ifindex: 0,
+            host_mac: [0; 6],
+            pod_mac: [0; 6],
+            mtu: req.mtu.unwrap_or(self.cfg.mtu),
+            labels: BTreeMap::new(),
+            identity: 0,
+            policy_revision: 0,
+            state: State::Creating,
+            created_unix_ms: now_ms(),
+        };
+        table.insert(ep.clone());
+        Ok(ep)
+    }
+
+    /// The requested addresses, or one of each configured family.
+    fn allocate(&self, ep: &mut Endpoint, requested: &[IpAddr]) -> Result<()> {
+        let owner = ep.describe();
+        let results = if requested.is_empty() {
+            self.ipam
+                .families()
+                .into_iter()
+                .map(|f| self.ipam.allocate_next(f, &owner))
+                .collect::<Vec<_>>()
+        } else {
+            requested
+                .iter()
+                .map(|ip| self.ipam.allocate(*ip, &owner))
+                .collect()
+        };
+        for result in results {
+            match result {
+                Ok(a) => ep.addresses.push(Address {
+                    ip: a.ip,
+                    pool: a.cidr,
+                    gateway: a.router,
+                }),
+                Err(source) => {
+                    self.release_addresses(ep);
+                    return Err(Error::Ipam { owner, source });
+                }
+            }
+        }
+        if ep.addresses.is_empty() {
+            return Err(Error::Ipam {
+                owner,
+                source: cellium_ipam::Error::NoPool { family: 4 },
+            });
+        }
+        Ok(())
+    }
+
+    /// Interfaces, labels, datapath; then the record says `Ready`.
+    async fn build(&self, node: &Netlink, ep: &mut Endpoint) -> Result<()> {
+        let iface = plumbing::setup_pod(node, &ep.netns, &network(ep))
+            .await
+            .map_err(|source| Error::Plumbing {
+                endpoint: ep.describe(),
+                source,
+            })?;
+        ep.host_ifindex = iface.host.index;
+        ep.host_mac = iface.host.mac;
+        ep.pod_mac = iface.pod.mac;
+        if let Some(pod) = &ep.pod {
+            ep.labels = labels::of_pod(&self.resources, pod);
+        }
+        let dp = self.loader.datapath()?;
+        program::program(&dp, ep, Enforcement::default()).map_err(|source| Error::Datapath {
+            endpoint: ep.describe(),
+            source,
+        })?;
+        ep.state = State::Ready;
+        self.store.save(ep)?;
+        self.table().insert(ep.clone());
+        Ok(())
+    }
+
+    /// Takes an endpoint down completely; stops at the first failure so the runtime's retry
+    /// finds the rest still recorded.
+    pub(crate) async fn teardown(&self, node: &Netlink, ep: &Endpoint) -> Result<()> {
+        plumbing::teardown_pod(node, &ep.host_ifname)
+            .await
+            .map_err(|source| Error::Plumbing {
+                endpoint: ep.describe(),
+                source,
+            })?;
+        let dp = self.loader.datapath()?;
+        program::unprogram(&dp, ep).map_err(|source| Error::Datapath {
+            endpoint: ep.describe(),
+            source,
+        })?;
+        self.release_addresses(ep);
+        self.store.remove(ep)?;
+        self.forget(ep);
+        Ok(())
+    }
+
+    /// Best-effort removal after a failed create or of a leftover found at restore: every step
+    /// is tried and every failure logged, since there is no caller left to retry.
+    pub(crate) async fn remove(&self, node: &Netlink, ep: &Endpoint) {
+        if let Err(e) = plumbing::teardown_pod(node, &ep.host_ifname).await {
+            tracing::warn!(endpoint = %ep.describe(), error = %e, "removing interfaces failed");
+        }
+        if let Ok(dp) = self.loader.datapath()
+            && let Err(e) = program::unprogram(&dp, ep)
+        {
+            tracing::warn!(endpoint = %ep.describe(), error = %e, "removing datapath entries failed");
+        }
+        self.release_addresses(ep);
+        if let Err(e) = self.store.remove(ep) {
+            tracing::warn!(endpoint = %ep.describe(), error = %e, "removing the record failed");
+        }
+        self.forget(ep);
+    }
+
+    fn release_addresses(&self, ep: &Endpoint) {
+        let owner = ep.describe();
+        for addr in &ep.addresses {
+            // Only what this endpoint holds: after a restart the address may be someone else's.
+            if self.ipam.owner(addr.ip).as_deref() == Some(owner.as_str()) {
+                self.ipam.release(addr.ip);
+            }
+        }
+    }
+
+    fn forget(&self, ep: &Endpoint) {
+        let mut table = self.table();
+        if table
+            .endpoints
+            .get(&ep.id)
+            .is_some_and(|e| e.key() == ep.key())
+        {
+            table.remove(ep.id);
+        }
+    }
+}
+
+/// What the endpoint's interface must look like.
+pub(crate) fn network(ep: &Endpoint) -> PodNetwork {
+    PodNetwork {
+        host_ifname: ep.host_ifname.clone(),
+        ifname: ep.ifname.clone(),
+        mtu: ep.mtu,
+        addresses: ep.addresses.iter().map(|a| (a.ip, a.gateway)).collect(),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

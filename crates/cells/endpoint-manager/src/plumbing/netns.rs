@@ -1,0 +1,81 @@
+//! Netlink connections in other network namespaces.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use nix::sched::{CloneFlags, setns};
+use rtnetlink::Handle;
+
+use crate::plumbing::error::{Error, Result};
+
+/// A netlink connection bound to one network namespace.
+///
+/// A netlink socket belongs to the namespace of the thread that opened it, for its whole
+/// life. So a connection into a pod's namespace is opened on a throw-away thread that entered
+/// the namespace (and never leaves it, so no runtime thread ever runs in the wrong one); the
+/// socket is then driven by the agent's runtime like any other.
+#[derive(Debug, Clone)]
+pub struct Netlink {
+    /// The request handle.
+    pub handle: Handle,
+    /// The namespace's name in messages: its path, or "the node".
+    pub netns: String,
+}
+
+impl Netlink {
+    /// A connection in the agent's own namespace.
+    pub fn node() -> Result<Netlink> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(|source| Error::Netns {
+            path: "/proc/self/ns/net".into(),
+            source,
+        })?;
+        tokio::spawn(conn);
+        Ok(Netlink {
+            handle,
+            netns: "the node".into(),
+        })
+    }
+
+    /// A connection in the namespace at `path` (e.g. `/run/netns/x`, `/proc/<pid>/ns/net`).
+    pub async fn open(path: &Path) -> Result<Netlink> {
+        let file = File::open(path).map_err(|source| Error::Netns {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let runtime = tokio::runtime::Handle::current();
+        let owned = path.to_path_buf();
+        let opened = std::thread::spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+            // The socket registers with the runtime's reactor, which needs its context here.
+            let _entered = runtime.enter();
+            rtnetlink::new_connection()
+        })
+        .join()
+        .map_err(|_| Error::Netns {
+            path: owned.clone(),
+            source: std::io::Error::other("the namespace thread panicked"),
+        })?;
+        let (conn, handle, _) = opened.map_err(|source| Error::Netns {
+            path: owned.clone(),
+            source,
+        })?;
+        tokio::spawn(conn);
+        Ok(Netlink {
+            handle,
+            netns: owned.display().to_string(),
+        })
+    }
+}
+
+/// Whether `path` names a network namespace that still exists.
+pub fn netns_exists(path: &Path) -> bool {
+    // A bind-mounted namespace whose last process is gone stays valid; a deleted one is
+    // unmounted, leaving an empty file that is not a namespace.
+    match File::open(path) {
+        Ok(file) => nix::sys::statfs::fstatfs(&file)
+            .map(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,175 @@
+//! `cellium endpoint`: the node's endpoints (one per pod interface).
+
+use std::path::Path;
+
+use anyhow::Context;
+use cellium_api::v1::endpoints_client::EndpointsClient;
+use cellium_api::v1::{Endpoint, EndpointState, GetEndpointRequest, ListEndpointsRequest};
+use serde::Serialize;
+
+use crate::output::{self, Format};
+
+/// `cellium endpoint` verbs.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// List every endpoint.
+    List {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Show one endpoint in full.
+    Get {
+        /// The endpoint id.
+        id: u32,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+/// What `-o json` prints for an endpoint.
+#[derive(Debug, Serialize)]
+struct EndpointView {
+    id: u32,
+    state: &'static str,
+    pod: String,
+    container_id: String,
+    ifname: String,
+    netns: String,
+    network: String,
+    addresses: Vec<String>,
+    gateways: Vec<String>,
+    host_ifname: String,
+    host_mac: String,
+    pod_mac: String,
+    mtu: u32,
+    identity: u32,
+    policy_revision: u64,
+    labels: std::collections::BTreeMap<String, String>,
+    created: String,
+}
+
+/// Runs a `cellium endpoint` verb.
+pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
+    let mut client = EndpointsClient::new(cellium_api::connect(socket).await?);
+    match command {
+        Command::List { output } => {
+            let endpoints = client
+                .list(ListEndpointsRequest {})
+                .await
+                .context("the agent did not answer Endpoints.List")?
+                .into_inner()
+                .endpoints;
+            let views: Vec<EndpointView> = endpoints.iter().map(view).collect();
+            match output {
+                Format::Json => output::print_json(&views),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = views
+                        .iter()
+                        .map(|v| {
+                            vec![
+                                v.id.to_string(),
+                                v.state.to_string(),
+                                v.pod.clone(),
+                                v.addresses.join(","),
+                                v.host_ifname.clone(),
+                                v.identity.to_string(),
+                                v.policy_revision.to_string(),
+                            ]
+                        })
+                        .collect();
+                    output::print_table(
+                        &[
+                            "ID",
+                            "STATE",
+                            "POD",
+                            "ADDRESSES",
+                            "HOST IF",
+                            "IDENTITY",
+                            "POLICY REV",
+                        ],
+                        &rows,
+                    );
+                    Ok(())
+                }
+            }
+        }
+        Command::Get { id, output } => {
+            let ep = client
+                .get(GetEndpointRequest { id })
+                .await
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                .into_inner();
+            let v = view(&ep);
+            match output {
+                Format::Json => output::print_json(&v),
+                Format::Table => {
+                    print_details(&v);
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+fn print_details(v: &EndpointView) {
+    let rows = [
+        ("ID", v.id.to_string()),
+        ("State", v.state.to_string()),
+        ("Pod", v.pod.clone()),
+        ("Container", v.container_id.clone()),
+        ("Interface", format!("{} in {}", v.ifname, v.netns)),
+        ("Network", v.network.clone()),
+        ("Addresses", v.addresses.join(", ")),
+        ("Gateways", v.gateways.join(", ")),
+        (
+            "Host interface",
+            format!("{} ({})", v.host_ifname, v.host_mac),
+        ),
+        ("Pod MAC", v.pod_mac.clone()),
+        ("MTU", v.mtu.to_string()),
+        ("Identity", v.identity.to_string()),
+        ("Policy revision", v.policy_revision.to_string()),
+        ("Created", v.created.clone()),
+    ];
+    for (k, val) in rows {
+        println!("{:<16} {val}", format!("{k}:"));
+    }
+    println!("Labels:");
+    for (k, val) in &v.labels {
+        println!("  {k}={val}");
+    }
+}
+
+fn view(ep: &Endpoint) -> EndpointView {
+    let pod = if ep.pod_name.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{}/{}", ep.pod_namespace, ep.pod_name)
+    };
+    EndpointView {
+        id: ep.id,
+        state: match ep.state() {
+            EndpointState::Ready => "ready",
+            EndpointState::Pending => "pending",
+            EndpointState::Failed => "failed",
+            EndpointState::Unspecified => "unknown",
+        },
+        pod,
+        container_id: ep.container_id.clone(),
+        ifname: ep.ifname.clone(),
+        netns: ep.netns.clone(),
+        network: ep.network.clone(),
+        addresses: ep.addresses.iter().map(|a| a.address.clone()).collect(),
+        gateways: ep.addresses.iter().map(|a| a.gateway.clone()).collect(),
+        host_ifname: ep.host_ifname.clone(),
+        host_mac: ep.host_mac.clone(),
+        pod_mac: ep.pod_mac.clone(),
+        mtu: ep.mtu,
+        identity: ep.identity,
+        policy_revision: ep.policy_revision,
+        labels: ep.labels.clone().into_iter().collect(),
+        created: output::rfc3339_ms(ep.created_unix_ms),
+    }
+}
