@@ -1,40 +1,112 @@
 #!/usr/bin/env bash
-# The demo: the agent on its embedded default configuration, in a throw-away network namespace,
-# and what `cellium status --verbose` says about it. Everything is removed at the end.
+# The demo: the Cellium agent on its embedded default configuration in a throw-away node network
+# namespace, pods created through the cellium-cni plugin exactly as a container runtime calls it,
+# and traffic between them. Everything it creates is removed at the end, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 cargo build --workspace --locked --quiet
-bin=target/debug
+bin="$PWD/target/debug"
 
-node="cellium-demo-$$"
+run_id="cel-demo-$$"
+node="$run_id-node"
 work=$(mktemp -d /tmp/cellium-demo.XXXXXX)
+sock="$work/cellium.sock"
 agent_pid=""
+pods=()
+
 cleanup() {
-  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
-  ip netns del "$node" 2>/dev/null || true
+  set +e
+  for p in "${pods[@]}"; do ip netns del "$run_id-$p" 2>/dev/null; done
+  if [ -n "$agent_pid" ]; then kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null; fi
+  ip netns del "$node" 2>/dev/null
+  umount "$work/bpf" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 say() { printf '\n\033[1m# %s\033[0m\n' "$*"; }
+cellium() { "$bin/cellium" --socket "$sock" "$@"; }
+
+# The CNI call a runtime makes: the verb and the pod in the environment, the network
+# configuration on stdin.
+cni() {
+  local verb=$1 pod=$2
+  printf '{"cniVersion":"1.0.0","name":"demo","type":"cellium-cni","socket":"%s"}' "$sock" |
+    CNI_COMMAND=$verb CNI_CONTAINERID="$run_id-$pod" CNI_NETNS="/run/netns/$run_id-$pod" \
+      CNI_IFNAME=eth0 CNI_PATH="$bin" \
+      CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=$pod" "$bin/cellium-cni"
+}
+
+in_pod() { local pod=$1; shift; ip netns exec "$run_id-$pod" "$@"; }
+pod_ip() { in_pod "$1" ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
 
 say "a node: network namespace $node"
 ip netns add "$node"
 ip -n "$node" link set lo up
 
-say "the agent, on its defaults (only the paths moved into $work)"
-sock="$work/cellium.sock"
-ip netns exec "$node" "$bin/cellium-agent" run \
-  --state-dir "$work/state" --api-socket "$sock" >"$work/agent.log" 2>&1 &
+say "the agent, on its defaults (only its paths moved into $work)"
+# nsenter enters the node's network namespace only, so the bpffs the agent mounts at its BPF
+# root lives in the host's mount namespace and outlives an agent restart.
+nsenter --net="/run/netns/$node" -- "$bin/cellium-agent" run \
+  --state-dir "$work/state" --api-socket "$sock" --bpf-root "$work/bpf" >"$work/agent.log" 2>&1 &
 agent_pid=$!
-for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || { cat "$work/agent.log"; echo "the agent did not start" >&2; exit 1; }
+for _ in $(seq 1 300); do cellium status >/dev/null 2>&1 && break; sleep 0.1; done
+cellium status || { cat "$work/agent.log"; exit 1; }
+
+say "pods: cellium-cni ADD, as a container runtime calls it"
+cat >"$work/pods.yaml" <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: { name: demo }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web, namespace: demo, labels: { app: web } }
+spec: { containers: [ { name: web, image: web, ports: [ { name: http, containerPort: 80 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, namespace: demo, labels: { app: client } }
+spec: { containers: [ { name: client, image: client } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: other, namespace: demo, labels: { app: other } }
+spec: { containers: [ { name: other, image: other } ] }
+YAML
+cellium apply -f "$work/pods.yaml"
+for pod in web client other; do
+  ip netns add "$run_id-$pod"
+  pods+=("$pod")
+  cni ADD "$pod" >"$work/$pod.result"
+  echo "$pod: $(pod_ip "$pod")"
+done
+
+say "cellium endpoint list"
+cellium endpoint list
+
+say "cellium ipam list"
+cellium ipam list
+
+say "the pods reach each other and the node"
+for from in client other; do
+  for to in web client other; do
+    [ "$from" = "$to" ] && continue
+    in_pod "$from" ping -c 1 -W 1 "$(pod_ip "$to")" >/dev/null && echo "$from -> $to: ok"
+  done
+done
+in_pod client ping -c 1 -W 1 "$(cellium ipam list -o json | grep -m1 '"router"' | cut -d'"' -f4)" >/dev/null &&
+  echo "client -> node: ok"
 
 say "cellium status --verbose"
-"$bin/cellium" --socket "$sock" status --verbose
+cellium status --verbose
+
+say "pods removed: cellium-cni DEL"
+for pod in "${pods[@]}"; do cni DEL "$pod" && echo "$pod: deleted"; done
+cellium endpoint list
 
 say "stopping the agent (SIGTERM)"
 kill -TERM "$agent_pid"; wait "$agent_pid"; agent_pid=""
-tail -n 5 "$work/agent.log"
+tail -n 3 "$work/agent.log"
