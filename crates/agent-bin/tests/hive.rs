@@ -1,0 +1,79 @@
+//! `cellium-agent hive`: the description a person reads and the graph Graphviz draws.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn agent(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cellium-agent"))
+        .args(args)
+        .output()
+        .expect("cellium-agent runs");
+    assert!(
+        out.status.success(),
+        "cellium-agent {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+#[test]
+fn the_description_lists_every_module_and_the_start_order() {
+    let text = agent(&["hive"]);
+    for module in MODULES {
+        assert!(
+            text.contains(&format!("  {module}: ")),
+            "{module} missing:\n{text}"
+        );
+    }
+    let order = text
+        .split("start order:")
+        .nth(1)
+        .expect("a start order section");
+    let pos = |hook: &str| {
+        order
+            .find(hook)
+            .unwrap_or_else(|| panic!("{hook} not in:\n{order}"))
+    };
+    // Dependencies start first: the datapath before the endpoints, the endpoints before the API.
+    assert!(pos("load-datapath") < pos("restore-endpoints"));
+    assert!(pos("restore-endpoints") < pos("serve-api"));
+}
+
+#[test]
+fn the_graph_renders_with_graphviz() {
+    let dot_text = agent(&["hive", "--dot"]);
+    let mut dot = Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("Graphviz `dot` is installed (scripts/setup.sh installs it)");
+    dot.stdin
+        .take()
+        .expect("stdin")
+        .write_all(dot_text.as_bytes())
+        .expect("dot reads the graph");
+    let out = dot.wait_with_output().expect("dot finishes");
+    assert!(
+        out.status.success(),
+        "dot rejected the graph: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        svg.contains("<svg") && svg.contains("EndpointManager::new"),
+        "{svg}"
+    );
+}
+
+/// Every module of the agent.
+const MODULES: [&str; 7] = [
+    "statedir",
+    "metrics",
+    "api-server",
+    "loader",
+    "resources",
+    "ipam",
+    "endpoint-manager",
+];
