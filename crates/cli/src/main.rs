@@ -3,6 +3,7 @@
 mod apply;
 mod ipam;
 mod output;
+mod policy;
 mod status;
 
 use std::path::PathBuf;
@@ -32,6 +33,9 @@ enum Command {
     /// The node's pod address pools.
     #[command(subcommand)]
     Ipam(ipam::Command),
+    /// The node's network policy rules and selector cache.
+    #[command(subcommand)]
+    Policy(policy::Command),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -42,6 +46,7 @@ async fn main() -> ExitCode {
         Command::Apply(args) => apply::exec(&cli.socket, apply::Verb::Apply, args).await,
         Command::Delete(args) => apply::exec(&cli.socket, apply::Verb::Delete, args).await,
         Command::Ipam(command) => ipam::exec(&cli.socket, command).await,
+        Command::Policy(command) => policy::exec(&cli.socket, command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
