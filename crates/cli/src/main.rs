@@ -1,7 +1,9 @@
 //! `cellium`: inspect and drive a running Cellium agent over its unix socket.
 
 mod apply;
+mod identity;
 mod ipam;
+mod ipcache;
 mod output;
 mod policy;
 mod status;
@@ -33,6 +35,12 @@ enum Command {
     /// The node's pod address pools.
     #[command(subcommand)]
     Ipam(ipam::Command),
+    /// The node's security identities.
+    #[command(subcommand)]
+    Identity(identity::Command),
+    /// Which security identity each IP prefix has.
+    #[command(subcommand)]
+    Ipcache(ipcache::Command),
     /// The node's network policy rules and selector cache.
     #[command(subcommand)]
     Policy(policy::Command),
@@ -46,6 +54,8 @@ async fn main() -> ExitCode {
         Command::Apply(args) => apply::exec(&cli.socket, apply::Verb::Apply, args).await,
         Command::Delete(args) => apply::exec(&cli.socket, apply::Verb::Delete, args).await,
         Command::Ipam(command) => ipam::exec(&cli.socket, command).await,
+        Command::Identity(command) => identity::exec(&cli.socket, command).await,
+        Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
         Command::Policy(command) => policy::exec(&cli.socket, command).await,
     };
     match result {
