@@ -136,3 +136,120 @@ fn namespace_changed(repo: &PolicyRepository, res: &Resources, ns: &Namespace) {
         pod_changed(repo, res, &pod);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use cellium_hive::{ConfigSources, Hive, Module};
+    use cellium_labels::Labels;
+
+    use super::*;
+    use crate::resolve::Subject;
+
+    async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        for _ in 0..500 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    const NP: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]\n";
+
+    #[tokio::test]
+    async fn the_cell_follows_the_tables_the_identities_and_the_policy_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("np.yaml"), NP).unwrap();
+        let resources = Resources::new();
+        let ids = Identities::in_memory();
+        let slot: Arc<Mutex<Option<Arc<PolicyRepository>>>> = Arc::default();
+        let (r, i, s) = (resources.clone(), ids.clone(), slot.clone());
+        let mut hive = Hive::new([
+            Module::new("tables", "The resources, identities and ipcache, in memory")
+                .provide(move || r.clone())
+                .provide(move || i.clone())
+                .provide(Ipcache::in_memory)
+                .into(),
+            crate::cell()
+                .invoke(move |repo: Arc<PolicyRepository>| {
+                    *s.lock().unwrap() = Some(repo);
+                })
+                .into(),
+        ])
+        .with_config(ConfigSources::new().flag("policy-dir", dir.path()));
+        let health = hive.health();
+        hive.start().await.unwrap();
+        let repo = slot.lock().unwrap().clone().unwrap();
+
+        // The directory's policy reaches the table, then the repository.
+        eventually("the policy is applied", || repo.rules().len() == 2).await;
+        let db = Labels::for_pod(
+            "default",
+            &[("app".into(), "db".into())].into(),
+            &Default::default(),
+        );
+        let subject = Subject {
+            identity: 300,
+            labels: &db,
+            named_ports: &[],
+        };
+        assert!(repo.resolve(&subject).ingress_enforced);
+
+        // A new identity that the peer selector matches joins the resolved rules.
+        let mut changes = repo.changes();
+        changes.borrow_and_update();
+        let web = ids
+            .allocate(&Labels::for_pod(
+                "default",
+                &[("app".into(), "web".into())].into(),
+                &Default::default(),
+            ))
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changes.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        eventually("the web identity is a peer", || {
+            repo.resolve(&subject)
+                .rules
+                .iter()
+                .any(|r| r.identity == web.id)
+        })
+        .await;
+        assert_eq!(
+            health.node("policy-repo").unwrap().status.level,
+            cellium_hive::Level::Ok
+        );
+
+        // A policy the repository cannot express is reported, and not enforced.
+        let long = "x".repeat(40);
+        resources
+            .apply(
+                "bad.yaml",
+                &format!("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: bad}}\nspec:\n  podSelector: {{}}\n  ingress: [{{from: [{{namespaceSelector: {{matchLabels: {{{long}: a}}}}}}]}}]\n"),
+            )
+            .unwrap();
+        eventually("the problem is reported", || {
+            health.node("policy-repo").unwrap().status.level == cellium_hive::Level::Degraded
+        })
+        .await;
+        assert!(
+            repo.problems()[0].starts_with("NetworkPolicy default/bad: spec.ingress[0]"),
+            "{:?}",
+            repo.problems()
+        );
+
+        // Removing the file deletes its policy.
+        std::fs::remove_file(dir.path().join("np.yaml")).unwrap();
+        eventually("the policy is gone", || {
+            resources.network_policies.len() == 1
+        })
+        .await;
+        eventually("its rules are gone", || repo.rules().is_empty()).await;
+        hive.stop().await.unwrap();
+    }
+}
