@@ -421,3 +421,334 @@ impl Identities {
         self.table.write().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    use cellium_labels::Label;
+
+    use super::*;
+    use crate::identity::{CLUSTER_IDENTITIES, LOCAL_IDENTITIES};
+
+    fn labels(s: &str) -> Labels {
+        s.parse().unwrap()
+    }
+
+    fn persisted(dir: &Arc<StateDir>) -> Identities {
+        Identities::build(
+            Table::default(),
+            Some(Persister {
+                dir: dir.clone(),
+                trigger: Trigger::new(),
+                written: AtomicU64::new(0),
+            }),
+        )
+    }
+
+    #[test]
+    fn reserved_identities_always_exist_and_are_never_released() {
+        let ids = Identities::in_memory();
+        let list = ids.list();
+        assert_eq!(list.len(), 10);
+        assert!(
+            list.iter()
+                .all(|i| i.identity.is_reserved() && i.references == 0)
+        );
+        let host = ids.allocate(&labels("reserved:host")).unwrap();
+        assert_eq!(host.id, 1);
+        assert_eq!(
+            ids.allocate(&labels("reserved:host,k8s:node=a"))
+                .unwrap()
+                .id,
+            1
+        );
+        assert_eq!(ids.allocate(&labels("reserved:world-ipv6")).unwrap().id, 10);
+        assert!(!ids.release(1));
+        assert!(!ids.release(1));
+        assert_eq!(ids.get(1).unwrap().labels, labels("reserved:host"));
+        assert_eq!(ids.lookup(&labels("reserved:world")).unwrap().id, 2);
+        assert_eq!(
+            ids.get(9).unwrap().labels.to_string(),
+            "reserved:world,reserved:world-ipv4"
+        );
+    }
+
+    #[test]
+    fn the_same_labels_give_the_same_identity_while_referenced() {
+        let ids = Identities::in_memory();
+        let web = labels("k8s:app=web,k8s:io.kubernetes.pod.namespace=shop");
+        let a = ids.allocate(&web).unwrap();
+        let b = ids.allocate(&web).unwrap();
+        assert_eq!(a.id, 256);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(ids.allocate(&labels("k8s:app=db")).unwrap().id, 257);
+        assert_eq!(ids.lookup(&web).unwrap().id, 256);
+        let info = ids
+            .list()
+            .into_iter()
+            .find(|i| i.identity.id == 256)
+            .unwrap();
+        assert_eq!(info.references, 2);
+        assert!(!ids.release(256), "one reference is left");
+        assert!(ids.get(256).is_some());
+        assert!(ids.release(256), "the last reference removes it");
+        assert!(ids.get(256).is_none());
+        assert!(ids.lookup(&web).is_none());
+        assert!(!ids.release(256));
+        // A released number is not handed out again at once.
+        assert_eq!(ids.allocate(&web).unwrap().id, 258);
+    }
+
+    #[test]
+    fn cidr_label_sets_get_local_identities() {
+        let ids = Identities::in_memory();
+        let net = ids
+            .allocate(&Labels::for_cidr("10.0.0.0/8".parse().unwrap()))
+            .unwrap();
+        assert_eq!(net.id, 1 << 24);
+        assert!(net.is_local());
+        assert_eq!(net.scope(), Scope::Local);
+        let bare = ids
+            .allocate(&Labels::from_iter([Label::cidr(
+                "fd00::/64".parse().unwrap(),
+            )]))
+            .unwrap();
+        assert_eq!(bare.id, (1 << 24) + 1);
+        let pod = ids.allocate(&labels("k8s:app=web")).unwrap();
+        assert_eq!(pod.scope(), Scope::Cluster);
+    }
+
+    #[test]
+    fn bad_label_sets_are_refused_and_change_nothing() {
+        let ids = Identities::in_memory();
+        let err = ids.allocate(&Labels::new()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot allocate an identity for an empty label set"
+        );
+        let err = ids.allocate(&labels("reserved:nope")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no reserved identity has the labels reserved:nope"
+        );
+        assert_eq!(ids.list().len(), 10);
+    }
+
+    #[test]
+    fn exhaustion_is_a_clear_error() {
+        let ids = Identities::build(Table::with_ranges(256..=257, LOCAL_IDENTITIES), None);
+        ids.allocate(&labels("k8s:a=1")).unwrap();
+        ids.allocate(&labels("k8s:a=2")).unwrap();
+        let err = ids.allocate(&labels("k8s:a=3")).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Exhausted {
+                capacity: 2,
+                scope: Scope::Cluster,
+                ..
+            }
+        ));
+        assert!(
+            err.to_string().starts_with(
+                "all 2 cluster identities are in use: cannot allocate one for k8s:a=3"
+            ),
+            "{err}"
+        );
+        // Existing label sets still get their identity, and local ones have their own range.
+        assert_eq!(ids.allocate(&labels("k8s:a=1")).unwrap().id, 256);
+        assert!(ids.allocate(&labels("cidr:10.0.0.0/8")).is_ok());
+        ids.release(257);
+        assert_eq!(ids.allocate(&labels("k8s:a=3")).unwrap().id, 257);
+    }
+
+    #[test]
+    fn the_full_cluster_range_is_usable() {
+        let ids = Identities::in_memory();
+        let capacity = CLUSTER_IDENTITIES.end() - CLUSTER_IDENTITIES.start() + 1;
+        for i in 0..capacity {
+            let id = ids.allocate(&labels(&format!("k8s:n={i}"))).unwrap();
+            assert!(CLUSTER_IDENTITIES.contains(&id.id));
+        }
+        let err = ids.allocate(&labels("k8s:n=last")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Exhausted {
+                    capacity: 65280,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn snapshot_and_events_have_no_gap_and_no_repeat() {
+        let ids = Identities::in_memory();
+        let writer = {
+            let ids = ids.clone();
+            std::thread::spawn(move || {
+                for i in 0..3000 {
+                    let id = ids.allocate(&labels(&format!("k8s:n={i}"))).unwrap();
+                    if i % 3 == 0 {
+                        ids.release(id.id);
+                    }
+                }
+            })
+        };
+        // Subscribe somewhere in the middle of the writes.
+        while ids.list().len() < 500 {
+            std::thread::yield_now();
+        }
+        let (snapshot, mut events) = ids.snapshot_and_subscribe();
+        writer.join().unwrap();
+        let mut seen: BTreeMap<u32, Labels> =
+            snapshot.iter().map(|i| (i.id, i.labels.clone())).collect();
+        assert_eq!(
+            seen.len(),
+            snapshot.len(),
+            "no identity twice in the snapshot"
+        );
+        while let Ok(event) = events.try_recv() {
+            match event {
+                IdentityEvent::Added(i) => {
+                    assert!(
+                        seen.insert(i.id, i.labels.clone()).is_none(),
+                        "added twice: {i}"
+                    );
+                }
+                IdentityEvent::Removed(i) => {
+                    assert!(seen.remove(&i.id).is_some(), "removed unseen: {i}");
+                }
+            }
+        }
+        let now: BTreeMap<u32, Labels> = ids
+            .list()
+            .into_iter()
+            .map(|i| (i.identity.id, i.identity.labels.clone()))
+            .collect();
+        assert_eq!(seen, now);
+        assert_eq!(now.len(), 10 + 2000);
+    }
+
+    #[test]
+    fn allocation_and_its_event_are_cheap() {
+        let ids = Identities::in_memory();
+        let (_, mut events) = ids.snapshot_and_subscribe();
+        let sets: Vec<Labels> = (0..5000)
+            .map(|i| {
+                Labels::for_pod(
+                    &format!("ns{}", i % 7),
+                    &BTreeMap::from([("app".into(), format!("a{i}"))]),
+                    &BTreeMap::new(),
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        for l in &sets {
+            ids.allocate(l).unwrap();
+        }
+        let took = started.elapsed();
+        let mut received = 0;
+        while events.try_recv().is_ok() {
+            received += 1;
+        }
+        assert_eq!(received, 5000);
+        // About 2 µs each in a debug build on this machine; the bound leaves room for load.
+        assert!(took.as_millis() < 1000, "5000 allocations took {took:?}");
+    }
+
+    #[test]
+    fn the_table_survives_a_restart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(StateDir::open_at(tmp.path()).unwrap());
+        let first = persisted(&dir);
+        let web = first.allocate(&labels("k8s:app=web")).unwrap();
+        let db = first.allocate(&labels("k8s:app=db")).unwrap();
+        let gone = first.allocate(&labels("k8s:app=gone")).unwrap();
+        let net = first
+            .allocate(&Labels::for_cidr("10.0.0.0/8".parse().unwrap()))
+            .unwrap();
+        assert!(first.release(gone.id));
+        assert_eq!(first.persist().unwrap(), Some(3));
+        assert_eq!(first.persist().unwrap(), None, "nothing changed since");
+
+        let second = persisted(&dir);
+        let (snapshot, mut events) = second.snapshot_and_subscribe();
+        assert_eq!(snapshot.len(), 10);
+        assert_eq!(second.restore().unwrap(), 3);
+        for _ in 0..3 {
+            assert!(matches!(events.try_recv(), Ok(IdentityEvent::Added(_))));
+        }
+        let restored = second.list().into_iter().filter(|i| i.restored).count();
+        assert_eq!(restored, 3);
+        // The endpoint manager re-allocates what it restores and gets the same numbers.
+        assert_eq!(second.allocate(&labels("k8s:app=web")).unwrap().id, web.id);
+        assert_eq!(
+            second
+                .allocate(&Labels::for_cidr("10.0.0.0/8".parse().unwrap()))
+                .unwrap()
+                .id,
+            net.id
+        );
+        // New numbers continue after the restored ones.
+        assert_eq!(
+            second.allocate(&labels("k8s:app=new")).unwrap().id,
+            db.id + 1
+        );
+        // Releasing an unclaimed restored identity does nothing; release_unclaimed does.
+        assert!(!second.release(db.id));
+        assert_eq!(second.release_unclaimed(), vec![db.id]);
+        assert!(second.get(db.id).is_none());
+        assert!(second.release_unclaimed().is_empty());
+        let removed: Vec<u32> = std::iter::from_fn(|| events.try_recv().ok())
+            .filter_map(|e| match e {
+                IdentityEvent::Removed(i) => Some(i.id),
+                IdentityEvent::Added(_) => None,
+            })
+            .collect();
+        assert_eq!(removed, vec![db.id]);
+        assert!(second.list().iter().all(|i| !i.restored));
+    }
+
+    #[test]
+    fn a_live_allocation_wins_over_a_restored_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(StateDir::open_at(tmp.path()).unwrap());
+        let first = persisted(&dir);
+        first.allocate(&labels("k8s:app=web")).unwrap();
+        first.persist().unwrap();
+        let second = persisted(&dir);
+        // Allocated before the restore ran: the same number by chance, other labels.
+        assert_eq!(second.allocate(&labels("k8s:app=early")).unwrap().id, 256);
+        assert_eq!(second.restore().unwrap(), 0);
+        assert_eq!(second.get(256).unwrap().labels, labels("k8s:app=early"));
+    }
+
+    #[test]
+    fn an_undecodable_table_is_kept_aside_and_the_agent_starts_fresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(StateDir::open_at(tmp.path()).unwrap());
+        dir.write(persist::FILE, b"{garbage").unwrap();
+        let ids = persisted(&dir);
+        assert_eq!(ids.restore().unwrap(), 0);
+        assert_eq!(
+            dir.read("identities.json.corrupt").unwrap().as_deref(),
+            Some(&b"{garbage"[..])
+        );
+        assert_eq!(ids.allocate(&labels("k8s:app=web")).unwrap().id, 256);
+        assert_eq!(ids.persist().unwrap(), Some(1));
+        assert_eq!(persisted(&dir).restore().unwrap(), 1);
+    }
+
+    #[test]
+    fn no_file_means_nothing_to_restore() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(StateDir::open_at(tmp.path()).unwrap());
+        assert_eq!(persisted(&dir).restore().unwrap(), 0);
+        assert_eq!(Identities::in_memory().restore().unwrap(), 0);
+        assert_eq!(Identities::in_memory().persist().unwrap(), None);
+    }
+}

@@ -28,6 +28,9 @@ mod persist;
 mod reserved;
 mod table;
 
+#[cfg(test)]
+mod cell_tests;
+
 use cellium_hive::Module;
 
 pub use error::{Error, Result};

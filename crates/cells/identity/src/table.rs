@@ -25,12 +25,18 @@ pub(crate) struct Range {
     /// The last number handed out: the search continues after it, so a released number is
     /// not reused at once (a datapath entry or a peer's cache may still name it).
     cursor: u32,
+    /// How many numbers of the range are in use.
+    used: u32,
 }
 
 impl Range {
     fn new(ids: RangeInclusive<u32>) -> Range {
         let cursor = ids.end().to_owned();
-        Range { ids, cursor }
+        Range {
+            ids,
+            cursor,
+            used: 0,
+        }
     }
 
     pub(crate) fn capacity(&self) -> u32 {
@@ -73,6 +79,12 @@ impl Table {
         }
     }
 
+    fn range_of(&mut self, id: u32) -> Option<&mut Range> {
+        [&mut self.cluster, &mut self.local]
+            .into_iter()
+            .find(|r| r.ids.contains(&id))
+    }
+
     /// Makes the search for a free number of `scope` continue after `id`.
     pub(crate) fn set_cursor(&mut self, scope: Scope, id: u32) {
         match scope {
@@ -88,9 +100,7 @@ impl Table {
             _ => &mut self.cluster,
         };
         let (start, end) = (*range.ids.start(), *range.ids.end());
-        // Entries of this scope form one contiguous run of `by_id`.
-        let used = self.by_id.range(start..=end).count() as u64;
-        if used > u64::from(end - start) {
+        if range.used >= range.capacity() {
             return None;
         }
         let mut id = range.cursor;
@@ -104,6 +114,9 @@ impl Table {
     }
 
     pub(crate) fn insert(&mut self, identity: Arc<Identity>, refs: u64, restored: bool) {
+        if let Some(range) = self.range_of(identity.id) {
+            range.used += 1;
+        }
         self.by_labels.insert(identity.labels.clone(), identity.id);
         self.by_id.insert(
             identity.id,
@@ -118,6 +131,9 @@ impl Table {
 
     pub(crate) fn remove(&mut self, id: u32) -> Option<Entry> {
         let entry = self.by_id.remove(&id)?;
+        if let Some(range) = self.range_of(id) {
+            range.used -= 1;
+        }
         self.by_labels.remove(&entry.identity.labels);
         self.generation += 1;
         Some(entry)
