@@ -523,8 +523,7 @@ impl PolicyRepository {
         if problems.is_empty() {
             let rules: usize = st.sets.values().map(|s| s.rules.len()).sum();
             r.ok(format!(
-                "revision {}: {} rules from {} policies, {} selectors, {} CIDR identities",
-                st.revision,
+                "{} rules from {} policies, {} selectors, {} CIDR identities",
                 rules,
                 st.sets.len(),
                 st.cache.len(),
