@@ -84,3 +84,64 @@ impl PolicyApi for PolicyService {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellium_identity::Identities;
+    use cellium_resources::Resources;
+
+    #[tokio::test]
+    async fn get_and_selectors_show_rules_origins_and_identities() {
+        let resources = Resources::new();
+        resources
+            .apply(
+                "p.yaml",
+                "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: c}\nspec:\n  endpointSelector: {matchLabels: {app: db}}\n  ingressDeny: [{fromEntities: [host], toPorts: [{ports: [{port: '22', protocol: TCP}]}]}]\n",
+            )
+            .unwrap();
+        let repo = Arc::new(PolicyRepository::with_parts(
+            Identities::in_memory(),
+            None,
+            None,
+        ));
+        repo.sync_resources(&resources);
+        let (snapshot, _) = Identities::in_memory().snapshot_and_subscribe();
+        repo.sync_identities(&snapshot);
+        let svc = PolicyService(repo.clone());
+        let got = svc
+            .get(Request::new(GetPolicyRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.revision, repo.revision());
+        let verdicts: Vec<&str> = got.rules.iter().map(|r| r.verdict.as_str()).collect();
+        assert_eq!(verdicts, vec!["default-deny", "deny"]);
+        let deny = &got.rules[1];
+        assert_eq!(
+            (
+                deny.origin_kind.as_str(),
+                deny.origin_namespace.as_str(),
+                deny.origin_name.as_str()
+            ),
+            ("CiliumClusterwideNetworkPolicy", "", "c")
+        );
+        assert_eq!(deny.direction, "ingress");
+        assert_eq!(deny.ports, vec!["22/tcp"]);
+        assert_eq!(deny.peers[0].selector, "reserved:host");
+        assert_eq!(deny.peers[0].identities, vec![1]);
+        let sels = svc
+            .selectors(Request::new(PolicySelectorsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(sels.selectors.len(), 1);
+        assert_eq!(
+            (
+                sels.selectors[0].users,
+                sels.selectors[0].identities.clone()
+            ),
+            (1, vec![1])
+        );
+    }
+}
