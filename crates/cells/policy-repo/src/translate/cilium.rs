@@ -156,9 +156,7 @@ fn endpoint_peer(ns: &str, sel: &LabelSelector) -> Result<Selector, String> {
             .unwrap_or(k)
             .to_string()
     };
-    let names_namespace = keys
-        .iter()
-        .any(|k| plain(k) == POD_NAMESPACE_LABEL && !k.starts_with("unspec:"));
+    let names_namespace = keys.iter().any(|k| plain(k) == POD_NAMESPACE_LABEL);
     if names_namespace {
         return Ok(out);
     }
