@@ -2,8 +2,11 @@
 
 mod apply;
 mod endpoint;
+mod identity;
 mod ipam;
+mod ipcache;
 mod output;
+mod policy;
 mod status;
 
 use std::path::PathBuf;
@@ -36,6 +39,15 @@ enum Command {
     /// The node's pod address pools.
     #[command(subcommand)]
     Ipam(ipam::Command),
+    /// The node's security identities.
+    #[command(subcommand)]
+    Identity(identity::Command),
+    /// Which security identity each IP prefix has.
+    #[command(subcommand)]
+    Ipcache(ipcache::Command),
+    /// The node's network policy rules and selector cache.
+    #[command(subcommand)]
+    Policy(policy::Command),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -48,6 +60,9 @@ async fn main() -> ExitCode {
         Command::Delete(args) => apply::exec(&cli.socket, apply::Verb::Delete, args).await,
         Command::Endpoint(command) => endpoint::exec(&cli.socket, command).await,
         Command::Ipam(command) => ipam::exec(&cli.socket, command).await,
+        Command::Identity(command) => identity::exec(&cli.socket, command).await,
+        Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
+        Command::Policy(command) => policy::exec(&cli.socket, command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

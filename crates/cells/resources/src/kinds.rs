@@ -1,7 +1,10 @@
 //! The kinds `apply` accepts, and how each document becomes a typed object.
 
 use crate::document::{Document, decode};
-use crate::objects::{Namespace, Pod};
+use crate::objects::cilium_decode::CiliumPolicyDoc;
+use crate::objects::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Namespace, NetworkPolicy, Pod,
+};
 use crate::validate::FieldError;
 
 /// A decoded, checked object of a supported kind.
@@ -11,10 +14,34 @@ pub enum Parsed {
     Namespace(Namespace),
     /// `v1/Pod`.
     Pod(Pod),
+    /// `networking.k8s.io/v1/NetworkPolicy`.
+    NetworkPolicy(NetworkPolicy),
+    /// `cilium.io/v2/CiliumNetworkPolicy`.
+    CiliumNetworkPolicy(CiliumNetworkPolicy),
+    /// `cilium.io/v2/CiliumClusterwideNetworkPolicy`.
+    CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy),
+}
+
+impl Parsed {
+    /// The namespace the object lives in, for namespaced kinds.
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Parsed::Namespace(_) | Parsed::CiliumClusterwideNetworkPolicy(_) => None,
+            Parsed::Pod(p) => Some(&p.namespace),
+            Parsed::NetworkPolicy(p) => Some(&p.namespace),
+            Parsed::CiliumNetworkPolicy(p) => Some(&p.namespace),
+        }
+    }
 }
 
 /// The kinds accepted, as `apiVersion/kind`.
-pub const SUPPORTED: &[&str] = &["v1/Namespace", "v1/Pod"];
+pub const SUPPORTED: &[&str] = &[
+    "v1/Namespace",
+    "v1/Pod",
+    "networking.k8s.io/v1/NetworkPolicy",
+    "cilium.io/v2/CiliumNetworkPolicy",
+    "cilium.io/v2/CiliumClusterwideNetworkPolicy",
+];
 
 /// Decodes and checks one document.
 pub fn parse(doc: &Document) -> Result<Parsed, FieldError> {
@@ -23,6 +50,17 @@ pub fn parse(doc: &Document) -> Result<Parsed, FieldError> {
             Namespace::from_k8s(decode(doc.value.clone())?).map(Parsed::Namespace)
         }
         ("v1", "Pod") => Pod::from_k8s(decode(doc.value.clone())?).map(Parsed::Pod),
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            NetworkPolicy::from_k8s(decode(doc.value.clone())?).map(Parsed::NetworkPolicy)
+        }
+        ("cilium.io/v2", "CiliumNetworkPolicy") => decode::<CiliumPolicyDoc>(doc.value.clone())?
+            .into_policy(false)
+            .map(|p| Parsed::CiliumNetworkPolicy(CiliumNetworkPolicy(p))),
+        ("cilium.io/v2", "CiliumClusterwideNetworkPolicy") => {
+            decode::<CiliumPolicyDoc>(doc.value.clone())?
+                .into_policy(true)
+                .map(|p| Parsed::CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy(p)))
+        }
         _ => Err(unsupported(doc)),
     }
 }
@@ -40,7 +78,10 @@ pub fn check_kind(doc: &Document) -> Result<(), FieldError> {
 
 /// Whether objects of the document's kind live in a namespace.
 pub fn namespaced(doc: &Document) -> bool {
-    doc.kind != "Namespace"
+    !matches!(
+        doc.kind.as_str(),
+        "Namespace" | "CiliumClusterwideNetworkPolicy"
+    )
 }
 
 fn unsupported(doc: &Document) -> FieldError {

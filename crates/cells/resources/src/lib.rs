@@ -1,13 +1,15 @@
 //! The `resources` cell: the node's desired state as typed tables.
 //!
-//! - **Owns** one [`Table`] per kind (namespaces and pods now; services, endpoint slices and
-//!   network policies join the same way), each with change events and a revision counter.
+//! - **Owns** one [`Table`] per kind (namespaces, pods, NetworkPolicies, CiliumNetworkPolicies
+//!   and CiliumClusterwideNetworkPolicies; services and endpoint slices join the same way),
+//!   each with change events and a revision counter.
 //! - **Provides** `Arc<Resources>` and the `cellium.v1.Resources` gRPC service, which is how
 //!   `cellium apply -f` / `cellium delete -f` feed the tables in standalone mode. Applying
 //!   behaves as the Kubernetes API server would for what the agent observes: the same
-//!   validation (names, labels, ports; unknown fields rejected), the same defaulting (a pod's
-//!   namespace, a port's protocol, the `kubernetes.io/metadata.name` namespace label), and
-//!   all-or-nothing for a file.
+//!   validation (names, labels, ports, selectors, CIDRs; unknown fields rejected; the parts of
+//!   Cilium's policy language that are not enforced rejected as "not supported"), the same
+//!   defaulting (a namespace, a port's protocol, a NetworkPolicy's `policyTypes`, the
+//!   `kubernetes.io/metadata.name` namespace label), and all-or-nothing for a file.
 //! - **Depends on** nothing.
 //! - **Config keys:** none.
 //! - **Degraded** never.
@@ -31,7 +33,12 @@ pub use document::DocumentError;
 pub use error::{Error, Result};
 pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
-pub use objects::{NAME_LABEL, NamedPort, Namespace, Pod, Protocol, SYSTEM_NAMESPACES};
+pub use objects::{
+    CidrBlock, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy,
+    CiliumRule, Entity, LabelRequirement, LabelSelector, NAME_LABEL, NamedPort, Namespace,
+    NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Pod, PolicyPort, PolicyType, PortRef,
+    Protocol, SELECTOR_SOURCES, SYSTEM_NAMESPACES, SelectorOperator,
+};
 pub use resources::{Action, Outcome, Resources};
 pub use table::{Change, Event, Table};
 pub use validate::FieldError;
@@ -40,7 +47,7 @@ pub use validate::FieldError;
 pub fn cell() -> Module {
     Module::new(
         "resources",
-        "Holds the node's desired state (namespaces, pods, ...) as typed tables fed by apply",
+        "Holds the node's desired state (namespaces, pods, policies, ...) as typed tables fed by apply",
     )
     .provide(Resources::new)
     .contribute(ResourcesService::api)

@@ -8,7 +8,10 @@ use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
 use crate::key::{Object, ObjectKey};
 use crate::kinds::{self, Parsed};
-use crate::objects::{Namespace, Pod, SYSTEM_NAMESPACES};
+use crate::objects::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Namespace, NetworkPolicy, Pod,
+    SYSTEM_NAMESPACES,
+};
 use crate::table::{Change, Table};
 use crate::validate::FieldError;
 
@@ -57,6 +60,12 @@ pub struct Resources {
     pub namespaces: Table<Namespace>,
     /// Pods.
     pub pods: Table<Pod>,
+    /// `networking.k8s.io/v1` NetworkPolicies.
+    pub network_policies: Table<NetworkPolicy>,
+    /// `cilium.io/v2` CiliumNetworkPolicies.
+    pub cilium_network_policies: Table<CiliumNetworkPolicy>,
+    /// `cilium.io/v2` CiliumClusterwideNetworkPolicies (keys without a namespace).
+    pub cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
     /// Applies and deletes run one at a time, so each is checked against the state it changes.
     writes: Mutex<()>,
 }
@@ -67,6 +76,9 @@ impl Resources {
         let resources = Resources {
             namespaces: Table::default(),
             pods: Table::default(),
+            network_policies: Table::default(),
+            cilium_network_policies: Table::default(),
+            cilium_clusterwide_network_policies: Table::default(),
             writes: Mutex::new(()),
         };
         for name in SYSTEM_NAMESPACES {
@@ -104,8 +116,8 @@ impl Resources {
         Ok(parsed.into_iter().map(|p| self.write(p)).collect())
     }
 
-    /// Deletes every object named in `text`. A namespace takes its pods with it, as the
-    /// namespace controller does; the system namespaces cannot be deleted.
+    /// Deletes every object named in `text`. A namespace takes its pods and policies with it,
+    /// as the namespace controller does; the system namespaces cannot be deleted.
     pub fn delete(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
         let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let docs = self.documents(source, text)?;
@@ -134,20 +146,20 @@ impl Resources {
         Ok(docs)
     }
 
-    /// Checks that depend on the state: a pod's namespace must exist, as the API server requires.
+    /// Checks that depend on the state: a namespaced object's namespace must exist, as the API
+    /// server requires.
     fn check(&self, parsed: &Parsed, new_namespaces: &BTreeSet<String>) -> Result<(), FieldError> {
-        if let Parsed::Pod(pod) = parsed {
-            let exists = new_namespaces.contains(&pod.namespace)
+        if let Some(namespace) = parsed.namespace() {
+            let exists = new_namespaces.contains(namespace)
                 || self
                     .namespaces
-                    .get(&ObjectKey::cluster(&pod.namespace))
+                    .get(&ObjectKey::cluster(namespace))
                     .is_some();
             if !exists {
                 return Err(FieldError::new(
                     "metadata.namespace",
                     format!(
-                        "namespace {:?} not found (apply the Namespace first, or in the same file before the pod)",
-                        pod.namespace
+                        "namespace {namespace:?} not found (apply the Namespace first, or in the same file before this object)"
                     ),
                 ));
             }
@@ -159,6 +171,21 @@ impl Resources {
         let (kind, key, change) = match parsed {
             Parsed::Namespace(ns) => (Namespace::KIND, ns.key(), self.namespaces.upsert(ns)),
             Parsed::Pod(pod) => (Pod::KIND, pod.key(), self.pods.upsert(pod)),
+            Parsed::NetworkPolicy(p) => (
+                NetworkPolicy::KIND,
+                p.key(),
+                self.network_policies.upsert(p),
+            ),
+            Parsed::CiliumNetworkPolicy(p) => (
+                CiliumNetworkPolicy::KIND,
+                p.key(),
+                self.cilium_network_policies.upsert(p),
+            ),
+            Parsed::CiliumClusterwideNetworkPolicy(p) => (
+                CiliumClusterwideNetworkPolicy::KIND,
+                p.key(),
+                self.cilium_clusterwide_network_policies.upsert(p),
+            ),
         };
         let action = match change {
             Change::Created => Action::Created,
@@ -174,8 +201,28 @@ impl Resources {
                 for pod in self.pods.list_namespace(&key.name) {
                     self.pods.delete(&pod.key());
                 }
+                for p in self.network_policies.list_namespace(&key.name) {
+                    self.network_policies.delete(&p.key());
+                }
+                for p in self.cilium_network_policies.list_namespace(&key.name) {
+                    self.cilium_network_policies.delete(&p.key());
+                }
                 (Namespace::KIND, self.namespaces.delete(&key).is_some())
             }
+            "NetworkPolicy" => (
+                NetworkPolicy::KIND,
+                self.network_policies.delete(&key).is_some(),
+            ),
+            "CiliumNetworkPolicy" => (
+                CiliumNetworkPolicy::KIND,
+                self.cilium_network_policies.delete(&key).is_some(),
+            ),
+            "CiliumClusterwideNetworkPolicy" => (
+                CiliumClusterwideNetworkPolicy::KIND,
+                self.cilium_clusterwide_network_policies
+                    .delete(&key)
+                    .is_some(),
+            ),
             _ => (Pod::KIND, self.pods.delete(&key).is_some()),
         };
         let action = if found {
@@ -303,6 +350,92 @@ spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } 
             )
             .unwrap_err();
         assert!(err.to_string().contains("may not be deleted"), "{err}");
+    }
+
+    const POLICIES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: db, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: db } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: 5432 } ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  egress: [ { toEntities: [ world ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: { name: no-telnet }
+spec:
+  endpointSelector: {}
+  ingressDeny: [ { toPorts: [ { ports: [ { port: "23" } ] } ] } ]
+"#;
+
+    #[test]
+    fn policies_apply_into_their_tables_and_delete() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let out = r.apply("pol.yaml", POLICIES).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec![
+                "NetworkPolicy shop/db created",
+                "CiliumNetworkPolicy shop/web created",
+                "CiliumClusterwideNetworkPolicy no-telnet created"
+            ]
+        );
+        let np = r
+            .network_policies
+            .get(&ObjectKey::namespaced("shop", "db"))
+            .unwrap();
+        assert_eq!(np.policy_types, vec![crate::PolicyType::Ingress]);
+        assert_eq!(r.cilium_clusterwide_network_policies.len(), 1);
+        let out = r.delete("pol.yaml", POLICIES).unwrap();
+        assert!(out.iter().all(|o| o.action == Action::Deleted), "{out:?}");
+        assert!(r.network_policies.is_empty() && r.cilium_network_policies.is_empty());
+        assert!(r.cilium_clusterwide_network_policies.is_empty());
+    }
+
+    #[test]
+    fn a_policy_needs_its_namespace_and_goes_with_it() {
+        let r = Resources::new();
+        let err = r.apply("pol.yaml", POLICIES).unwrap_err().to_string();
+        assert!(
+            err.contains("pol.yaml: document 1 (NetworkPolicy shop/db): metadata.namespace: namespace \"shop\" not found"),
+            "{err}"
+        );
+        assert!(
+            r.cilium_clusterwide_network_policies.is_empty(),
+            "all or nothing"
+        );
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("pol.yaml", POLICIES).unwrap();
+        r.delete(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+        )
+        .unwrap();
+        assert!(r.network_policies.is_empty() && r.cilium_network_policies.is_empty());
+        assert_eq!(r.cilium_clusterwide_network_policies.len(), 1);
+    }
+
+    #[test]
+    fn policy_errors_name_document_field_and_reason() {
+        let r = Resources::new();
+        let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: l7}\nspec:\n  endpointSelector: {}\n  egress: [{toFQDNs: [{matchName: example.com}]}]\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.0.0.0/8]}}]}]}\n";
+        let err = r.apply("bad.yaml", text).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.yaml: document 1 (CiliumNetworkPolicy l7): spec.egress[0].toFQDNs: not supported: DNS-based policy"),
+            "{err}"
+        );
+        assert!(
+            err.contains("bad.yaml: document 2 (NetworkPolicy np): spec.ingress[0].from[0].ipBlock.except[0]: 10.0.0.0/8 must be a strict subset"),
+            "{err}"
+        );
     }
 
     #[test]

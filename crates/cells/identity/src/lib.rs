@@ -1,0 +1,50 @@
+//! The `identity` cell: numeric security identities from labels.
+//!
+//! - **Owns** the node's identities: the reserved ones (host 1, world 2, unmanaged 3,
+//!   health 4, init 5, remote-node 6, kube-apiserver 7, ingress 8, world-ipv4 9,
+//!   world-ipv6 10, as in Cilium), one reference-counted identity per label set in use
+//!   (pods from 256 to 65535, label sets with a `cidr:` label node-local from `1 << 24`),
+//!   and their table on disk, `identities.json` in the state directory.
+//! - **Provides** `Arc<Identities>`: allocate / release / get / lookup / list, and
+//!   [`Identities::snapshot_and_subscribe`] for the policy repository's selector cache; and
+//!   the `cellium.v1.Identity` gRPC service (`cellium identity list|get`).
+//! - **Depends on** `Arc<StateDir>` (the `statedir` cell).
+//! - **Config keys:** none.
+//! - **Degraded** when the table cannot be written (the `persist` job retries every 30 s);
+//!   failing to read it fails the start, and an undecodable table is kept aside as
+//!   `identities.json.corrupt` and the agent starts with fresh numbers.
+//!
+//! The restore contract: the start hook loads the table before any cell that depends on
+//! identities starts; the endpoint manager re-allocates the labels of every restored
+//! endpoint (getting the same numbers back) and then calls
+//! [`Identities::release_unclaimed`]. The local backend is the only one now; a kvstore
+//! backend would share the numbers across nodes.
+
+mod error;
+mod grpc;
+mod identities;
+mod identity;
+mod persist;
+mod reserved;
+mod table;
+
+#[cfg(test)]
+mod cell_tests;
+
+use cellium_hive::Module;
+
+pub use error::{Error, Result};
+pub use grpc::IdentityService;
+pub use identities::{Identities, IdentityEvent, IdentityInfo};
+pub use identity::{CLUSTER_IDENTITIES, Identity, LOCAL_IDENTITIES, LOCAL_IDENTITY_FLAG, Scope};
+pub use reserved::Reserved;
+
+/// The `identity` module.
+pub fn cell() -> Module {
+    Module::new(
+        "identity",
+        "Allocates numeric security identities to label sets and keeps them across restarts",
+    )
+    .provide(Identities::new)
+    .contribute(IdentityService::api)
+}

@@ -1,0 +1,563 @@
+//! The policy repository: every policy's rules, the selector cache, CIDR identities, and
+//! per-endpoint resolution with its revision.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cellium_datapath_bpf::{Direction, Verdict};
+use cellium_hive::Reporter;
+use cellium_identity::{Identities, Identity};
+use cellium_ipcache::Ipcache;
+use cellium_labels::{Label, Labels, source};
+use cellium_resources::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NamedPort, NetworkPolicy, Object,
+    ObjectKey, Resources,
+};
+use ipnet::IpNet;
+use tokio::sync::watch;
+
+use crate::cidr::{self, CidrIdentities};
+use crate::resolve::{self, EndpointPolicy, PeerPorts, Subject};
+use crate::rule::{Origin, Peer, PolicyKind, RuleSet};
+use crate::selector_cache::SelectorCache;
+use crate::translate;
+
+type SourceKey = (PolicyKind, ObjectKey);
+
+/// What a resolved policy depends on besides the revision: the identity (and so its labels)
+/// and the endpoint's named ports.
+type ResolveKey = (u32, Vec<(String, u16, cellium_resources::Protocol)>);
+
+/// A rule (or a default deny) as `cellium policy get` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleInfo {
+    /// The object it came from.
+    pub origin: Origin,
+    /// The subject selector.
+    pub subject: String,
+    /// The direction.
+    pub direction: Direction,
+    /// Allow or deny; `None` for a default deny (which allows nothing by itself).
+    pub verdict: Option<Verdict>,
+    /// Each peer selector (`<any>` for every peer) with the identities it matches now.
+    pub peers: Vec<(String, Vec<u32>)>,
+    /// The ports (`80/tcp`, `http/tcp`, `*` for everything).
+    pub ports: Vec<String>,
+}
+
+/// A cached selector as `cellium policy selectors` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectorInfo {
+    /// The selector's canonical text.
+    pub selector: String,
+    /// The identities it matches.
+    pub identities: Vec<u32>,
+    /// How many rules use it.
+    pub users: usize,
+}
+
+/// Named ports of the pods with one label set, by pod.
+#[derive(Debug, Default)]
+struct PortsOfLabels {
+    pods: BTreeMap<ObjectKey, Vec<NamedPort>>,
+    union: Vec<NamedPort>,
+}
+
+impl PortsOfLabels {
+    fn recompute(&mut self) -> bool {
+        let mut union: Vec<NamedPort> = Vec::new();
+        for p in self.pods.values().flatten() {
+            if !union.contains(p) {
+                union.push(p.clone());
+            }
+        }
+        let changed = union != self.union;
+        self.union = union;
+        changed
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sets: BTreeMap<SourceKey, Arc<RuleSet>>,
+    problems: BTreeMap<SourceKey, String>,
+    cidr_problems: Vec<String>,
+    cache: SelectorCache,
+    cidrs: CidrIdentities,
+    pod_prefixes: BTreeSet<IpNet>,
+    /// Each pod's labels (without `cidr:` labels), for the named ports of peers.
+    pod_labels: HashMap<ObjectKey, Labels>,
+    ports_by_labels: HashMap<Labels, PortsOfLabels>,
+    revision: u64,
+    resolved: HashMap<ResolveKey, Arc<EndpointPolicy>>,
+}
+
+struct PeerIndex<'a> {
+    known: &'a HashMap<u32, Labels>,
+    ports: &'a HashMap<Labels, PortsOfLabels>,
+}
+
+impl PeerPorts for PeerIndex<'_> {
+    fn ports_of(&self, identity: u32) -> &[NamedPort] {
+        let Some(labels) = self.known.get(&identity) else {
+            return &[];
+        };
+        self.ports
+            .get(&without_cidr(labels))
+            .map_or(&[], |p| p.union.as_slice())
+    }
+}
+
+fn without_cidr(labels: &Labels) -> Labels {
+    labels
+        .iter()
+        .filter(|l| l.source != source::CIDR)
+        .cloned()
+        .collect()
+}
+
+/// The node's policy repository (see the crate docs).
+///
+/// Every change of rules, or of the identities a rule's selector matches, increases the
+/// revision; [`changes`](PolicyRepository::changes) wakes the endpoint manager, which
+/// resolves each endpoint again ([`resolve`](PolicyRepository::resolve) answers from a cache
+/// keyed by identity and named ports until the next revision).
+#[derive(Debug)]
+pub struct PolicyRepository {
+    state: Mutex<State>,
+    identities: Arc<Identities>,
+    ipcache: Option<Arc<Ipcache>>,
+    reporter: Option<Reporter>,
+    revision: watch::Sender<u64>,
+    cidr_changes: watch::Sender<u64>,
+}
+
+impl PolicyRepository {
+    /// A repository that writes CIDR identities into `identities` and their prefixes into
+    /// `ipcache` (when given), and reports its problems to `reporter` (when given). Nothing
+    /// runs by itself: the cell's jobs (or a test) feed it.
+    pub fn with_parts(
+        identities: Arc<Identities>,
+        ipcache: Option<Arc<Ipcache>>,
+        reporter: Option<Reporter>,
+    ) -> PolicyRepository {
+        PolicyRepository {
+            state: Mutex::new(State::default()),
+            identities,
+            ipcache,
+            reporter,
+            revision: watch::channel(0).0,
+            cidr_changes: watch::channel(0).0,
+        }
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        *self.revision.borrow()
+    }
+
+    /// A receiver of the revision, changed with every change of rules or of any selector's
+    /// identities.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    /// The `cidr:` labels an endpoint with address `ip` carries in its identity: one for each
+    /// NetworkPolicy `ipBlock` prefix (block or exception) containing `ip`, so that an ipBlock
+    /// selects the pods inside it as the upstream e2e suite expects.
+    pub fn cidr_labels_for(&self, ip: IpAddr) -> Vec<Label> {
+        cidr::labels_containing(ip, &self.lock().pod_prefixes)
+    }
+
+    /// A receiver whose value changes when the set of prefixes behind
+    /// [`cidr_labels_for`](PolicyRepository::cidr_labels_for) changes: the endpoint manager
+    /// then derives its endpoints' identities again.
+    pub fn cidr_label_changes(&self) -> watch::Receiver<u64> {
+        self.cidr_changes.subscribe()
+    }
+
+    /// The policy of one endpoint at the current revision.
+    pub fn resolve(&self, subject: &Subject<'_>) -> Arc<EndpointPolicy> {
+        let mut st = self.lock();
+        let mut ports: Vec<_> = subject
+            .named_ports
+            .iter()
+            .map(|p| (p.name.clone(), p.port, p.protocol))
+            .collect();
+        ports.sort();
+        let key = (subject.identity, ports);
+        if let Some(p) = st.resolved.get(&key) {
+            return p.clone();
+        }
+        let index = PeerIndex {
+            known: st.cache.known(),
+            ports: &st.ports_by_labels,
+        };
+        let policy = Arc::new(resolve::resolve(
+            subject,
+            st.sets.values().map(|s| s.as_ref()),
+            &st.cache,
+            &index,
+            st.revision,
+        ));
+        st.resolved.insert(key, policy.clone());
+        policy
+    }
+
+    /// Adds or replaces a NetworkPolicy.
+    pub fn upsert_network_policy(&self, np: &NetworkPolicy) {
+        let key = (PolicyKind::NetworkPolicy, np.key());
+        self.set_source(key, translate::network_policy::translate(np));
+    }
+
+    /// Adds or replaces a CiliumNetworkPolicy.
+    pub fn upsert_cilium_network_policy(&self, p: &CiliumNetworkPolicy) {
+        let kind = PolicyKind::CiliumNetworkPolicy;
+        self.set_source((kind, p.key()), translate::cilium::translate(kind, p));
+    }
+
+    /// Adds or replaces a CiliumClusterwideNetworkPolicy.
+    pub fn upsert_cilium_clusterwide_network_policy(&self, p: &CiliumClusterwideNetworkPolicy) {
+        let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
+        self.set_source((kind, p.key()), translate::cilium::translate(kind, p));
+    }
+
+    /// Removes the rules of one object.
+    pub fn remove(&self, kind: PolicyKind, key: &ObjectKey) {
+        let mut st = self.lock();
+        st.problems.remove(&(kind, key.clone()));
+        self.replace(&mut st, (kind, key.clone()), None);
+        self.report(&st);
+    }
+
+    /// Makes the rules exactly those of the policy tables of `resources`, and the peers'
+    /// named ports those of its pods (level-triggered: for the start and after missed events).
+    pub fn sync_resources(&self, resources: &Resources) {
+        let mut present: BTreeSet<SourceKey> = BTreeSet::new();
+        for p in resources.network_policies.list() {
+            present.insert((PolicyKind::NetworkPolicy, p.key()));
+            self.upsert_network_policy(&p);
+        }
+        for p in resources.cilium_network_policies.list() {
+            present.insert((PolicyKind::CiliumNetworkPolicy, p.key()));
+            self.upsert_cilium_network_policy(&p);
+        }
+        for p in resources.cilium_clusterwide_network_policies.list() {
+            present.insert((PolicyKind::CiliumClusterwideNetworkPolicy, p.key()));
+            self.upsert_cilium_clusterwide_network_policy(&p);
+        }
+        let stale: Vec<SourceKey> = {
+            let st = self.lock();
+            st.sets
+                .keys()
+                .chain(st.problems.keys())
+                .filter(|k| !present.contains(k))
+                .cloned()
+                .collect()
+        };
+        for (kind, key) in stale {
+            self.remove(kind, &key);
+        }
+        let pods = resources.pods.list();
+        let keys: BTreeSet<ObjectKey> = pods.iter().map(|p| p.key()).collect();
+        for pod in &pods {
+            let ns_labels = resources
+                .namespaces
+                .get(&ObjectKey::cluster(&pod.namespace))
+                .map(|n| n.labels.clone())
+                .unwrap_or_default();
+            let labels = Labels::for_pod(&pod.namespace, &pod.labels, &ns_labels);
+            self.set_pod_ports(pod.key(), Some((labels, pod.ports.clone())));
+        }
+        let gone: Vec<ObjectKey> = self
+            .lock()
+            .pod_labels
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.set_pod_ports(key, None);
+        }
+    }
+
+    /// Makes the known identities exactly those of `identities` (level-triggered).
+    pub fn sync_identities(&self, identities: &[Arc<Identity>]) {
+        let ids: BTreeSet<u32> = identities.iter().map(|i| i.id).collect();
+        for identity in identities {
+            self.identity_added(identity);
+        }
+        let stale: Vec<(u32, Labels)> = self
+            .lock()
+            .cache
+            .known()
+            .iter()
+            .filter(|(id, _)| !ids.contains(id))
+            .map(|(id, l)| (*id, l.clone()))
+            .collect();
+        for (id, labels) in stale {
+            self.identity_removed(&Identity { id, labels });
+        }
+    }
+
+    /// An identity now exists (or has new labels).
+    pub fn identity_added(&self, identity: &Identity) {
+        let mut st = self.lock();
+        if st.cache.identity_added(identity.id, &identity.labels) {
+            Self::bump(&mut st, &self.revision);
+        }
+    }
+
+    /// An identity is gone.
+    pub fn identity_removed(&self, identity: &Identity) {
+        let mut st = self.lock();
+        if st.cache.identity_removed(identity.id, &identity.labels) {
+            Self::bump(&mut st, &self.revision);
+        }
+    }
+
+    /// Records (or with `None` forgets) a pod's identity labels and named ports: the ports an
+    /// egress rule's port names refer to when that pod's identity is the peer.
+    pub fn set_pod_ports(&self, pod: ObjectKey, entry: Option<(Labels, Vec<NamedPort>)>) {
+        let mut st = self.lock();
+        let mut changed = false;
+        if let Some(old) = st.pod_labels.remove(&pod)
+            && let Some(e) = st.ports_by_labels.get_mut(&old)
+        {
+            e.pods.remove(&pod);
+            changed |= e.recompute();
+            if e.pods.is_empty() {
+                st.ports_by_labels.remove(&old);
+            }
+        }
+        if let Some((labels, ports)) = entry {
+            let labels = without_cidr(&labels);
+            let e = st.ports_by_labels.entry(labels.clone()).or_default();
+            e.pods.insert(pod.clone(), ports);
+            changed |= e.recompute();
+            st.pod_labels.insert(pod, labels);
+        }
+        if changed && st.sets.values().any(|s| s.uses_peer_named_ports()) {
+            Self::bump(&mut st, &self.revision);
+        }
+    }
+
+    /// Every rule and default deny, with its origin.
+    pub fn rules(&self) -> Vec<RuleInfo> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for ((kind, key), set) in &st.sets {
+            let origin = Origin {
+                kind: *kind,
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            };
+            for e in &set.enforce {
+                out.push(RuleInfo {
+                    origin: origin.clone(),
+                    subject: e.subject.to_string(),
+                    direction: e.direction,
+                    verdict: None,
+                    peers: Vec::new(),
+                    ports: Vec::new(),
+                });
+            }
+            for r in &set.rules {
+                let peers = r
+                    .peers
+                    .iter()
+                    .map(|p| match p {
+                        Peer::All => (p.to_string(), vec![0]),
+                        Peer::Selector(s) => (
+                            s.to_string(),
+                            st.cache
+                                .identities(s)
+                                .into_iter()
+                                .flatten()
+                                .copied()
+                                .collect(),
+                        ),
+                    })
+                    .collect();
+                let ports = if r.ports.is_empty() {
+                    vec!["*".to_string()]
+                } else {
+                    r.ports.iter().map(ToString::to_string).collect()
+                };
+                out.push(RuleInfo {
+                    origin: origin.clone(),
+                    subject: r.subject.to_string(),
+                    direction: r.direction,
+                    verdict: Some(r.verdict),
+                    peers,
+                    ports,
+                });
+            }
+        }
+        out
+    }
+
+    /// Every cached selector.
+    pub fn selectors(&self) -> Vec<SelectorInfo> {
+        self.lock()
+            .cache
+            .entries()
+            .into_iter()
+            .map(|(text, e)| SelectorInfo {
+                selector: text,
+                identities: e.identities.into_iter().collect(),
+                users: e.users,
+            })
+            .collect()
+    }
+
+    /// The identities held for rule prefixes.
+    pub fn cidr_identities(&self) -> Vec<(IpNet, u32)> {
+        self.lock().cidrs.list()
+    }
+
+    /// What is wrong now: policies that could not be translated, CIDR identities that could
+    /// not be set up.
+    pub fn problems(&self) -> Vec<String> {
+        let st = self.lock();
+        problems(&st)
+    }
+
+    fn set_source(&self, key: SourceKey, translated: Result<RuleSet, String>) {
+        let mut st = self.lock();
+        match translated {
+            Ok(set) => {
+                st.problems.remove(&key);
+                self.replace(&mut st, key, Some(set));
+            }
+            Err(reason) => {
+                let origin = Origin {
+                    kind: key.0,
+                    namespace: key.1.namespace.clone(),
+                    name: key.1.name.clone(),
+                };
+                tracing::warn!(%origin, %reason, "policy not enforced");
+                st.problems
+                    .insert(key.clone(), format!("{origin}: {reason}"));
+                // The previous rules of the object go: enforcing a policy its author has
+                // since changed would be worse than enforcing none of it.
+                self.replace(&mut st, key, None);
+            }
+        }
+        self.report(&st);
+    }
+
+    fn replace(&self, st: &mut State, key: SourceKey, new: Option<RuleSet>) {
+        let old = st.sets.remove(&key);
+        if old.as_deref() == new.as_ref() {
+            if let Some(old) = old {
+                st.sets.insert(key, old);
+            }
+            return;
+        }
+        // New users first, so a selector both versions use keeps its computed set.
+        if let Some(new) = &new {
+            for sel in peer_selectors(new) {
+                st.cache.add_user(sel);
+            }
+        }
+        if let Some(old) = &old {
+            for sel in peer_selectors(old) {
+                st.cache.remove_user(sel);
+            }
+        }
+        if let Some(new) = new {
+            st.sets.insert(key, Arc::new(new));
+        }
+        self.reconcile_cidrs(st);
+        Self::bump(st, &self.revision);
+    }
+
+    fn reconcile_cidrs(&self, st: &mut State) {
+        let wanted: BTreeSet<IpNet> = st
+            .sets
+            .values()
+            .flat_map(|s| s.prefixes.iter().copied())
+            .collect();
+        let pods: BTreeSet<IpNet> = st
+            .sets
+            .values()
+            .filter(|s| s.prefixes_cover_pods)
+            .flat_map(|s| s.prefixes.iter().copied())
+            .collect();
+        let r = st
+            .cidrs
+            .reconcile(&wanted, &self.identities, self.ipcache.as_deref());
+        for identity in &r.added {
+            st.cache.identity_added(identity.id, &identity.labels);
+        }
+        for (id, labels) in &r.removed {
+            st.cache.identity_removed(*id, labels);
+        }
+        for e in &r.errors {
+            tracing::warn!("{e}");
+        }
+        st.cidr_problems = r.errors;
+        if pods != st.pod_prefixes {
+            st.pod_prefixes = pods;
+            self.cidr_changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn bump(st: &mut State, revision: &watch::Sender<u64>) {
+        st.revision += 1;
+        st.resolved.clear();
+        revision.send_replace(st.revision);
+    }
+
+    /// Reports the repository's state on the cell's health.
+    pub(crate) fn report_now(&self) {
+        let st = self.lock();
+        self.report(&st);
+    }
+
+    fn report(&self, st: &State) {
+        let Some(r) = &self.reporter else { return };
+        let problems = problems(st);
+        if problems.is_empty() {
+            let rules: usize = st.sets.values().map(|s| s.rules.len()).sum();
+            r.ok(format!(
+                "{} rules from {} policies, {} selectors, {} CIDR identities",
+                rules,
+                st.sets.len(),
+                st.cache.len(),
+                st.cidrs.list().len()
+            ));
+        } else {
+            r.degraded(format!(
+                "{} problem(s): {}",
+                problems.len(),
+                problems.join("; ")
+            ));
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation completes under the lock or leaves the state as it was, so a
+        // poisoned lock still guards a consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn problems(st: &State) -> Vec<String> {
+    st.problems
+        .values()
+        .cloned()
+        .chain(st.cidr_problems.iter().cloned())
+        .collect()
+}
+
+fn peer_selectors(set: &RuleSet) -> impl Iterator<Item = &cellium_labels::Selector> {
+    set.rules.iter().flat_map(|r| {
+        r.peers.iter().filter_map(|p| match p {
+            Peer::Selector(s) => Some(s),
+            Peer::All => None,
+        })
+    })
+}

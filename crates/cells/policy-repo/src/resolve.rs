@@ -1,0 +1,337 @@
+//! Resolution: the rules that select one endpoint, turned into what the datapath enforces.
+//!
+//! The result's [`PolicyRule`]s are exactly what `cellium_datapath_bpf::compile_policy`
+//! takes: one per (peer identity, protocol, port range, verdict), identity 0 standing for
+//! every peer. Named ports are resolved here: an ingress rule's against the endpoint's own
+//! container ports, an egress rule's against the ports of the pods behind each peer
+//! identity.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use cellium_datapath_bpf::{Direction, PolicyRule, Protocol, Verdict};
+use cellium_identity::Reserved;
+use cellium_labels::{Labels, Selector};
+use cellium_resources::NamedPort;
+
+use crate::rule::{Peer, PortMatch, PortSpec, RuleSet};
+use crate::selector_cache::SelectorCache;
+use crate::translate::protocol;
+
+/// The endpoint a policy is resolved for.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    /// Its security identity.
+    pub identity: u32,
+    /// The labels of that identity.
+    pub labels: &'a Labels,
+    /// Its named container ports (what ingress rules' port names refer to).
+    pub named_ports: &'a [NamedPort],
+}
+
+/// What one peer identity may or may not do, for `cellium endpoint get`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerPolicy {
+    /// The direction, relative to the endpoint.
+    pub direction: Direction,
+    /// Allowed or denied.
+    pub verdict: Verdict,
+    /// The peer identity; 0 = every peer.
+    pub identity: u32,
+    /// The ports (`80/tcp`, `8000-8080/any`, `*/udp`, `*` for everything).
+    pub ports: Vec<String>,
+}
+
+/// An endpoint's resolved policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointPolicy {
+    /// The repository revision this was computed at.
+    pub revision: u64,
+    /// Whether ingress is default deny (only what `rules` allow passes).
+    pub ingress_enforced: bool,
+    /// Whether egress is default deny.
+    pub egress_enforced: bool,
+    /// The rules, for `compile_policy`.
+    pub rules: Vec<PolicyRule>,
+    /// The same, summarised per direction, verdict and peer.
+    pub peers: Vec<PeerPolicy>,
+}
+
+/// A protocol (`None`: every protocol, or TCP, UDP and SCTP with ports) and a port range.
+type L4 = (Option<Protocol>, Option<(u16, u16)>);
+
+/// A rule in a sortable form, to drop duplicates.
+type RuleKey = (
+    u32,
+    Direction,
+    Option<Protocol>,
+    Option<(u16, u16)>,
+    Verdict,
+);
+
+/// The named ports of the pods behind a peer identity.
+pub trait PeerPorts {
+    /// The named ports of the pods whose identity is `identity`.
+    fn ports_of(&self, identity: u32) -> &[NamedPort];
+}
+
+/// Resolves the policy of `subject` from every rule set.
+pub fn resolve<'a>(
+    subject: &Subject<'_>,
+    sets: impl Iterator<Item = &'a RuleSet>,
+    cache: &SelectorCache,
+    peer_ports: &dyn PeerPorts,
+    revision: u64,
+) -> EndpointPolicy {
+    let mut matched: HashMap<&Selector, bool> = HashMap::new();
+    let mut selects = |s: &'a Selector| {
+        *matched
+            .entry(s)
+            .or_insert_with(|| s.matches(subject.labels))
+    };
+    let mut default_deny = [false; 2];
+    let mut has_rules = [false; 2];
+    let mut out: BTreeSet<RuleKey> = BTreeSet::new();
+    for set in sets {
+        for e in &set.enforce {
+            if selects(&e.subject) {
+                default_deny[dir_index(e.direction)] = true;
+            }
+        }
+        for rule in &set.rules {
+            if !selects(&rule.subject) {
+                continue;
+            }
+            has_rules[dir_index(rule.direction)] = true;
+            let mut ids: BTreeSet<u32> = BTreeSet::new();
+            for peer in &rule.peers {
+                match peer {
+                    Peer::All => {
+                        ids.insert(0);
+                    }
+                    Peer::Selector(s) => ids.extend(cache.identities(s).into_iter().flatten()),
+                }
+            }
+            let all_ports = [PortSpec {
+                protocol: None,
+                ports: PortMatch::All,
+            }];
+            let specs = if rule.ports.is_empty() {
+                &all_ports[..]
+            } else {
+                &rule.ports[..]
+            };
+            for spec in specs {
+                for &id in &ids {
+                    let named: &[NamedPort] = match rule.direction {
+                        Direction::Ingress => subject.named_ports,
+                        Direction::Egress => peer_ports.ports_of(id),
+                    };
+                    for (proto, range) in l4(spec, named) {
+                        out.insert((id, rule.direction, proto, range, rule.verdict));
+                    }
+                }
+            }
+        }
+    }
+    let mut enforced = [false; 2];
+    for d in Direction::ALL {
+        let i = dir_index(d);
+        enforced[i] = default_deny[i] || has_rules[i];
+        if has_rules[i] && !default_deny[i] {
+            // Rules without default deny (Cilium's `enableDefaultDeny: false`): everything
+            // the deny rules leave is allowed.
+            out.insert((0, d, None, None, Verdict::Allow));
+        }
+    }
+    if enforced[dir_index(Direction::Ingress)] {
+        // Cilium's default `allow-localhost`: the node reaches its endpoints (kubelet
+        // probes, health checks) whatever their ingress policy.
+        out.insert((
+            Reserved::Host.id(),
+            Direction::Ingress,
+            None,
+            None,
+            Verdict::Allow,
+        ));
+    }
+    let rules: Vec<PolicyRule> = out
+        .iter()
+        .map(
+            |(identity, direction, protocol, ports, verdict)| PolicyRule {
+                identity: *identity,
+                direction: *direction,
+                protocol: *protocol,
+                ports: ports.map(|(a, b)| a..=b),
+                verdict: *verdict,
+            },
+        )
+        .collect();
+    EndpointPolicy {
+        revision,
+        ingress_enforced: enforced[dir_index(Direction::Ingress)],
+        egress_enforced: enforced[dir_index(Direction::Egress)],
+        rules,
+        peers: summarise(&out),
+    }
+}
+
+fn dir_index(d: Direction) -> usize {
+    match d {
+        Direction::Ingress => 0,
+        Direction::Egress => 1,
+    }
+}
+
+/// The protocol and port range(s) of one port entry; a named port may resolve to several
+/// (one per protocol) or to none.
+fn l4(spec: &PortSpec, named: &[NamedPort]) -> Vec<L4> {
+    match &spec.ports {
+        PortMatch::All => vec![(spec.protocol, None)],
+        PortMatch::Range(a, b) => vec![(spec.protocol, Some((*a, *b)))],
+        PortMatch::Named(name) => named
+            .iter()
+            .filter(|p| p.name == *name)
+            .map(|p| (protocol(p.protocol), p.port))
+            .filter(|(proto, _)| spec.protocol.is_none_or(|want| want == *proto))
+            .map(|(proto, port)| (Some(proto), Some((port, port))))
+            .collect(),
+    }
+}
+
+/// `*` (everything), `*/udp`, `80/tcp`, `8000-8080/any`.
+fn describe(proto: Option<Protocol>, range: Option<(u16, u16)>) -> String {
+    let ports = match range {
+        None if proto.is_none() => return "*".to_string(),
+        None => "*".to_string(),
+        Some((a, b)) if a == b => a.to_string(),
+        Some((a, b)) => format!("{a}-{b}"),
+    };
+    match proto {
+        Some(p) => format!("{ports}/{p}"),
+        None => format!("{ports}/any"),
+    }
+}
+
+fn summarise(rules: &BTreeSet<RuleKey>) -> Vec<PeerPolicy> {
+    let mut by_peer: BTreeMap<(Direction, Verdict, u32), Vec<String>> = BTreeMap::new();
+    for (id, d, proto, range, v) in rules {
+        by_peer
+            .entry((*d, *v, *id))
+            .or_default()
+            .push(describe(*proto, *range));
+    }
+    by_peer
+        .into_iter()
+        .map(|((direction, verdict, identity), ports)| PeerPolicy {
+            direction,
+            verdict,
+            identity,
+            ports,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::{Enforcement, Origin, PolicyKind, Rule};
+    use std::sync::Arc;
+
+    struct NoPorts;
+    impl PeerPorts for NoPorts {
+        fn ports_of(&self, _: u32) -> &[NamedPort] {
+            &[]
+        }
+    }
+
+    fn l(s: &str) -> Labels {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn named_ports_enforcement_and_localhost() {
+        let web = Selector::from_labels(&l("k8s:app=web"));
+        let db = Selector::from_labels(&l("k8s:app=db"));
+        let origin = Arc::new(Origin {
+            kind: PolicyKind::NetworkPolicy,
+            namespace: "shop".into(),
+            name: "db".into(),
+        });
+        let set = RuleSet {
+            enforce: vec![Enforcement {
+                subject: db.clone(),
+                direction: Direction::Ingress,
+            }],
+            rules: vec![Rule {
+                origin,
+                subject: db.clone(),
+                direction: Direction::Ingress,
+                verdict: Verdict::Allow,
+                peers: vec![Peer::Selector(web.clone())],
+                ports: vec![PortSpec {
+                    protocol: Some(Protocol::Tcp),
+                    ports: PortMatch::Named("sql".into()),
+                }],
+            }],
+            ..RuleSet::default()
+        };
+        let mut cache = SelectorCache::default();
+        cache.add_user(&web);
+        cache.identity_added(300, &l("k8s:app=web"));
+        let labels = l("k8s:app=db");
+        let ports = [
+            NamedPort {
+                name: "sql".into(),
+                port: 5432,
+                protocol: cellium_resources::Protocol::Tcp,
+            },
+            NamedPort {
+                name: "sql".into(),
+                port: 5433,
+                protocol: cellium_resources::Protocol::Udp,
+            },
+        ];
+        let subject = Subject {
+            identity: 301,
+            labels: &labels,
+            named_ports: &ports,
+        };
+        let p = resolve(&subject, [&set].into_iter(), &cache, &NoPorts, 7);
+        assert!(p.ingress_enforced && !p.egress_enforced);
+        assert_eq!(p.revision, 7);
+        assert_eq!(
+            p.rules,
+            vec![
+                PolicyRule {
+                    identity: 1,
+                    direction: Direction::Ingress,
+                    protocol: None,
+                    ports: None,
+                    verdict: Verdict::Allow
+                },
+                PolicyRule {
+                    identity: 300,
+                    direction: Direction::Ingress,
+                    protocol: Some(Protocol::Tcp),
+                    ports: Some(5432..=5432),
+                    verdict: Verdict::Allow
+                },
+            ]
+        );
+        assert_eq!(p.peers[1].ports, vec!["5432/tcp"]);
+        assert_eq!(p.peers[0].ports, vec!["*"]);
+        let other = l("k8s:app=web");
+        let p = resolve(
+            &Subject {
+                identity: 300,
+                labels: &other,
+                named_ports: &[],
+            },
+            [&set].into_iter(),
+            &cache,
+            &NoPorts,
+            7,
+        );
+        assert!(!p.ingress_enforced && p.rules.is_empty());
+    }
+}

@@ -1,0 +1,276 @@
+//! CiliumNetworkPolicy and CiliumClusterwideNetworkPolicy, as Cilium translates them.
+//!
+//! - `endpointSelector` of a namespaced policy only selects endpoints of its namespace.
+//! - `fromEndpoints`/`toEndpoints` of a namespaced policy are restricted to its namespace
+//!   unless the selector names `io.kubernetes.pod.namespace` (or namespace labels); those of
+//!   the cluster-wide kind to pods (any namespace). Selectors on `reserved:` labels are
+//!   taken as written.
+//! - `fromCIDR`/`fromCIDRSet` select external addresses only (identities with
+//!   `reserved:world`), never pods.
+//! - Entities map to reserved identities; `cluster` is every identity that is not world,
+//!   `all` every peer.
+//! - A rule with ports but no peer field selects every peer; an empty rule (`{}`) none; a
+//!   direction with rules (or `enableDefaultDeny`) is default deny; deny rules win.
+
+use std::sync::Arc;
+
+use cellium_datapath_bpf::{Direction, Verdict};
+use cellium_labels::{NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, Selector};
+use cellium_resources::{CiliumPeerRule, CiliumPolicy, Entity, LabelSelector};
+
+use crate::rule::{Enforcement, Origin, Peer, PolicyKind, Rule, RuleSet};
+use crate::translate::{absent, block_prefixes, cidr_block, ports, present, selector};
+
+/// Translates one Cilium policy; `namespace` is empty for the cluster-wide kind.
+pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, String> {
+    let origin = Arc::new(Origin {
+        kind,
+        namespace: policy.namespace.clone(),
+        name: policy.name.clone(),
+    });
+    let ns = policy.namespace.as_str();
+    let mut set = RuleSet::default();
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let field = if policy.rules.len() == 1 {
+            "spec".to_string()
+        } else {
+            format!("rule {i}")
+        };
+        let mut subject = selector(&rule.endpoint_selector, str::to_string)
+            .map_err(|e| format!("{field}.endpointSelector: {e}"))?;
+        if !ns.is_empty() {
+            subject = subject.and(&Selector::namespace(ns));
+        }
+        for (direction, on) in [
+            (Direction::Ingress, rule.default_deny_ingress),
+            (Direction::Egress, rule.default_deny_egress),
+        ] {
+            if on {
+                set.enforce.push(Enforcement {
+                    subject: subject.clone(),
+                    direction,
+                });
+            }
+        }
+        for (direction, verdict, rules, name) in [
+            (Direction::Ingress, Verdict::Allow, &rule.ingress, "ingress"),
+            (
+                Direction::Ingress,
+                Verdict::Deny,
+                &rule.ingress_deny,
+                "ingressDeny",
+            ),
+            (Direction::Egress, Verdict::Allow, &rule.egress, "egress"),
+            (
+                Direction::Egress,
+                Verdict::Deny,
+                &rule.egress_deny,
+                "egressDeny",
+            ),
+        ] {
+            for (j, r) in rules.iter().enumerate() {
+                let peers =
+                    peers(ns, r, &mut set).map_err(|e| format!("{field}.{name}[{j}]: {e}"))?;
+                set.rules.push(Rule {
+                    origin: origin.clone(),
+                    subject: subject.clone(),
+                    direction,
+                    verdict,
+                    peers,
+                    ports: ports(r.ports.as_deref().unwrap_or_default()),
+                });
+            }
+        }
+    }
+    set.prefixes.sort();
+    set.prefixes.dedup();
+    Ok(set)
+}
+
+fn peers(ns: &str, r: &CiliumPeerRule, set: &mut RuleSet) -> Result<Vec<Peer>, String> {
+    if !r.has_peer_fields() {
+        // Ports alone apply to every peer; an empty rule only switches default deny on.
+        let has_ports = r.ports.as_ref().is_some_and(|p| !p.is_empty());
+        return Ok(if has_ports { vec![Peer::All] } else { vec![] });
+    }
+    let mut out = Vec::new();
+    for sel in r.endpoints.iter().flatten() {
+        out.push(Peer::Selector(endpoint_peer(ns, sel)?));
+    }
+    let world = Selector::reserved("world").map_err(|e| e.to_string())?;
+    for cidr in r.cidrs.iter().flatten() {
+        set.prefixes.push(*cidr);
+        out.push(Peer::Selector(Selector::cidr(*cidr).and(&world)));
+    }
+    for block in r.cidr_sets.iter().flatten() {
+        set.prefixes.extend(block_prefixes(block));
+        out.push(Peer::Selector(cidr_block(block)?.and(&world)));
+    }
+    for e in r.entities.iter().flatten() {
+        if let Some(p) = entity(*e)? {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// What an entity selects; `None` for `none`.
+pub fn entity(e: Entity) -> Result<Option<Peer>, String> {
+    let reserved = |name: &str| {
+        Selector::reserved(name)
+            .map(|s| Some(Peer::Selector(s)))
+            .map_err(|e| e.to_string())
+    };
+    match e {
+        Entity::All => Ok(Some(Peer::All)),
+        Entity::None => Ok(None),
+        Entity::Cluster => Ok(Some(Peer::Selector(Selector::new([absent(
+            "reserved:world",
+        )?])))),
+        Entity::World => reserved("world"),
+        Entity::Host => reserved("host"),
+        Entity::RemoteNode => reserved("remote-node"),
+        Entity::KubeApiserver => reserved("kube-apiserver"),
+        Entity::Health => reserved("health"),
+        Entity::Init => reserved("init"),
+        Entity::Unmanaged => reserved("unmanaged"),
+        Entity::Ingress => reserved("ingress"),
+    }
+}
+
+/// A `fromEndpoints`/`toEndpoints` selector with Cilium's namespace scoping.
+fn endpoint_peer(ns: &str, sel: &LabelSelector) -> Result<Selector, String> {
+    let out = selector(sel, str::to_string)?;
+    let keys: Vec<&str> = sel
+        .match_labels
+        .keys()
+        .map(String::as_str)
+        .chain(sel.match_expressions.iter().map(|r| r.key.as_str()))
+        .collect();
+    if keys.iter().any(|k| k.starts_with("reserved:")) {
+        return Ok(out);
+    }
+    let plain = |k: &str| -> String {
+        k.strip_prefix("k8s:")
+            .or_else(|| k.strip_prefix("any:"))
+            .unwrap_or(k)
+            .to_string()
+    };
+    let names_namespace = keys.iter().any(|k| plain(k) == POD_NAMESPACE_LABEL);
+    if names_namespace {
+        return Ok(out);
+    }
+    if ns.is_empty() {
+        // Cluster-wide: endpoints of every namespace, but never the node or the world.
+        return Ok(out.and(&Selector::new([present(&format!(
+            "k8s:{POD_NAMESPACE_LABEL}"
+        ))?])));
+    }
+    let names_namespace_labels = keys
+        .iter()
+        .any(|k| plain(k).starts_with(NAMESPACE_LABELS_PREFIX));
+    if names_namespace_labels {
+        return Ok(out);
+    }
+    Ok(out.and(&Selector::namespace(ns)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellium_labels::Labels;
+    use cellium_resources::{CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Resources};
+
+    fn policies(yaml: &str) -> Vec<RuleSet> {
+        let r = Resources::new();
+        r.apply(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+        )
+        .unwrap();
+        r.apply("p.yaml", yaml).unwrap();
+        let mut out: Vec<RuleSet> = r
+            .cilium_network_policies
+            .list()
+            .iter()
+            .map(|p: &Arc<CiliumNetworkPolicy>| {
+                translate(PolicyKind::CiliumNetworkPolicy, p).unwrap()
+            })
+            .collect();
+        out.extend(r.cilium_clusterwide_network_policies.list().iter().map(
+            |p: &Arc<CiliumClusterwideNetworkPolicy>| {
+                translate(PolicyKind::CiliumClusterwideNetworkPolicy, p).unwrap()
+            },
+        ));
+        out
+    }
+
+    fn l(s: &str) -> Labels {
+        s.parse().unwrap()
+    }
+
+    fn sel(p: &Peer) -> &Selector {
+        match p {
+            Peer::Selector(s) => s,
+            Peer::All => panic!("a selector was expected"),
+        }
+    }
+
+    #[test]
+    fn namespaced_peers_stay_in_their_namespace_unless_they_say_otherwise() {
+        let sets = policies(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p, namespace: shop}\nspec:\n  endpointSelector: {matchLabels: {app: db}}\n  ingress:\n  - fromEndpoints: [{matchLabels: {app: web}}, {matchLabels: {'k8s:io.kubernetes.pod.namespace': dev}}, {matchLabels: {'reserved:host': ''}}]\n",
+        );
+        let rule = &sets[0].rules[0];
+        let web_shop = l("k8s:app=web,k8s:io.kubernetes.pod.namespace=shop");
+        let web_dev = l("k8s:app=web,k8s:io.kubernetes.pod.namespace=dev");
+        assert!(sel(&rule.peers[0]).matches(&web_shop));
+        assert!(!sel(&rule.peers[0]).matches(&web_dev));
+        assert!(sel(&rule.peers[1]).matches(&web_dev));
+        assert!(sel(&rule.peers[2]).matches(&l("reserved:host")));
+        assert!(
+            rule.subject
+                .matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=shop"))
+        );
+        assert!(
+            !rule
+                .subject
+                .matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=dev"))
+        );
+    }
+
+    #[test]
+    fn clusterwide_peers_are_pods_of_any_namespace_and_cidrs_are_external() {
+        let sets = policies(
+            "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: c}\nspec:\n  endpointSelector: {}\n  egress:\n  - toEndpoints: [{}]\n  - toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}]\n  - toEntities: [cluster, all, none]\n  - toPorts: [{ports: [{port: '53', protocol: UDP}]}]\n  - {}\n",
+        );
+        let rules = &sets[0].rules;
+        assert!(sel(&rules[0].peers[0]).matches(&l("k8s:io.kubernetes.pod.namespace=x")));
+        assert!(!sel(&rules[0].peers[0]).matches(&l("reserved:host")));
+        let cidr = sel(&rules[1].peers[0]);
+        assert!(cidr.matches(&Labels::for_cidr("10.0.0.0/8".parse().unwrap())));
+        assert!(!cidr.matches(&Labels::for_cidr("10.1.0.0/16".parse().unwrap())));
+        let pod_in_block = l("k8s:io.kubernetes.pod.namespace=x,cidr:10.0.0.0/8");
+        assert!(
+            !cidr.matches(&pod_in_block),
+            "Cilium CIDR rules never select pods"
+        );
+        assert_eq!(rules[2].peers.len(), 2);
+        assert!(sel(&rules[2].peers[0]).matches(&l("reserved:host")));
+        assert!(!sel(&rules[2].peers[0]).matches(&l("reserved:world")));
+        assert_eq!(rules[2].peers[1], Peer::All);
+        assert_eq!(rules[3].peers, vec![Peer::All]);
+        assert!(rules[4].peers.is_empty());
+        assert_eq!(sets[0].prefixes.len(), 2);
+        assert!(!sets[0].prefixes_cover_pods);
+    }
+
+    #[test]
+    fn default_deny_follows_the_rule() {
+        let sets = policies(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p, namespace: shop}\nspec:\n  endpointSelector: {}\n  ingressDeny: [{fromEntities: [world]}]\n  enableDefaultDeny: {ingress: false}\n",
+        );
+        assert!(sets[0].enforce.is_empty());
+        assert_eq!(sets[0].rules[0].verdict, Verdict::Deny);
+    }
+}

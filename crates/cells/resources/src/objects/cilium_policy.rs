@@ -1,0 +1,202 @@
+//! `cilium.io/v2 CiliumNetworkPolicy` and `CiliumClusterwideNetworkPolicy`: the L3/L4 part
+//! of Cilium's policy language, as stored after decoding (see `cilium_decode` for the wire
+//! shape and its checks).
+
+use std::fmt;
+use std::ops::Deref;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+
+use crate::key::{Object, ObjectKey};
+use crate::objects::policy_port::{CidrBlock, PolicyPort};
+use crate::objects::selector::LabelSelector;
+
+/// A Cilium entity: a class of peers known without their addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Entity {
+    /// Everything outside the cluster (`reserved:world` and CIDR identities).
+    World,
+    /// Everything inside the cluster: every identity that is not world.
+    Cluster,
+    /// The local node.
+    Host,
+    /// Other nodes of the cluster.
+    RemoteNode,
+    /// The Kubernetes API server.
+    KubeApiserver,
+    /// Cilium's health endpoints.
+    Health,
+    /// Endpoints whose identity is not resolved yet.
+    Init,
+    /// Pods not managed by the CNI.
+    Unmanaged,
+    /// The ingress proxy.
+    Ingress,
+    /// Every peer.
+    All,
+    /// No peer.
+    None,
+}
+
+impl Entity {
+    /// Every entity with its name.
+    pub const ALL: [(Entity, &'static str); 11] = [
+        (Entity::World, "world"),
+        (Entity::Cluster, "cluster"),
+        (Entity::Host, "host"),
+        (Entity::RemoteNode, "remote-node"),
+        (Entity::KubeApiserver, "kube-apiserver"),
+        (Entity::Health, "health"),
+        (Entity::Init, "init"),
+        (Entity::Unmanaged, "unmanaged"),
+        (Entity::Ingress, "ingress"),
+        (Entity::All, "all"),
+        (Entity::None, "none"),
+    ];
+
+    /// The name policies use.
+    pub fn name(self) -> &'static str {
+        Entity::ALL
+            .iter()
+            .find(|(e, _)| *e == self)
+            .map_or("none", |(_, n)| n)
+    }
+}
+
+impl fmt::Display for Entity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Entity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Entity::ALL
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(e, _)| *e)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Entity::ALL.iter().map(|(_, n)| *n).collect();
+                format!(
+                    "unknown entity {s:?} (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// One ingress, egress or deny rule: its peers and ports.
+///
+/// Each peer field is `None` when absent; an empty list selects no peer. A rule without any
+/// peer field selects every peer when it has ports, and none when it is entirely empty (so
+/// that `ingress: [{}]` only switches default deny on, as Cilium documents).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct CiliumPeerRule {
+    /// `fromEndpoints` / `toEndpoints`, as written (namespace scoping is the repository's).
+    pub endpoints: Option<Vec<LabelSelector>>,
+    /// `fromCIDR` / `toCIDR`.
+    pub cidrs: Option<Vec<IpNet>>,
+    /// `fromCIDRSet` / `toCIDRSet`.
+    pub cidr_sets: Option<Vec<CidrBlock>>,
+    /// `fromEntities` / `toEntities`.
+    pub entities: Option<Vec<Entity>>,
+    /// The ports of every `toPorts` entry; `None` (or empty) = every port and protocol.
+    pub ports: Option<Vec<PolicyPort>>,
+}
+
+impl CiliumPeerRule {
+    /// Whether the rule names peers in any way (even an empty list).
+    pub fn has_peer_fields(&self) -> bool {
+        self.endpoints.is_some()
+            || self.cidrs.is_some()
+            || self.cidr_sets.is_some()
+            || self.entities.is_some()
+    }
+}
+
+/// One rule of a Cilium policy (`spec` or an item of `specs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CiliumRule {
+    /// The endpoints the rule applies to, as written.
+    pub endpoint_selector: LabelSelector,
+    /// Allowed ingress.
+    pub ingress: Vec<CiliumPeerRule>,
+    /// Denied ingress (wins over any allow).
+    pub ingress_deny: Vec<CiliumPeerRule>,
+    /// Allowed egress.
+    pub egress: Vec<CiliumPeerRule>,
+    /// Denied egress (wins over any allow).
+    pub egress_deny: Vec<CiliumPeerRule>,
+    /// Whether selected endpoints go into default deny at ingress: `enableDefaultDeny.ingress`,
+    /// defaulted as Cilium does (true when the rule has ingress or ingressDeny rules).
+    pub default_deny_ingress: bool,
+    /// The same for egress.
+    pub default_deny_egress: bool,
+    /// `description`.
+    pub description: String,
+}
+
+/// The content shared by both Cilium kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CiliumPolicy {
+    /// The namespace; empty for the cluster-wide kind.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// `spec` followed by the items of `specs`.
+    pub rules: Vec<CiliumRule>,
+}
+
+/// A `CiliumNetworkPolicy`: rules scoped to its namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CiliumNetworkPolicy(pub CiliumPolicy);
+
+/// A `CiliumClusterwideNetworkPolicy`: rules for the whole cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CiliumClusterwideNetworkPolicy(pub CiliumPolicy);
+
+impl Deref for CiliumNetworkPolicy {
+    type Target = CiliumPolicy;
+    fn deref(&self) -> &CiliumPolicy {
+        &self.0
+    }
+}
+
+impl Deref for CiliumClusterwideNetworkPolicy {
+    type Target = CiliumPolicy;
+    fn deref(&self) -> &CiliumPolicy {
+        &self.0
+    }
+}
+
+impl Object for CiliumNetworkPolicy {
+    const KIND: &'static str = "CiliumNetworkPolicy";
+    fn key(&self) -> ObjectKey {
+        ObjectKey::namespaced(&self.0.namespace, &self.0.name)
+    }
+}
+
+impl Object for CiliumClusterwideNetworkPolicy {
+    const KIND: &'static str = "CiliumClusterwideNetworkPolicy";
+    fn key(&self) -> ObjectKey {
+        ObjectKey::cluster(&self.0.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entities_round_trip_and_unknown_ones_are_listed() {
+        for (e, name) in Entity::ALL {
+            assert_eq!(name.parse::<Entity>().unwrap(), e);
+            assert_eq!(e.to_string(), name);
+        }
+        let err = "everything".parse::<Entity>().unwrap_err();
+        assert!(err.contains("remote-node"), "{err}");
+    }
+}
