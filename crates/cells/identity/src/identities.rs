@@ -278,6 +278,22 @@ impl Identities {
         self.read().by_id.get(&id).map(|e| e.identity.clone())
     }
 
+    /// The identity numbered `id` with its bookkeeping.
+    pub fn info(&self, id: u32) -> Option<IdentityInfo> {
+        if let Some(r) = self.reserved.get(&id) {
+            return Some(IdentityInfo {
+                identity: r.clone(),
+                references: 0,
+                restored: false,
+            });
+        }
+        self.read().by_id.get(&id).map(|e| IdentityInfo {
+            identity: e.identity.clone(),
+            references: e.refs,
+            restored: e.restored,
+        })
+    }
+
     /// The identity of `labels`, if it exists, without taking a reference.
     pub fn lookup(&self, labels: &Labels) -> Option<Arc<Identity>> {
         match Reserved::for_labels(labels) {
