@@ -370,6 +370,12 @@ impl Identities {
     /// already in use (allocated before the restore) keeps its live identity.
     fn insert_restored(&self, records: Vec<(u32, Labels)>) -> usize {
         let mut table = self.write();
+        // Whether everything in the table is on disk already (nothing was allocated before
+        // the restore): then what is about to be read needs no writing back.
+        let clean = self
+            .persister
+            .as_ref()
+            .is_some_and(|p| p.written.load(Ordering::SeqCst) == table.generation);
         let mut restored = 0;
         for (id, labels) in records {
             if table.by_id.contains_key(&id) || table.by_labels.contains_key(&labels) {
@@ -389,8 +395,7 @@ impl Identities {
                 table.set_cursor(scope, last);
             }
         }
-        // What was just read needs no writing back.
-        if let Some(p) = &self.persister {
+        if clean && let Some(p) = &self.persister {
             p.written.store(table.generation, Ordering::SeqCst);
         }
         restored
@@ -695,6 +700,11 @@ mod tests {
         let (snapshot, mut events) = second.snapshot_and_subscribe();
         assert_eq!(snapshot.len(), 10);
         assert_eq!(second.restore().unwrap(), 3);
+        assert_eq!(
+            second.persist().unwrap(),
+            None,
+            "what was read needs no writing"
+        );
         for _ in 0..3 {
             assert!(matches!(events.try_recv(), Ok(IdentityEvent::Added(_))));
         }
@@ -741,6 +751,8 @@ mod tests {
         assert_eq!(second.allocate(&labels("k8s:app=early")).unwrap().id, 256);
         assert_eq!(second.restore().unwrap(), 0);
         assert_eq!(second.get(256).unwrap().labels, labels("k8s:app=early"));
+        // The early allocation is still to be written.
+        assert_eq!(second.persist().unwrap(), Some(1));
     }
 
     #[test]
