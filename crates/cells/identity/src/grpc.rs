@@ -42,9 +42,7 @@ impl IdentityApi for IdentityService {
     ) -> Result<Response<SecurityIdentity>, Status> {
         let id = req.into_inner().id;
         self.0
-            .list()
-            .into_iter()
-            .find(|i| i.identity.id == id)
+            .info(id)
             .map(|i| Response::new(message(i)))
             .ok_or_else(|| Status::not_found(format!("no identity has the number {id}")))
     }
@@ -62,5 +60,41 @@ fn message(info: IdentityInfo) -> SecurityIdentity {
         references: info.references,
         scope: scope.into(),
         restored: info.restored,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn identities_are_served_with_scope_and_references() {
+        let ids = Identities::in_memory();
+        let web = ids.allocate(&"k8s:app=web".parse().unwrap()).unwrap();
+        ids.allocate(&web.labels).unwrap();
+        let net = ids
+            .allocate(&cellium_labels::Labels::for_cidr(
+                "10.0.0.0/8".parse().unwrap(),
+            ))
+            .unwrap();
+        let svc = IdentityService(ids);
+        let list = svc
+            .list(Request::new(ListIdentitiesRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .identities;
+        assert_eq!(list.len(), 12);
+        assert_eq!(list[0].labels, vec!["reserved:host"]);
+        assert_eq!(list[0].scope(), IdentityScope::Reserved);
+        let got = |id| svc.get(Request::new(GetIdentityRequest { id }));
+        let w = got(web.id).await.unwrap().into_inner();
+        assert_eq!((w.references, w.scope()), (2, IdentityScope::Cluster));
+        assert_eq!(w.labels, vec!["k8s:app=web"]);
+        let n = got(net.id).await.unwrap().into_inner();
+        assert_eq!(n.scope(), IdentityScope::Local);
+        let err = got(300).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert_eq!(err.message(), "no identity has the number 300");
     }
 }

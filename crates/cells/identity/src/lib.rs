@@ -26,6 +26,7 @@ mod identities;
 mod identity;
 mod persist;
 mod reserved;
+mod restore;
 mod table;
 
 #[cfg(test)]

@@ -77,3 +77,44 @@ fn message(e: IpcacheEntry) -> EntryMessage {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn entries_are_served_with_longest_prefix_lookups() {
+        let ipc = Ipcache::in_memory();
+        ipc.upsert("10.0.0.0/8".parse().unwrap(), 16_777_216, Source::Policy)
+            .unwrap();
+        ipc.upsert("10.0.0.5/32".parse().unwrap(), 16_777_217, Source::Policy)
+            .unwrap();
+        ipc.upsert("10.0.0.5/32".parse().unwrap(), 300, Source::Endpoint)
+            .unwrap();
+        let svc = IpcacheService(ipc);
+        let list = svc
+            .list(Request::new(ListIpcacheRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        assert_eq!(list.len(), 2);
+        let get = |ip: &str| svc.get(Request::new(GetIpcacheRequest { ip: ip.to_string() }));
+        let e = get("10.0.0.5").await.unwrap().into_inner();
+        assert_eq!((e.prefix.as_str(), e.identity), ("10.0.0.5/32", 300));
+        assert_eq!(e.source(), IpcacheSource::Endpoint);
+        assert_eq!(e.shadowed.len(), 1);
+        assert_eq!(e.shadowed[0].source(), IpcacheSource::Policy);
+        let e = get("10.1.2.3").await.unwrap().into_inner();
+        assert_eq!(e.prefix, "10.0.0.0/8");
+        let err = get("11.0.0.1").await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(
+            err.message().contains("world (identity 2)"),
+            "{}",
+            err.message()
+        );
+        let err = get("10.0.0").await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+}

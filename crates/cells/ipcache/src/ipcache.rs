@@ -26,8 +26,6 @@ pub(crate) struct State {
     pub(crate) datapath: Option<Arc<Datapath>>,
     /// Whether stale map entries may be removed: set by `prune_stale`.
     pub(crate) pruned: bool,
-    /// Prefixes whose last write to the map failed (the sync job retries them).
-    pub(crate) failed: BTreeSet<IpNet>,
 }
 
 /// IP prefixes to security identities, mirrored into the datapath's `cel_ipcache`.
@@ -147,7 +145,7 @@ impl Ipcache {
         }
         let mut state = self.lock();
         let change = state.table.claim(prefix, source, identity);
-        self.mirror(&mut state, change)
+        self.mirror(&state, change)
     }
 
     /// Removes `source`'s claim of `prefix`; returns whether it had one. The next claim (in
@@ -159,7 +157,7 @@ impl Ipcache {
         let Some(change) = state.table.unclaim(prefix, source) else {
             return Ok(false);
         };
-        self.mirror(&mut state, change)?;
+        self.mirror(&state, change)?;
         Ok(true)
     }
 
@@ -198,7 +196,7 @@ impl Ipcache {
             return Err(Error::NotMirrored);
         }
         state.pruned = true;
-        let stats = sync::reconcile(&mut state, true)?;
+        let stats = sync::reconcile(&state, true)?;
         tracing::info!(
             entries = stats.entries,
             removed = stats.removed,
@@ -233,7 +231,7 @@ impl Ipcache {
                 && let Some(change) = state.table.unclaim(gone, Source::Host)
             {
                 tracing::info!(prefix = %gone, "node address gone");
-                first_err = first_err.or(self.mirror(&mut state, change).err());
+                first_err = first_err.or(self.mirror(&state, change).err());
             }
         }
         for prefix in wanted {
@@ -246,7 +244,7 @@ impl Ipcache {
             }
             tracing::info!(%prefix, "node address");
             let change = state.table.claim(prefix, Source::Host, host);
-            first_err = first_err.or(self.mirror(&mut state, change).err());
+            first_err = first_err.or(self.mirror(&state, change).err());
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -255,39 +253,32 @@ impl Ipcache {
     fn attach(&self, dp: Arc<Datapath>) -> Result<SyncStats> {
         let mut state = self.lock();
         state.datapath = Some(dp);
-        sync::reconcile(&mut state, false)
+        sync::reconcile(&state, false)
     }
 
     /// The `ipcache-sync` job's run.
     fn resync(&self) -> Result<SyncStats> {
-        let mut state = self.lock();
+        let state = self.lock();
         if state.datapath.is_none() {
             return Err(Error::NotMirrored);
         }
         let prune = state.pruned;
-        sync::reconcile(&mut state, prune)
+        sync::reconcile(&state, prune)
     }
 
     /// Writes a change in effect to the map, if the mirror runs.
-    fn mirror(&self, state: &mut State, change: Change) -> Result<()> {
+    fn mirror(&self, state: &State, change: Change) -> Result<()> {
         if !change.is_visible() {
             return Ok(());
         }
         let Some(dp) = state.datapath.clone() else {
             return Ok(());
         };
-        match sync::write(&dp, change) {
-            Ok(()) => {
-                state.failed.remove(&change.prefix);
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(prefix = %change.prefix, error = %e, "ipcache write failed; retrying");
-                state.failed.insert(change.prefix);
-                self.sync.trigger();
-                Err(e)
-            }
-        }
+        sync::write(&dp, change).inspect_err(|e| {
+            tracing::warn!(prefix = %change.prefix, error = %e, "ipcache write failed; retrying");
+            // The sync job compares the whole map, so it repairs this prefix too.
+            self.sync.trigger();
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -45,7 +45,7 @@ pub(crate) fn write(dp: &Datapath, change: Change) -> Result<()> {
 
 /// Writes every desired entry the map lacks or has wrong, and with `prune` removes every
 /// map entry that is not desired. Every entry is tried; the first failure is returned.
-pub(crate) fn reconcile(state: &mut State, prune: bool) -> Result<SyncStats> {
+pub(crate) fn reconcile(state: &State, prune: bool) -> Result<SyncStats> {
     let dp = state.datapath.clone().ok_or(Error::NotMirrored)?;
     let actual: HashMap<IpNet, u32> = dp
         .ipcache()
@@ -59,7 +59,6 @@ pub(crate) fn reconcile(state: &mut State, prune: bool) -> Result<SyncStats> {
         ..SyncStats::default()
     };
     let mut first_err = None;
-    let mut failed = Vec::new();
     for (&prefix, &identity) in &desired {
         if actual.get(&prefix) == Some(&identity) {
             continue;
@@ -72,7 +71,6 @@ pub(crate) fn reconcile(state: &mut State, prune: bool) -> Result<SyncStats> {
         match write(&dp, change) {
             Ok(()) => stats.written += 1,
             Err(e) => {
-                failed.push(prefix);
                 first_err.get_or_insert(e);
             }
         }
@@ -91,12 +89,10 @@ pub(crate) fn reconcile(state: &mut State, prune: bool) -> Result<SyncStats> {
             match write(&dp, change) {
                 Ok(()) => stats.removed += 1,
                 Err(e) => {
-                    failed.push(prefix);
                     first_err.get_or_insert(e);
                 }
             }
         }
     }
-    state.failed = failed.into_iter().collect();
     first_err.map_or(Ok(stats), Err)
 }
