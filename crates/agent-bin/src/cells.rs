@@ -15,6 +15,9 @@ pub fn cells() -> Vec<Cell> {
         group([
             cellium_resources::cell().into(),
             cellium_ipam::cell().into(),
+            cellium_identity::cell().into(),
+            cellium_ipcache::cell().into(),
+            cellium_policy_repo::cell().into(),
             cellium_endpoint_manager::cell().into(),
         ])
         .into(),
@@ -58,6 +61,9 @@ mod tests {
             cellium_statedir::cell().into(),
             cellium_loader::cell().into(),
             cellium_resources::cell().into(),
+            cellium_identity::cell().into(),
+            cellium_ipcache::cell().into(),
+            cellium_policy_repo::cell().into(),
             cellium_endpoint_manager::cell().into(),
             cellium_api_server::cell().into(),
         ];

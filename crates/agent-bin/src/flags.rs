@@ -25,6 +25,9 @@ pub struct ConfigArgs {
     /// The address metrics are served on (key `metrics-addr`).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// A directory of policy YAML files, applied as they change (key `policy-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub policy_dir: Option<PathBuf>,
     /// A pod CIDR of this node, IPv4 or IPv6; repeat for several (key `pod-cidr`).
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Vec<IpNet>,
@@ -49,6 +52,9 @@ impl ConfigArgs {
         }
         if let Some(v) = &self.metrics_addr {
             sources = sources.flag("metrics-addr", v);
+        }
+        if let Some(v) = &self.policy_dir {
+            sources = sources.flag("policy-dir", v);
         }
         if !self.pod_cidr.is_empty() {
             sources = sources.flag("pod-cidr", &self.pod_cidr);

@@ -68,12 +68,15 @@ fn the_graph_renders_with_graphviz() {
 }
 
 /// Every module of the agent.
-const MODULES: [&str; 7] = [
+const MODULES: [&str; 10] = [
     "statedir",
     "metrics",
     "api-server",
     "loader",
     "resources",
     "ipam",
+    "identity",
+    "ipcache",
+    "policy-repo",
     "endpoint-manager",
 ];

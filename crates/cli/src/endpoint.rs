@@ -46,8 +46,22 @@ struct EndpointView {
     mtu: u32,
     identity: u32,
     policy_revision: u64,
+    ingress_enforced: bool,
+    egress_enforced: bool,
     labels: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    peers: Vec<PeerView>,
     created: String,
+}
+
+/// A peer the endpoint's policy names.
+#[derive(Debug, Serialize)]
+struct PeerView {
+    direction: String,
+    verdict: String,
+    identity: u32,
+    labels: Vec<String>,
+    ports: Vec<String>,
 }
 
 /// Runs a `cellium endpoint` verb.
@@ -131,6 +145,7 @@ fn print_details(v: &EndpointView) {
         ("MTU", v.mtu.to_string()),
         ("Identity", v.identity.to_string()),
         ("Policy revision", v.policy_revision.to_string()),
+        ("Enforced", enforced(v)),
         ("Created", v.created.clone()),
     ];
     for (k, val) in rows {
@@ -138,7 +153,54 @@ fn print_details(v: &EndpointView) {
     }
     println!("Labels:");
     for (k, val) in &v.labels {
-        println!("  {k}={val}");
+        if val.is_empty() {
+            println!("  {k}");
+        } else {
+            println!("  {k}={val}");
+        }
+    }
+    if v.peers.is_empty() {
+        return;
+    }
+    println!("Policy peers:");
+    let rows: Vec<Vec<String>> = v
+        .peers
+        .iter()
+        .map(|p| {
+            let who = if p.identity == 0 {
+                "any".to_string()
+            } else {
+                format!("{} ({})", p.identity, p.labels.join(","))
+            };
+            let ports = if p.ports.is_empty() {
+                "*".to_string()
+            } else {
+                p.ports.join(",")
+            };
+            vec![p.direction.clone(), p.verdict.clone(), who, ports]
+        })
+        .collect();
+    output::print_table(
+        &["  DIRECTION", "VERDICT", "PEER IDENTITY", "PORTS"],
+        &indent(rows),
+    );
+}
+
+fn indent(mut rows: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    for row in &mut rows {
+        if let Some(first) = row.first_mut() {
+            *first = format!("  {first}");
+        }
+    }
+    rows
+}
+
+fn enforced(v: &EndpointView) -> String {
+    match (v.ingress_enforced, v.egress_enforced) {
+        (true, true) => "ingress, egress".into(),
+        (true, false) => "ingress".into(),
+        (false, true) => "egress".into(),
+        (false, false) => "nothing (all traffic allowed)".into(),
     }
 }
 
@@ -169,7 +231,20 @@ fn view(ep: &Endpoint) -> EndpointView {
         mtu: ep.mtu,
         identity: ep.identity,
         policy_revision: ep.policy_revision,
+        ingress_enforced: ep.ingress_enforced,
+        egress_enforced: ep.egress_enforced,
         labels: ep.labels.clone().into_iter().collect(),
+        peers: ep
+            .peers
+            .iter()
+            .map(|p| PeerView {
+                direction: p.direction.clone(),
+                verdict: p.verdict.clone(),
+                identity: p.identity,
+                labels: p.labels.clone(),
+                ports: p.ports.clone(),
+            })
+            .collect(),
         created: output::rfc3339_ms(ep.created_unix_ms),
     }
 }

@@ -1,9 +1,9 @@
 //! The endpoint record: everything needed to serve, check, restore and remove a pod's endpoint.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use cellium_labels::Labels;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
@@ -65,12 +65,11 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// The MTU.
     pub mtu: u32,
-    /// Its labels, from the pod and its namespace.
-    pub labels: BTreeMap<String, String>,
-    /// Its security identity (0 until identities are assigned).
+    /// Its security-relevant labels: the pod's, its namespace's, and the `cidr:` labels of
+    /// the NetworkPolicy ipBlocks that cover its addresses.
+    pub labels: Labels,
+    /// Its security identity, derived from the labels (0 until assigned).
     pub identity: u32,
-    /// The policy revision the datapath enforces for it.
-    pub policy_revision: u64,
     /// Where it is in its life.
     pub state: State,
     /// Creation time, milliseconds since the Unix epoch.

@@ -31,6 +31,15 @@ pub enum Error {
         #[source]
         source: cellium_ipam::Error,
     },
+    /// No identity could be given to the endpoint's labels.
+    #[error("identity of endpoint {endpoint}")]
+    Identity {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: cellium_identity::Error,
+    },
     /// Setting up or checking the interfaces failed.
     #[error("interfaces of endpoint {endpoint}")]
     Plumbing {

@@ -9,8 +9,8 @@ use cellium_api::ApiService;
 use cellium_api::v1::endpoints_server::{Endpoints as EndpointsApi, EndpointsServer};
 use cellium_api::v1::{
     self, CheckEndpointRequest, CheckEndpointResponse, CreateEndpointRequest,
-    DeleteEndpointRequest, DeleteEndpointResponse, EndpointState, GcRequest, GcResponse,
-    GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse, Route,
+    DeleteEndpointRequest, DeleteEndpointResponse, EndpointPeer, EndpointState, GcRequest,
+    GcResponse, GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse, Route,
 };
 use tonic::{Code, Request, Response, Status};
 
@@ -40,7 +40,7 @@ impl EndpointsApi for EndpointService {
     ) -> Result<Response<v1::Endpoint>, Status> {
         let req = create_request(req.into_inner())?;
         let ep = self.0.create(req).await.map_err(status)?;
-        Ok(Response::new(to_proto(&ep)))
+        Ok(Response::new(view(&self.0, &ep, false)))
     }
 
     async fn delete(
@@ -76,7 +76,7 @@ impl EndpointsApi for EndpointService {
         u16::try_from(id)
             .ok()
             .and_then(|id| self.0.get(id))
-            .map(|ep| Response::new(to_proto(&ep)))
+            .map(|ep| Response::new(view(&self.0, &ep, true)))
             .ok_or_else(|| Status::not_found(format!("no endpoint {id}")))
     }
 
@@ -84,7 +84,12 @@ impl EndpointsApi for EndpointService {
         &self,
         _: Request<ListEndpointsRequest>,
     ) -> Result<Response<ListEndpointsResponse>, Status> {
-        let endpoints = self.0.list().iter().map(to_proto).collect();
+        let endpoints = self
+            .0
+            .list()
+            .iter()
+            .map(|ep| view(&self.0, ep, false))
+            .collect();
         Ok(Response::new(ListEndpointsResponse { endpoints }))
     }
 
@@ -159,6 +164,7 @@ fn status(e: Error) -> Status {
             _ => Code::Internal,
         },
         Error::NotStarted | Error::Loader(_) => Code::Unavailable,
+        Error::Identity { .. } => Code::ResourceExhausted,
         Error::Datapath { .. } | Error::State { .. } => Code::Internal,
     };
     Status::new(code, chain(&e))
@@ -175,7 +181,40 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// The endpoint as the API returns it.
+/// The endpoint as the API returns it, with what its policy allows and denies when
+/// `with_peers` (the peers' labels cost a lookup each, so only `Get` asks for them).
+pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::Endpoint {
+    let mut out = to_proto(ep);
+    let Some(enforced) = manager.enforced.get(ep.id) else {
+        return out;
+    };
+    out.ingress_enforced = enforced.enforcement.ingress;
+    out.egress_enforced = enforced.enforcement.egress;
+    let Some(policy) = &enforced.policy else {
+        return out;
+    };
+    out.policy_revision = policy.revision;
+    if with_peers {
+        out.peers = policy
+            .peers
+            .iter()
+            .map(|p| EndpointPeer {
+                direction: p.direction.to_string(),
+                verdict: format!("{:?}", p.verdict).to_lowercase(),
+                identity: p.identity,
+                labels: manager
+                    .identities
+                    .get(p.identity)
+                    .map(|i| i.labels.to_strings())
+                    .unwrap_or_default(),
+                ports: p.ports.clone(),
+            })
+            .collect();
+    }
+    out
+}
+
+/// The endpoint's record as the API returns it (no policy state).
 pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
     let addresses = ep
         .addresses
@@ -218,8 +257,15 @@ pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
         state: state as i32,
         status_message: message.into(),
         identity: ep.identity,
-        labels: ep.labels.clone().into_iter().collect(),
-        policy_revision: ep.policy_revision,
+        labels: ep
+            .labels
+            .iter()
+            .map(|l| (format!("{}:{}", l.source, l.key), l.value.clone()))
+            .collect(),
+        policy_revision: 0,
         created_unix_ms: ep.created_unix_ms,
+        ingress_enforced: false,
+        egress_enforced: false,
+        peers: Vec::new(),
     }
 }

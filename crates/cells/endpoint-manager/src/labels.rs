@@ -1,36 +1,53 @@
-//! An endpoint's labels, from its pod and the pod's namespace in the resources tables.
+//! An endpoint's security-relevant labels.
 
 use std::collections::BTreeMap;
 
-use cellium_resources::{ObjectKey, Resources};
+use cellium_labels::{Label, Labels};
+use cellium_policy_repo::PolicyRepository;
+use cellium_resources::{NamedPort, ObjectKey, Resources};
 
-use crate::endpoint::PodRef;
+use crate::endpoint::Endpoint;
 
-/// The pod's labels as `k8s:<key>`, the namespace name as `k8s:io.kubernetes.pod.namespace`,
-/// and the namespace's labels as `k8s:io.cilium.k8s.namespace.labels.<key>`, the form Cilium
-/// uses, so selectors written for Cilium read the same here. Empty when the pod is unknown.
-pub fn of_pod(resources: &Resources, pod: &PodRef) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let Some(p) = resources
-        .pods
-        .get(&ObjectKey::namespaced(&pod.namespace, &pod.name))
-    else {
-        return labels;
+/// The labels an endpoint's identity derives from: its pod's labels and its namespace's (in
+/// Cilium's form, see [`Labels::for_pod`]) and the `cidr:` labels of the NetworkPolicy ipBlocks
+/// covering its addresses, so that ipBlock peers select pods inside them as upstream
+/// Kubernetes does. An endpoint the runtime did not name a pod for is `reserved:init`, as
+/// Cilium's endpoints are until their pod is known.
+pub fn of(ep: &Endpoint, resources: &Resources, repo: &PolicyRepository) -> Labels {
+    let Some(pod) = &ep.pod else {
+        let mut init = Labels::new();
+        init.insert(Label::reserved("init"));
+        return init;
     };
-    for (k, v) in &p.labels {
-        labels.insert(format!("k8s:{k}"), v.clone());
-    }
-    labels.insert(
-        "k8s:io.kubernetes.pod.namespace".into(),
-        pod.namespace.clone(),
-    );
-    if let Some(ns) = resources
+    let empty = BTreeMap::new();
+    let pod_obj = resources
+        .pods
+        .get(&ObjectKey::namespaced(&pod.namespace, &pod.name));
+    let ns_obj = resources
         .namespaces
-        .get(&ObjectKey::cluster(&pod.namespace))
-    {
-        for (k, v) in &ns.labels {
-            labels.insert(format!("k8s:io.cilium.k8s.namespace.labels.{k}"), v.clone());
+        .get(&ObjectKey::cluster(&pod.namespace));
+    let mut labels = Labels::for_pod(
+        &pod.namespace,
+        pod_obj.as_ref().map_or(&empty, |p| &p.labels),
+        ns_obj.as_ref().map_or(&empty, |n| &n.labels),
+    );
+    for addr in &ep.addresses {
+        for label in repo.cidr_labels_for(addr.ip) {
+            labels.insert(label);
         }
     }
     labels
+}
+
+/// The named container ports of the endpoint's pod (ingress rules name them).
+pub fn named_ports(ep: &Endpoint, resources: &Resources) -> Vec<NamedPort> {
+    ep.pod
+        .as_ref()
+        .and_then(|p| {
+            resources
+                .pods
+                .get(&ObjectKey::namespaced(&p.namespace, &p.name))
+        })
+        .map(|p| p.ports.clone())
+        .unwrap_or_default()
 }

@@ -20,10 +20,12 @@ mod config;
 mod endpoint;
 mod error;
 mod grpc;
+mod identity;
 mod labels;
 mod locks;
 mod manager;
 pub mod plumbing;
+mod policy;
 mod program;
 mod request;
 mod restore;
@@ -35,8 +37,9 @@ use cellium_hive::Module;
 pub use config::EndpointConfig;
 pub use endpoint::{Address, Endpoint, PodRef, State};
 pub use error::{Error, Result};
-pub use grpc::{EndpointService, to_proto};
+pub use grpc::{EndpointService, to_proto, view};
 pub use manager::EndpointManager;
+pub use policy::{Enforced, EnforcedTable};
 pub use request::CreateRequest;
 
 /// The `endpoint-manager` module.

@@ -1,23 +1,28 @@
 //! Creating, deleting, checking and listing endpoints.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
+use cellium_identity::Identities;
 use cellium_ipam::Ipam;
+use cellium_ipcache::Ipcache;
+use cellium_labels::Labels;
 use cellium_loader::Loader;
+use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
 use cellium_statedir::StateDir;
 
 use crate::config::EndpointConfig;
 use crate::endpoint::{Address, Endpoint, State};
 use crate::error::{Error, Result};
-use crate::labels;
 use crate::locks::KeyLocks;
 use crate::plumbing::{self, Netlink, PodNetwork};
-use crate::program::{self, Enforcement};
+use crate::policy::EnforcedTable;
+use crate::program;
 use crate::request::CreateRequest;
 use crate::store::Store;
 
@@ -32,6 +37,10 @@ pub struct EndpointManager {
     pub(crate) ipam: Arc<Ipam>,
     pub(crate) loader: Arc<Loader>,
     pub(crate) resources: Arc<Resources>,
+    pub(crate) identities: Arc<Identities>,
+    pub(crate) ipcache: Arc<Ipcache>,
+    pub(crate) policy: Arc<PolicyRepository>,
+    pub(crate) enforced: EnforcedTable,
     pub(crate) store: Store,
     pub(crate) node: OnceLock<Netlink>,
     pub(crate) table: Mutex<Table>,
@@ -86,12 +95,19 @@ impl EndpointManager {
         loader: Arc<Loader>,
         resources: Arc<Resources>,
         state_dir: Arc<StateDir>,
+        identities: Arc<Identities>,
+        ipcache: Arc<Ipcache>,
+        policy: Arc<PolicyRepository>,
     ) -> Arc<EndpointManager> {
         let manager = Arc::new(EndpointManager {
             cfg,
             ipam,
             loader,
             resources,
+            identities,
+            ipcache,
+            policy,
+            enforced: EnforcedTable::default(),
             store: Store(state_dir),
             node: OnceLock::new(),
             table: Mutex::new(Table::default()),
@@ -105,7 +121,7 @@ impl EndpointManager {
             Hook::new("restore-endpoints").on_start(move |_| async move {
                 let summary = this.restore().await?;
                 reporter.ok(summary);
-                crate::watch::follow_labels(&jobs, this);
+                crate::watch::regenerate_on_change(&jobs, this);
                 Ok(())
             }),
         );
@@ -270,9 +286,8 @@ impl EndpointManager {
             host_mac: [0; 6],
             pod_mac: [0; 6],
             mtu: req.mtu.unwrap_or(self.cfg.mtu),
-            labels: BTreeMap::new(),
+            labels: Labels::new(),
             identity: 0,
-            policy_revision: 0,
             state: State::Creating,
             created_unix_ms: now_ms(),
         };
@@ -317,7 +332,8 @@ impl EndpointManager {
         Ok(())
     }
 
-    /// Interfaces, labels, datapath; then the record says `Ready`.
+    /// Interfaces, identity, policy, programs; then the record says `Ready`. The programs
+    /// are attached last: by the first packet, the endpoint's policy is in place.
     async fn build(&self, node: &Netlink, ep: &mut Endpoint) -> Result<()> {
         let iface = plumbing::setup_pod(node, &ep.netns, &network(ep))
             .await
@@ -328,14 +344,17 @@ impl EndpointManager {
         ep.host_ifindex = iface.host.index;
         ep.host_mac = iface.host.mac;
         ep.pod_mac = iface.pod.mac;
-        if let Some(pod) = &ep.pod {
-            ep.labels = labels::of_pod(&self.resources, pod);
-        }
+        self.identify(ep)?;
+        // Known to the table with its identity before its policy is computed, so a concurrent
+        // regeneration sees it.
+        self.table().insert(ep.clone());
         let dp = self.loader.datapath()?;
-        program::program(&dp, ep, Enforcement::default()).map_err(|source| Error::Datapath {
-            endpoint: ep.describe(),
-            source,
-        })?;
+        self.enforce(&dp, ep)?;
+        dp.attach(ep.host_ifindex)
+            .map_err(|source| Error::Datapath {
+                endpoint: ep.describe(),
+                source,
+            })?;
         ep.state = State::Ready;
         self.store.save(ep)?;
         self.table().insert(ep.clone());
@@ -356,6 +375,8 @@ impl EndpointManager {
             endpoint: ep.describe(),
             source,
         })?;
+        self.unidentify(ep);
+        self.enforced.lock().remove(&ep.id);
         self.release_addresses(ep);
         self.store.remove(ep)?;
         self.forget(ep);
@@ -373,6 +394,8 @@ impl EndpointManager {
         {
             tracing::warn!(endpoint = %ep.describe(), error = %e, "removing datapath entries failed");
         }
+        self.unidentify(ep);
+        self.enforced.lock().remove(&ep.id);
         self.release_addresses(ep);
         if let Err(e) = self.store.remove(ep) {
             tracing::warn!(endpoint = %ep.describe(), error = %e, "removing the record failed");

@@ -13,10 +13,9 @@ pub struct Enforcement {
     pub egress: bool,
 }
 
-/// Writes the endpoint's entries, then attaches the programs to its host veth (replacing any
-/// attached ones atomically). Entries go first, so the first packet through the programs
-/// finds its endpoint.
-pub fn program(
+/// Writes the endpoint's entries in the endpoint map (one per IPv4 address) with its
+/// identity and the directions enforced.
+pub fn write_endpoint(
     dp: &Datapath,
     ep: &Endpoint,
     enforcement: Enforcement,
@@ -40,8 +39,22 @@ pub fn program(
     for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
         dp.endpoints().put(addr.ip, &info)?;
     }
-    dp.attach(ep.host_ifindex)?;
     Ok(())
+}
+
+/// What the endpoint map says the endpoint enforces (nothing if it has no entry).
+pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
+    let flags = ep
+        .addresses
+        .iter()
+        .filter(|a| a.ip.is_ipv4())
+        .find_map(|a| dp.endpoints().get(a.ip).ok().flatten())
+        .filter(|info| info.id == ep.id)
+        .map_or(0, |info| info.flags.0);
+    Enforcement {
+        ingress: flags & EndpointFlags::ENFORCE_INGRESS.0 != 0,
+        egress: flags & EndpointFlags::ENFORCE_EGRESS.0 != 0,
+    }
 }
 
 /// Removes the endpoint's entries, policy and programs. What is already gone is fine.

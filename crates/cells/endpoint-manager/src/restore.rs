@@ -1,12 +1,14 @@
 //! Bringing endpoints back at start, and sweeping what a crash left behind.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+
+use cellium_datapath_bpf::{Datapath, PolicyEntry, Verdict};
 
 use crate::endpoint::{Endpoint, State};
 use crate::error::{Error, Result};
 use crate::manager::EndpointManager;
 use crate::plumbing::{self, Netlink};
-use crate::program::{self, Enforcement};
+use crate::program;
 
 impl EndpointManager {
     /// Restores every finished endpoint whose pod still exists and removes the rest, then
@@ -25,10 +27,17 @@ impl EndpointManager {
                 source,
             })?;
         let _ = self.node.set(node.clone());
+        // The router addresses just added are the node's: classified as host from now on.
+        if let Err(e) = self.ipcache.sync_host_addresses().await {
+            tracing::warn!(error = %e, "reading the node's addresses failed; the ipcache job retries");
+        }
 
+        let dp = self.loader.datapath()?;
+        let mut enforced = enforced_entries(&dp);
         let (mut restored, mut removed) = (0, 0);
         for ep in self.store.load()? {
-            match self.restore_one(&node, ep.clone()).await {
+            let previous = enforced.remove(&ep.id).unwrap_or_default();
+            match self.restore_one(&node, &dp, ep.clone(), previous).await {
                 Ok(()) => restored += 1,
                 Err(why) => {
                     tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
@@ -39,13 +48,39 @@ impl EndpointManager {
             }
         }
         let swept = self.sweep(&node).await;
+        self.finish_restore().await;
         Ok(format!(
             "{restored} endpoints restored, {removed} removed, {swept} leftovers swept"
         ))
     }
 
-    /// Restores one endpoint, or says why it cannot be.
-    async fn restore_one(&self, node: &Netlink, mut ep: Endpoint) -> Result<(), String> {
+    /// Every endpoint has claimed its identity and addresses again: what nobody claimed is
+    /// the previous run's and goes now (the contract of `Identities::release_unclaimed` and
+    /// `Ipcache::prune_stale`).
+    async fn finish_restore(&self) {
+        let dropped = self.identities.release_unclaimed();
+        if !dropped.is_empty() {
+            tracing::info!(identities = ?dropped, "unclaimed identities released");
+        }
+        let ipcache = self.ipcache.clone();
+        match tokio::task::spawn_blocking(move || ipcache.prune_stale()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "pruning the ipcache failed; its sync job retries")
+            }
+            Err(e) => tracing::warn!(error = %e, "pruning the ipcache panicked"),
+        }
+    }
+
+    /// Restores one endpoint, or says why it cannot be. `previous` is what the policy map
+    /// holds for it from the previous run.
+    async fn restore_one(
+        &self,
+        node: &Netlink,
+        dp: &Datapath,
+        mut ep: Endpoint,
+        previous: Vec<(PolicyEntry, Verdict)>,
+    ) -> Result<(), String> {
         if ep.state == State::Creating {
             return Err("its creation never finished".into());
         }
@@ -67,11 +102,15 @@ impl EndpointManager {
                 .allocate(addr.ip, &owner)
                 .map_err(|e| format!("its address cannot be reserved again: {e}"))?;
         }
+        // The same labels give the same identity as before: the identity table was restored.
+        ep.identity = 0;
+        self.identify(&mut ep).map_err(|e| e.to_string())?;
         self.table().insert(ep.clone());
-        let dp = self.loader.datapath().map_err(|e| e.to_string())?;
+        self.adopt_enforced(ep.id, previous, program::read_enforcement(dp, &ep));
+        self.enforce(dp, &ep).map_err(|e| e.to_string())?;
         // Attaching replaces the programs of the old agent's links atomically: traffic is
         // enforced by the old programs until the new ones take over, never by none.
-        program::program(&dp, &ep, Enforcement::default()).map_err(|e| e.to_string())?;
+        dp.attach(ep.host_ifindex).map_err(|e| e.to_string())?;
         if let Err(e) = self.store.save(&ep) {
             tracing::warn!(endpoint = %owner, error = %e, "rewriting the record failed");
         }
@@ -130,4 +169,16 @@ impl EndpointManager {
         }
         swept
     }
+}
+
+/// The policy map's entries grouped by endpoint: read once for all restored endpoints.
+fn enforced_entries(dp: &Datapath) -> HashMap<u16, Vec<(PolicyEntry, Verdict)>> {
+    let mut by_endpoint: HashMap<u16, Vec<(PolicyEntry, Verdict)>> = HashMap::new();
+    for (entry, verdict) in dp.policy().entries().unwrap_or_default() {
+        by_endpoint
+            .entry(entry.endpoint_id)
+            .or_default()
+            .push((entry, verdict));
+    }
+    by_endpoint
 }

@@ -1,85 +1,104 @@
-//! Keeping endpoints' labels in step with their pods and namespaces.
+//! Regenerating endpoints when what their identity or policy derives from changes.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use cellium_hive::Jobs;
-use cellium_resources::Event;
+use cellium_hive::{Jobs, Trigger};
+use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 
-use crate::labels;
+use crate::endpoint::State;
 use crate::manager::EndpointManager;
 
-/// Starts the `follow-labels` job: when a pod or namespace is applied, changed or deleted,
-/// the labels of the endpoints it concerns are recomputed and their records rewritten.
-pub fn follow_labels(jobs: &Jobs, manager: Arc<EndpointManager>) {
-    let pods = manager.resources.pods.subscribe();
-    let namespaces = manager.resources.namespaces.subscribe();
-    let stream = futures::stream::select(
-        tokio_stream_of(pods, |e: Event<cellium_resources::Pod>| match e {
-            Event::Upsert { new, .. } => new.namespace.clone(),
-            Event::Delete(old) => old.namespace.clone(),
-        }),
-        tokio_stream_of(
-            namespaces,
-            |e: Event<cellium_resources::Namespace>| match e {
-                Event::Upsert { new, .. } => new.name.clone(),
-                Event::Delete(old) => old.name.clone(),
-            },
-        ),
-    );
-    jobs.observer(
-        "follow-labels",
-        stream,
-        move |namespace: Option<String>, _ctx| {
-            let manager = manager.clone();
-            async move {
-                manager.refresh_labels(namespace.as_deref()).await;
+/// Starts two jobs: `watch-changes` turns every policy revision, every change of the
+/// NetworkPolicy ipBlock prefixes and every pod or namespace event into a trigger, and
+/// `regenerate` (run only when triggered; triggers coalesce, so a burst of changes costs one
+/// pass) recomputes every endpoint's labels, identity and policy and writes what differs.
+pub fn regenerate_on_change(jobs: &Jobs, manager: Arc<EndpointManager>) {
+    let trigger = Trigger::new();
+    let signals = signals(&manager);
+    let pull = trigger.clone();
+    jobs.observer("watch-changes", signals, move |(), _ctx| {
+        pull.trigger();
+        async { Ok(()) }
+    })
+    .add();
+    jobs.timer("regenerate", Duration::ZERO, move |ctx| {
+        let manager = manager.clone();
+        async move {
+            let started = Instant::now();
+            let (done, failed) = manager.regenerate_all().await;
+            let took = started.elapsed();
+            if failed == 0 {
+                ctx.reporter().ok(format!(
+                    "{done} endpoints at revision {} ({took:.1?})",
+                    manager.policy.revision()
+                ));
                 Ok(())
+            } else {
+                Err(format!(
+                    "{failed} of {} endpoints could not be regenerated",
+                    done + failed
+                )
+                .into())
             }
-        },
-    )
+        }
+    })
+    .trigger(trigger)
     .add();
 }
 
-/// The namespace each event concerns; `None` after lagging behind (everything is refreshed).
-fn tokio_stream_of<T: Clone + Send + Sync + 'static>(
-    rx: tokio::sync::broadcast::Receiver<Event<T>>,
-    namespace_of: fn(Event<T>) -> String,
-) -> impl futures::Stream<Item = Option<String>> + Send + Unpin {
-    Box::pin(futures::stream::unfold(rx, move |mut rx| async move {
-        use tokio::sync::broadcast::error::RecvError;
-        match rx.recv().await {
-            Ok(event) => Some((Some(namespace_of(event)), rx)),
-            Err(RecvError::Lagged(_)) => Some((None, rx)),
-            Err(RecvError::Closed) => None,
-        }
-    }))
+/// One `()` per change anything an endpoint derives from.
+fn signals(manager: &EndpointManager) -> impl Stream<Item = ()> + Send + Unpin + 'static {
+    let unit = |_| ();
+    futures::stream::select_all([
+        WatchStream::from_changes(manager.policy.changes())
+            .map(unit)
+            .boxed(),
+        WatchStream::from_changes(manager.policy.cidr_label_changes())
+            .map(unit)
+            .boxed(),
+        BroadcastStream::new(manager.resources.pods.subscribe())
+            .map(|_| ())
+            .boxed(),
+        BroadcastStream::new(manager.resources.namespaces.subscribe())
+            .map(|_| ())
+            .boxed(),
+    ])
 }
 
 impl EndpointManager {
-    /// Recomputes the labels of the endpoints of `namespace` (all endpoints for `None`).
-    /// Each endpoint is updated under its own lock, so a concurrent delete cannot be undone
-    /// by a late write of its record.
-    pub(crate) async fn refresh_labels(&self, namespace: Option<&str>) {
-        for ep in self.list() {
-            let Some(pod) = &ep.pod else { continue };
-            if namespace.is_some_and(|ns| ns != pod.namespace) {
-                continue;
-            }
-            let _serial = self.lock(ep.key()).await;
-            let Some(mut ep) = self.find(&ep.container_id, &ep.ifname) else {
+    /// Regenerates every ready endpoint, each under its own lock (so a concurrent create or
+    /// delete of it is never undone); returns how many succeeded and failed.
+    pub(crate) async fn regenerate_all(&self) -> (usize, usize) {
+        let Ok(dp) = self.loader.datapath() else {
+            return (0, 0);
+        };
+        let (mut done, mut failed) = (0, 0);
+        for listed in self.list() {
+            let _serial = self.lock(listed.key()).await;
+            let Some(mut ep) = self.find(&listed.container_id, &listed.ifname) else {
                 continue;
             };
-            let Some(pod) = &ep.pod else { continue };
-            let fresh = labels::of_pod(&self.resources, pod);
-            if fresh == ep.labels {
+            if ep.state != State::Ready {
                 continue;
             }
-            ep.labels = fresh;
-            if let Err(e) = self.store.save(&ep) {
-                tracing::warn!(endpoint = %ep.describe(), error = %e, "saving new labels failed");
+            let result = self.identify(&mut ep).and_then(|changed| {
+                if changed {
+                    self.store.save(&ep)?;
+                    self.table().insert(ep.clone());
+                    tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
+                }
+                self.enforce(&dp, &ep)
+            });
+            match result {
+                Ok(_) => done += 1,
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(endpoint = %ep.describe(), error = %e, "regeneration failed");
+                }
             }
-            tracing::info!(endpoint = %ep.describe(), "labels updated");
-            self.table().insert(ep);
         }
+        (done, failed)
     }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cellium_hive::{Backoff, BoxError, Config, JobContext, Jobs, Reporter};
+use cellium_hive::{Backoff, BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
 use cellium_labels::Labels;
@@ -25,6 +25,7 @@ impl PolicyRepository {
     /// directory's files.
     pub fn new(
         cfg: Config<PolicyConfig>,
+        lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
         resources: Arc<Resources>,
@@ -36,6 +37,18 @@ impl PolicyRepository {
             Some(ipcache),
             Some(reporter),
         ));
+        // The repository holds every policy and identity before the cells that resolve
+        // policies start (the endpoint manager restores endpoints in its own start hook):
+        // without this, a restored endpoint could be regenerated against an empty repository
+        // and open up for a moment what its policy closes.
+        let (r, res, ids) = (repo.clone(), resources.clone(), identities.clone());
+        lc.append(Hook::new("initial-sync").on_start(move |_| async move {
+            let (snapshot, _) = ids.snapshot_and_subscribe();
+            r.sync_identities(&snapshot);
+            r.sync_resources(&res);
+            r.report_now();
+            Ok(())
+        }));
         let (r, res, ids) = (repo.clone(), resources.clone(), identities);
         jobs.one_shot("feed", move |ctx| {
             feed(ctx, r.clone(), res.clone(), ids.clone())

@@ -24,6 +24,7 @@ mod key;
 mod kinds;
 mod objects;
 mod resources;
+mod store;
 mod table;
 mod validate;
 
@@ -49,6 +50,6 @@ pub fn cell() -> Module {
         "resources",
         "Holds the node's desired state (namespaces, pods, policies, ...) as typed tables fed by apply",
     )
-    .provide(Resources::new)
+    .provide(Resources::persistent)
     .contribute(ResourcesService::api)
 }

@@ -4,6 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use cellium_hive::{Hook, Lifecycle, Reporter};
+use cellium_statedir::StateDir;
+
 use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
 use crate::key::{Object, ObjectKey};
@@ -12,6 +15,7 @@ use crate::objects::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Namespace, NetworkPolicy, Pod,
     SYSTEM_NAMESPACES,
 };
+use crate::store::Store;
 use crate::table::{Change, Table};
 use crate::validate::FieldError;
 
@@ -68,11 +72,34 @@ pub struct Resources {
     pub cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
     /// Applies and deletes run one at a time, so each is checked against the state it changes.
     writes: Mutex<()>,
+    /// Where applied objects are recorded; `None` keeps them in memory only.
+    store: Option<Store>,
 }
 
 impl Resources {
-    /// Empty tables but for the system namespaces.
+    /// Empty tables but for the system namespaces, in memory only.
     pub fn new() -> Arc<Resources> {
+        Arc::new(Resources::empty(None))
+    }
+
+    /// The cell's constructor: applied objects are recorded in the state directory and
+    /// applied again by the `restore-objects` start hook, before any cell that reads the
+    /// tables starts.
+    pub fn persistent(
+        lc: Lifecycle,
+        reporter: Reporter,
+        state_dir: Arc<StateDir>,
+    ) -> Arc<Resources> {
+        let resources = Arc::new(Resources::empty(Some(Store(state_dir))));
+        let this = resources.clone();
+        lc.append(Hook::new("restore-objects").on_start(move |_| async move {
+            reporter.ok(this.restore());
+            Ok(())
+        }));
+        resources
+    }
+
+    fn empty(store: Option<Store>) -> Resources {
         let resources = Resources {
             namespaces: Table::default(),
             pods: Table::default(),
@@ -80,13 +107,30 @@ impl Resources {
             cilium_network_policies: Table::default(),
             cilium_clusterwide_network_policies: Table::default(),
             writes: Mutex::new(()),
+            store,
         };
         for name in SYSTEM_NAMESPACES {
             if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
                 resources.namespaces.upsert(ns);
             }
         }
-        Arc::new(resources)
+        resources
+    }
+
+    /// Applies every recorded object again; a file that no longer applies (its kind
+    /// unsupported by this version, say) is logged and left for a person to look at.
+    fn restore(&self) -> String {
+        let (mut restored, mut failed) = (0, 0);
+        for (file, text) in self.store.as_ref().map(Store::load).unwrap_or_default() {
+            match self.apply_recorded(&file, &text, false) {
+                Ok(outcomes) => restored += outcomes.len(),
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(file, error = %e, "a recorded object does not apply any more");
+                }
+            }
+        }
+        format!("{restored} objects restored, {failed} failed")
     }
 
     /// Creates or updates every object in `text` (multi-document YAML from `source`).
@@ -94,6 +138,10 @@ impl Resources {
     /// All documents are decoded and checked first; if any fails, nothing is applied and
     /// every failure is returned. Documents are applied in order.
     pub fn apply(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
+        self.apply_recorded(source, text, true)
+    }
+
+    fn apply_recorded(&self, source: &str, text: &str, record: bool) -> Result<Vec<Outcome>> {
         let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let docs = self.documents(source, text)?;
         let mut parsed = Vec::new();
@@ -105,7 +153,7 @@ impl Resources {
                     if let Parsed::Namespace(ns) = &p {
                         new_namespaces.insert(ns.name.clone());
                     }
-                    parsed.push(p);
+                    parsed.push((p, &doc.value));
                 }
                 Err(e) => errors.push(doc_error(source, doc, e)),
             }
@@ -113,7 +161,15 @@ impl Resources {
         if !errors.is_empty() {
             return Err(Error::Invalid(errors));
         }
-        Ok(parsed.into_iter().map(|p| self.write(p)).collect())
+        let mut outcomes = Vec::new();
+        for (p, value) in parsed {
+            let outcome = self.write(p);
+            if record && let Some(store) = &self.store {
+                store.save(outcome.kind, &outcome.key, value);
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
     }
 
     /// Deletes every object named in `text`. A namespace takes its pods and policies with it,
@@ -136,6 +192,15 @@ impl Resources {
             .into_iter()
             .map(|(kind, key)| self.remove(&kind, key))
             .collect())
+    }
+
+    /// Deletes one object from its table and from the record.
+    fn forget<T: Object>(&self, table: &Table<T>, key: &ObjectKey) -> bool {
+        let found = table.delete(key).is_some();
+        if found && let Some(store) = &self.store {
+            store.remove(T::KIND, key);
+        }
+        found
     }
 
     fn documents(&self, source: &str, text: &str) -> Result<Vec<Document>> {
@@ -199,31 +264,29 @@ impl Resources {
         let (kind, found) = match kind {
             "Namespace" => {
                 for pod in self.pods.list_namespace(&key.name) {
-                    self.pods.delete(&pod.key());
+                    self.forget(&self.pods, &pod.key());
                 }
                 for p in self.network_policies.list_namespace(&key.name) {
-                    self.network_policies.delete(&p.key());
+                    self.forget(&self.network_policies, &p.key());
                 }
                 for p in self.cilium_network_policies.list_namespace(&key.name) {
-                    self.cilium_network_policies.delete(&p.key());
+                    self.forget(&self.cilium_network_policies, &p.key());
                 }
-                (Namespace::KIND, self.namespaces.delete(&key).is_some())
+                (Namespace::KIND, self.forget(&self.namespaces, &key))
             }
             "NetworkPolicy" => (
                 NetworkPolicy::KIND,
-                self.network_policies.delete(&key).is_some(),
+                self.forget(&self.network_policies, &key),
             ),
             "CiliumNetworkPolicy" => (
                 CiliumNetworkPolicy::KIND,
-                self.cilium_network_policies.delete(&key).is_some(),
+                self.forget(&self.cilium_network_policies, &key),
             ),
             "CiliumClusterwideNetworkPolicy" => (
                 CiliumClusterwideNetworkPolicy::KIND,
-                self.cilium_clusterwide_network_policies
-                    .delete(&key)
-                    .is_some(),
+                self.forget(&self.cilium_clusterwide_network_policies, &key),
             ),
-            _ => (Pod::KIND, self.pods.delete(&key).is_some()),
+            _ => (Pod::KIND, self.forget(&self.pods, &key)),
         };
         let action = if found {
             Action::Deleted
@@ -436,6 +499,46 @@ spec:
             err.contains("bad.yaml: document 2 (NetworkPolicy np): spec.ingress[0].from[0].ipBlock.except[0]: 10.0.0.0/8 must be a strict subset"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn recorded_objects_come_back_after_a_restart_and_deleted_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first_state = state();
+        let first = Resources::empty(Some(Store(first_state.clone())));
+        first.apply("app.yaml", APP).unwrap();
+        let np = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: deny, namespace: shop }\nspec: { podSelector: {} }\n";
+        first.apply("np.yaml", np).unwrap();
+        drop((first, first_state));
+
+        let second_state = state();
+        let second = Resources::empty(Some(Store(second_state.clone())));
+        assert_eq!(second.restore(), "3 objects restored, 0 failed");
+        assert!(
+            second
+                .pods
+                .get(&ObjectKey::namespaced("shop", "web"))
+                .is_some()
+        );
+        assert!(
+            second
+                .network_policies
+                .get(&ObjectKey::namespaced("shop", "deny"))
+                .is_some()
+        );
+        second
+            .delete(
+                "ns.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+            )
+            .unwrap();
+        drop((second, second_state));
+
+        let third_state = state();
+        let third = Resources::empty(Some(Store(third_state)));
+        assert_eq!(third.restore(), "0 objects restored, 0 failed");
+        assert!(third.pods.is_empty() && third.network_policies.is_empty());
     }
 
     #[test]

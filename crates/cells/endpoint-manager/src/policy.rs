@@ -1,0 +1,108 @@
+//! Making the datapath enforce an endpoint's policy, and remembering what it enforces.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cellium_datapath_bpf::{Datapath, PolicyEntry, Verdict, compile_policy};
+use cellium_policy_repo::{EndpointPolicy, Subject};
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::labels;
+use crate::manager::EndpointManager;
+use crate::program::{self, Enforcement};
+
+/// What the datapath enforces for one endpoint, as last written.
+#[derive(Debug, Clone, Default)]
+pub struct Enforced {
+    /// The policy map entries.
+    pub entries: Vec<(PolicyEntry, Verdict)>,
+    /// The directions the endpoint map entry enforces.
+    pub enforcement: Enforcement,
+    /// The policy those came from (its revision and peers), once computed.
+    pub policy: Option<Arc<EndpointPolicy>>,
+}
+
+/// Every endpoint's [`Enforced`] state, kept in memory so that a regeneration writes only
+/// the differences (reading the policy map per endpoint would cost a pass over the whole map).
+#[derive(Debug, Default)]
+pub struct EnforcedTable(Mutex<HashMap<u16, Enforced>>);
+
+impl EnforcedTable {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<u16, Enforced>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What endpoint `id` enforces.
+    pub fn get(&self, id: u16) -> Option<Enforced> {
+        self.lock().get(&id).cloned()
+    }
+}
+
+impl EndpointManager {
+    /// Resolves the endpoint's policy and makes the datapath enforce it; returns the
+    /// revision enforced.
+    ///
+    /// The order keeps every moment at least as strict as the endpoint's own policy: a
+    /// direction that stops being enforced is released first, then the entries change, and
+    /// only then does a direction that becomes enforced take effect (its allow entries are
+    /// in place by then, so allowed traffic never meets a default deny).
+    pub(crate) fn enforce(&self, dp: &Datapath, ep: &Endpoint) -> Result<u64> {
+        let ports = labels::named_ports(ep, &self.resources);
+        let policy = self.policy.resolve(&Subject {
+            identity: ep.identity,
+            labels: &ep.labels,
+            named_ports: &ports,
+        });
+        let datapath = |source| Error::Datapath {
+            endpoint: ep.describe(),
+            source,
+        };
+        let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
+        let before = self.enforced.get(ep.id).unwrap_or_default();
+        let after = Enforcement {
+            ingress: policy.ingress_enforced,
+            egress: policy.egress_enforced,
+        };
+        let during = Enforcement {
+            ingress: before.enforcement.ingress && after.ingress,
+            egress: before.enforcement.egress && after.egress,
+        };
+        program::write_endpoint(dp, ep, during).map_err(datapath)?;
+        dp.policy()
+            .apply_diff(ep.id, &before.entries, &entries)
+            .map_err(datapath)?;
+        if during != after {
+            program::write_endpoint(dp, ep, after).map_err(datapath)?;
+        }
+        let revision = policy.revision;
+        self.enforced.lock().insert(
+            ep.id,
+            Enforced {
+                entries,
+                enforcement: after,
+                policy: Some(policy),
+            },
+        );
+        Ok(revision)
+    }
+
+    /// Takes what the datapath already enforces for a restored endpoint as the starting
+    /// point of its first regeneration, so an agent restart rewrites nothing that has not
+    /// changed (and never opens what the previous agent closed).
+    pub(crate) fn adopt_enforced(
+        &self,
+        id: u16,
+        entries: Vec<(PolicyEntry, Verdict)>,
+        enforcement: Enforcement,
+    ) {
+        self.enforced.lock().insert(
+            id,
+            Enforced {
+                entries,
+                enforcement,
+                policy: None,
+            },
+        );
+    }
+}
