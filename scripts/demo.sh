@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: the Cellium agent on its embedded default configuration in a throw-away node network
 # namespace, pods created through the cellium-cni plugin exactly as a container runtime calls it,
-# and traffic between them. Everything it creates is removed at the end, even on failure.
+# traffic between them, and a network policy enforced on it. Everything it creates is removed at
+# the end, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,10 +16,12 @@ work=$(mktemp -d /tmp/cellium-demo.XXXXXX)
 sock="$work/cellium.sock"
 agent_pid=""
 pods=()
+servers=()
 
 cleanup() {
   set +e
   for p in "${pods[@]}"; do ip netns del "$run_id-$p" 2>/dev/null; done
+  for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
   if [ -n "$agent_pid" ]; then kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null; fi
   ip netns del "$node" 2>/dev/null
   umount "$work/bpf" 2>/dev/null
@@ -41,6 +44,25 @@ cni() {
 
 in_pod() { local pod=$1; shift; ip netns exec "$run_id-$pod" "$@"; }
 pod_ip() { in_pod "$1" ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
+
+# An HTTP server in a pod, answering with the pod's name.
+serve() {
+  local pod=$1 dir="$work/www-$1"
+  mkdir -p "$dir" && echo "hello from $pod" >"$dir/index.html"
+  # Not through in_pod: a function in the background runs in a subshell, and $! must be the
+  # server itself for the cleanup to stop it.
+  ip netns exec "$run_id-$pod" busybox httpd -f -p 80 -h "$dir" &
+  servers+=($!)
+}
+
+# GET / from a pod over bash's /dev/tcp (no HTTP client needed); prints the answer's body or
+# "blocked" when no answer comes within a second.
+get() {
+  local from=$1 ip=$2 answer
+  answer=$(in_pod "$from" timeout 1 bash -c \
+    "exec 3<>/dev/tcp/$ip/80 && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && cat <&3" 2>/dev/null | tail -n 1) || true
+  echo "$from -> $ip:80: ${answer:-blocked}"
+}
 
 say "a node: network namespace $node"
 ip netns add "$node"
@@ -99,6 +121,42 @@ for from in client other; do
 done
 in_pod client ping -c 1 -W 1 "$(cellium ipam list -o json | grep -m1 '"router"' | cut -d'"' -f4)" >/dev/null &&
   echo "client -> node: ok"
+
+say "an HTTP server in web; everyone may reach it"
+serve web
+sleep 0.3
+web_ip=$(pod_ip web)
+get client "$web_ip"
+get other "$web_ip"
+
+say "a NetworkPolicy: web accepts HTTP from client only"
+cat >"$work/policy.yaml" <<YAML
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-client, namespace: demo }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress:
+  - from: [ { podSelector: { matchLabels: { app: client } } } ]
+    ports: [ { port: http } ]
+YAML
+cat "$work/policy.yaml"
+cellium apply -f "$work/policy.yaml"
+sleep 0.5
+get client "$web_ip"
+get other "$web_ip"
+in_pod client ping -c 1 -W 1 "$web_ip" >/dev/null && echo "client -> web (ping): ok" || echo "client -> web (ping): blocked (only TCP/80 is allowed)"
+
+say "cellium endpoint get (web): its identity, policy revision and allowed peers"
+cellium endpoint get "$(cellium endpoint list -o json | grep -B1 '"state"' | grep -m1 -o '[0-9]\+')"
+
+say "cellium policy get"
+cellium policy get
+
+say "the policy deleted: other reaches web again"
+cellium delete -f "$work/policy.yaml"
+sleep 0.5
+get other "$web_ip"
 
 say "cellium status --verbose"
 cellium status --verbose

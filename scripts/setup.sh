@@ -14,6 +14,8 @@ packages=(
   podman runc containernetworking-plugins
   # Benchmarks.
   iperf3 sockperf
+  # HTTP servers and clients inside the demo's pods, and a container rootfs for podman tests.
+  busybox-static
 )
 
 if [ "$(id -u)" -ne 0 ]; then
