@@ -8,7 +8,7 @@ use std::path::Path;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::packet_route::neighbour::NeighbourState;
-use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteScope};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::plumbing::error::{Error, Result, errno, netlink};
@@ -92,12 +92,11 @@ pub async fn teardown_pod(node: &Netlink, host_ifname: &str) -> Result<bool> {
     }
 }
 
-/// Checks that the pod's interface, addresses and default route are as set up.
+/// Checks that the pod's interface, addresses and default route are as set up, then the host
+/// end. The pod's side comes first: it is what the runtime asks about (`CNI_IFNAME` in
+/// `CNI_NETNS`), and removing the pod's interface takes the host end with it, so the message
+/// names what was removed rather than its consequence.
 pub async fn check_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
-    let host = expect_link(node, &net.host_ifname).await?;
-    if !host.up {
-        return Err(Error::Drift(format!("{} is down", net.host_ifname)));
-    }
     let pod = Netlink::open(netns).await?;
     let link = expect_link(&pod, &net.ifname).await?;
     if !link.up {
@@ -132,7 +131,49 @@ pub async fn check_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result
             )));
         }
     }
+    for (_, gw) in &net.addresses {
+        if !has_default_route(&pod, *gw, link.index).await? {
+            return Err(Error::Drift(format!(
+                "the default route via {gw} dev {} is missing in {}",
+                net.ifname, pod.netns
+            )));
+        }
+    }
+    let host = expect_link(node, &net.host_ifname).await?;
+    if !host.up {
+        return Err(Error::Drift(format!("{} is down", net.host_ifname)));
+    }
     Ok(())
+}
+
+/// Whether `default via <gw> dev <oif>` is in the namespace's main table.
+async fn has_default_route(nl: &Netlink, gw: IpAddr, oif: u32) -> Result<bool> {
+    let filter = match gw {
+        IpAddr::V4(_) => RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        IpAddr::V6(_) => RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    };
+    let mut routes = nl.handle.route().get(filter).execute();
+    while let Some(msg) = routes
+        .try_next()
+        .await
+        .map_err(netlink(format!("list routes in {}", nl.netns)))?
+    {
+        if msg.header.destination_prefix_length != 0 {
+            continue;
+        }
+        let via = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Gateway(addr) if *addr == RouteAddress::from(gw)));
+        let dev = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == oif));
+        if via && dev {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 async fn create_pair(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
