@@ -66,6 +66,32 @@ impl Netlink {
             netns: owned.display().to_string(),
         })
     }
+
+    /// Deletes link `index` of the agent's own namespace on a blocking thread, over a netlink
+    /// socket of its own.
+    ///
+    /// Unregistering an interface keeps the request in the kernel for RCU grace periods, about
+    /// 15 ms for a veth pair. On the shared node connection that would hold up every other
+    /// netlink request of the agent, and the runtime worker driving it; alone, concurrent
+    /// deletions (a burst of CNI DELs) wait out their grace periods side by side. The thread
+    /// comes from the runtime's blocking pool, whose threads all stay in the agent's namespace
+    /// (only the throw-away threads of [`Netlink::open`] enter pods' namespaces).
+    pub async fn delete_link_alone(index: u32) -> std::io::Result<Result<(), rtnetlink::Error>> {
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()?;
+            runtime.block_on(async move {
+                let (conn, handle, _) = rtnetlink::new_connection()?;
+                let driver = tokio::spawn(conn);
+                let deleted = handle.link().del(index).execute().await;
+                driver.abort();
+                Ok(deleted)
+            })
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
 }
 
 /// Whether `path` names a network namespace that still exists.

@@ -84,11 +84,15 @@ pub async fn teardown_pod(node: &Netlink, host_ifname: &str) -> Result<bool> {
     let Some(link) = find_link(&node.handle, host_ifname).await? else {
         return Ok(false);
     };
-    match node.handle.link().del(link.index).execute().await {
-        Ok(()) => Ok(true),
+    match Netlink::delete_link_alone(link.index).await {
+        Ok(Ok(())) => Ok(true),
         // Deleted meanwhile (the pod's namespace went away and took the pair with it).
-        Err(e) if errno(&e) == Some(19) => Ok(false),
-        Err(e) => Err(netlink(format!("delete interface {host_ifname}"))(e)),
+        Ok(Err(e)) if errno(&e) == Some(19) => Ok(false),
+        Ok(Err(e)) => Err(netlink(format!("delete interface {host_ifname}"))(e)),
+        Err(source) => Err(Error::Thread {
+            op: format!("delete interface {host_ifname}"),
+            source,
+        }),
     }
 }
 
