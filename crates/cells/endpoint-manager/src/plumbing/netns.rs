@@ -67,6 +67,34 @@ impl Netlink {
         })
     }
 
+    /// Resolves when the kernel announces the removal of link `index` of the agent's own
+    /// namespace (RTM_DELLINK on the link multicast group); never, if it does not.
+    pub fn link_removed(
+        index: u32,
+    ) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+        use futures::StreamExt;
+        use rtnetlink::packet_core::NetlinkPayload;
+        use rtnetlink::packet_route::RouteNetlinkMessage;
+
+        let (conn, _handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])?;
+        // The socket is driven by a task that ends with the listener, however that ends
+        // (announced, or dropped because the deletion answered first).
+        let driver = AbortOnDrop(tokio::spawn(conn));
+        Ok(async move {
+            let _driver = driver;
+            while let Some((msg, _)) = messages.next().await {
+                if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) =
+                    msg.payload
+                    && link.header.index == index
+                {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        })
+    }
+
     /// Deletes link `index` of the agent's own namespace on a blocking thread, over a netlink
     /// socket of its own.
     ///
@@ -91,6 +119,15 @@ impl Netlink {
         })
         .await
         .map_err(std::io::Error::other)?
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -80,19 +80,30 @@ pub async fn setup_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result
 
 /// Removes the veth pair (its pod end and the node's route to the pod go with it). Removing
 /// what does not exist succeeds.
+///
+/// Returns once the kernel has announced the host end's removal (RTM_DELLINK), which it does
+/// after taking both ends out of their namespaces, with their addresses and routes, and before
+/// it waits for an RCU barrier to free them (about 15 ms). From the announcement on, nothing
+/// can find or use the interfaces and their names are free: what DEL promises. The deletion
+/// request itself completes on its own thread.
 pub async fn teardown_pod(node: &Netlink, host_ifname: &str) -> Result<bool> {
     let Some(link) = find_link(&node.handle, host_ifname).await? else {
         return Ok(false);
     };
-    match Netlink::delete_link_alone(link.index).await {
-        Ok(Ok(())) => Ok(true),
-        // Deleted meanwhile (the pod's namespace went away and took the pair with it).
-        Ok(Err(e)) if errno(&e) == Some(19) => Ok(false),
-        Ok(Err(e)) => Err(netlink(format!("delete interface {host_ifname}"))(e)),
-        Err(source) => Err(Error::Thread {
-            op: format!("delete interface {host_ifname}"),
-            source,
-        }),
+    let op = || format!("delete interface {host_ifname}");
+    // Listening starts before the request is sent, so the announcement cannot be missed.
+    let announced =
+        Netlink::link_removed(link.index).map_err(|source| Error::Thread { op: op(), source })?;
+    let deleted = Netlink::delete_link_alone(link.index);
+    tokio::select! {
+        () = announced => Ok(true),
+        result = deleted => match result {
+            Ok(Ok(())) => Ok(true),
+            // Deleted meanwhile (the pod's namespace went away and took the pair with it).
+            Ok(Err(e)) if errno(&e) == Some(19) => Ok(false),
+            Ok(Err(e)) => Err(netlink(op())(e)),
+            Err(source) => Err(Error::Thread { op: op(), source }),
+        },
     }
 }
 
