@@ -2,7 +2,7 @@
 //! namespaces with drop guards ([`NetNs`]), the node-and-pods topology the
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
 //! traffic probes ([`probe`]), and a running agent with its CLI and CNI
-//! plugin ([`Agent`]).
+//! plugin ([`Agent`], [`CniCall`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -11,14 +11,16 @@
 pub mod agent;
 pub mod bpffs;
 pub mod cmd;
+pub mod cni;
 mod error;
 pub mod netns;
 pub mod probe;
 pub mod topology;
 pub mod veth;
 
-pub use agent::{Agent, AgentOptions, CniCall};
+pub use agent::{Agent, AgentOptions};
 pub use bpffs::BpffsMount;
+pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};
 pub use netns::NetNs;
 pub use topology::{Pod, Topology};

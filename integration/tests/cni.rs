@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cellium_integration::agent::{CniProcess, result_ipv4};
+use cellium_integration::cni::{CniProcess, result_ipv4};
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
 use serde_json::Value;
