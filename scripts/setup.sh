@@ -10,8 +10,9 @@ packages=(
   iproute2 iputils-ping
   # Rendering `cellium-agent hive --dot`.
   graphviz
-  # A real CNI runtime and the reference plugins (tests and benchmarks).
-  podman runc containernetworking-plugins
+  # A real CNI runtime, the reference plugins (tests and benchmarks), and the static busybox
+  # the podman test builds its containers' root filesystem from.
+  podman runc containernetworking-plugins busybox-static
   # Benchmarks.
   iperf3 sockperf
   # HTTP servers and clients inside the demo's pods, and a container rootfs for podman tests.

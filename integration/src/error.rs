@@ -61,6 +61,46 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A binary the tests run is not built.
+    #[error(
+        "{path} is missing: run `cargo build --workspace` first (the tests run the built {name})"
+    )]
+    MissingBinary {
+        /// The binary's name.
+        name: &'static str,
+        /// Where it was looked for.
+        path: String,
+    },
+    /// A file or directory operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The agent exited, or never answered, while it was expected to serve.
+    #[error("the agent {what}; its log:\n{log}")]
+    Agent {
+        /// What happened (`exited with status 1 before its API answered`, ...).
+        what: String,
+        /// The agent's log so far.
+        log: String,
+    },
+    /// A tool printed JSON that could not be read.
+    #[error("{what} printed invalid JSON: {text}")]
+    Json {
+        /// The command.
+        what: String,
+        /// What it printed.
+        text: String,
+        /// Why it does not parse.
+        #[source]
+        source: serde_json::Error,
+    },
     /// Unexpected output from a tool or peer.
     #[error("unexpected {what}: {detail}")]
     Unexpected {

@@ -1,21 +1,26 @@
 //! Helpers for Cellium's privileged end-to-end tests and benchmarks: network
 //! namespaces with drop guards ([`NetNs`]), the node-and-pods topology the
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
-//! and traffic probes ([`probe`]).
+//! traffic probes ([`probe`]), and a running agent with its CLI and CNI
+//! plugin ([`Agent`], [`CniCall`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
 //! through the guards even when an assertion fails.
 
+pub mod agent;
 pub mod bpffs;
 pub mod cmd;
+pub mod cni;
 mod error;
 pub mod netns;
 pub mod probe;
 pub mod topology;
 pub mod veth;
 
+pub use agent::{Agent, AgentOptions};
 pub use bpffs::BpffsMount;
+pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};
 pub use netns::NetNs;
 pub use topology::{Pod, Topology};

@@ -590,6 +590,52 @@ fn clsact_attach_works_and_detach_restores_plain_routing() {
     );
 }
 
+#[test]
+fn clsact_attach_takes_over_from_tcx_links_left_by_a_tcx_agent() {
+    let _serial = serial();
+    let env = env_with(2, AttachMode::Tcx, no_enforcement);
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    assert!(
+        env.dp
+            .attached()
+            .unwrap()
+            .iter()
+            .all(|a| a.kind == AttachKind::Tcx)
+    );
+    // A new agent in clsact mode over the same pins.
+    let dp = Arc::new(
+        Datapath::open(DatapathOptions {
+            bpf_root: env.dp.bpf_root().to_owned(),
+            attach_mode: AttachMode::Clsact,
+        })
+        .unwrap(),
+    );
+    for pod in &env.topo.pods {
+        let (dp, ifindex) = (dp.clone(), pod.host_ifindex);
+        env.topo
+            .node
+            .run(move || dp.attach(ifindex))
+            .unwrap()
+            .unwrap();
+    }
+    let attached = dp.attached().unwrap();
+    assert_eq!(attached.len(), 4, "{attached:?}");
+    assert!(
+        attached.iter().all(|a| a.kind == AttachKind::Clsact),
+        "tcx links left: {attached:?}"
+    );
+    let forwarded = || {
+        dp.metrics()
+            .get(Direction::Egress, Reason::Forwarded)
+            .unwrap()
+            .packets
+    };
+    let before = forwarded();
+    assert!(probe::ping(&p1.ns, p2.ip, 2).unwrap());
+    // Two echo requests and two replies, each through one from-container program once.
+    assert_eq!(forwarded() - before, 4);
+}
+
 /// Removes a named topology on drop.
 struct NamedTopology(String, u8);
 

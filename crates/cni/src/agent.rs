@@ -82,6 +82,10 @@ impl Agent {
             {
                 Err(timed_out)
             }
+            Ok(Err(status)) if broken_connection(&status) => Err(Error::AgentGone {
+                call,
+                reason: source_chain(&status),
+            }),
             Ok(Err(status)) => Err(Error::Agent {
                 call,
                 grpc: status.code(),
@@ -90,6 +94,37 @@ impl Agent {
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
+}
+
+/// Whether a call failed because the connection under it broke (the agent exited or restarted
+/// mid-call). tonic reports that as UNKNOWN "transport error" with the transport's error as the
+/// source, not as a status the agent sent, so it is told apart by that source.
+fn broken_connection(status: &tonic::Status) -> bool {
+    if status.code() != tonic::Code::Unknown {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::transport::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// The sources of `status`, innermost last (`transport error: connection closed ...`).
+fn source_chain(status: &tonic::Status) -> String {
+    let mut parts = vec![status.message().to_string()];
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        source = e.source();
+    }
+    parts.join(": ")
 }
 
 #[cfg(test)]
@@ -137,5 +172,62 @@ mod tests {
         let err = result.unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(5), "{err}");
         assert!(matches!(err, Error::AgentTimeout { .. }), "{err}");
+    }
+
+    /// An agent that never answers, on a runtime of its own.
+    struct Stuck;
+
+    #[tonic::async_trait]
+    impl cellium_api::v1::agent_server::Agent for Stuck {
+        async fn status(
+            &self,
+            _: tonic::Request<cellium_api::v1::StatusRequest>,
+        ) -> Result<tonic::Response<cellium_api::v1::StatusResponse>, tonic::Status> {
+            std::future::pending().await
+        }
+    }
+
+    #[test]
+    fn a_connection_broken_mid_call_is_try_again_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        // Shutting the agent's runtime down closes its connections, as the death of the agent
+        // process does.
+        let server = tokio::runtime::Runtime::new().unwrap();
+        let listener = {
+            let _entered = server.enter();
+            tokio::net::UnixListener::bind(&socket).unwrap()
+        };
+        server.spawn(
+            tonic::transport::Server::builder()
+                .add_service(cellium_api::v1::agent_server::AgentServer::new(Stuck))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let client = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = client.block_on(async {
+            let agent = Agent::connect(&socket, Duration::from_secs(10))
+                .await
+                .unwrap();
+            let killer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                server.shutdown_background();
+            });
+            let result = agent
+                .call(
+                    "Agent.Status",
+                    agent
+                        .agent()
+                        .status(agent.request(cellium_api::v1::StatusRequest {})),
+                )
+                .await;
+            killer.join().unwrap();
+            result.unwrap_err()
+        });
+        assert!(matches!(err, Error::AgentGone { .. }), "{err}");
+        assert_eq!(err.code(), 11);
+        assert!(err.to_string().contains("during Agent.Status"), "{err}");
     }
 }

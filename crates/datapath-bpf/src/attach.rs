@@ -251,6 +251,10 @@ impl Attacher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((ifindex, hook));
+        // A tcx link pinned by an agent that ran in tcx mode runs before any clsact filter:
+        // left in place, both programs would see the pod's packets. The filter is in place
+        // now, so removing the link leaves no moment without a program.
+        self.detach_tcx(ifindex, hook)?;
         Ok(if existed {
             AttachAction::Replaced
         } else {
@@ -262,30 +266,7 @@ impl Attacher {
     /// is not an error (the interface may be gone already).
     pub(crate) fn detach(&self, progs: &Programs<'_>, ifindex: u32) -> Result<()> {
         for hook in Hook::ALL {
-            let path = self.pin_path(ifindex, hook);
-            if path.exists() {
-                let link = sys::obj_get(&path).map_err(|source| Error::Link {
-                    op: "open",
-                    path: path.clone(),
-                    source,
-                })?;
-                match sys::link_detach(link.as_fd()) {
-                    // ENOLINK: the link is already defunct (interface removed).
-                    Ok(()) => {}
-                    Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOLINK as i32) => {}
-                    Err(source) => {
-                        return Err(Error::Link {
-                            op: "detach",
-                            path,
-                            source,
-                        });
-                    }
-                }
-                fs::remove_file(&path).map_err(|source| Error::Unpin {
-                    path: path.clone(),
-                    source,
-                })?;
-            }
+            self.detach_tcx(ifindex, hook)?;
             let was_clsact = self
                 .clsact
                 .lock()
@@ -296,6 +277,32 @@ impl Attacher {
             }
         }
         Ok(())
+    }
+
+    /// Detaches and unpins the tcx link of one hook, if there is one.
+    fn detach_tcx(&self, ifindex: u32, hook: Hook) -> Result<()> {
+        let path = self.pin_path(ifindex, hook);
+        if !path.exists() {
+            return Ok(());
+        }
+        let link = sys::obj_get(&path).map_err(|source| Error::Link {
+            op: "open",
+            path: path.clone(),
+            source,
+        })?;
+        match sys::link_detach(link.as_fd()) {
+            // ENOLINK: the link is already defunct (interface removed).
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOLINK as i32) => {}
+            Err(source) => {
+                return Err(Error::Link {
+                    op: "detach",
+                    path,
+                    source,
+                });
+            }
+        }
+        fs::remove_file(&path).map_err(|source| Error::Unpin { path, source })
     }
 
     fn detach_clsact(&self, prog: BorrowedFd<'_>, ifindex: u32, hook: Hook) -> Result<()> {

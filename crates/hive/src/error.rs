@@ -380,7 +380,7 @@ pub enum Problem {
     },
 
     /// A key's value does not fit its field.
-    #[error("invalid value for config key `{key}` from {origin}: {reason}")]
+    #[error("invalid value for config key `{key}` from {origin}: {reason}{}", value_suffix(.value))]
     InvalidValue {
         /// The key.
         key: String,
@@ -388,6 +388,8 @@ pub enum Problem {
         origin: String,
         /// What was expected and what was found.
         reason: String,
+        /// The value as it was read (JSON), when a source set it.
+        value: Option<String>,
     },
 }
 
@@ -423,6 +425,13 @@ fn parent_suffix(parent: &Option<String>) -> String {
     parent
         .as_ref()
         .map(|p| format!(" in module `{p}`"))
+        .unwrap_or_default()
+}
+
+fn value_suffix(value: &Option<String>) -> String {
+    value
+        .as_ref()
+        .map(|v| format!(" (the value was {v})"))
         .unwrap_or_default()
 }
 

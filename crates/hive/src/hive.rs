@@ -711,6 +711,14 @@ mod tests {
             hook.contains("module=cp.ipam") && hook.contains("hook=restore"),
             "{hook}"
         );
+        let done = lines
+            .iter()
+            .find(|l| l.contains("start hook done"))
+            .unwrap();
+        assert!(
+            done.contains("module=cp.ipam") && done.contains("hook=restore"),
+            "{done}"
+        );
         let job = lines
             .iter()
             .find(|l| l.contains("hello from a job"))

@@ -6,14 +6,15 @@
 //! module depends on. Start hooks run one after another, each under
 //! `start-timeout`; stop hooks run in reverse, each under `stop-timeout`, and all
 //! of them run even when some fail. A failed start stops what had started, in
-//! reverse.
+//! reverse. Each hook that finishes logs `<phase> hook done` (info, with the
+//! module, hook name and elapsed time), so the order can be read from the log.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -258,8 +259,14 @@ async fn run_hook(
     let ctx = HookContext::default();
     let token = ctx.token.clone();
     let fut = f(ctx).instrument(span.clone());
+    let began = Instant::now();
     match tokio::time::timeout(timeout, fut).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            // One line per hook, in the order they ran: what an operator compares to see
+            // that stop hooks run in reverse start order, and which hook is slow.
+            span.in_scope(|| tracing::info!(elapsed = ?began.elapsed(), "{phase} hook done"));
+            Ok(())
+        }
         Ok(Err(e)) => {
             span.in_scope(|| tracing::error!(error = %e, "{phase} hook failed"));
             Err(HookError::Failed(e))

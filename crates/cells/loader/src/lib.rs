@@ -8,8 +8,9 @@
 //!   replaces the programs of an existing attachment atomically, with no window without one.
 //! - **Depends on** `Metrics` (optional): the datapath's per-reason packet and byte counters
 //!   are exported as `cellium_datapath_packets_total` and `cellium_datapath_bytes_total`.
-//! - **Config keys:** `bpf-root` (default `/sys/fs/bpf/cellium`), `conntrack-gc-interval`
-//!   (default `30s`).
+//! - **Config keys:** `bpf-root` (default `/sys/fs/bpf/cellium`), `attach-mode` (`clsact`,
+//!   the default, `tcx` or `auto`; see [`AttachModeConfig`] for why clsact),
+//!   `conntrack-gc-interval` (default `30s`).
 //! - **Degraded** when a conntrack collection fails; failing to load fails the start.
 
 mod config;
@@ -19,7 +20,7 @@ mod loader;
 
 use cellium_hive::Module;
 
-pub use config::LoaderConfig;
+pub use config::{AttachModeConfig, LoaderConfig};
 pub use error::{Error, Result};
 pub use loader::Loader;
 

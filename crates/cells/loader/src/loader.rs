@@ -32,11 +32,12 @@ impl Loader {
         let loader = Arc::new(Loader { datapath });
         let this = loader.clone();
         let root = cfg.bpf_root.clone();
+        let attach_mode = cfg.attach_mode.into();
         let interval = cfg.conntrack_gc_interval;
         lc.append(Hook::new("load-datapath").on_start(move |_| async move {
             let options = DatapathOptions {
                 bpf_root: root,
-                ..DatapathOptions::default()
+                attach_mode,
             };
             // Loading runs the verifier: seconds of CPU that must not stall the runtime.
             let dp = tokio::task::spawn_blocking(move || Datapath::open(options))

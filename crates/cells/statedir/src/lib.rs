@@ -2,7 +2,9 @@
 //!
 //! - **Owns** the state directory (`state-dir`, default `/var/run/cellium`) and an exclusive
 //!   lock on it (`agent.lock`, holding the agent's pid), so two agents never share state.
-//! - **Provides** `Arc<StateDir>`: atomic writes (temp file, fsync, rename), reads, listings.
+//! - **Provides** `Arc<StateDir>`: atomic writes (temp file, rename), durable (fsync'd) or, for
+//!   records of what does not outlive the node's kernel anyway, left to the page cache; reads,
+//!   listings.
 //! - **Depends on** nothing but the hive.
 //! - **Config keys:** `state-dir`.
 //! - **Degraded** never: failing to create or lock the directory fails the agent's start.

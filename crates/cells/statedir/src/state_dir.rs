@@ -60,9 +60,26 @@ impl StateDir {
         &self.root
     }
 
-    /// Writes `bytes` to `rel` atomically, creating parent directories.
+    /// Writes `bytes` to `rel` atomically and durably (flushed to disk before it returns),
+    /// creating parent directories.
     pub fn write(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
-        let path = self.resolve(rel.as_ref())?;
+        self.write_atomic(rel.as_ref(), bytes, true)
+    }
+
+    /// Writes `bytes` to `rel` atomically, but leaves flushing to the kernel: the new content
+    /// is what any process, and an agent restarted after a crash, reads from the moment this
+    /// returns; only a crash of the whole node can lose it.
+    ///
+    /// For records of things that do not outlive the node's kernel either (veth pairs, network
+    /// namespaces, bpffs pins): after a reboot there is nothing left for such a record to
+    /// describe, so flushing it (two fsyncs, milliseconds on a disk) would buy nothing. On the
+    /// default state directory under `/run`, a tmpfs, both kinds of write cost the same.
+    pub fn write_volatile(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
+        self.write_atomic(rel.as_ref(), bytes, false)
+    }
+
+    fn write_atomic(&self, rel: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+        let path = self.resolve(rel)?;
         let parent = path.parent().unwrap_or(&self.root).to_path_buf();
         make_dir(&parent)?;
         let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -75,8 +92,13 @@ impl StateDir {
             .open(&tmp)
             .map_err(io("create", &tmp))?;
         file.write_all(bytes).map_err(io("write", &tmp))?;
-        file.sync_all().map_err(io("sync", &tmp))?;
+        if durable {
+            file.sync_all().map_err(io("sync", &tmp))?;
+        }
         fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
+        if !durable {
+            return Ok(());
+        }
         // The rename is durable only once the directory entry itself is on disk.
         File::open(&parent)
             .and_then(|d| d.sync_all())
@@ -182,6 +204,23 @@ fn make_dir(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volatile_writes_replace_atomically_and_leave_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_at(tmp.path().join("state")).unwrap();
+        dir.write_volatile("endpoints/7.json", b"{\"v\":1}")
+            .unwrap();
+        dir.write_volatile("endpoints/7.json", b"{\"v\":2}")
+            .unwrap();
+        assert_eq!(dir.read("endpoints/7.json").unwrap().unwrap(), b"{\"v\":2}");
+        let names: Vec<_> = fs::read_dir(tmp.path().join("state/endpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["7.json"]);
+        assert!(dir.write_volatile("../escape", b"x").is_err());
+    }
 
     #[test]
     fn writes_are_read_back_and_listed() {

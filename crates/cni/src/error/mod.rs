@@ -267,6 +267,18 @@ pub enum Error {
         /// The limit that expired.
         timeout: Duration,
     },
+    /// The connection to the agent broke while a call was in flight: the agent exited or
+    /// restarted. What the call did on the agent is unknown, so the runtime retries (a failed
+    /// ADD is followed by its DEL, which removes whatever the agent finished).
+    #[error(
+        "the connection to the Cellium agent broke during {call} ({reason}): the agent stopped or restarted (check `cellium status` and the agent's log); the runtime should retry later"
+    )]
+    AgentGone {
+        /// The gRPC method.
+        call: &'static str,
+        /// The transport's description of the failure.
+        reason: String,
+    },
     /// The agent answered with a gRPC error.
     #[error("{call} failed ({}): {message}; {}", grpc_name(*grpc), grpc_hint(call, *grpc))]
     Agent {
@@ -364,7 +376,9 @@ impl Error {
             | Error::InvalidConfig { .. }
             | Error::MissingPrevResult { .. }
             | Error::MissingValidAttachments { .. } => INVALID_CONFIG,
-            Error::AgentNotRunning { .. } | Error::AgentTimeout { .. } => TRY_AGAIN_LATER,
+            Error::AgentNotRunning { .. }
+            | Error::AgentTimeout { .. }
+            | Error::AgentGone { .. } => TRY_AGAIN_LATER,
             Error::AgentPermissionDenied { .. } => PERMISSION_DENIED,
             Error::Agent { grpc, .. } => grpc_code(*grpc),
             Error::AgentReply { .. } | Error::EndpointFailed { .. } => AGENT_INTERNAL,

@@ -151,13 +151,25 @@ fn value_problems(
                 || format!("the default of section `{}`", s.decl.ty.pretty()),
                 |(_, origin)| origin.clone(),
             );
+            // The value itself, so a person sees what they wrote next to what was expected.
+            let value = winners.get(&key).map(|(v, _)| render(v));
             Problem::InvalidValue {
                 key,
                 origin,
                 reason: e.kind.to_string(),
+                value,
             }
         })
         .collect()
+}
+
+/// A value as compact JSON, cut after 200 characters.
+fn render(value: &Value) -> String {
+    let text = serde_json::to_string(value).unwrap_or_else(|_| format!("{value:?}"));
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
 }
 
 fn unknown_hint(
@@ -381,6 +393,7 @@ mod tests {
             "{all}"
         );
         assert!(all.contains("expected u16"), "{all}");
+        assert!(all.contains("(the value was \"many\")"), "{all}");
         assert!(
             all.contains(
                 "invalid value for config key `debug` from environment variable `CELLIUM_DEBUG`"

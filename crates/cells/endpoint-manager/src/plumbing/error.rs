@@ -49,6 +49,15 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A thread or socket for a netlink request could not be set up.
+    #[error("cannot {op}: no thread or netlink socket for it")]
+    Thread {
+        /// What was to be done.
+        op: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The pod's interface is not as it was set up.
     #[error("{0}")]
     Drift(String),

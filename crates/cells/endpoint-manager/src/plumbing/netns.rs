@@ -66,6 +66,69 @@ impl Netlink {
             netns: owned.display().to_string(),
         })
     }
+
+    /// Resolves when the kernel announces the removal of link `index` of the agent's own
+    /// namespace (RTM_DELLINK on the link multicast group); never, if it does not.
+    pub fn link_removed(
+        index: u32,
+    ) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+        use futures::StreamExt;
+        use rtnetlink::packet_core::NetlinkPayload;
+        use rtnetlink::packet_route::RouteNetlinkMessage;
+
+        let (conn, _handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])?;
+        // The socket is driven by a task that ends with the listener, however that ends
+        // (announced, or dropped because the deletion answered first).
+        let driver = AbortOnDrop(tokio::spawn(conn));
+        Ok(async move {
+            let _driver = driver;
+            while let Some((msg, _)) = messages.next().await {
+                if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) =
+                    msg.payload
+                    && link.header.index == index
+                {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        })
+    }
+
+    /// Deletes link `index` of the agent's own namespace on a blocking thread, over a netlink
+    /// socket of its own.
+    ///
+    /// Unregistering an interface keeps the request in the kernel for RCU grace periods, about
+    /// 15 ms for a veth pair. On the shared node connection that would hold up every other
+    /// netlink request of the agent, and the runtime worker driving it; alone, concurrent
+    /// deletions (a burst of CNI DELs) wait out their grace periods side by side. The thread
+    /// comes from the runtime's blocking pool, whose threads all stay in the agent's namespace
+    /// (only the throw-away threads of [`Netlink::open`] enter pods' namespaces).
+    pub async fn delete_link_alone(index: u32) -> std::io::Result<Result<(), rtnetlink::Error>> {
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()?;
+            runtime.block_on(async move {
+                let (conn, handle, _) = rtnetlink::new_connection()?;
+                let driver = tokio::spawn(conn);
+                let deleted = handle.link().del(index).execute().await;
+                driver.abort();
+                Ok(deleted)
+            })
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Whether `path` names a network namespace that still exists.

@@ -8,7 +8,7 @@ use std::path::Path;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::packet_route::neighbour::NeighbourState;
-use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteScope};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::plumbing::error::{Error, Result, errno, netlink};
@@ -80,24 +80,38 @@ pub async fn setup_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result
 
 /// Removes the veth pair (its pod end and the node's route to the pod go with it). Removing
 /// what does not exist succeeds.
+///
+/// Returns once the kernel has announced the host end's removal (RTM_DELLINK), which it does
+/// after taking both ends out of their namespaces, with their addresses and routes, and before
+/// it waits for an RCU barrier to free them (about 15 ms). From the announcement on, nothing
+/// can find or use the interfaces and their names are free: what DEL promises. The deletion
+/// request itself completes on its own thread.
 pub async fn teardown_pod(node: &Netlink, host_ifname: &str) -> Result<bool> {
     let Some(link) = find_link(&node.handle, host_ifname).await? else {
         return Ok(false);
     };
-    match node.handle.link().del(link.index).execute().await {
-        Ok(()) => Ok(true),
-        // Deleted meanwhile (the pod's namespace went away and took the pair with it).
-        Err(e) if errno(&e) == Some(19) => Ok(false),
-        Err(e) => Err(netlink(format!("delete interface {host_ifname}"))(e)),
+    let op = || format!("delete interface {host_ifname}");
+    // Listening starts before the request is sent, so the announcement cannot be missed.
+    let announced =
+        Netlink::link_removed(link.index).map_err(|source| Error::Thread { op: op(), source })?;
+    let deleted = Netlink::delete_link_alone(link.index);
+    tokio::select! {
+        () = announced => Ok(true),
+        result = deleted => match result {
+            Ok(Ok(())) => Ok(true),
+            // Deleted meanwhile (the pod's namespace went away and took the pair with it).
+            Ok(Err(e)) if errno(&e) == Some(19) => Ok(false),
+            Ok(Err(e)) => Err(netlink(op())(e)),
+            Err(source) => Err(Error::Thread { op: op(), source }),
+        },
     }
 }
 
-/// Checks that the pod's interface, addresses and default route are as set up.
+/// Checks that the pod's interface, addresses and default route are as set up, then the host
+/// end. The pod's side comes first: it is what the runtime asks about (`CNI_IFNAME` in
+/// `CNI_NETNS`), and removing the pod's interface takes the host end with it, so the message
+/// names what was removed rather than its consequence.
 pub async fn check_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
-    let host = expect_link(node, &net.host_ifname).await?;
-    if !host.up {
-        return Err(Error::Drift(format!("{} is down", net.host_ifname)));
-    }
     let pod = Netlink::open(netns).await?;
     let link = expect_link(&pod, &net.ifname).await?;
     if !link.up {
@@ -132,7 +146,49 @@ pub async fn check_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result
             )));
         }
     }
+    for (_, gw) in &net.addresses {
+        if !has_default_route(&pod, *gw, link.index).await? {
+            return Err(Error::Drift(format!(
+                "the default route via {gw} dev {} is missing in {}",
+                net.ifname, pod.netns
+            )));
+        }
+    }
+    let host = expect_link(node, &net.host_ifname).await?;
+    if !host.up {
+        return Err(Error::Drift(format!("{} is down", net.host_ifname)));
+    }
     Ok(())
+}
+
+/// Whether `default via <gw> dev <oif>` is in the namespace's main table.
+async fn has_default_route(nl: &Netlink, gw: IpAddr, oif: u32) -> Result<bool> {
+    let filter = match gw {
+        IpAddr::V4(_) => RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        IpAddr::V6(_) => RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    };
+    let mut routes = nl.handle.route().get(filter).execute();
+    while let Some(msg) = routes
+        .try_next()
+        .await
+        .map_err(netlink(format!("list routes in {}", nl.netns)))?
+    {
+        if msg.header.destination_prefix_length != 0 {
+            continue;
+        }
+        let via = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Gateway(addr) if *addr == RouteAddress::from(gw)));
+        let dev = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == oif));
+        if via && dev {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 async fn create_pair(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
