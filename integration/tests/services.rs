@@ -265,6 +265,61 @@ ports: [ {{ name: http, port: 8080 }} ]
     );
 }
 
+#[test]
+fn a_frontend_that_cannot_be_programmed_is_reported_with_the_reason() {
+    let _serial = serial();
+    let env = setup();
+    env.agent
+        .kubectl("apply", WEB)
+        .expect("apply the web service");
+    frontend_with(&env.agent, "web", 2);
+    // 66 slices of 1000 ready endpoints: more backends than a frontend has slots for. The
+    // addresses only appear in the slices; nothing is sent to them.
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: big}\nspec: {ports: [{port: 80}]}\n",
+    );
+    for slice in 0..66u32 {
+        yaml.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-{slice}, labels: {{kubernetes.io/service-name: big}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
+        ));
+        for i in slice * 1000..(slice + 1) * 1000 {
+            let [_, a, b, c] = (0x0a64_0000 + i).to_be_bytes();
+            yaml.push_str(&format!("- {{addresses: [10.{a}.{b}.{c}]}}\n"));
+        }
+    }
+    env.agent
+        .kubectl("apply", &yaml)
+        .expect("apply the big service");
+    let status = wait_for("svc-lb degraded", || {
+        let text = env.agent.cli(&["status"]).ok()?;
+        text.contains("Degraded").then_some(text)
+    });
+    assert!(
+        status.contains("svc-lb Degraded: 1 of 2 frontends not programmed: frontend default/big (")
+            && status.contains("66000 backends, more than the 65534 a frontend can hold"),
+        "{status}"
+    );
+    let big = frontend_with(&env.agent, "big", 66000);
+    assert!(
+        big["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("66000 backends")),
+        "{big}"
+    );
+    assert_eq!(big["rev_nat_id"], 0);
+    // The other service is served all along.
+    let web = frontend_with(&env.agent, "web", 2);
+    balance(&env, vip(&web), &["web-0", "web-1"], 60);
+
+    env.agent
+        .kubectl("delete", &yaml)
+        .expect("delete the big service");
+    wait_for("svc-lb OK again", || {
+        let text = env.agent.cli(&["status"]).ok()?;
+        (!text.contains("Degraded")).then_some(())
+    });
+}
+
 /// Reads one line from the connection.
 fn line(reader: &mut BufReader<TcpStream>) -> String {
     let mut text = String::new();
