@@ -19,6 +19,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_ipcache::cell().into(),
             cellium_policy_repo::cell().into(),
             cellium_endpoint_manager::cell().into(),
+            cellium_svc_lb::cell().into(),
         ])
         .into(),
     ]
@@ -48,6 +49,7 @@ mod tests {
             "loader",
             "resources",
             "ipam",
+            "svc-lb",
         ] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }

@@ -37,6 +37,10 @@ fn the_description_lists_every_module_and_the_start_order() {
     // Dependencies start first: the datapath before the endpoints, the endpoints before the API.
     assert!(pos("load-datapath") < pos("restore-endpoints"));
     assert!(pos("restore-endpoints") < pos("serve-api"));
+    // Services are taken over from the pinned maps only once objects and endpoints are back.
+    assert!(pos("restore-objects") < pos("restore-services"));
+    assert!(pos("restore-endpoints") < pos("restore-services"));
+    assert!(pos("restore-services") < pos("serve-api"));
 }
 
 #[test]
@@ -68,7 +72,7 @@ fn the_graph_renders_with_graphviz() {
 }
 
 /// Every module of the agent.
-const MODULES: [&str; 10] = [
+const MODULES: [&str; 11] = [
     "statedir",
     "metrics",
     "api-server",
@@ -79,4 +83,5 @@ const MODULES: [&str; 10] = [
     "ipcache",
     "policy-repo",
     "endpoint-manager",
+    "svc-lb",
 ];

@@ -7,6 +7,7 @@ mod ipam;
 mod ipcache;
 mod output;
 mod policy;
+mod service;
 mod status;
 
 use std::path::PathBuf;
@@ -48,6 +49,9 @@ enum Command {
     /// The node's network policy rules and selector cache.
     #[command(subcommand)]
     Policy(policy::Command),
+    /// The ClusterIP services the node load-balances, with their backends.
+    #[command(subcommand)]
+    Service(service::Command),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -63,6 +67,7 @@ async fn main() -> ExitCode {
         Command::Identity(command) => identity::exec(&cli.socket, command).await,
         Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
         Command::Policy(command) => policy::exec(&cli.socket, command).await,
+        Command::Service(command) => service::exec(&cli.socket, command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

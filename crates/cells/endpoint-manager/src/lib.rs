@@ -2,7 +2,8 @@
 //!
 //! - **Owns** the endpoints: their ids, records (one JSON file each under `endpoints/` in the
 //!   state directory, written atomically), veth pairs, routes and datapath entries.
-//! - **Provides** `Arc<EndpointManager>` (create, delete, check, gc, list, get) and the
+//! - **Provides** `Arc<EndpointManager>` (create, delete, check, gc, list, get, and
+//!   `changes`, a counter bumped when endpoints come and go) and the
 //!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
 //!   `create` returns only once the datapath enforces the endpoint.
 //! - **Depends on** ipam (addresses), loader (the datapath), resources (pod and namespace

@@ -15,6 +15,7 @@ use cellium_loader::Loader;
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
 use cellium_statedir::StateDir;
+use tokio::sync::watch;
 
 use crate::config::EndpointConfig;
 use crate::endpoint::{Address, Endpoint, State};
@@ -45,6 +46,8 @@ pub struct EndpointManager {
     pub(crate) node: OnceLock<Netlink>,
     pub(crate) table: Mutex<Table>,
     locks: KeyLocks,
+    /// Bumped whenever the set of endpoints changes (see [`EndpointManager::changes`]).
+    changes: watch::Sender<u64>,
 }
 
 /// The endpoints in memory, by id and by the runtime's key.
@@ -112,6 +115,7 @@ impl EndpointManager {
             node: OnceLock::new(),
             table: Mutex::new(Table::default()),
             locks: KeyLocks::default(),
+            changes: watch::channel(0).0,
         });
         let this = manager.clone();
         // Restored endpoints re-reserve their addresses here, before the API serves any CNI ADD
@@ -155,6 +159,7 @@ impl EndpointManager {
         match self.build(&node, &mut ep).await {
             Ok(()) => {
                 tracing::info!(endpoint = %ep.describe(), ips = ?ep.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(), "endpoint ready");
+                self.changed();
                 Ok(ep)
             }
             Err(e) => {
@@ -234,6 +239,21 @@ impl EndpointManager {
             }
         }
         Ok(removed)
+    }
+
+    /// A counter bumped whenever an endpoint is created (ready), deleted or removed, and once
+    /// when the endpoints are restored at start: for consumers that derive state from the
+    /// endpoint list (service backends, say) and re-read it with [`EndpointManager::list`].
+    ///
+    /// Trap: it says that something changed, not what; and a receiver made before the
+    /// restore sees the restored endpoints only through that one bump.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Tells [`EndpointManager::changes`] subscribers to look again.
+    pub(crate) fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Every endpoint, by id.
@@ -380,6 +400,7 @@ impl EndpointManager {
         self.release_addresses(ep);
         self.store.remove(ep)?;
         self.forget(ep);
+        self.changed();
         Ok(())
     }
 
@@ -401,6 +422,7 @@ impl EndpointManager {
             tracing::warn!(endpoint = %ep.describe(), error = %e, "removing the record failed");
         }
         self.forget(ep);
+        self.changed();
     }
 
     fn release_addresses(&self, ep: &Endpoint) {

@@ -49,6 +49,7 @@ impl EndpointManager {
         }
         let swept = self.sweep(&node).await;
         self.finish_restore().await;
+        self.changed();
         Ok(format!(
             "{restored} endpoints restored, {removed} removed, {swept} leftovers swept"
         ))

@@ -1,8 +1,8 @@
-//! Errors of applying and deleting objects.
+//! Errors of applying and deleting objects, and of the cell's configuration.
 
 use crate::document::DocumentError;
 
-/// Why an apply or delete changed nothing.
+/// Why an apply or delete changed nothing, or why the cell cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// One or more documents are invalid; every one is listed.
@@ -11,6 +11,9 @@ pub enum Error {
     /// The text holds no object.
     #[error("{0}: no object found (empty text or only comments)")]
     Empty(String),
+    /// The `service-cidr` configuration key is not a usable range.
+    #[error("service-cidr: {0}")]
+    ServiceCidr(String),
 }
 
 fn list(errors: &[DocumentError]) -> String {

@@ -2,8 +2,10 @@
 
 use crate::document::{Document, decode};
 use crate::objects::cilium_decode::CiliumPolicyDoc;
+use crate::objects::service::ServiceDraft;
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Namespace, NetworkPolicy, Pod,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
+    Pod, Service,
 };
 use crate::validate::FieldError;
 
@@ -20,6 +22,10 @@ pub enum Parsed {
     CiliumNetworkPolicy(CiliumNetworkPolicy),
     /// `cilium.io/v2/CiliumClusterwideNetworkPolicy`.
     CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy),
+    /// `v1/Service`, its cluster IP not decided yet.
+    Service(Box<ServiceDraft>),
+    /// `discovery.k8s.io/v1/EndpointSlice`.
+    EndpointSlice(EndpointSlice),
 }
 
 impl Parsed {
@@ -30,6 +36,8 @@ impl Parsed {
             Parsed::Pod(p) => Some(&p.namespace),
             Parsed::NetworkPolicy(p) => Some(&p.namespace),
             Parsed::CiliumNetworkPolicy(p) => Some(&p.namespace),
+            Parsed::Service(d) => Some(&d.service.namespace),
+            Parsed::EndpointSlice(s) => Some(&s.namespace),
         }
     }
 }
@@ -41,6 +49,8 @@ pub const SUPPORTED: &[&str] = &[
     "networking.k8s.io/v1/NetworkPolicy",
     "cilium.io/v2/CiliumNetworkPolicy",
     "cilium.io/v2/CiliumClusterwideNetworkPolicy",
+    "v1/Service",
+    "discovery.k8s.io/v1/EndpointSlice",
 ];
 
 /// Decodes and checks one document.
@@ -60,6 +70,12 @@ pub fn parse(doc: &Document) -> Result<Parsed, FieldError> {
             decode::<CiliumPolicyDoc>(doc.value.clone())?
                 .into_policy(true)
                 .map(|p| Parsed::CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy(p)))
+        }
+        ("v1", "Service") => {
+            Service::from_k8s(decode(doc.value.clone())?).map(|d| Parsed::Service(Box::new(d)))
+        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            EndpointSlice::from_k8s(decode(doc.value.clone())?).map(Parsed::EndpointSlice)
         }
         _ => Err(unsupported(doc)),
     }

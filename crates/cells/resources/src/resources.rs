@@ -4,17 +4,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use cellium_hive::{Hook, Lifecycle, Reporter};
+use cellium_hive::{Config, Hook, Lifecycle, Reporter};
 use cellium_statedir::StateDir;
+use serde_yaml::Value;
 
+use crate::config::ResourcesConfig;
 use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
 use crate::key::{Object, ObjectKey};
 use crate::kinds::{self, Parsed};
+use crate::objects::service::{RequestedIp, ServiceDraft};
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Namespace, NetworkPolicy, Pod,
-    SYSTEM_NAMESPACES,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, ClusterIp, EndpointSlice, Namespace,
+    NetworkPolicy, Pod, SYSTEM_NAMESPACES, Service,
 };
+use crate::service_ip::ServiceRange;
 use crate::store::Store;
 use crate::table::{Change, Table};
 use crate::validate::FieldError;
@@ -70,6 +74,13 @@ pub struct Resources {
     pub cilium_network_policies: Table<CiliumNetworkPolicy>,
     /// `cilium.io/v2` CiliumClusterwideNetworkPolicies (keys without a namespace).
     pub cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
+    /// `v1` Services, their cluster IPs decided (allocated from `service-cidr` when not
+    /// given).
+    pub services: Table<Service>,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    pub endpoint_slices: Table<EndpointSlice>,
+    /// The range cluster IPs come from.
+    service_range: ServiceRange,
     /// Applies and deletes run one at a time, so each is checked against the state it changes.
     writes: Mutex<()>,
     /// Where applied objects are recorded; `None` keeps them in memory only.
@@ -77,35 +88,54 @@ pub struct Resources {
 }
 
 impl Resources {
-    /// Empty tables but for the system namespaces, in memory only.
+    /// Empty tables but for the system namespaces, in memory only, with the default
+    /// `service-cidr`.
     pub fn new() -> Arc<Resources> {
-        Arc::new(Resources::empty(None))
+        let range = ServiceRange::new(ResourcesConfig::default().service_cidr)
+            .expect("the default service range is valid");
+        Arc::new(Resources::empty(None, range))
+    }
+
+    /// Empty tables in memory only, with cluster IPs from `service_cidr`.
+    pub fn with_service_cidr(service_cidr: ipnet::Ipv4Net) -> Result<Arc<Resources>> {
+        let range = ServiceRange::new(service_cidr).map_err(Error::ServiceCidr)?;
+        Ok(Arc::new(Resources::empty(None, range)))
     }
 
     /// The cell's constructor: applied objects are recorded in the state directory and
     /// applied again by the `restore-objects` start hook, before any cell that reads the
-    /// tables starts.
+    /// tables starts. Fails when `service-cidr` is not a usable range.
     pub fn persistent(
+        cfg: Config<ResourcesConfig>,
         lc: Lifecycle,
         reporter: Reporter,
         state_dir: Arc<StateDir>,
-    ) -> Arc<Resources> {
-        let resources = Arc::new(Resources::empty(Some(Store(state_dir))));
+    ) -> Result<Arc<Resources>> {
+        let range = ServiceRange::new(cfg.service_cidr).map_err(Error::ServiceCidr)?;
+        let resources = Arc::new(Resources::empty(Some(Store(state_dir)), range));
         let this = resources.clone();
         lc.append(Hook::new("restore-objects").on_start(move |_| async move {
             reporter.ok(this.restore());
             Ok(())
         }));
-        resources
+        Ok(resources)
     }
 
-    fn empty(store: Option<Store>) -> Resources {
+    /// The range cluster IPs are allocated from.
+    pub fn service_cidr(&self) -> ipnet::Ipv4Net {
+        self.service_range.cidr()
+    }
+
+    fn empty(store: Option<Store>, service_range: ServiceRange) -> Resources {
         let resources = Resources {
             namespaces: Table::default(),
             pods: Table::default(),
             network_policies: Table::default(),
             cilium_network_policies: Table::default(),
             cilium_clusterwide_network_policies: Table::default(),
+            services: Table::default(),
+            endpoint_slices: Table::default(),
+            service_range,
             writes: Mutex::new(()),
             store,
         };
@@ -147,13 +177,23 @@ impl Resources {
         let mut parsed = Vec::new();
         let mut errors = Vec::new();
         let mut new_namespaces = BTreeSet::new();
+        let mut claims = BTreeMap::new();
         for doc in &docs {
-            match kinds::parse(doc).and_then(|p| self.check(&p, &new_namespaces).map(|_| p)) {
+            let mut value = doc.value.clone();
+            let settled = kinds::parse(doc)
+                .and_then(|p| self.check(&p, &new_namespaces).map(|_| p))
+                .and_then(|mut p| {
+                    if let Parsed::Service(draft) = &mut p {
+                        self.settle_cluster_ip(draft, &mut value, &mut claims, !record)?;
+                    }
+                    Ok(p)
+                });
+            match settled {
                 Ok(p) => {
                     if let Parsed::Namespace(ns) = &p {
                         new_namespaces.insert(ns.name.clone());
                     }
-                    parsed.push((p, &doc.value));
+                    parsed.push((p, value));
                 }
                 Err(e) => errors.push(doc_error(source, doc, e)),
             }
@@ -165,7 +205,7 @@ impl Resources {
         for (p, value) in parsed {
             let outcome = self.write(p);
             if record && let Some(store) = &self.store {
-                store.save(outcome.kind, &outcome.key, value);
+                store.save(outcome.kind, &outcome.key, &value);
             }
             outcomes.push(outcome);
         }
@@ -232,6 +272,103 @@ impl Resources {
         Ok(())
     }
 
+    /// Decides a service's cluster IP as the API server does: an update keeps the current
+    /// one (a different one is refused: the field is immutable), a new service gets the one
+    /// it names (which must be inside `service-cidr` and held by no other service) or one
+    /// allocated from the range. The decision is written into the document, so the recorded
+    /// object brings the same address back after a restart. `claims` holds the decisions for
+    /// the file's earlier documents; `restoring` accepts a recorded address outside a range
+    /// that has changed since, with a warning, rather than losing the service.
+    fn settle_cluster_ip(
+        &self,
+        draft: &mut ServiceDraft,
+        value: &mut Value,
+        claims: &mut BTreeMap<ObjectKey, ClusterIp>,
+        restoring: bool,
+    ) -> Result<(), FieldError> {
+        let key = draft.service.key();
+        let current = claims
+            .get(&key)
+            .copied()
+            .or_else(|| self.services.get(&key).map(|s| s.cluster_ip));
+        let field = "spec.clusterIP";
+        let decided = match (draft.requested, current) {
+            (RequestedIp::Unset, Some(current)) => current,
+            (RequestedIp::Headless, None | Some(ClusterIp::Headless)) => ClusterIp::Headless,
+            (RequestedIp::Address(ip), Some(current)) if current == ClusterIp::Address(ip) => {
+                current
+            }
+            (RequestedIp::Headless | RequestedIp::Address(_), Some(current)) => {
+                return Err(FieldError::new(
+                    field,
+                    format!(
+                        "field is immutable: the service has {current} (delete the service and create it again to change it)"
+                    ),
+                ));
+            }
+            (RequestedIp::Unset, None) => {
+                let used = self.cluster_ips_in_use(&key, claims).into_keys().collect();
+                let ip = self.service_range.allocate(&used).ok_or_else(|| {
+                    FieldError::new(
+                        field,
+                        format!(
+                            "no address left to allocate in the service range {}",
+                            self.service_range.cidr()
+                        ),
+                    )
+                })?;
+                ClusterIp::Address(ip)
+            }
+            (RequestedIp::Address(ip), None) => {
+                if !self.service_range.contains(ip) {
+                    let range = self.service_range.cidr();
+                    if !restoring {
+                        return Err(FieldError::new(
+                            field,
+                            format!(
+                                "{ip} is not in the service range {range} (service-cidr; its network and broadcast addresses excluded)"
+                            ),
+                        ));
+                    }
+                    tracing::warn!(service = %key, %ip, %range, "a recorded cluster IP is outside the service range; kept, as the API server keeps it");
+                }
+                if let Some(holder) = self.cluster_ips_in_use(&key, claims).get(&ip) {
+                    return Err(FieldError::new(
+                        field,
+                        format!("{ip} is already allocated to service {holder}"),
+                    ));
+                }
+                ClusterIp::Address(ip)
+            }
+        };
+        draft.service.cluster_ip = decided;
+        claims.insert(key, decided);
+        record_cluster_ip(value, decided);
+        Ok(())
+    }
+
+    /// The cluster IPs held by services other than `key`, with their holders: those in the
+    /// table and those the file being applied claims.
+    fn cluster_ips_in_use(
+        &self,
+        key: &ObjectKey,
+        claims: &BTreeMap<ObjectKey, ClusterIp>,
+    ) -> BTreeMap<std::net::Ipv4Addr, ObjectKey> {
+        let mut used = BTreeMap::new();
+        for svc in self.services.list() {
+            if let ClusterIp::Address(ip) = svc.cluster_ip {
+                used.insert(ip, svc.key());
+            }
+        }
+        for (k, ip) in claims {
+            if let ClusterIp::Address(ip) = ip {
+                used.insert(*ip, k.clone());
+            }
+        }
+        used.retain(|_, holder| holder != key);
+        used
+    }
+
     fn write(&self, parsed: Parsed) -> Outcome {
         let (kind, key, change) = match parsed {
             Parsed::Namespace(ns) => (Namespace::KIND, ns.key(), self.namespaces.upsert(ns)),
@@ -251,6 +388,14 @@ impl Resources {
                 p.key(),
                 self.cilium_clusterwide_network_policies.upsert(p),
             ),
+            Parsed::Service(d) => (
+                Service::KIND,
+                d.service.key(),
+                self.services.upsert(d.service),
+            ),
+            Parsed::EndpointSlice(s) => {
+                (EndpointSlice::KIND, s.key(), self.endpoint_slices.upsert(s))
+            }
         };
         let action = match change {
             Change::Created => Action::Created,
@@ -272,6 +417,12 @@ impl Resources {
                 for p in self.cilium_network_policies.list_namespace(&key.name) {
                     self.forget(&self.cilium_network_policies, &p.key());
                 }
+                for s in self.services.list_namespace(&key.name) {
+                    self.forget(&self.services, &s.key());
+                }
+                for s in self.endpoint_slices.list_namespace(&key.name) {
+                    self.forget(&self.endpoint_slices, &s.key());
+                }
                 (Namespace::KIND, self.forget(&self.namespaces, &key))
             }
             "NetworkPolicy" => (
@@ -286,6 +437,11 @@ impl Resources {
                 CiliumClusterwideNetworkPolicy::KIND,
                 self.forget(&self.cilium_clusterwide_network_policies, &key),
             ),
+            "Service" => (Service::KIND, self.forget(&self.services, &key)),
+            "EndpointSlice" => (
+                EndpointSlice::KIND,
+                self.forget(&self.endpoint_slices, &key),
+            ),
             _ => (Pod::KIND, self.forget(&self.pods, &key)),
         };
         let action = if found {
@@ -294,6 +450,22 @@ impl Resources {
             Action::NotFound
         };
         Outcome { kind, key, action }
+    }
+}
+
+/// Writes a decided cluster IP into a service's document (`spec.clusterIP` and
+/// `spec.clusterIPs`), as the API server stores it.
+fn record_cluster_ip(value: &mut Value, ip: ClusterIp) {
+    let Some(root) = value.as_mapping_mut() else {
+        return;
+    };
+    let spec = root
+        .entry("spec".into())
+        .or_insert_with(|| Value::Mapping(Default::default()));
+    if let Some(spec) = spec.as_mapping_mut() {
+        let text = Value::String(ip.to_string());
+        spec.insert("clusterIP".into(), text.clone());
+        spec.insert("clusterIPs".into(), Value::Sequence(vec![text]));
     }
 }
 
@@ -340,6 +512,10 @@ kind: Pod
 metadata: { name: web, namespace: shop, labels: { app: web } }
 spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } ] }
 "#;
+
+    fn default_range() -> ServiceRange {
+        ServiceRange::new(ResourcesConfig::default().service_cidr).unwrap()
+    }
 
     fn actions(outcomes: &[Outcome]) -> Vec<String> {
         outcomes
@@ -506,14 +682,14 @@ spec:
         let dir = tempfile::tempdir().unwrap();
         let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
         let first_state = state();
-        let first = Resources::empty(Some(Store(first_state.clone())));
+        let first = Resources::empty(Some(Store(first_state.clone())), default_range());
         first.apply("app.yaml", APP).unwrap();
         let np = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: deny, namespace: shop }\nspec: { podSelector: {} }\n";
         first.apply("np.yaml", np).unwrap();
         drop((first, first_state));
 
         let second_state = state();
-        let second = Resources::empty(Some(Store(second_state.clone())));
+        let second = Resources::empty(Some(Store(second_state.clone())), default_range());
         assert_eq!(second.restore(), "3 objects restored, 0 failed");
         assert!(
             second
@@ -536,9 +712,235 @@ spec:
         drop((second, second_state));
 
         let third_state = state();
-        let third = Resources::empty(Some(Store(third_state)));
+        let third = Resources::empty(Some(Store(third_state)), default_range());
         assert_eq!(third.restore(), "0 objects restored, 0 failed");
         assert!(third.pods.is_empty() && third.network_policies.is_empty());
+    }
+
+    const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { selector: { app: web }, ports: [ { name: http, port: 80, targetPort: http } ] }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: dns, namespace: shop }
+spec: { clusterIP: 10.96.0.10, ports: [ { name: dns, port: 53, protocol: UDP } ] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: dns-1, namespace: shop, labels: { kubernetes.io/service-name: dns } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.244.0.53 ] } ]
+ports: [ { name: dns, port: 5353, protocol: UDP } ]
+"#;
+
+    fn vip(r: &Resources, name: &str) -> ClusterIp {
+        r.services
+            .get(&ObjectKey::namespaced("shop", name))
+            .unwrap()
+            .cluster_ip
+    }
+
+    fn service(name: &str, spec: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n"
+        )
+    }
+
+    #[test]
+    fn services_get_cluster_ips_allocated_or_checked() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let out = r.apply("svc.yaml", SERVICES).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec![
+                "Service shop/web created",
+                "Service shop/dns created",
+                "EndpointSlice shop/dns-1 created"
+            ]
+        );
+        // Allocated from the upper band of 10.96.0.0/12 (past the lower band's 256 addresses
+        // 10.96.0.1 - 10.96.1.0), or given as asked.
+        let web = vip(&r, "web");
+        assert_eq!(web, ClusterIp::Address("10.96.1.1".parse().unwrap()));
+        assert_eq!(
+            vip(&r, "dns"),
+            ClusterIp::Address("10.96.0.10".parse().unwrap())
+        );
+        // Applying the same file again changes nothing: the allocation is kept.
+        let out = r.apply("svc.yaml", SERVICES).unwrap();
+        assert!(out.iter().all(|o| o.action == Action::Unchanged), "{out:?}");
+        assert_eq!(vip(&r, "web"), web);
+
+        let taken = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
+        let err = r.apply("o.yaml", &taken).unwrap_err().to_string();
+        assert!(
+            err.contains("o.yaml: document 1 (Service shop/other): spec.clusterIP: 10.96.0.10 is already allocated to service shop/dns"),
+            "{err}"
+        );
+        let outside = service("other", "{clusterIP: 10.200.0.1, ports: [{port: 80}]}");
+        let err = r.apply("o.yaml", &outside).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.clusterIP: 10.200.0.1 is not in the service range 10.96.0.0/12"),
+            "{err}"
+        );
+        let network = service("other", "{clusterIP: 10.96.0.0, ports: [{port: 80}]}");
+        assert!(r.apply("o.yaml", &network).is_err());
+        assert!(
+            r.services
+                .get(&ObjectKey::namespaced("shop", "other"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_cluster_ip_is_immutable() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("svc.yaml", SERVICES).unwrap();
+        let moved = service(
+            "dns",
+            "{clusterIP: 10.96.0.11, ports: [{name: dns, port: 53, protocol: UDP}]}",
+        );
+        let err = r.apply("m.yaml", &moved).unwrap_err().to_string();
+        assert!(
+            err.contains("m.yaml: document 1 (Service shop/dns): spec.clusterIP: field is immutable: the service has 10.96.0.10"),
+            "{err}"
+        );
+        let headless = service(
+            "dns",
+            "{clusterIP: None, ports: [{name: dns, port: 53, protocol: UDP}]}",
+        );
+        assert!(
+            r.apply("m.yaml", &headless)
+                .unwrap_err()
+                .to_string()
+                .contains("immutable")
+        );
+        // An update that leaves the address out keeps it, as the API server does.
+        let update = service(
+            "dns",
+            "{ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]}",
+        );
+        let out = r.apply("u.yaml", &update).unwrap();
+        assert_eq!(out[0].action, Action::Configured);
+        assert_eq!(
+            vip(&r, "dns"),
+            ClusterIp::Address("10.96.0.10".parse().unwrap())
+        );
+        assert_eq!(
+            r.services
+                .get(&ObjectKey::namespaced("shop", "dns"))
+                .unwrap()
+                .ports
+                .len(),
+            2
+        );
+        // Once deleted, the address is free again, also for another service.
+        r.delete("d.yaml", &update).unwrap();
+        let other = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
+        r.apply("o.yaml", &other).unwrap();
+    }
+
+    #[test]
+    fn one_file_cannot_claim_an_address_twice() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let text = format!(
+            "{}---\n{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}"),
+            service("c", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}")
+        );
+        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 3 (Service shop/c): spec.clusterIP: 10.96.0.20 is already allocated to service shop/b"),
+            "{err}"
+        );
+        assert!(r.services.is_empty(), "all or nothing");
+        let text = format!(
+            "{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{ports: [{port: 80}]}")
+        );
+        r.apply("f.yaml", &text).unwrap();
+        assert_ne!(vip(&r, "a"), vip(&r, "b"));
+    }
+
+    #[test]
+    fn an_exhausted_range_is_an_error_naming_it() {
+        let r = Resources::with_service_cidr("10.0.0.0/30".parse().unwrap()).unwrap();
+        r.apply("app.yaml", APP).unwrap();
+        let text = format!(
+            "{}---\n{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{ports: [{port: 80}]}"),
+            service("c", "{ports: [{port: 80}]}")
+        );
+        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 3 (Service shop/c): spec.clusterIP: no address left to allocate in the service range 10.0.0.0/30"),
+            "{err}"
+        );
+        let err = Resources::with_service_cidr("10.0.0.0/8".parse().unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("service-cidr: 10.0.0.0/8 is not a usable service range"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn services_and_slices_go_with_their_namespace() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("svc.yaml", SERVICES).unwrap();
+        assert_eq!((r.services.len(), r.endpoint_slices.len()), (2, 1));
+        r.delete(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+        )
+        .unwrap();
+        assert!(r.services.is_empty() && r.endpoint_slices.is_empty());
+    }
+
+    #[test]
+    fn allocated_cluster_ips_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first_state = state();
+        let first = Resources::empty(Some(Store(first_state.clone())), default_range());
+        first.apply("app.yaml", APP).unwrap();
+        first.apply("svc.yaml", SERVICES).unwrap();
+        let web = vip(&first, "web");
+        drop((first, first_state));
+
+        // The next agent allocates from the start of the range again: only the recorded
+        // address keeps the service where it was.
+        let second_state = state();
+        let second = Resources::empty(Some(Store(second_state.clone())), default_range());
+        assert_eq!(second.restore(), "5 objects restored, 0 failed");
+        assert_eq!(vip(&second, "web"), web);
+        let slice = second
+            .endpoint_slices
+            .get(&ObjectKey::namespaced("shop", "dns-1"))
+            .unwrap();
+        assert_eq!(slice.service.as_deref(), Some("dns"));
+        second
+            .apply("n.yaml", &service("next", "{ports: [{port: 80}]}"))
+            .unwrap();
+        assert_ne!(vip(&second, "next"), web);
+        drop((second, second_state));
+
+        // A range changed since keeps what was recorded rather than losing the service.
+        let third_state = state();
+        let narrow = ServiceRange::new("10.100.0.0/16".parse().unwrap()).unwrap();
+        let third = Resources::empty(Some(Store(third_state)), narrow);
+        assert_eq!(third.restore(), "6 objects restored, 0 failed");
+        assert_eq!(vip(&third, "web"), web);
     }
 
     #[test]

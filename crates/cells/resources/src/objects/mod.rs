@@ -1,25 +1,30 @@
 //! The kinds the tables hold: slim copies of the Kubernetes objects with only what cells read,
-//! and the policy kinds (NetworkPolicy, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy).
+//! the policy kinds (NetworkPolicy, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy) and
+//! the load-balancing kinds (Service, EndpointSlice).
 //!
 //! Storing only those fields keeps memory low (a full Pod object is mostly status and spec no
 //! cell of the agent reads) and keeps the cells independent of the Kubernetes types.
 
 pub(crate) mod cilium_decode;
 mod cilium_policy;
+mod endpoint_slice;
 mod namespace;
 mod network_policy;
 mod pod;
 mod policy_port;
 mod protocol;
 mod selector;
+pub(crate) mod service;
 
 pub use cilium_policy::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy, CiliumRule,
     Entity,
 };
+pub use endpoint_slice::{EndpointSlice, SERVICE_NAME_LABEL, SliceEndpoint, SlicePort};
 pub use namespace::{NAME_LABEL, Namespace, SYSTEM_NAMESPACES};
 pub use network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
 pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
+pub use service::{ClusterIp, Service, ServicePort};

@@ -1,0 +1,355 @@
+//! `discovery.k8s.io/v1 EndpointSlice`: a service's endpoints, checked as the API server does.
+//!
+//! A slice belongs to the service of its namespace named by its `kubernetes.io/service-name`
+//! label. Only `addressType: IPv4` is accepted (the datapath balances IPv4); IPv6 and FQDN
+//! slices are refused as not supported. Topology fields (`nodeName`, `zone`, `hints`) and
+//! `targetRef` are checked and accepted but do not change what is balanced: every ready
+//! endpoint is a backend.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::discovery::v1 as k8s;
+
+use crate::key::{Object, ObjectKey};
+use crate::objects::Protocol;
+use crate::objects::policy_port::number;
+use crate::validate::{self, FieldError};
+
+/// The label naming the service a slice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// At most this many endpoints per slice, as the API server allows.
+const MAX_ENDPOINTS: usize = 1000;
+/// At most this many ports per slice.
+const MAX_PORTS: usize = 100;
+/// At most this many addresses per endpoint.
+const MAX_ADDRESSES: usize = 100;
+
+/// One endpoint of a slice.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SliceEndpoint {
+    /// Its addresses (at least one); consumers use the first, as kube-proxy does, since
+    /// the API defines them as interchangeable.
+    pub addresses: Vec<Ipv4Addr>,
+    /// `conditions.ready`; absent counts as ready, as the API asks consumers to read it.
+    pub ready: bool,
+}
+
+impl SliceEndpoint {
+    /// The address traffic goes to.
+    pub fn address(&self) -> Ipv4Addr {
+        self.addresses
+            .first()
+            .copied()
+            .unwrap_or(Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+/// One port of a slice.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SlicePort {
+    /// The name of the service port it serves; empty for a service's single unnamed port.
+    pub name: String,
+    /// The endpoints' port; `None` (allowed by the API) serves no service port.
+    pub port: Option<u16>,
+    /// The protocol (defaulted to TCP).
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for SlicePort {
+    /// `http 8080/TCP`, `8080/TCP`, or `http -/TCP` without a number.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.name.is_empty() {
+            write!(f, "{} ", self.name)?;
+        }
+        match self.port {
+            Some(p) => write!(f, "{p}/{}", self.protocol),
+            None => write!(f, "-/{}", self.protocol),
+        }
+    }
+}
+
+/// An EndpointSlice with what load balancing reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSlice {
+    /// The namespace (defaulted to `default`).
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// The service it belongs to (its `kubernetes.io/service-name` label), in `namespace`.
+    pub service: Option<String>,
+    /// Its endpoints.
+    pub endpoints: Vec<SliceEndpoint>,
+    /// The ports every endpoint serves.
+    pub ports: Vec<SlicePort>,
+}
+
+impl Object for EndpointSlice {
+    const KIND: &'static str = "EndpointSlice";
+    fn key(&self) -> ObjectKey {
+        ObjectKey::namespaced(&self.namespace, &self.name)
+    }
+}
+
+impl EndpointSlice {
+    /// From the Kubernetes object, checked and defaulted as the API server would.
+    pub fn from_k8s(slice: k8s::EndpointSlice) -> Result<EndpointSlice, FieldError> {
+        let meta = slice.metadata;
+        let name = meta.name.ok_or_else(|| {
+            FieldError::new(
+                "metadata.name",
+                "a name is required (generateName is not supported)",
+            )
+        })?;
+        validate::dns1123_subdomain("metadata.name", &name)?;
+        let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
+        validate::dns1123_label("metadata.namespace", &namespace)?;
+        let labels = meta.labels.unwrap_or_default();
+        validate::labels("metadata.labels", &labels)?;
+        match slice.address_type.as_str() {
+            "IPv4" => {}
+            "IPv6" => {
+                return Err(FieldError::new(
+                    "addressType",
+                    "not supported: IPv6 endpoint slices (the datapath balances IPv4 only)",
+                ));
+            }
+            "FQDN" => {
+                return Err(FieldError::new(
+                    "addressType",
+                    "not supported: FQDN endpoint slices (backends must be IPv4 addresses)",
+                ));
+            }
+            other => {
+                return Err(FieldError::new(
+                    "addressType",
+                    format!("unsupported value {other:?} (expected IPv4, IPv6 or FQDN)"),
+                ));
+            }
+        }
+        if slice.endpoints.len() > MAX_ENDPOINTS {
+            return Err(FieldError::new(
+                "endpoints",
+                format!("at most {MAX_ENDPOINTS} endpoints are allowed"),
+            ));
+        }
+        let endpoints = slice
+            .endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| endpoint(&format!("endpoints[{i}]"), e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ports = ports(slice.ports.unwrap_or_default())?;
+        Ok(EndpointSlice {
+            namespace,
+            name,
+            service: labels.get(SERVICE_NAME_LABEL).cloned(),
+            endpoints,
+            ports,
+        })
+    }
+}
+
+fn endpoint(field: &str, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> {
+    if e.addresses.is_empty() || e.addresses.len() > MAX_ADDRESSES {
+        return Err(FieldError::new(
+            format!("{field}.addresses"),
+            format!("must hold between 1 and {MAX_ADDRESSES} addresses"),
+        ));
+    }
+    let addresses = e
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(j, a)| address(&format!("{field}.addresses[{j}]"), a))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(hostname) = &e.hostname {
+        validate::dns1123_label(&format!("{field}.hostname"), hostname)?;
+    }
+    if let Some(node) = &e.node_name {
+        validate::dns1123_subdomain(&format!("{field}.nodeName"), node)?;
+    }
+    Ok(SliceEndpoint {
+        addresses,
+        ready: e.conditions.and_then(|c| c.ready).unwrap_or(true),
+    })
+}
+
+/// An IPv4 address that can be an endpoint: not unspecified, loopback or link-local, which
+/// the API server refuses (they would reach the node itself or nothing).
+fn address(field: &str, text: &str) -> Result<Ipv4Addr, FieldError> {
+    let ip = match text.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => ip,
+        Ok(IpAddr::V6(_)) => {
+            return Err(FieldError::new(
+                field,
+                format!("{text} is not an IPv4 address (addressType is IPv4)"),
+            ));
+        }
+        Err(_) => {
+            return Err(FieldError::new(
+                field,
+                format!("{text:?} is not an IPv4 address"),
+            ));
+        }
+    };
+    let special = if ip.is_unspecified() {
+        Some("an unspecified address")
+    } else if ip.is_loopback() {
+        Some("a loopback address")
+    } else if ip.is_link_local() || (ip.octets()[..3] == [224, 0, 0]) {
+        Some("a link-local address")
+    } else {
+        None
+    };
+    match special {
+        Some(kind) => Err(FieldError::new(
+            field,
+            format!("{ip} may not be an endpoint ({kind})"),
+        )),
+        None => Ok(ip),
+    }
+}
+
+fn ports(list: Vec<k8s::EndpointPort>) -> Result<Vec<SlicePort>, FieldError> {
+    if list.len() > MAX_PORTS {
+        return Err(FieldError::new(
+            "ports",
+            format!("at most {MAX_PORTS} ports are allowed"),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, p) in list.into_iter().enumerate() {
+        let field = format!("ports[{i}]");
+        let name = p.name.unwrap_or_default();
+        if !name.is_empty() {
+            validate::dns1123_label(&format!("{field}.name"), &name)?;
+        }
+        if !names.insert(name.clone()) {
+            return Err(FieldError::new(
+                format!("{field}.name"),
+                format!("duplicate port name {name:?}"),
+            ));
+        }
+        let port = p
+            .port
+            .map(|n| number(&format!("{field}.port"), i64::from(n)))
+            .transpose()?;
+        let protocol = match p.protocol.as_deref() {
+            None => Protocol::Tcp,
+            Some(text) => text
+                .parse()
+                .map_err(|e| FieldError::new(format!("{field}.protocol"), e))?,
+        };
+        out.push(SlicePort {
+            name,
+            port,
+            protocol,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<EndpointSlice, FieldError> {
+        let yaml = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, labels: {{kubernetes.io/service-name: web}}}}\n{body}"
+        );
+        EndpointSlice::from_k8s(serde_yaml::from_str(&yaml).unwrap())
+    }
+
+    #[test]
+    fn endpoints_ports_and_readiness() {
+        let s = parse(
+            "addressType: IPv4\nendpoints:\n- addresses: [10.244.0.5]\n- addresses: [10.244.0.6]\n  conditions: {ready: false}\n- addresses: [10.244.0.7]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-1\n  zone: a\nports: [{name: http, port: 8080}, {name: dns, port: 53, protocol: UDP}]\n",
+        )
+        .unwrap();
+        assert_eq!(s.namespace, "default");
+        assert_eq!(s.service.as_deref(), Some("web"));
+        let ready: Vec<_> = s
+            .endpoints
+            .iter()
+            .map(|e| (e.address().to_string(), e.ready))
+            .collect();
+        assert_eq!(
+            ready,
+            vec![
+                ("10.244.0.5".into(), true),
+                ("10.244.0.6".into(), false),
+                ("10.244.0.7".into(), true)
+            ]
+        );
+        let ports: Vec<String> = s.ports.iter().map(ToString::to_string).collect();
+        assert_eq!(ports, vec!["http 8080/TCP", "dns 53/UDP"]);
+    }
+
+    #[test]
+    fn only_ipv4_slices_are_supported() {
+        let e = parse("addressType: IPv6\nendpoints: []\n").unwrap_err();
+        assert_eq!(e.field, "addressType");
+        assert!(e.reason.starts_with("not supported: IPv6"), "{}", e.reason);
+        let e = parse("addressType: FQDN\nendpoints: []\n").unwrap_err();
+        assert!(e.reason.starts_with("not supported: FQDN"), "{}", e.reason);
+        let e = parse("addressType: ipv4\nendpoints: []\n").unwrap_err();
+        assert!(e.reason.starts_with("unsupported value"), "{}", e.reason);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            ("endpoints: [{addresses: []}]", "endpoints[0].addresses"),
+            (
+                "endpoints: [{addresses: ['fd00::1']}]",
+                "endpoints[0].addresses[0]",
+            ),
+            (
+                "endpoints: [{addresses: [127.0.0.1]}]",
+                "endpoints[0].addresses[0]",
+            ),
+            (
+                "endpoints: [{addresses: [169.254.1.1]}]",
+                "endpoints[0].addresses[0]",
+            ),
+            (
+                "endpoints: [{addresses: [10.0.0.1], hostname: A}]",
+                "endpoints[0].hostname",
+            ),
+            (
+                "endpoints: []\nports: [{name: a, port: 1}, {name: a, port: 2}]",
+                "ports[1].name",
+            ),
+            ("endpoints: []\nports: [{port: 0}]", "ports[0].port"),
+            (
+                "endpoints: []\nports: [{name: Http, port: 80}]",
+                "ports[0].name",
+            ),
+            (
+                "endpoints: []\nports: [{port: 80, protocol: tcp}]",
+                "ports[0].protocol",
+            ),
+        ];
+        for (body, field) in cases {
+            let e = parse(&format!("addressType: IPv4\n{body}\n")).unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e:?}");
+        }
+        let e = parse("addressType: IPv4\nendpoints: [{addresses: [0.0.0.0]}]\n").unwrap_err();
+        assert_eq!(
+            e.reason,
+            "0.0.0.0 may not be an endpoint (an unspecified address)"
+        );
+    }
+
+    #[test]
+    fn a_slice_without_the_label_belongs_to_no_service() {
+        let yaml = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, namespace: shop}\naddressType: IPv4\nendpoints: []\nports: [{port: 80}]\n";
+        let s = EndpointSlice::from_k8s(serde_yaml::from_str(yaml).unwrap()).unwrap();
+        assert_eq!((s.service, s.namespace.as_str()), (None, "shop"));
+        assert_eq!(s.ports[0].name, "");
+    }
+}

@@ -1,0 +1,667 @@
+//! `v1 Service`: ClusterIP and headless services, checked and defaulted as the API server does.
+//!
+//! What the node cannot do is refused with "not supported" naming the field, never stored and
+//! silently left out: NodePort, LoadBalancer and ExternalName services, external IPs,
+//! `sessionAffinity: ClientIP`, IPv6 and dual-stack families, SCTP ports, node-local internal
+//! traffic and traffic distribution preferences. The cluster IP is decided by
+//! [`Resources`](crate::Resources) (allocated from the `service-cidr` range, or checked
+//! there), since it depends on the other services.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::key::{Object, ObjectKey};
+use crate::objects::Protocol;
+use crate::objects::pod::port_name;
+use crate::objects::policy_port::{PortRef, number};
+use crate::validate::{self, FieldError};
+
+/// A service's virtual address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClusterIp {
+    /// A ClusterIP service's address, which its frontends listen on.
+    Address(Ipv4Addr),
+    /// `clusterIP: None`: a headless service, which has no address and is not load-balanced.
+    Headless,
+}
+
+impl fmt::Display for ClusterIp {
+    /// The address, or `None` as the API writes a headless service's.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterIp::Address(ip) => write!(f, "{ip}"),
+            ClusterIp::Headless => f.write_str("None"),
+        }
+    }
+}
+
+/// One port of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServicePort {
+    /// The port's name; empty only when it is the service's single port.
+    pub name: String,
+    /// The port clients connect to on the cluster IP.
+    pub port: u16,
+    /// The backends' port: a number, or the name of a container port of each backend pod.
+    /// Defaulted to `port`, as the API server does.
+    pub target_port: PortRef,
+    /// TCP or UDP (defaulted to TCP).
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePort {
+    /// `http 80/TCP -> 8080`, or `80/TCP -> 8080` for an unnamed port.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.name.is_empty() {
+            write!(f, "{} ", self.name)?;
+        }
+        write!(f, "{}/{} -> {}", self.port, self.protocol, self.target_port)
+    }
+}
+
+/// A service as the API server stores it, with what load balancing reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// The namespace (defaulted to `default`).
+    pub namespace: String,
+    /// The name (a DNS-1035 label).
+    pub name: String,
+    /// Its address, or headless. Immutable once set.
+    pub cluster_ip: ClusterIp,
+    /// Its ports (none only for a headless service).
+    pub ports: Vec<ServicePort>,
+    /// The labels of the pods (of its namespace) that back it; empty = no selector, so its
+    /// backends come from EndpointSlices alone.
+    pub selector: BTreeMap<String, String>,
+}
+
+impl Object for Service {
+    const KIND: &'static str = "Service";
+    fn key(&self) -> ObjectKey {
+        ObjectKey::namespaced(&self.namespace, &self.name)
+    }
+}
+
+impl Service {
+    /// The address frontends listen on; `None` for a headless service.
+    pub fn vip(&self) -> Option<Ipv4Addr> {
+        match self.cluster_ip {
+            ClusterIp::Address(ip) => Some(ip),
+            ClusterIp::Headless => None,
+        }
+    }
+
+    /// Whether the service has a selector and a pod with `labels` matches it (every
+    /// selector label present with its value), as the endpoints controller decides.
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        !self.selector.is_empty()
+            && self
+                .selector
+                .iter()
+                .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+    }
+
+    /// Decodes a document's service; the address it asks for is decided by the caller.
+    pub(crate) fn from_k8s(svc: k8s::Service) -> Result<ServiceDraft, FieldError> {
+        let meta = svc.metadata;
+        let name = meta
+            .name
+            .ok_or_else(|| FieldError::new("metadata.name", "a name is required"))?;
+        dns1035_label("metadata.name", &name)?;
+        let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
+        validate::dns1123_label("metadata.namespace", &namespace)?;
+        validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let spec = svc.spec.unwrap_or_default();
+        check_type_dependent_fields(&spec)?;
+        check_families(&spec)?;
+        let requested = requested_ip(&spec)?;
+        let ports = ports(spec.ports.unwrap_or_default())?;
+        if ports.is_empty() && requested != RequestedIp::Headless {
+            return Err(FieldError::new(
+                "spec.ports",
+                "at least one port is required (only a headless service may have none)",
+            ));
+        }
+        let selector = spec.selector.unwrap_or_default();
+        validate::labels("spec.selector", &selector)?;
+        let cluster_ip = match requested {
+            RequestedIp::Address(ip) => ClusterIp::Address(ip),
+            RequestedIp::Headless => ClusterIp::Headless,
+            // Decided by `Resources` before the service is stored.
+            RequestedIp::Unset => ClusterIp::Address(Ipv4Addr::UNSPECIFIED),
+        };
+        Ok(ServiceDraft {
+            service: Service {
+                namespace,
+                name,
+                cluster_ip,
+                ports,
+                selector,
+            },
+            requested,
+        })
+    }
+}
+
+/// What a document asks for as the service's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RequestedIp {
+    /// Nothing: keep the current one, or allocate one.
+    Unset,
+    /// `None`: headless.
+    Headless,
+    /// This address.
+    Address(Ipv4Addr),
+}
+
+/// A decoded service whose address is not decided yet: `service.cluster_ip` is meaningful
+/// only once [`Resources`](crate::Resources) has settled `requested`.
+#[derive(Debug, Clone)]
+pub(crate) struct ServiceDraft {
+    pub(crate) service: Service,
+    pub(crate) requested: RequestedIp,
+}
+
+fn not_supported(field: &str, what: &str) -> FieldError {
+    FieldError::new(field, format!("not supported: {what}"))
+}
+
+/// The fields that belong to the service types, affinities and traffic policies this node
+/// does not implement.
+fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
+    match spec.type_.as_deref() {
+        None | Some("ClusterIP") => {}
+        Some(t @ ("NodePort" | "LoadBalancer" | "ExternalName")) => {
+            return Err(not_supported(
+                "spec.type",
+                &format!("type {t} (only ClusterIP services, headless or not, are served)"),
+            ));
+        }
+        Some(other) => {
+            return Err(FieldError::new(
+                "spec.type",
+                format!(
+                    "unsupported value {other:?} (expected ClusterIP, NodePort, LoadBalancer or ExternalName)"
+                ),
+            ));
+        }
+    }
+    if spec.external_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return Err(not_supported("spec.externalName", "ExternalName services"));
+    }
+    if spec
+        .external_ips
+        .as_ref()
+        .is_some_and(|ips| !ips.is_empty())
+    {
+        return Err(not_supported(
+            "spec.externalIPs",
+            "external IPs (only the cluster IP is load-balanced)",
+        ));
+    }
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => {}
+        Some("ClientIP") => {
+            return Err(not_supported(
+                "spec.sessionAffinity",
+                "sessionAffinity ClientIP (each connection chooses its backend)",
+            ));
+        }
+        Some(other) => {
+            return Err(FieldError::new(
+                "spec.sessionAffinity",
+                format!("unsupported value {other:?} (expected None or ClientIP)"),
+            ));
+        }
+    }
+    if spec.session_affinity_config.is_some() {
+        return Err(not_supported(
+            "spec.sessionAffinityConfig",
+            "session affinity (it belongs to sessionAffinity ClientIP)",
+        ));
+    }
+    let load_balancer_only = [
+        ("spec.loadBalancerIP", spec.load_balancer_ip.is_some()),
+        (
+            "spec.loadBalancerSourceRanges",
+            spec.load_balancer_source_ranges
+                .as_ref()
+                .is_some_and(|r| !r.is_empty()),
+        ),
+        ("spec.loadBalancerClass", spec.load_balancer_class.is_some()),
+        (
+            "spec.allocateLoadBalancerNodePorts",
+            spec.allocate_load_balancer_node_ports.is_some(),
+        ),
+        (
+            "spec.healthCheckNodePort",
+            spec.health_check_node_port.is_some(),
+        ),
+        (
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.is_some(),
+        ),
+    ];
+    if let Some((field, _)) = load_balancer_only.iter().find(|(_, set)| *set) {
+        return Err(not_supported(
+            field,
+            "it belongs to NodePort and LoadBalancer services",
+        ));
+    }
+    match spec.internal_traffic_policy.as_deref() {
+        None | Some("Cluster") => {}
+        Some("Local") => {
+            return Err(not_supported(
+                "spec.internalTrafficPolicy",
+                "internalTrafficPolicy Local (every ready endpoint is a backend)",
+            ));
+        }
+        Some(other) => {
+            return Err(FieldError::new(
+                "spec.internalTrafficPolicy",
+                format!("unsupported value {other:?} (expected Cluster or Local)"),
+            ));
+        }
+    }
+    if spec.traffic_distribution.is_some() {
+        return Err(not_supported(
+            "spec.trafficDistribution",
+            "traffic distribution preferences (every ready endpoint is equally likely)",
+        ));
+    }
+    Ok(())
+}
+
+/// IPv4, single-stack: the datapath balances IPv4 only. `PreferDualStack` is accepted and
+/// gives an IPv4 service, as the API server of a single-stack cluster makes it.
+fn check_families(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
+    let families = spec.ip_families.as_deref().unwrap_or_default();
+    if families.len() > 2 {
+        return Err(FieldError::new(
+            "spec.ipFamilies",
+            "at most two families may be given",
+        ));
+    }
+    for (i, family) in families.iter().enumerate() {
+        let field = format!("spec.ipFamilies[{i}]");
+        match family.as_str() {
+            "IPv4" if i == 0 => {}
+            "IPv4" => return Err(FieldError::new(field, "duplicate value \"IPv4\"")),
+            "IPv6" => {
+                return Err(not_supported(
+                    &field,
+                    "IPv6 services (the datapath balances IPv4 only)",
+                ));
+            }
+            other => {
+                return Err(FieldError::new(
+                    field,
+                    format!("unsupported value {other:?} (expected IPv4 or IPv6)"),
+                ));
+            }
+        }
+    }
+    match spec.ip_family_policy.as_deref() {
+        None | Some("SingleStack") | Some("PreferDualStack") => Ok(()),
+        Some("RequireDualStack") => Err(not_supported(
+            "spec.ipFamilyPolicy",
+            "RequireDualStack (services are IPv4 only)",
+        )),
+        Some(other) => Err(FieldError::new(
+            "spec.ipFamilyPolicy",
+            format!(
+                "unsupported value {other:?} (expected SingleStack, PreferDualStack or RequireDualStack)"
+            ),
+        )),
+    }
+}
+
+/// `clusterIP` and `clusterIPs`, which must agree.
+fn requested_ip(spec: &k8s::ServiceSpec) -> Result<RequestedIp, FieldError> {
+    let single = match spec.cluster_ip.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(parse_ip("spec.clusterIP", text)?),
+    };
+    let list = spec.cluster_ips.as_deref().unwrap_or_default();
+    if let Some(text) = list.get(1) {
+        parse_ip("spec.clusterIPs[1]", text)?;
+        return Err(not_supported(
+            "spec.clusterIPs[1]",
+            "a second cluster IP (services are IPv4 and single-stack)",
+        ));
+    }
+    let first = match list.first() {
+        None => None,
+        Some(text) => Some(parse_ip("spec.clusterIPs[0]", text)?),
+    };
+    match (single, first) {
+        (Some(a), Some(b)) if a != b => Err(FieldError::new(
+            "spec.clusterIPs[0]",
+            format!("must be the same as spec.clusterIP ({})", ip_text(a)),
+        )),
+        (Some(ip), _) | (None, Some(ip)) => Ok(ip),
+        (None, None) => Ok(RequestedIp::Unset),
+    }
+}
+
+fn ip_text(ip: RequestedIp) -> String {
+    match ip {
+        RequestedIp::Address(a) => a.to_string(),
+        RequestedIp::Headless => "None".into(),
+        RequestedIp::Unset => String::new(),
+    }
+}
+
+fn parse_ip(field: &str, text: &str) -> Result<RequestedIp, FieldError> {
+    if text == "None" {
+        return Ok(RequestedIp::Headless);
+    }
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => Ok(RequestedIp::Address(ip)),
+        Ok(IpAddr::V6(_)) => Err(not_supported(
+            field,
+            "IPv6 services (the datapath balances IPv4 only)",
+        )),
+        Err(_) => Err(FieldError::new(
+            field,
+            format!("{text:?} is not an IP address or \"None\""),
+        )),
+    }
+}
+
+fn ports(list: Vec<k8s::ServicePort>) -> Result<Vec<ServicePort>, FieldError> {
+    let several = list.len() > 1;
+    let mut names = BTreeSet::new();
+    let mut numbers = BTreeSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, p) in list.into_iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        let name = p.name.unwrap_or_default();
+        if name.is_empty() && several {
+            return Err(FieldError::new(
+                format!("{field}.name"),
+                "is required when a service has more than one port",
+            ));
+        }
+        if !name.is_empty() {
+            validate::dns1123_label(&format!("{field}.name"), &name)?;
+            if !names.insert(name.clone()) {
+                return Err(FieldError::new(
+                    format!("{field}.name"),
+                    format!("duplicate port name {name:?}"),
+                ));
+            }
+        }
+        let port = number(&format!("{field}.port"), i64::from(p.port))?;
+        let protocol = match p.protocol.as_deref() {
+            None => Protocol::Tcp,
+            Some(text) => text
+                .parse()
+                .map_err(|e| FieldError::new(format!("{field}.protocol"), e))?,
+        };
+        if protocol == Protocol::Sctp {
+            return Err(not_supported(
+                &format!("{field}.protocol"),
+                "SCTP services (the datapath balances TCP and UDP)",
+            ));
+        }
+        if !numbers.insert((port, protocol)) {
+            return Err(FieldError::new(
+                field,
+                format!("duplicate port {port}/{protocol}"),
+            ));
+        }
+        // The API server defaults an absent, zero or empty target port to the port.
+        let target_port = match p.target_port {
+            None => PortRef::Number(port),
+            Some(IntOrString::Int(0)) => PortRef::Number(port),
+            Some(IntOrString::String(s)) if s.is_empty() => PortRef::Number(port),
+            Some(IntOrString::Int(n)) => {
+                PortRef::Number(number(&format!("{field}.targetPort"), i64::from(n))?)
+            }
+            Some(IntOrString::String(s)) => {
+                port_name(&format!("{field}.targetPort"), &s)?;
+                PortRef::Name(s)
+            }
+        };
+        if p.node_port.is_some() {
+            return Err(not_supported(
+                &format!("{field}.nodePort"),
+                "node ports (they belong to NodePort and LoadBalancer services)",
+            ));
+        }
+        out.push(ServicePort {
+            name,
+            port,
+            target_port,
+            protocol,
+        });
+    }
+    Ok(out)
+}
+
+/// A DNS-1035 label, as service names must be: a DNS-1123 label that starts with a letter
+/// (a service name becomes a DNS name and an environment variable prefix).
+fn dns1035_label(field: &str, value: &str) -> Result<(), FieldError> {
+    let starts_with_letter = value.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
+    if validate::dns1123_label(field, value).is_err() || !starts_with_letter {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{value:?} is not a DNS-1035 label (at most 63 characters: a-z, 0-9 and '-', starting with a letter and ending with a letter or digit)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(spec: &str) -> Result<ServiceDraft, FieldError> {
+        let yaml = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {spec}");
+        Service::from_k8s(serde_yaml::from_str(&yaml).unwrap())
+    }
+
+    fn err(spec: &str) -> FieldError {
+        parse(spec).unwrap_err()
+    }
+
+    #[test]
+    fn defaults_as_the_api_server() {
+        let d = parse("{selector: {app: web}, ports: [{port: 80}]}").unwrap();
+        assert_eq!(d.requested, RequestedIp::Unset);
+        let s = d.service;
+        assert_eq!(s.namespace, "default");
+        assert_eq!(
+            s.ports,
+            vec![ServicePort {
+                name: String::new(),
+                port: 80,
+                target_port: PortRef::Number(80),
+                protocol: Protocol::Tcp,
+            }]
+        );
+        assert!(s.selects(&BTreeMap::from([
+            ("app".into(), "web".into()),
+            ("tier".into(), "x".into())
+        ])));
+        assert!(!s.selects(&BTreeMap::from([("app".into(), "db".into())])));
+        let d = parse("{ports: [{port: 53, targetPort: 0, protocol: UDP}]}").unwrap();
+        assert_eq!(d.service.ports[0].target_port, PortRef::Number(53));
+        assert!(
+            !d.service.selects(&BTreeMap::new()),
+            "no selector selects nothing"
+        );
+    }
+
+    #[test]
+    fn target_ports_by_number_or_name() {
+        let d = parse(
+            "{ports: [{name: http, port: 80, targetPort: web}, {name: metrics, port: 9090, targetPort: 9100}]}",
+        )
+        .unwrap();
+        let targets: Vec<String> = d.service.ports.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            targets,
+            vec!["http 80/TCP -> web", "metrics 9090/TCP -> 9100"]
+        );
+        let e = err("{ports: [{port: 80, targetPort: Web_1}]}");
+        assert_eq!(e.field, "spec.ports[0].targetPort");
+        let e = err("{ports: [{port: 80, targetPort: 70000}]}");
+        assert_eq!(e.field, "spec.ports[0].targetPort");
+    }
+
+    #[test]
+    fn cluster_ips_given_or_headless() {
+        let d = parse("{clusterIP: 10.96.0.10, ports: [{port: 53}]}").unwrap();
+        assert_eq!(
+            d.requested,
+            RequestedIp::Address(Ipv4Addr::new(10, 96, 0, 10))
+        );
+        assert_eq!(
+            d.service.cluster_ip,
+            ClusterIp::Address(Ipv4Addr::new(10, 96, 0, 10))
+        );
+        let d = parse("{clusterIPs: [10.96.0.11], ports: [{port: 53}]}").unwrap();
+        assert_eq!(
+            d.requested,
+            RequestedIp::Address(Ipv4Addr::new(10, 96, 0, 11))
+        );
+        let d = parse("{clusterIP: None, selector: {app: db}}").unwrap();
+        assert_eq!(d.service.cluster_ip, ClusterIp::Headless);
+        assert!(d.service.vip().is_none());
+        assert_eq!(d.service.cluster_ip.to_string(), "None");
+        let e = err("{clusterIP: 10.96.0.10, clusterIPs: [10.96.0.11], ports: [{port: 1}]}");
+        assert_eq!(
+            (e.field.as_str(), e.reason.as_str()),
+            (
+                "spec.clusterIPs[0]",
+                "must be the same as spec.clusterIP (10.96.0.10)"
+            )
+        );
+        let e = err("{clusterIP: 10.96.0.300, ports: [{port: 1}]}");
+        assert_eq!(e.field, "spec.clusterIP");
+        assert!(e.reason.contains("is not an IP address"), "{}", e.reason);
+    }
+
+    #[test]
+    fn what_the_node_cannot_do_is_not_supported_and_named() {
+        let cases = [
+            ("{type: NodePort, ports: [{port: 80}]}", "spec.type"),
+            ("{type: LoadBalancer, ports: [{port: 80}]}", "spec.type"),
+            ("{type: ExternalName, externalName: a.example}", "spec.type"),
+            (
+                "{externalName: a.example, ports: [{port: 80}]}",
+                "spec.externalName",
+            ),
+            (
+                "{externalIPs: [192.0.2.1], ports: [{port: 80}]}",
+                "spec.externalIPs",
+            ),
+            (
+                "{sessionAffinity: ClientIP, ports: [{port: 80}]}",
+                "spec.sessionAffinity",
+            ),
+            (
+                "{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}",
+                "spec.sessionAffinityConfig",
+            ),
+            (
+                "{ipFamilies: [IPv6], ports: [{port: 80}]}",
+                "spec.ipFamilies[0]",
+            ),
+            (
+                "{ipFamilies: [IPv4, IPv6], ports: [{port: 80}]}",
+                "spec.ipFamilies[1]",
+            ),
+            (
+                "{ipFamilyPolicy: RequireDualStack, ports: [{port: 80}]}",
+                "spec.ipFamilyPolicy",
+            ),
+            (
+                "{clusterIP: 'fd00::10', ports: [{port: 80}]}",
+                "spec.clusterIP",
+            ),
+            (
+                "{clusterIPs: [10.96.0.10, 'fd00::10'], ports: [{port: 80}]}",
+                "spec.clusterIPs[1]",
+            ),
+            (
+                "{ports: [{port: 80, nodePort: 30080}]}",
+                "spec.ports[0].nodePort",
+            ),
+            (
+                "{ports: [{port: 80, protocol: SCTP}]}",
+                "spec.ports[0].protocol",
+            ),
+            (
+                "{loadBalancerIP: 192.0.2.1, ports: [{port: 80}]}",
+                "spec.loadBalancerIP",
+            ),
+            (
+                "{externalTrafficPolicy: Local, ports: [{port: 80}]}",
+                "spec.externalTrafficPolicy",
+            ),
+            (
+                "{internalTrafficPolicy: Local, ports: [{port: 80}]}",
+                "spec.internalTrafficPolicy",
+            ),
+            (
+                "{trafficDistribution: PreferClose, ports: [{port: 80}]}",
+                "spec.trafficDistribution",
+            ),
+        ];
+        for (spec, field) in cases {
+            let e = err(spec);
+            assert_eq!(e.field, field, "{spec}: {e:?}");
+            assert!(e.reason.starts_with("not supported: "), "{spec}: {e:?}");
+        }
+        // What is merely the default, or single-stack anyway, is accepted.
+        parse("{type: ClusterIP, sessionAffinity: None, ipFamilies: [IPv4], ipFamilyPolicy: PreferDualStack, internalTrafficPolicy: Cluster, publishNotReadyAddresses: true, ports: [{port: 80, appProtocol: http}]}").unwrap();
+    }
+
+    #[test]
+    fn ports_are_checked() {
+        let e = err("{ports: []}");
+        assert_eq!(e.field, "spec.ports");
+        let e = err("{ports: [{port: 80}, {name: b, port: 81}]}");
+        assert_eq!(
+            (e.field.as_str(), e.reason.as_str()),
+            (
+                "spec.ports[0].name",
+                "is required when a service has more than one port"
+            )
+        );
+        let e = err("{ports: [{name: a, port: 80}, {name: a, port: 81}]}");
+        assert_eq!(e.field, "spec.ports[1].name");
+        let e = err("{ports: [{name: a, port: 80}, {name: b, port: 80}]}");
+        assert_eq!(
+            (e.field.as_str(), e.reason.as_str()),
+            ("spec.ports[1]", "duplicate port 80/TCP")
+        );
+        parse("{ports: [{name: a, port: 53}, {name: b, port: 53, protocol: UDP}]}").unwrap();
+        let e = err("{ports: [{port: 0}]}");
+        assert_eq!(e.field, "spec.ports[0].port");
+        let e = err("{ports: [{port: 80, protocol: ICMP}]}");
+        assert_eq!(e.field, "spec.ports[0].protocol");
+        let e = err("{type: Cluster, ports: [{port: 80}]}");
+        assert!(e.reason.starts_with("unsupported value"), "{e:?}");
+    }
+
+    #[test]
+    fn names_are_dns_1035_labels() {
+        let yaml =
+            "apiVersion: v1\nkind: Service\nmetadata: {name: 1web}\nspec: {ports: [{port: 80}]}";
+        let e = Service::from_k8s(serde_yaml::from_str(yaml).unwrap()).unwrap_err();
+        assert_eq!(e.field, "metadata.name");
+        assert!(e.reason.contains("DNS-1035"), "{}", e.reason);
+        let e = err("{selector: {'bad key!': x}, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.selector[bad key!]");
+    }
+}

@@ -1,0 +1,479 @@
+//! What the load-balancing maps should hold: one frontend per port of every ClusterIP service,
+//! with the backends the endpointslice controller and kube-proxy would give it.
+//!
+//! - A service some EndpointSlice names (label `kubernetes.io/service-name`, same namespace)
+//!   takes its backends from its slices: for each slice port of the service port's name and
+//!   protocol, every ready endpoint's first address at that port (as kube-proxy reads slices).
+//! - Otherwise, a service with a selector takes this node's ready endpoints whose pod (in the
+//!   service's namespace) matches it, at the target port: a number as is, a name resolved
+//!   through the pod's container port of that name and protocol (a pod without one is no
+//!   backend of that port), as the endpointslice controller would write them.
+//! - A service with neither has no backends: its frontend drops new connections.
+//!
+//! Headless services have no frontend. Everything here is a pure function of its inputs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use cellium_datapath_bpf::{Backend, Frontend};
+use cellium_endpoint_manager::{Endpoint, State};
+use cellium_resources::{
+    EndpointSlice, Object, ObjectKey, Pod, PortRef, Protocol, Resources, Service, ServicePort,
+};
+
+/// The most backends a frontend can have (slot numbers are 16-bit, slot 0 is the header).
+pub const MAX_BACKENDS: usize = 65534;
+
+/// Where a frontend's backends come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendsFrom {
+    /// EndpointSlices labelled with the service's name.
+    EndpointSlices,
+    /// This node's endpoints whose pods match the service's selector.
+    Selector,
+    /// Nowhere: no slice names the service and it has no selector.
+    None,
+}
+
+impl fmt::Display for BackendsFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendsFrom::EndpointSlices => "endpoint-slices",
+            BackendsFrom::Selector => "selector",
+            BackendsFrom::None => "none",
+        })
+    }
+}
+
+/// One backend of a frontend, and what it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedBackend {
+    /// The address, port and protocol traffic is translated to.
+    pub backend: Backend,
+    /// `EndpointSlice shop/web-1`, or the endpoint (`endpoint 12 (shop/web-0)`).
+    pub source: String,
+}
+
+/// One frontend as it should be programmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The service.
+    pub service: ObjectKey,
+    /// The service port this frontend serves.
+    pub port: ServicePort,
+    /// The cluster IP, port and protocol.
+    pub frontend: Frontend,
+    /// Where the backends come from.
+    pub from: BackendsFrom,
+    /// The backends, ordered by address and port, without duplicates.
+    pub backends: Vec<PlannedBackend>,
+    /// Why it cannot be programmed, if it cannot.
+    pub error: Option<String>,
+}
+
+impl Plan {
+    /// `shop/web http (10.96.1.1:80/TCP)`, as messages name a frontend.
+    pub fn describe(&self) -> String {
+        let name = if self.port.name.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", self.port.name)
+        };
+        format!(
+            "{}{name} ({}:{}/{})",
+            self.service, self.frontend.vip, self.frontend.port, self.port.protocol
+        )
+    }
+}
+
+/// An endpoint of this node, as far as load balancing cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalEndpoint {
+    /// How it is named in sources (`endpoint 12 (shop/web-0)`).
+    pub name: String,
+    /// Its pod, if the runtime named one.
+    pub pod: Option<ObjectKey>,
+    /// Its IPv4 addresses.
+    pub addresses: Vec<Ipv4Addr>,
+    /// Whether the datapath serves it (state `Ready`).
+    pub ready: bool,
+}
+
+impl From<&Endpoint> for LocalEndpoint {
+    fn from(ep: &Endpoint) -> Self {
+        LocalEndpoint {
+            name: ep.describe(),
+            pod: ep
+                .pod
+                .as_ref()
+                .map(|p| ObjectKey::namespaced(&p.namespace, &p.name)),
+            addresses: ep
+                .addresses
+                .iter()
+                .filter_map(|a| match a.ip {
+                    std::net::IpAddr::V4(ip) => Some(ip),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect(),
+            ready: ep.state == State::Ready,
+        }
+    }
+}
+
+/// Everything the plans derive from, read at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// Every service.
+    pub services: Vec<Arc<Service>>,
+    /// Every EndpointSlice.
+    pub slices: Vec<Arc<EndpointSlice>>,
+    /// Every pod, by key.
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
+    /// This node's endpoints.
+    pub endpoints: Vec<LocalEndpoint>,
+}
+
+impl Inputs {
+    /// Reads the tables and the endpoints.
+    pub fn read(resources: &Resources, endpoints: &[Endpoint]) -> Inputs {
+        Inputs {
+            services: resources.services.list(),
+            slices: resources.endpoint_slices.list(),
+            pods: resources
+                .pods
+                .list()
+                .into_iter()
+                .map(|p| (p.key(), p))
+                .collect(),
+            endpoints: endpoints.iter().map(LocalEndpoint::from).collect(),
+        }
+    }
+}
+
+/// The frontends every ClusterIP service should have, ordered by service and port.
+pub fn plans(inputs: &Inputs) -> Vec<Plan> {
+    let mut slices_of: BTreeMap<ObjectKey, Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in &inputs.slices {
+        if let Some(service) = &slice.service {
+            slices_of
+                .entry(ObjectKey::namespaced(&slice.namespace, service))
+                .or_default()
+                .push(slice);
+        }
+    }
+    let mut out = Vec::new();
+    for svc in &inputs.services {
+        let Some(vip) = svc.vip() else { continue };
+        let key = svc.key();
+        let slices = slices_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        for port in &svc.ports {
+            let (from, backends) = if !slices.is_empty() {
+                (BackendsFrom::EndpointSlices, from_slices(slices, port))
+            } else if !svc.selector.is_empty() {
+                (BackendsFrom::Selector, from_selector(svc, port, inputs))
+            } else {
+                (BackendsFrom::None, Vec::new())
+            };
+            let backends = dedup_sorted(backends);
+            let error = (backends.len() > MAX_BACKENDS).then(|| {
+                format!(
+                    "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
+                    backends.len()
+                )
+            });
+            out.push(Plan {
+                service: key.clone(),
+                port: port.clone(),
+                frontend: Frontend {
+                    vip,
+                    port: port.port,
+                    protocol: datapath_protocol(port.protocol),
+                },
+                from,
+                backends,
+                error,
+            });
+        }
+    }
+    out
+}
+
+fn from_slices(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<PlannedBackend> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let source = format!("EndpointSlice {}", slice.key());
+        let numbers = slice
+            .ports
+            .iter()
+            .filter(|p| p.name == port.name && p.protocol == port.protocol)
+            .filter_map(|p| p.port);
+        for number in numbers {
+            for ep in slice.endpoints.iter().filter(|e| e.ready) {
+                out.push(PlannedBackend {
+                    backend: Backend {
+                        addr: ep.address(),
+                        port: number,
+                        protocol: datapath_protocol(port.protocol),
+                    },
+                    source: source.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn from_selector(svc: &Service, port: &ServicePort, inputs: &Inputs) -> Vec<PlannedBackend> {
+    let mut out = Vec::new();
+    for ep in inputs.endpoints.iter().filter(|e| e.ready) {
+        let Some(pod_key) = &ep.pod else { continue };
+        if pod_key.namespace != svc.namespace {
+            continue;
+        }
+        let Some(pod) = inputs.pods.get(pod_key) else {
+            continue;
+        };
+        if !svc.selects(&pod.labels) {
+            continue;
+        }
+        let number = match &port.target_port {
+            PortRef::Number(n) => *n,
+            PortRef::Name(name) => match pod
+                .ports
+                .iter()
+                .find(|p| &p.name == name && p.protocol == port.protocol)
+            {
+                Some(p) => p.port,
+                None => continue,
+            },
+        };
+        for addr in &ep.addresses {
+            out.push(PlannedBackend {
+                backend: Backend {
+                    addr: *addr,
+                    port: number,
+                    protocol: datapath_protocol(port.protocol),
+                },
+                source: ep.name.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Backends ordered by address and port; the first source of a duplicate is kept.
+fn dedup_sorted(mut backends: Vec<PlannedBackend>) -> Vec<PlannedBackend> {
+    let mut seen = HashSet::new();
+    backends.retain(|b| seen.insert(b.backend));
+    backends.sort_by_key(|b| (b.backend.addr, b.backend.port));
+    backends
+}
+
+/// The datapath's protocol for a Kubernetes one.
+pub fn datapath_protocol(p: Protocol) -> cellium_datapath_bpf::Protocol {
+    match p {
+        Protocol::Tcp => cellium_datapath_bpf::Protocol::Tcp,
+        Protocol::Udp => cellium_datapath_bpf::Protocol::Udp,
+        Protocol::Sctp => cellium_datapath_bpf::Protocol::Sctp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APP: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: { name: shop }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-0, namespace: shop, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-1, namespace: shop, labels: { app: web, canary: "yes" } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8081 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: db, namespace: shop, labels: { app: db } }
+spec: { containers: [ { name: c } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-x, namespace: default, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
+"#;
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 244, 0, last)
+    }
+
+    fn endpoint(id: u16, ns: &str, pod: &str, last: u8, ready: bool) -> LocalEndpoint {
+        LocalEndpoint {
+            name: format!("endpoint {id} ({ns}/{pod})"),
+            pod: Some(ObjectKey::namespaced(ns, pod)),
+            addresses: vec![ip(last)],
+            ready,
+        }
+    }
+
+    fn setup(services: &str) -> Inputs {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("svc.yaml", services).unwrap();
+        let mut inputs = Inputs::read(&r, &[]);
+        inputs.endpoints = vec![
+            endpoint(1, "shop", "web-0", 10, true),
+            endpoint(2, "shop", "web-1", 11, true),
+            endpoint(3, "shop", "db", 12, true),
+            endpoint(4, "default", "web-x", 13, true),
+            endpoint(5, "shop", "web-2", 14, true),
+            LocalEndpoint {
+                name: "endpoint 6 (container 3f2a)".into(),
+                pod: None,
+                addresses: vec![ip(15)],
+                ready: true,
+            },
+        ];
+        inputs
+    }
+
+    fn backends(plan: &Plan) -> Vec<String> {
+        plan.backends
+            .iter()
+            .map(|b| format!("{}:{} {}", b.backend.addr, b.backend.port, b.source))
+            .collect()
+    }
+
+    #[test]
+    fn a_selector_picks_the_nodes_matching_endpoints_at_the_target_port() {
+        let inputs = setup(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 10.96.0.20\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: http}, {name: admin, port: 9000, targetPort: 9001}, {name: dns, port: 53, targetPort: http, protocol: UDP}]\n",
+        );
+        let plans = plans(&inputs);
+        assert_eq!(plans.len(), 3);
+        let http = &plans[0];
+        assert_eq!(http.describe(), "shop/web http (10.96.0.20:80/TCP)");
+        assert_eq!(http.from, BackendsFrom::Selector);
+        // Same namespace only; web-2 has no Pod object; the endpoint without a pod is nobody's.
+        assert_eq!(
+            backends(http),
+            vec![
+                "10.244.0.10:8080 endpoint 1 (shop/web-0)",
+                "10.244.0.11:8081 endpoint 2 (shop/web-1)"
+            ]
+        );
+        assert_eq!(
+            backends(&plans[1]),
+            vec![
+                "10.244.0.10:9001 endpoint 1 (shop/web-0)",
+                "10.244.0.11:9001 endpoint 2 (shop/web-1)"
+            ]
+        );
+        // The named port exists only for TCP: no UDP backend resolves it.
+        assert!(plans[2].backends.is_empty());
+        assert_eq!(
+            plans[2].frontend.protocol,
+            cellium_datapath_bpf::Protocol::Udp
+        );
+        assert!(plans.iter().all(|p| p.error.is_none()));
+    }
+
+    #[test]
+    fn endpoints_not_ready_are_no_backends() {
+        let mut inputs = setup(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 10.96.0.20, selector: {app: web, canary: 'yes'}, ports: [{port: 80}]}\n",
+        );
+        assert_eq!(
+            backends(&plans(&inputs)[0]),
+            vec!["10.244.0.11:80 endpoint 2 (shop/web-1)"]
+        );
+        inputs.endpoints[1].ready = false;
+        assert!(plans(&inputs)[0].backends.is_empty());
+    }
+
+    #[test]
+    fn slices_win_over_the_selector_and_match_ports_by_name_and_protocol() {
+        let inputs = setup(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { clusterIP: 10.96.0.20, selector: { app: web }, ports: [ { name: http, port: 80 }, { name: dns, port: 53, protocol: UDP } ] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: web-a, namespace: shop, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+endpoints:
+- { addresses: [ 10.1.0.2 ] }
+- { addresses: [ 10.1.0.1, 10.1.0.9 ], conditions: { ready: true } }
+- { addresses: [ 10.1.0.3 ], conditions: { ready: false } }
+ports: [ { name: http, port: 8080 }, { name: dns, port: 5353 }, { name: other, port: 1 } ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: web-b, namespace: shop, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.1.0.2 ] }, { addresses: [ 10.1.0.4 ] } ]
+ports: [ { name: http, port: 8080 }, { name: dns, port: 5353, protocol: UDP } ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: elsewhere, namespace: default, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.9.9.9 ] } ]
+ports: [ { name: http, port: 8080 } ]
+"#,
+        );
+        let plans = plans(&inputs);
+        assert_eq!(plans[0].from, BackendsFrom::EndpointSlices);
+        // Ready endpoints of both slices, first address only, duplicates once, sorted.
+        assert_eq!(
+            backends(&plans[0]),
+            vec![
+                "10.1.0.1:8080 EndpointSlice shop/web-a",
+                "10.1.0.2:8080 EndpointSlice shop/web-a",
+                "10.1.0.4:8080 EndpointSlice shop/web-b"
+            ]
+        );
+        // web-a's "dns" port is TCP (the default): only web-b serves the UDP port.
+        assert_eq!(
+            backends(&plans[1]),
+            vec![
+                "10.1.0.2:5353 EndpointSlice shop/web-b",
+                "10.1.0.4:5353 EndpointSlice shop/web-b"
+            ]
+        );
+    }
+
+    #[test]
+    fn unnamed_ports_match_unnamed_slice_ports() {
+        let inputs = setup(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: shop}\nspec: {clusterIP: 10.96.0.30, ports: [{port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ext-1, namespace: shop, labels: {kubernetes.io/service-name: ext}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.7]}]\nports: [{port: 8443}, {name: x, port: 1}]\n",
+        );
+        assert_eq!(
+            backends(&plans(&inputs)[0]),
+            vec!["10.1.0.7:8443 EndpointSlice shop/ext-1"]
+        );
+    }
+
+    #[test]
+    fn headless_services_have_no_frontend_and_no_source_means_no_backends() {
+        let inputs = setup(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec: {clusterIP: None, selector: {app: db}, ports: [{port: 5432}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: manual, namespace: shop}\nspec: {ports: [{port: 80}]}\n",
+        );
+        let plans = plans(&inputs);
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].service, ObjectKey::namespaced("shop", "manual"));
+        assert_eq!(plans[0].from, BackendsFrom::None);
+        assert!(plans[0].backends.is_empty());
+        assert_eq!(plans[0].from.to_string(), "none");
+    }
+}

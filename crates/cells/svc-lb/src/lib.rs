@@ -1,0 +1,45 @@
+//! The `svc-lb` cell: ClusterIP services load-balanced by the datapath.
+//!
+//! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_services`,
+//!   `cel_lb4_backends`, `cel_lb4_revnat`): one frontend per port of every ClusterIP service
+//!   (cluster IP, port, protocol), its backends, stable backend ids shared by frontends, and
+//!   one rev-NAT id per frontend. Headless services have no frontend. IPv4 only, as the
+//!   datapath.
+//! - **Provides** `Arc<ServiceLb>` ([`ServiceLb::frontends`]: what is programmed, with the
+//!   source of every backend) and the `cellium.v1.Services` gRPC service
+//!   (`cellium service list`).
+//! - **Depends on** resources (services, endpoint slices, pods), endpoint-manager (this node's
+//!   endpoints and their changes), loader (the maps).
+//! - **Config keys:** none (the service range, `service-cidr`, belongs to resources).
+//! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
+//!   map write failing), naming it and why; or when stale entries cannot be removed.
+//!
+//! Backends come from the service's EndpointSlices, or, when none names it, from this node's
+//! endpoints whose pods match its selector ([`desired`] has the rules). At start the pinned
+//! maps keep serving until the first pass, which runs only after the resources and the
+//! endpoints are restored ([`ServiceLb`] documents the order). `docs/services.md` describes
+//! the whole.
+
+pub mod desired;
+mod error;
+mod grpc;
+mod ids;
+mod service_lb;
+pub mod sync;
+
+use cellium_hive::Module;
+
+pub use error::{Error, Result};
+pub use grpc::{ServicesService, to_proto};
+pub use service_lb::ServiceLb;
+pub use sync::{FrontendStatus, Programmer, SyncReport};
+
+/// The `svc-lb` module.
+pub fn cell() -> Module {
+    Module::new(
+        "svc-lb",
+        "Programs ClusterIP services and their backends into the datapath's load-balancing maps",
+    )
+    .provide(ServiceLb::new)
+    .contribute(ServicesService::api)
+}

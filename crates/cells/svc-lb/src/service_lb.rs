@@ -1,0 +1,205 @@
+//! The cell's object: restores at start, then follows services, slices, pods and endpoints.
+//!
+//! Start order, and why:
+//! 1. Until this cell's start hook runs, nothing here touches the maps: the loader reused the
+//!    pinned load-balancing maps, so the previous agent's frontends keep serving, and the
+//!    programs attached to every pod keep using them (established connections keep their
+//!    backends through their service conntrack entries).
+//! 2. The hook (`restore-services`) runs after the resources cell has applied its recorded
+//!    objects and the endpoint manager has restored the endpoints (both are dependencies, so
+//!    their hooks come first). It adopts the backend and rev-NAT ids the maps hold, then runs
+//!    a first pass: frontends are rewritten only where they differ, and only then are the
+//!    frontends and backends nobody wants removed. Removing them any earlier would drop
+//!    services whose objects or endpoints had not been restored yet.
+//! 3. The `watch-changes` job turns every change of services, slices, pods and endpoints into
+//!    a trigger of the `reconcile` job (triggers coalesce), which also runs every minute to
+//!    repair drift; `revnat-gc` deletes the rev-NAT entries of removed frontends once no
+//!    connection carries their id.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use cellium_endpoint_manager::EndpointManager;
+use cellium_hive::{BoxError, Hook, Jobs, Lifecycle, Reporter, Trigger};
+use cellium_loader::Loader;
+use cellium_resources::Resources;
+use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::WatchStream;
+
+use crate::desired::{Inputs, plans};
+use crate::error::Result;
+use crate::sync::{FrontendStatus, Programmer, SyncReport};
+
+/// How often the maps are compared with the plans without any change.
+const RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+/// How often removed frontends' rev-NAT entries are looked at.
+const REV_NAT_GC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// ClusterIP load balancing: the services' frontends and backends in the datapath.
+#[derive(Debug)]
+pub struct ServiceLb {
+    resources: Arc<Resources>,
+    endpoints: Arc<EndpointManager>,
+    loader: Arc<Loader>,
+    reporter: Reporter,
+    state: Mutex<Programmer>,
+}
+
+impl ServiceLb {
+    /// Declares the cell; the `restore-services` start hook takes over the pinned maps and
+    /// its jobs keep them in line with the tables.
+    pub fn new(
+        lc: Lifecycle,
+        jobs: Jobs,
+        reporter: Reporter,
+        resources: Arc<Resources>,
+        endpoints: Arc<EndpointManager>,
+        loader: Arc<Loader>,
+    ) -> Arc<ServiceLb> {
+        let lb = Arc::new(ServiceLb {
+            resources,
+            endpoints,
+            loader,
+            reporter,
+            state: Mutex::new(Programmer::default()),
+        });
+        let this = lb.clone();
+        lc.append(Hook::new("restore-services").on_start(move |_| async move {
+            let adopted = this.clone().adopt().await?;
+            tracing::info!("{adopted}");
+            // A first pass that fails is reported and retried by the job, not fatal: the
+            // maps keep serving what they held.
+            if let Err(e) = this.reconcile().await {
+                this.reporter.degraded(crate::sync::error_chain(&e));
+            }
+            this.follow(&jobs);
+            Ok(())
+        }));
+        lb
+    }
+
+    /// The frontends as the last pass left them, ordered by service and port.
+    pub fn frontends(&self) -> Vec<FrontendStatus> {
+        self.state().status()
+    }
+
+    /// Computes the plans from the tables and the endpoints and writes them; reports health.
+    pub async fn reconcile(self: &Arc<Self>) -> Result<SyncReport> {
+        let this = self.clone();
+        let report = tokio::task::spawn_blocking(move || -> Result<SyncReport> {
+            let dp = this.loader.datapath()?;
+            let plans = plans(&Inputs::read(&this.resources, &this.endpoints.list()));
+            this.state().sync(&dp, plans)
+        })
+        .await??;
+        self.report(&report);
+        Ok(report)
+    }
+
+    fn report(&self, report: &SyncReport) {
+        let total = report.programmed + report.failed.len();
+        if let Some(first) = report.failed.first() {
+            self.reporter.degraded(format!(
+                "{} of {total} frontends not programmed: {first}",
+                report.failed.len()
+            ));
+        } else if let Some(first) = report.removal_errors.first() {
+            self.reporter.degraded(format!(
+                "{} stale entries not removed: {first}",
+                report.removal_errors.len()
+            ));
+        } else {
+            self.reporter.ok(format!("{total} frontends programmed"));
+        }
+        if report.written + report.removed_frontends + report.removed_backends > 0 {
+            tracing::info!(
+                frontends = total,
+                written = report.written,
+                removed_frontends = report.removed_frontends,
+                removed_backends = report.removed_backends,
+                "services synchronised"
+            );
+        }
+    }
+
+    async fn adopt(self: Arc<Self>) -> Result<String> {
+        tokio::task::spawn_blocking(move || -> Result<String> {
+            let dp = self.loader.datapath()?;
+            let (frontends, backends, lingering) = self.state().adopt(&dp)?;
+            Ok(format!(
+                "pinned services taken over: {frontends} frontends, {backends} backends, {lingering} rev-NAT entries of removed frontends"
+            ))
+        })
+        .await?
+    }
+
+    /// Starts the jobs that keep the maps in line (see the module docs).
+    fn follow(self: &Arc<Self>, jobs: &Jobs) {
+        let trigger = Trigger::new();
+        let pull = trigger.clone();
+        jobs.observer("watch-changes", self.signals(), move |(), _ctx| {
+            pull.trigger();
+            async { Ok(()) }
+        })
+        .add();
+        let this = self.clone();
+        jobs.timer("reconcile", RESYNC_INTERVAL, move |_ctx| {
+            let this = this.clone();
+            async move {
+                this.reconcile().await?;
+                Ok::<(), BoxError>(())
+            }
+        })
+        .trigger(trigger)
+        .add();
+        let this = self.clone();
+        jobs.timer("revnat-gc", REV_NAT_GC_INTERVAL, move |ctx| {
+            let this = this.clone();
+            async move {
+                let (deleted, lingering) = tokio::task::spawn_blocking(move || -> Result<_> {
+                    let dp = this.loader.datapath()?;
+                    let mut state = this.state();
+                    let deleted = state.collect_rev_nats(&dp)?;
+                    Ok((deleted, state.lingering_rev_nats()))
+                })
+                .await??;
+                if deleted > 0 {
+                    tracing::info!(
+                        deleted,
+                        lingering,
+                        "rev-NAT entries of removed frontends deleted"
+                    );
+                }
+                ctx.reporter().ok(format!(
+                    "{lingering} rev-NAT entries wait for their connections to end"
+                ));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .add();
+    }
+
+    /// One `()` per change of anything the plans derive from.
+    fn signals(&self) -> impl Stream<Item = ()> + Send + Unpin + 'static {
+        let unit = |_| ();
+        futures::stream::select_all([
+            WatchStream::from_changes(self.resources.services.revision())
+                .map(unit)
+                .boxed(),
+            WatchStream::from_changes(self.resources.endpoint_slices.revision())
+                .map(unit)
+                .boxed(),
+            WatchStream::from_changes(self.resources.pods.revision())
+                .map(unit)
+                .boxed(),
+            WatchStream::from_changes(self.endpoints.changes())
+                .map(unit)
+                .boxed(),
+        ])
+    }
+
+    fn state(&self) -> MutexGuard<'_, Programmer> {
+        // Every pass rewrites the state from the maps, so a poisoned one is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

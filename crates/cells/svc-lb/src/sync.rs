@@ -1,0 +1,304 @@
+//! Writing the plans into the datapath's load-balancing maps, and removing what is stale.
+//!
+//! A pass compares each plan with what the maps hold and writes only what differs: new
+//! backends first (a slot must never name a backend that does not exist), then the frontend
+//! (`Services::put_service` writes its rev-NAT entry, its slots, then the slot count, so the
+//! datapath never picks a missing slot). Only then are frontends that no plan wants removed,
+//! and after them the backends no frontend uses any more (a connection pinned to a removed
+//! backend chooses again). A frontend that fails keeps what the maps hold for it, and so do
+//! its backends. A removed frontend's rev-NAT entry stays until no connection carries its id
+//! ([`Programmer::collect_rev_nats`]): replies of connections still open are translated to the
+//! address their client knows until they end.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use cellium_datapath_bpf::{Backend, Datapath, Frontend, ServiceEntry, ktime_now_ns};
+
+use crate::desired::Plan;
+use crate::error::{Error, Result};
+use crate::ids::Ids;
+
+/// A frontend as the last pass left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontendStatus {
+    /// What was planned.
+    pub plan: Plan,
+    /// Its rev-NAT id; 0 when it never was programmed.
+    pub rev_nat_id: u16,
+    /// The backends' ids, in the order of `plan.backends`; empty when not programmed.
+    pub backend_ids: Vec<u32>,
+    /// Why it is not programmed as planned.
+    pub error: Option<String>,
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Frontends programmed as planned.
+    pub programmed: usize,
+    /// Frontends that could not be, with why.
+    pub failed: Vec<String>,
+    /// Frontends written (new or changed).
+    pub written: usize,
+    /// Stale frontends removed.
+    pub removed_frontends: usize,
+    /// Stale backends removed.
+    pub removed_backends: usize,
+    /// Failures removing stale entries (retried by the next pass).
+    pub removal_errors: Vec<String>,
+}
+
+/// Programs plans into a datapath and remembers what it needs for the next pass: the ids, the
+/// rev-NAT ids waiting to be collected, the last statuses. [`ServiceLb`](crate::ServiceLb)
+/// holds one; tools and tests can drive one directly.
+#[derive(Debug, Default)]
+pub struct Programmer {
+    ids: Ids,
+    /// Rev-NAT ids of removed frontends whose map entries are still there.
+    released: BTreeSet<u16>,
+    status: Vec<FrontendStatus>,
+}
+
+impl Programmer {
+    /// Takes over the ids the pinned maps hold, so established connections keep their
+    /// backends and reverse translation; rev-NAT entries no frontend holds (frontends removed
+    /// before a restart) are handed to the collector. Returns (frontends, backends, lingering
+    /// rev-NAT entries) found.
+    pub fn adopt(&mut self, dp: &Datapath) -> Result<(usize, usize, usize)> {
+        let lb = dp.services();
+        let backends = lb.backends().map_err(read("backends map"))?;
+        let frontends = lb.services().map_err(read("services map"))?;
+        let counts = (frontends.len(), backends.len());
+        self.ids.adopt(
+            backends,
+            frontends.iter().map(|(fe, s)| (*fe, s.rev_nat_id)),
+        );
+        // The map cannot be listed through the crate's API; 65535 lookups at start only.
+        for id in 1..=u16::MAX {
+            if !self.ids.rev_nat_in_use(id)
+                && lb.rev_nat(id).map_err(read("rev-NAT map"))?.is_some()
+            {
+                self.released.insert(id);
+            }
+        }
+        Ok((counts.0, counts.1, self.released.len()))
+    }
+
+    /// The statuses of the last pass, ordered as the plans.
+    pub fn status(&self) -> Vec<FrontendStatus> {
+        self.status.clone()
+    }
+
+    /// One pass: programs every plan, then removes stale frontends and backends.
+    pub fn sync(&mut self, dp: &Datapath, plans: Vec<Plan>) -> Result<SyncReport> {
+        let lb = dp.services();
+        let backends = lb.backends().map_err(read("backends map"))?;
+        let frontends = lb.services().map_err(read("services map"))?;
+        let mut report = SyncReport::default();
+        let wanted: BTreeSet<Frontend> = plans.iter().map(|p| p.frontend).collect();
+        let mut status = Vec::with_capacity(plans.len());
+        for plan in plans {
+            match self.program(dp, &plan, &backends, &frontends) {
+                Ok((rev_nat_id, backend_ids, written)) => {
+                    report.programmed += 1;
+                    report.written += usize::from(written);
+                    status.push(FrontendStatus {
+                        plan,
+                        rev_nat_id,
+                        backend_ids,
+                        error: None,
+                    });
+                }
+                Err(e) => {
+                    let message = error_chain(&e);
+                    tracing::warn!(frontend = %plan.describe(), error = %message, "frontend not programmed");
+                    report.failed.push(message.clone());
+                    status.push(FrontendStatus {
+                        rev_nat_id: self.ids.rev_nat(&plan.frontend).unwrap_or(0),
+                        plan,
+                        backend_ids: Vec::new(),
+                        error: Some(message),
+                    });
+                }
+            }
+        }
+        self.status = status;
+        self.remove_stale(dp, &wanted, &frontends, &mut report)?;
+        Ok(report)
+    }
+
+    /// Writes one plan's backends and frontend where the maps differ. Returns the rev-NAT
+    /// id, the backend ids and whether the frontend was written.
+    fn program(
+        &mut self,
+        dp: &Datapath,
+        plan: &Plan,
+        backends: &BTreeMap<u32, Backend>,
+        frontends: &BTreeMap<Frontend, ServiceEntry>,
+    ) -> Result<(u16, Vec<u32>, bool)> {
+        let lb = dp.services();
+        let describe = || plan.describe();
+        if let Some(reason) = &plan.error {
+            return Err(Error::Unprogrammable {
+                frontend: describe(),
+                reason: reason.clone(),
+            });
+        }
+        let write_err = |source| Error::Program {
+            frontend: describe(),
+            source,
+        };
+        let mut ids = Vec::with_capacity(plan.backends.len());
+        for b in &plan.backends {
+            // An id the map holds for another backend (a duplicate adopted at start, about
+            // to be removed) is not reused in the same pass.
+            let id = self
+                .ids
+                .backend_or_new(b.backend, |id| backends.contains_key(&id))
+                .ok_or_else(|| Error::BackendIdsExhausted(describe()))?;
+            if backends.get(&id) != Some(&b.backend) {
+                lb.put_backend(id, &b.backend).map_err(write_err)?;
+            }
+            ids.push(id);
+        }
+        let Programmer {
+            ids: table,
+            released,
+            ..
+        } = self;
+        let rev_nat_id = table
+            .rev_nat_or_new(plan.frontend, |id| {
+                // Taken: waiting for collection, or (checked last: a map lookup) present.
+                released.contains(&id) || lb.rev_nat(id).ok().flatten().is_some()
+            })
+            .ok_or_else(|| Error::RevNatExhausted(describe()))?;
+        let mut slots = ids.clone();
+        slots.sort_unstable();
+        let current = frontends.get(&plan.frontend);
+        let same = current.is_some_and(|c| c.rev_nat_id == rev_nat_id && c.backend_ids == slots)
+            && lb.rev_nat(rev_nat_id).ok().flatten()
+                == Some((plan.frontend.vip, plan.frontend.port));
+        if !same {
+            lb.put_service(&plan.frontend, rev_nat_id, &slots)
+                .map_err(write_err)?;
+            tracing::info!(
+                frontend = %plan.describe(),
+                rev_nat_id,
+                backends = slots.len(),
+                "frontend programmed"
+            );
+        }
+        Ok((rev_nat_id, ids, !same))
+    }
+
+    /// Removes the frontends no plan wants, then the backends no frontend in the map uses.
+    fn remove_stale(
+        &mut self,
+        dp: &Datapath,
+        wanted: &BTreeSet<Frontend>,
+        before: &BTreeMap<Frontend, ServiceEntry>,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        let lb = dp.services();
+        for (fe, entry) in before.iter().filter(|(fe, _)| !wanted.contains(fe)) {
+            match lb.delete_service(fe) {
+                Ok(_) => {
+                    report.removed_frontends += 1;
+                    tracing::info!(vip = %fe.vip, port = fe.port, protocol = %fe.protocol, "stale frontend removed");
+                    self.released.insert(entry.rev_nat_id);
+                }
+                Err(source) => report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("frontend {}:{}/{}", fe.vip, fe.port, fe.protocol),
+                    source,
+                })),
+            }
+        }
+        let after = lb.services().map_err(read("services map"))?;
+        // Ids of frontends gone from the plans and from the map (removed above, or never
+        // written because their plan failed) wait for collection.
+        for fe in self.ids.frontends() {
+            if !wanted.contains(&fe)
+                && !after.contains_key(&fe)
+                && let Some(id) = self.ids.release_rev_nat(&fe)
+            {
+                self.released.insert(id);
+            }
+        }
+        let used: HashSet<u32> = after
+            .values()
+            .flat_map(|s| s.backend_ids.iter().copied())
+            .collect();
+        for (id, _) in lb
+            .backends()
+            .map_err(read("backends map"))?
+            .into_iter()
+            .filter(|(id, _)| !used.contains(id))
+        {
+            match lb.delete_backend(id) {
+                Ok(_) => report.removed_backends += 1,
+                Err(source) => report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("backend {id}"),
+                    source,
+                })),
+            }
+        }
+        self.ids.retain_backends(|_, id| used.contains(&id));
+        Ok(())
+    }
+
+    /// Deletes the rev-NAT entries of removed frontends that no live connection carries any
+    /// more; returns how many.
+    pub fn collect_rev_nats(&mut self, dp: &Datapath) -> Result<usize> {
+        // A frontend may have come back with its old id adopted: not ours to delete.
+        let ids = &self.ids;
+        self.released.retain(|id| !ids.rev_nat_in_use(*id));
+        if self.released.is_empty() {
+            return Ok(0);
+        }
+        let now = ktime_now_ns().map_err(read("monotonic clock"))?;
+        let carried: HashSet<u16> = dp
+            .conntrack()
+            .entries()
+            .map_err(read("conntrack map"))?
+            .into_iter()
+            .filter(|(_, e)| e.rev_nat_id != 0 && e.expires_ns > now)
+            .map(|(_, e)| e.rev_nat_id)
+            .collect();
+        let mut deleted = 0;
+        for id in self.released.clone() {
+            if carried.contains(&id) {
+                continue;
+            }
+            dp.services()
+                .delete_rev_nat(id)
+                .map_err(|source| Error::Remove {
+                    what: format!("rev-NAT entry {id}"),
+                    source,
+                })?;
+            self.released.remove(&id);
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// How many rev-NAT entries wait for their connections to end.
+    pub fn lingering_rev_nats(&self) -> usize {
+        self.released.len()
+    }
+}
+
+fn read(what: &'static str) -> impl Fn(cellium_datapath_bpf::Error) -> Error {
+    move |source| Error::Read { what, source }
+}
+
+/// An error and its sources on one line, for health messages and listings.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

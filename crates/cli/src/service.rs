@@ -1,0 +1,175 @@
+//! `cellium service`: the ClusterIP frontends the node load-balances, and their backends.
+
+use std::path::Path;
+
+use anyhow::Context;
+use cellium_api::v1::services_client::ServicesClient;
+use cellium_api::v1::{ListServicesRequest, ServiceFrontend};
+use serde::Serialize;
+
+use crate::output::{self, Format};
+
+/// `cellium service` verbs.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// List every frontend (one per ClusterIP service port) with its backends.
+    List {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+/// What `-o json` prints for a frontend.
+#[derive(Debug, Serialize)]
+struct FrontendView {
+    service: String,
+    port_name: String,
+    frontend: String,
+    vip: String,
+    port: u32,
+    protocol: String,
+    target_port: String,
+    backends_from: String,
+    rev_nat_id: u32,
+    backends: Vec<BackendView>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    error: String,
+}
+
+/// One backend of a frontend.
+#[derive(Debug, Serialize)]
+struct BackendView {
+    id: u32,
+    address: String,
+    source: String,
+}
+
+/// Runs a `cellium service` verb.
+pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
+    let Command::List { output } = command;
+    let frontends = ServicesClient::new(cellium_api::connect(socket).await?)
+        .list(ListServicesRequest {})
+        .await
+        .context("the agent did not answer Services.List")?
+        .into_inner()
+        .frontends;
+    let views: Vec<FrontendView> = frontends.into_iter().map(view).collect();
+    match output {
+        Format::Json => output::print_json(&views),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = views.iter().map(row).collect();
+            output::print_table(
+                &["SERVICE", "PORT", "FRONTEND", "TARGET", "FROM", "BACKENDS"],
+                &rows,
+            );
+            Ok(())
+        }
+    }
+}
+
+fn view(f: ServiceFrontend) -> FrontendView {
+    FrontendView {
+        service: format!("{}/{}", f.namespace, f.name),
+        frontend: format!("{}:{}/{}", f.vip, f.port, f.protocol),
+        port_name: f.port_name,
+        vip: f.vip,
+        port: f.port,
+        protocol: f.protocol,
+        target_port: f.target_port,
+        backends_from: f.backends_from,
+        rev_nat_id: f.rev_nat_id,
+        backends: f
+            .backends
+            .into_iter()
+            .map(|b| BackendView {
+                id: b.id,
+                address: format!("{}:{}", b.ip, b.port),
+                source: b.source,
+            })
+            .collect(),
+        error: f.error,
+    }
+}
+
+/// One line per frontend; a frontend that is not programmed shows why instead of backends.
+fn row(v: &FrontendView) -> Vec<String> {
+    let backends = if !v.error.is_empty() {
+        format!("not programmed: {}", v.error)
+    } else if v.backends.is_empty() {
+        "(none)".to_string()
+    } else {
+        v.backends
+            .iter()
+            .map(|b| b.address.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let port = if v.port_name.is_empty() {
+        "-".to_string()
+    } else {
+        v.port_name.clone()
+    };
+    vec![
+        v.service.clone(),
+        port,
+        v.frontend.clone(),
+        v.target_port.clone(),
+        v.backends_from.clone(),
+        backends,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellium_api::v1::ServiceBackend;
+
+    #[test]
+    fn rows_show_backends_or_why_there_are_none() {
+        let mut f = view(ServiceFrontend {
+            namespace: "shop".into(),
+            name: "web".into(),
+            port_name: "http".into(),
+            vip: "10.96.1.1".into(),
+            port: 80,
+            protocol: "TCP".into(),
+            target_port: "http".into(),
+            backends_from: "selector".into(),
+            rev_nat_id: 3,
+            backends: vec![
+                ServiceBackend {
+                    id: 1,
+                    ip: "10.244.0.5".into(),
+                    port: 8080,
+                    source: "endpoint 2 (shop/web-0)".into(),
+                },
+                ServiceBackend {
+                    id: 2,
+                    ip: "10.244.0.6".into(),
+                    port: 8080,
+                    source: "endpoint 3 (shop/web-1)".into(),
+                },
+            ],
+            error: String::new(),
+        });
+        assert_eq!(
+            row(&f),
+            vec![
+                "shop/web",
+                "http",
+                "10.96.1.1:80/TCP",
+                "http",
+                "selector",
+                "10.244.0.5:8080, 10.244.0.6:8080"
+            ]
+        );
+        f.backends.clear();
+        assert_eq!(row(&f)[5], "(none)");
+        f.error = "no rev-NAT id left".into();
+        assert_eq!(row(&f)[5], "not programmed: no rev-NAT id left");
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["frontend"], "10.96.1.1:80/TCP");
+        assert_eq!(json["error"], "no rev-NAT id left");
+    }
+}

@@ -1,0 +1,504 @@
+//! ClusterIP services end to end: the real agent in a node namespace, pods through the real
+//! `cellium-cni`, objects through `cellium apply`, TCP through the datapath; and the svc-lb
+//! programmer against real load-balancing maps.
+//!
+//! Root, serially, after `cargo build --workspace` (the agent tests run the built binaries):
+//! `cargo test -p cellium-integration --test services -- --test-threads=1`.
+//!
+//! Every test makes its own namespaces (and agent, or bpffs) and removes them through guards,
+//! and sends traffic only to addresses inside them: the pods' and the services' cluster IPs,
+//! which exist only in the node namespace's datapath.
+
+#[path = "services/agent.rs"]
+mod agent;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::time::{Duration, Instant};
+
+use agent::Agent;
+use cellium_datapath_bpf::abi::CtEntry;
+use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
+use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::{BpffsMount, NetNs};
+use cellium_resources::{ObjectKey, Resources};
+use cellium_svc_lb::Programmer;
+use cellium_svc_lb::desired::{Inputs, LocalEndpoint, plans};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const SHORT: Duration = Duration::from_millis(700);
+
+/// Tests share two cores and each runs an agent: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: web-0, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-1, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, labels: { app: client } }
+spec: { containers: [ { name: c } ] }
+"#;
+
+/// A service selecting the web pods, their named port as the target.
+const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web }
+spec:
+  selector: { app: web }
+  ports: [ { name: http, port: 80, targetPort: http } ]
+"#;
+
+/// An agent with two web pods serving TCP on 8080 and a client pod.
+struct Env {
+    // Field order is drop order: servers, then pods, then the agent and its node.
+    servers: Vec<TcpServer>,
+    web: Vec<(NetNs, Ipv4Addr, String)>,
+    client: NetNs,
+    agent: Agent,
+}
+
+fn cid(tag: &str) -> String {
+    format!("svc{tag}x{}", std::process::id())
+}
+
+fn setup() -> Env {
+    let agent = Agent::start_new().expect("start the agent");
+    agent.kubectl("apply", PODS).expect("apply the pods");
+    let mut web = Vec::new();
+    let mut servers = Vec::new();
+    for name in ["web-0", "web-1"] {
+        let ns = NetNs::new().expect("pod netns");
+        let ip = agent.add_pod(&cid(name), &ns, name).expect("CNI ADD");
+        servers.push(TcpServer::start(&ns, SocketAddrV4::new(ip, 8080), name).expect("server"));
+        web.push((ns, ip, name.to_string()));
+    }
+    let client = NetNs::new().expect("client netns");
+    agent
+        .add_pod(&cid("client"), &client, "client")
+        .expect("CNI ADD client");
+    Env {
+        servers,
+        web,
+        client,
+        agent,
+    }
+}
+
+/// Polls `f` for up to 10 s.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let began = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The frontend of service `default/<name>` once it has `backends` backends.
+fn frontend_with(agent: &Agent, name: &str, backends: usize) -> Value {
+    let service = format!("default/{name}");
+    wait_for(&format!("{service} with {backends} backends"), || {
+        agent
+            .frontends()
+            .ok()?
+            .into_iter()
+            .find(|f| f["service"] == service.as_str())
+            .filter(|f| f["backends"].as_array().map(Vec::len) == Some(backends))
+    })
+}
+
+fn vip(frontend: &Value) -> SocketAddrV4 {
+    let ip = frontend["vip"].as_str().and_then(|s| s.parse().ok());
+    let port = frontend["port"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok());
+    match (ip, port) {
+        (Some(ip), Some(port)) => SocketAddrV4::new(ip, port),
+        _ => panic!("no vip in {frontend}"),
+    }
+}
+
+/// Connects to the VIP up to `max` times until every backend in `expect` answered; every
+/// connection must see the VIP as its peer. Returns the backends that answered.
+fn balance(env: &Env, to: SocketAddrV4, expect: &[&str], max: usize) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..max {
+        let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request to the VIP");
+        assert_eq!(
+            reply.peer,
+            SocketAddr::V4(to),
+            "the reply did not come from the VIP"
+        );
+        seen.insert(reply.banner);
+        if expect.iter().all(|e| seen.contains(*e)) {
+            break;
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_selector_service_balances_over_its_pods_and_follows_them() {
+    let _serial = serial();
+    let env = setup();
+    env.agent.kubectl("apply", WEB).expect("apply the service");
+    let fe = frontend_with(&env.agent, "web", 2);
+    assert_eq!(fe["backends_from"], "selector");
+    assert_eq!(fe["target_port"], "http");
+    let to = vip(&fe);
+    assert!(
+        to.ip().octets()[..2] == [10, 96],
+        "{to} is not from 10.96.0.0/12"
+    );
+    let addrs: BTreeSet<String> = fe["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["address"].as_str().map(String::from))
+        .collect();
+    let expected: BTreeSet<String> = env
+        .web
+        .iter()
+        .map(|(_, ip, _)| format!("{ip}:8080"))
+        .collect();
+    assert_eq!(addrs, expected);
+
+    let seen = balance(&env, to, &["web-0", "web-1"], 60);
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["web-0", "web-1"]);
+
+    // CNI DEL of web-1: it leaves the backends, and every connection reaches web-0.
+    let (web1_ns, _, _) = &env.web[1];
+    env.agent
+        .cni("DEL", &cid("web-1"), web1_ns, "web-1")
+        .expect("CNI DEL web-1");
+    frontend_with(&env.agent, "web", 1);
+    let received = env.servers[1].received();
+    for _ in 0..20 {
+        let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request after DEL");
+        assert_eq!(reply.banner, "web-0");
+    }
+    assert_eq!(
+        env.servers[1].received(),
+        received,
+        "a deleted pod still receives"
+    );
+
+    // The service deleted: its frontend goes, and connections to the VIP fail.
+    env.agent
+        .kubectl("delete", WEB)
+        .expect("delete the service");
+    wait_for("the frontend is gone", || {
+        env.agent.frontends().ok().filter(Vec::is_empty)
+    });
+    assert!(
+        probe::tcp_connect(&env.client, to, SHORT).is_err(),
+        "a connection to a deleted service's VIP succeeded"
+    );
+}
+
+#[test]
+fn an_endpoint_slice_gives_a_service_without_selector_its_backends() {
+    let _serial = serial();
+    let env = setup();
+    let endpoints: String = env
+        .web
+        .iter()
+        .map(|(_, ip, _)| format!("- {{ addresses: [ {ip} ] }}\n"))
+        .collect();
+    let client_ip = "10.244.0.250"; // never allocated: listed as not ready, so never chosen
+    let yaml = format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: manual }}
+spec: {{ clusterIP: 10.96.0.50, ports: [ {{ name: http, port: 8000 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: manual-1, labels: {{ kubernetes.io/service-name: manual }} }}
+addressType: IPv4
+endpoints:
+{endpoints}- {{ addresses: [ {client_ip} ], conditions: {{ ready: false }} }}
+ports: [ {{ name: http, port: 8080 }} ]
+"#
+    );
+    env.agent
+        .kubectl("apply", &yaml)
+        .expect("apply service and slice");
+    let fe = frontend_with(&env.agent, "manual", 2);
+    assert_eq!(fe["backends_from"], "endpoint-slices");
+    assert_eq!(
+        fe["backends"][0]["source"],
+        "EndpointSlice default/manual-1"
+    );
+    let to = vip(&fe);
+    assert_eq!(to, SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 50), 8000));
+    let seen = balance(&env, to, &["web-0", "web-1"], 60);
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["web-0", "web-1"]);
+
+    // The table shows the same.
+    let table = env.agent.cli(&["service", "list"]).expect("service list");
+    assert!(
+        table.contains("default/manual") && table.contains("10.96.0.50:8000/TCP"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_frontend_that_cannot_be_programmed_is_reported_with_the_reason() {
+    let _serial = serial();
+    let env = setup();
+    env.agent
+        .kubectl("apply", WEB)
+        .expect("apply the web service");
+    frontend_with(&env.agent, "web", 2);
+    // 66 slices of 1000 ready endpoints: more backends than a frontend has slots for. The
+    // addresses only appear in the slices; nothing is sent to them.
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: big}\nspec: {ports: [{port: 80}]}\n",
+    );
+    for slice in 0..66u32 {
+        yaml.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-{slice}, labels: {{kubernetes.io/service-name: big}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n"
+        ));
+        for i in slice * 1000..(slice + 1) * 1000 {
+            let [_, a, b, c] = (0x0a64_0000 + i).to_be_bytes();
+            yaml.push_str(&format!("- {{addresses: [10.{a}.{b}.{c}]}}\n"));
+        }
+    }
+    env.agent
+        .kubectl("apply", &yaml)
+        .expect("apply the big service");
+    let status = wait_for("svc-lb degraded", || {
+        let text = env.agent.cli(&["status"]).ok()?;
+        text.contains("Degraded").then_some(text)
+    });
+    assert!(
+        status.contains("svc-lb Degraded: 1 of 2 frontends not programmed: frontend default/big (")
+            && status.contains("66000 backends, more than the 65534 a frontend can hold"),
+        "{status}"
+    );
+    let big = frontend_with(&env.agent, "big", 66000);
+    assert!(
+        big["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("66000 backends")),
+        "{big}"
+    );
+    assert_eq!(big["rev_nat_id"], 0);
+    // The other service is served all along.
+    let web = frontend_with(&env.agent, "web", 2);
+    balance(&env, vip(&web), &["web-0", "web-1"], 60);
+
+    env.agent
+        .kubectl("delete", &yaml)
+        .expect("delete the big service");
+    wait_for("svc-lb OK again", || {
+        let text = env.agent.cli(&["status"]).ok()?;
+        (!text.contains("Degraded")).then_some(())
+    });
+}
+
+/// Reads one line from the connection.
+fn line(reader: &mut BufReader<TcpStream>) -> String {
+    let mut text = String::new();
+    reader.read_line(&mut text).expect("read a line");
+    text.trim_end().to_string()
+}
+
+fn echo(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, text: &str) {
+    stream
+        .write_all(format!("{text}\n").as_bytes())
+        .expect("send");
+    assert_eq!(line(reader), text, "the echo did not come back");
+}
+
+#[test]
+fn an_agent_restart_keeps_an_established_connection_to_a_service() {
+    let _serial = serial();
+    let mut env = setup();
+    env.agent.kubectl("apply", WEB).expect("apply the service");
+    let before = frontend_with(&env.agent, "web", 2);
+    let to = vip(&before);
+
+    let mut stream = probe::tcp_connect(&env.client, to, TIMEOUT).expect("connect to the VIP");
+    assert_eq!(stream.peer_addr().ok(), Some(SocketAddr::V4(to)));
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+    let backend = line(&mut reader);
+    echo(&mut stream, &mut reader, "before");
+
+    env.agent.stop().expect("stop the agent");
+    // No agent: the pinned maps and attached programs go on serving.
+    echo(&mut stream, &mut reader, "while stopped");
+    env.agent.start().expect("start the agent again");
+    echo(&mut stream, &mut reader, "after");
+
+    // The restarted agent took over the ids the connection's entries carry.
+    let after = frontend_with(&env.agent, "web", 2);
+    assert_eq!(after["rev_nat_id"], before["rev_nat_id"]);
+    assert_eq!(after["backends"], before["backends"]);
+    assert_eq!(vip(&after), to);
+    echo(&mut stream, &mut reader, "after the first pass");
+    let seen = balance(&env, to, &["web-0", "web-1"], 60);
+    assert!(seen.contains(&backend), "{seen:?}");
+}
+
+/// The programmer on its own, against the real maps: adopting after a restart keeps every id;
+/// stale entries go; a removed frontend's rev-NAT entry stays while a connection carries it.
+#[test]
+fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connections() {
+    let _serial = serial();
+    let bpf = BpffsMount::new().expect("bpffs");
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..DatapathOptions::default()
+    })
+    .expect("open the datapath");
+    let resources = Resources::new();
+    resources
+        .apply("pods.yaml", PODS)
+        .and_then(|_| resources.apply("web.yaml", &WEB.replace("spec:", "spec:\n  clusterIP: 10.96.0.10")))
+        .and_then(|_| {
+            resources.apply(
+                "manual.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata: {name: manual}\nspec: {clusterIP: 10.96.0.11, ports: [{port: 53, protocol: UDP}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: manual-1, labels: {kubernetes.io/service-name: manual}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.1]}, {addresses: [10.1.0.2]}]\nports: [{port: 5353, protocol: UDP}]\n",
+            )
+        })
+        .expect("apply");
+    let endpoint = |id: u16, pod: &str, last: u8| LocalEndpoint {
+        name: format!("endpoint {id} (default/{pod})"),
+        pod: Some(ObjectKey::namespaced("default", pod)),
+        addresses: vec![Ipv4Addr::new(10, 244, 0, last)],
+        ready: true,
+    };
+    let mut inputs = Inputs::read(&resources, &[]);
+    inputs.endpoints = vec![endpoint(1, "web-0", 10), endpoint(2, "web-1", 11)];
+
+    let mut first = Programmer::default();
+    let report = first.sync(&dp, plans(&inputs)).expect("first pass");
+    assert_eq!((report.programmed, report.written), (2, 2), "{report:?}");
+    let lb = dp.services();
+    assert_eq!(lb.services().expect("services").len(), 2);
+    assert_eq!(lb.backends().expect("backends").len(), 4);
+    let again = first.sync(&dp, plans(&inputs)).expect("second pass");
+    assert_eq!(again.written, 0, "an unchanged plan rewrote the maps");
+    let status = first.status();
+
+    // A new programmer (a restarted agent) adopts every id.
+    let mut second = Programmer::default();
+    assert_eq!(second.adopt(&dp).expect("adopt"), (2, 4, 0));
+    let report = second
+        .sync(&dp, plans(&inputs))
+        .expect("pass after restart");
+    assert_eq!(report.written, 0, "{report:?}");
+    assert_eq!(second.status(), status);
+
+    // web-1's endpoint goes: its backend is removed.
+    inputs.endpoints.truncate(1);
+    let report = second
+        .sync(&dp, plans(&inputs))
+        .expect("pass without web-1");
+    assert_eq!(
+        (report.written, report.removed_backends),
+        (1, 1),
+        "{report:?}"
+    );
+
+    // The manual service goes, while a connection through it is open.
+    let manual = status
+        .iter()
+        .find(|s| s.plan.service.name == "manual")
+        .expect("manual's status");
+    let rev_nat = manual.rev_nat_id;
+    let tuple = CtTuple {
+        saddr: Ipv4Addr::new(10, 244, 0, 12),
+        daddr: Ipv4Addr::new(10, 1, 0, 1),
+        sport: 40000,
+        dport: 5353,
+        protocol: Protocol::Udp,
+        service: false,
+    };
+    let now = ktime_now_ns().expect("clock");
+    let entry = CtEntry {
+        expires_ns: now + 60_000_000_000,
+        created_ns: now,
+        rev_nat_id: rev_nat,
+        ..CtEntry::default()
+    };
+    dp.conntrack().put(&tuple, &entry).expect("conntrack entry");
+    resources
+        .delete(
+            "manual.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: manual}\n",
+        )
+        .expect("delete manual");
+    let report = second
+        .sync(
+            &dp,
+            plans(&Inputs {
+                endpoints: inputs.endpoints.clone(),
+                ..Inputs::read(&resources, &[])
+            }),
+        )
+        .expect("pass without manual");
+    assert_eq!(
+        (report.removed_frontends, report.removed_backends),
+        (1, 2),
+        "{report:?}"
+    );
+    assert_eq!(second.collect_rev_nats(&dp).expect("collect"), 0);
+    assert!(
+        lb.rev_nat(rev_nat).expect("lookup").is_some(),
+        "removed while a connection carries it"
+    );
+
+    // A frontend created meanwhile does not get the id the connection carries.
+    resources
+        .apply("other.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: other}\nspec: {clusterIP: 10.96.0.12, ports: [{port: 80}]}\n")
+        .expect("apply other");
+    let report = second
+        .sync(
+            &dp,
+            plans(&Inputs {
+                endpoints: inputs.endpoints.clone(),
+                ..Inputs::read(&resources, &[])
+            }),
+        )
+        .expect("pass with other");
+    assert_eq!(report.written, 1, "{report:?}");
+    let other = second
+        .status()
+        .into_iter()
+        .find(|s| s.plan.service.name == "other")
+        .expect("other's status");
+    assert_ne!(other.rev_nat_id, rev_nat);
+
+    // The connection ends: the entry goes.
+    dp.conntrack()
+        .delete(&tuple)
+        .expect("delete the conntrack entry");
+    assert_eq!(second.collect_rev_nats(&dp).expect("collect"), 1);
+    assert!(lb.rev_nat(rev_nat).expect("lookup").is_none());
+    assert_eq!(second.lingering_rev_nats(), 0);
+}
