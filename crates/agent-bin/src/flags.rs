@@ -25,6 +25,9 @@ pub struct ConfigArgs {
     /// The address metrics are served on (key `metrics-addr`).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// The range ClusterIPs are allocated from (key `service-cidr`).
+    #[arg(long, value_name = "CIDR")]
+    pub service_cidr: Option<IpNet>,
     /// A directory of policy YAML files, applied as they change (key `policy-dir`).
     #[arg(long, value_name = "DIR")]
     pub policy_dir: Option<PathBuf>,
@@ -52,6 +55,9 @@ impl ConfigArgs {
         }
         if let Some(v) = &self.metrics_addr {
             sources = sources.flag("metrics-addr", v);
+        }
+        if let Some(v) = &self.service_cidr {
+            sources = sources.flag("service-cidr", v);
         }
         if let Some(v) = &self.policy_dir {
             sources = sources.flag("policy-dir", v);
