@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo: the Cellium agent on its embedded default configuration in a throw-away node network
 # namespace, pods created through the cellium-cni plugin exactly as a container runtime calls it,
-# traffic between them, and a network policy enforced on it. Everything it creates is removed at
-# the end, even on failure.
+# traffic between them, a ClusterIP service balancing over two of them, and a network policy
+# enforced on it all. Everything it creates is removed at the end, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,7 +85,12 @@ metadata: { name: demo }
 ---
 apiVersion: v1
 kind: Pod
-metadata: { name: web, namespace: demo, labels: { app: web } }
+metadata: { name: web-1, namespace: demo, labels: { app: web } }
+spec: { containers: [ { name: web, image: web, ports: [ { name: http, containerPort: 80 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-2, namespace: demo, labels: { app: web } }
 spec: { containers: [ { name: web, image: web, ports: [ { name: http, containerPort: 80 } ] } ] }
 ---
 apiVersion: v1
@@ -97,9 +102,16 @@ apiVersion: v1
 kind: Pod
 metadata: { name: other, namespace: demo, labels: { app: other } }
 spec: { containers: [ { name: other, image: other } ] }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: demo }
+spec:
+  selector: { app: web }
+  ports: [ { name: http, port: 80, targetPort: http } ]
 YAML
 cellium apply -f "$work/pods.yaml"
-for pod in web client other; do
+for pod in web-1 web-2 client other; do
   ip netns add "$run_id-$pod"
   pods+=("$pod")
   cni ADD "$pod" >"$work/$pod.result"
@@ -114,7 +126,7 @@ cellium ipam list
 
 say "the pods reach each other and the node"
 for from in client other; do
-  for to in web client other; do
+  for to in web-1 web-2 client other; do
     [ "$from" = "$to" ] && continue
     in_pod "$from" ping -c 1 -W 1 "$(pod_ip "$to")" >/dev/null && echo "$from -> $to: ok"
   done
@@ -122,14 +134,20 @@ done
 in_pod client ping -c 1 -W 1 "$(cellium ipam list -o json | grep -m1 '"router"' | cut -d'"' -f4)" >/dev/null &&
   echo "client -> node: ok"
 
-say "an HTTP server in web; everyone may reach it"
-serve web
+say "HTTP servers in web-1 and web-2; everyone may reach them"
+serve web-1
+serve web-2
 sleep 0.3
-web_ip=$(pod_ip web)
+web_ip=$(pod_ip web-1)
 get client "$web_ip"
 get other "$web_ip"
 
-say "a NetworkPolicy: web accepts HTTP from client only"
+say "the Service web: a ClusterIP balancing over the web pods (cellium service list)"
+cellium service list
+vip=$(cellium service list -o json | grep -m1 '"vip"' | cut -d'"' -f4)
+for _ in 1 2 3 4 5 6; do get client "$vip"; done
+
+say "a NetworkPolicy: the web pods accept HTTP from client only"
 cat >"$work/policy.yaml" <<YAML
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -143,20 +161,22 @@ YAML
 cat "$work/policy.yaml"
 cellium apply -f "$work/policy.yaml"
 sleep 0.5
-get client "$web_ip"
+get client "$vip"
+get other "$vip"
 get other "$web_ip"
-in_pod client ping -c 1 -W 1 "$web_ip" >/dev/null && echo "client -> web (ping): ok" || echo "client -> web (ping): blocked (only TCP/80 is allowed)"
+in_pod client ping -c 1 -W 1 "$web_ip" >/dev/null && echo "client -> web-1 (ping): ok" ||
+  echo "client -> web-1 (ping): blocked (only TCP/80 is allowed)"
 
-say "cellium endpoint get (web): its identity, policy revision and allowed peers"
-cellium endpoint get "$(cellium endpoint list -o json | grep -B1 '"state"' | grep -m1 -o '[0-9]\+')"
+say "cellium endpoint get (web-1): its identity, policy revision and allowed peers"
+cellium endpoint get "$(cellium endpoint list | awk '$3 == "demo/web-1" { print $1 }')"
 
 say "cellium policy get"
 cellium policy get
 
-say "the policy deleted: other reaches web again"
+say "the policy deleted: other reaches the web pods again"
 cellium delete -f "$work/policy.yaml"
 sleep 0.5
-get other "$web_ip"
+get other "$vip"
 
 say "cellium status --verbose"
 cellium status --verbose
