@@ -5,7 +5,7 @@
 //! `cargo test -p cellium-integration --test policy -- --test-threads=1`.
 //!
 //! Each test starts its own agent in its own node namespace, applies the namespaces and pods
-//! of [`BASE`] with `cellium apply`, creates the pods through `cellium-cni` (kubelet's
+//! of `lab::fixture::BASE` with `cellium apply`, creates the pods through `cellium-cni` (kubelet's
 //! `K8S_POD_NAMESPACE`/`K8S_POD_NAME`, fixed addresses so that ipBlocks can name them), and
 //! removes everything when it ends (guards). For every flow (source, destination, probe) of a
 //! scenario the expectation is written out as a condition in the scenario's own terms; a
@@ -15,9 +15,7 @@
 //! gateway address in the node namespace); `ext-a` (10.99.0.10) and `ext-b` (10.99.0.20) in a
 //! namespace routed through the node, outside the cluster.
 
-use std::net::Ipv4Addr;
-
-use cellium_integration::lab::Lab;
+use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 
 /// Tests share two cores and each runs an agent: one at a time even when the harness runs
@@ -28,66 +26,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Namespaces (with labels namespace selectors pick) and pods (with labels and named ports).
-const BASE: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: { name: shop, labels: { team: a } }
----
-apiVersion: v1
-kind: Namespace
-metadata: { name: dev, labels: { team: b } }
----
-apiVersion: v1
-kind: Namespace
-metadata: { name: ops, labels: { team: a, tier: infra } }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: web, namespace: shop, labels: { app: web } }
-spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: db, namespace: shop, labels: { app: db } }
-spec: { containers: [ { name: c, ports: [ { name: sql, containerPort: 5432 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: web, namespace: dev, labels: { app: web } }
-spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: tool, namespace: dev, labels: { app: tool } }
-spec: { containers: [ { name: c } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: dns, namespace: ops, labels: { app: dns } }
-spec:
-  containers:
-  - name: c
-    ports: [ { name: dns, containerPort: 53, protocol: UDP }, { name: dns-tcp, containerPort: 53 } ]
-"#;
-
-/// The pods of [`BASE`] and their addresses.
-const PODS: [(&str, Ipv4Addr); 5] = [
-    ("shop/web", Ipv4Addr::new(10, 244, 0, 10)),
-    ("shop/db", Ipv4Addr::new(10, 244, 0, 11)),
-    ("dev/web", Ipv4Addr::new(10, 244, 0, 20)),
-    ("dev/tool", Ipv4Addr::new(10, 244, 0, 21)),
-    ("ops/dns", Ipv4Addr::new(10, 244, 0, 30)),
-];
-
-/// A lab with the pods of [`BASE`] and no policy.
+/// A lab with the pods of [`fixture::BASE`] and no policy.
 fn lab() -> Lab {
-    let mut lab = Lab::start(Default::default()).expect("start the agent");
-    lab.apply(BASE).expect("apply namespaces and pods");
-    for (key, ip) in PODS {
-        lab.add_pod(key, ip).expect("CNI ADD");
-    }
-    lab
+    fixture::lab(Default::default()).expect("the lab")
 }
 
 const COMMON: [Probe; 4] = [Tcp(80), Tcp(5432), Udp(53), Icmp];

@@ -28,6 +28,8 @@
 //! and the agent with its node namespace.
 
 pub mod external;
+pub mod fixture;
+pub mod open;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub use external::External;
+pub use open::OpenFlow;
 pub use table::{Flow, Place, PlaceKind, Table};
 
 use crate::agent::{Agent, AgentOptions};
@@ -307,6 +310,40 @@ impl Lab {
             Ok(t) => t.assert(),
             Err(e) => panic!("truth table \"{scenario}\" could not be probed: {e}"),
         }
+    }
+
+    /// Opens a flow from place `from` to place `to` for `probe` (TCP or UDP), serving it first.
+    pub fn open(&mut self, from: &str, to: &str, probe: Probe) -> Result<OpenFlow> {
+        self.serve(&[probe])?;
+        let (from, to) = (self.place(from)?, self.place(to)?);
+        let ns = NetNs::existing(&from.netns);
+        match probe {
+            Probe::Tcp(port) => OpenFlow::tcp(&ns, SocketAddrV4::new(to.ip, port)),
+            Probe::Udp(port) => OpenFlow::udp(&ns, SocketAddrV4::new(to.ip, port)),
+            Probe::Icmp => Err(Error::Unexpected {
+                what: "open flow",
+                detail: "ICMP echoes are not kept open".into(),
+            }),
+        }
+    }
+
+    /// Polls `check` every 50 ms until it holds; fails naming `what` after 30 s.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        mut check: impl FnMut(&Lab) -> Result<bool>,
+    ) -> Result<()> {
+        let began = Instant::now();
+        while !check(self)? {
+            if began.elapsed() > SETTLE_TIMEOUT {
+                return Err(Error::Unexpected {
+                    what: "wait",
+                    detail: format!("{what}: not within {SETTLE_TIMEOUT:?}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// The policy repository's revision (`cellium policy get`).
