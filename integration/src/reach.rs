@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, bind, connect, recvfrom,
-    sendto, setsockopt, socket, sockopt,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, bind, connect, recv,
+    recvfrom, sendto, setsockopt, socket, sockopt,
 };
 use nix::sys::time::TimeVal;
 
@@ -104,11 +104,16 @@ pub fn probe(
     what: Probe,
     timeout: Duration,
 ) -> Result<Outcome> {
-    ns.run(move || match what {
+    ns.run(move || probe_here(src, dst, what, timeout))
+}
+
+/// [`probe`] from the network namespace of the calling thread.
+pub fn probe_here(src: Option<Ipv4Addr>, dst: Ipv4Addr, what: Probe, timeout: Duration) -> Outcome {
+    match what {
         Probe::Tcp(port) => tcp(src, SocketAddrV4::new(dst, port), timeout),
         Probe::Udp(port) => udp(src, SocketAddrV4::new(dst, port), timeout),
         Probe::Icmp => icmp(src, dst, timeout),
-    })
+    }
 }
 
 fn failed(step: &str, e: impl fmt::Display) -> Outcome {
@@ -285,6 +290,19 @@ pub fn recv_echo_reply(
         }
     }
     Ok(None)
+}
+
+/// The sequence numbers of the echo replies from `from` with identifier `id` that have
+/// arrived on `fd` so far, without waiting.
+pub fn drain_echo_replies(fd: &OwnedFd, from: Ipv4Addr, id: u16) -> Vec<u16> {
+    let mut buf = [0u8; 1500];
+    let mut out = Vec::new();
+    while let Ok(n) = recv(fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        if let Some(seq) = echo_reply(&buf[..n], from, id) {
+            out.push(seq);
+        }
+    }
+    out
 }
 
 /// The sequence number of `packet` (an IPv4 packet as a raw socket receives it) if it is an

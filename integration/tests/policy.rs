@@ -484,3 +484,56 @@ spec:
         ingress && egress
     });
 }
+
+#[test]
+fn cilium_cidr_rules_select_addresses_outside_the_cluster_only() {
+    let _serial = serial();
+    let mut lab = lab();
+    lab.apply_policy(
+        r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: dns-from-cidrs, namespace: ops }
+spec:
+  endpointSelector: { matchLabels: { app: dns } }
+  ingress:
+  - fromCIDRSet: [ { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] } ]
+  - fromCIDR: [ 10.244.0.0/24 ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web-to-world, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  egress: [ { toEntities: [ world ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: tool-port-53, namespace: dev }
+spec:
+  endpointSelector: { matchLabels: { app: tool } }
+  egress: [ { toPorts: [ { ports: [ { port: "53" } ] } ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: db-not-from-world, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: db } }
+  enableDefaultDeny: { ingress: false }
+  ingressDeny: [ { fromEntities: [ world ] } ]
+"#,
+    )
+    .unwrap();
+    let probes = [Tcp(53), Udp(53), Tcp(80), Icmp];
+    lab.check("Cilium CIDR rules", &probes, |f| {
+        // fromCIDR 10.244.0.0/24 holds every pod's address and selects none of them; the
+        // CIDR set selects ext-a, whose CIDR identity is still the world's.
+        let dns_in = !f.to.is("ops/dns") || f.from.is("ext-a") || f.from.is_node();
+        let web_out = !f.from.is("shop/web") || f.to.is_external();
+        // A port without a protocol is TCP and UDP (and SCTP), to every peer.
+        let tool_out = !f.from.is("dev/tool") || matches!(f.probe, Tcp(53) | Udp(53));
+        // Deny rules without default deny: everything but the world.
+        let db_in = !f.to.is("shop/db") || !f.from.is_external();
+        dns_in && web_out && tool_out && db_in
+    });
+}

@@ -29,6 +29,7 @@
 
 pub mod external;
 pub mod fixture;
+pub mod hammer;
 pub mod open;
 pub mod table;
 
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub use external::External;
+pub use hammer::{Hammer, HammerLog, Stream, StreamLog};
 pub use open::OpenFlow;
 pub use table::{Flow, Place, PlaceKind, Table};
 
@@ -325,6 +327,21 @@ impl Lab {
                 detail: "ICMP echoes are not kept open".into(),
             }),
         }
+    }
+
+    /// Starts hammering the flow from place `from` to place `to` with `probe` (serving it
+    /// first, so that any attempt let through is answered).
+    pub fn hammer(&mut self, from: &str, to: &str, probe: Probe) -> Result<Hammer> {
+        self.serve(&[probe])?;
+        let (from, to) = (self.place(from)?, self.place(to)?);
+        let src = from.is_external().then_some(from.ip);
+        Ok(Hammer::start(
+            format!("{} -> {} {probe}", from.name, to.name),
+            &NetNs::existing(&from.netns),
+            src,
+            to.ip,
+            probe,
+        ))
     }
 
     /// Polls `check` every 50 ms until it holds; fails naming `what` after 30 s.
