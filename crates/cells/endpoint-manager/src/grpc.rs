@@ -86,7 +86,7 @@ impl EndpointsApi for EndpointService {
     ) -> Result<Response<ListEndpointsResponse>, Status> {
         let endpoints = self
             .0
-            .list()
+            .snapshot()
             .iter()
             .map(|ep| view(&self.0, ep, false))
             .collect();

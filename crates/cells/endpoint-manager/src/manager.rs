@@ -53,7 +53,8 @@ pub struct EndpointManager {
 /// The endpoints in memory, by id and by the runtime's key.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
-    pub(crate) endpoints: BTreeMap<u16, Endpoint>,
+    /// Shared, so that listing (the API, every regeneration) copies pointers, not records.
+    pub(crate) endpoints: BTreeMap<u16, Arc<Endpoint>>,
     pub(crate) by_key: HashMap<(String, String), u16>,
     next_id: u16,
 }
@@ -61,13 +62,13 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn insert(&mut self, ep: Endpoint) {
         self.by_key.insert(ep.key(), ep.id);
-        self.endpoints.insert(ep.id, ep);
+        self.endpoints.insert(ep.id, Arc::new(ep));
     }
 
     pub(crate) fn remove(&mut self, id: u16) -> Option<Endpoint> {
         let ep = self.endpoints.remove(&id)?;
         self.by_key.remove(&ep.key());
-        Some(ep)
+        Some(Arc::unwrap_or_clone(ep))
     }
 
     /// The next free id, round-robin from the last one, so a deleted endpoint's id (and any
@@ -258,16 +259,31 @@ impl EndpointManager {
 
     /// Every endpoint, by id.
     pub fn list(&self) -> Vec<Endpoint> {
+        self.table()
+            .endpoints
+            .values()
+            .map(|e| Endpoint::clone(e))
+            .collect()
+    }
+
+    /// Every endpoint, by id, as the shared records the manager holds (cheap: no copy).
+    pub fn snapshot(&self) -> Vec<Arc<Endpoint>> {
         self.table().endpoints.values().cloned().collect()
     }
 
     /// The endpoint with `id`.
     pub fn get(&self, id: u16) -> Option<Endpoint> {
-        self.table().endpoints.get(&id).cloned()
+        self.table().endpoints.get(&id).map(|e| Endpoint::clone(e))
     }
 
     /// The endpoint of (`container_id`, `ifname`).
     pub fn find(&self, container_id: &str, ifname: &str) -> Option<Endpoint> {
+        self.find_shared(container_id, ifname)
+            .map(Arc::unwrap_or_clone)
+    }
+
+    /// The endpoint of (`container_id`, `ifname`), as the shared record.
+    pub(crate) fn find_shared(&self, container_id: &str, ifname: &str) -> Option<Arc<Endpoint>> {
         let table = self.table();
         let id = table
             .by_key
