@@ -196,7 +196,7 @@ pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::E
     out.policy_revision = policy.revision;
     if with_peers {
         out.peers = policy
-            .peers
+            .peers()
             .iter()
             .map(|p| EndpointPeer {
                 direction: p.direction.to_string(),
