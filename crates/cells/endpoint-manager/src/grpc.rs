@@ -147,6 +147,7 @@ fn status(e: Error) -> Status {
         Error::Invalid { .. } => Code::InvalidArgument,
         Error::NetnsMissing(_) | Error::NotFound(_) => Code::NotFound,
         Error::IdsExhausted(_) => Code::ResourceExhausted,
+        Error::AttachmentExists { .. } => Code::AlreadyExists,
         Error::Ipam { source, .. } => match source {
             cellium_ipam::Error::Exhausted { .. } => Code::ResourceExhausted,
             cellium_ipam::Error::InUse { .. } => Code::AlreadyExists,

@@ -142,7 +142,28 @@ impl EndpointManager {
             .lock((req.container_id.clone(), req.ifname.clone()))
             .await;
         if let Some(ep) = self.find(&req.container_id, &req.ifname) {
-            return Ok(ep);
+            // A retry of the ADD that made it (the runtime timed out, say) gets the endpoint
+            // again. Anything else must not: answering a request for another namespace with
+            // this endpoint would tell the runtime that a pod has networking which has none.
+            if is_retry_of(&req, &ep) {
+                return Ok(ep);
+            }
+            return Err(Error::AttachmentExists {
+                container_id: req.container_id,
+                ifname: req.ifname,
+                id: ep.id,
+                netns: ep.netns.clone(),
+                addresses: ips_text(ep.addresses.iter().map(|a| a.ip)),
+                requested: format!(
+                    "{} with {}",
+                    req.netns.display(),
+                    if req.requested_ips.is_empty() {
+                        "any address".to_string()
+                    } else {
+                        ips_text(req.requested_ips.iter().copied())
+                    }
+                ),
+            });
         }
         if !plumbing::netns_exists(&req.netns) {
             return Err(Error::NetnsMissing(req.netns.clone()));
@@ -463,6 +484,20 @@ impl EndpointManager {
     }
 }
 
+/// Whether `req` asks for what `ep` already is: the same network namespace, and addresses it
+/// holds (or none in particular).
+fn is_retry_of(req: &CreateRequest, ep: &Endpoint) -> bool {
+    req.netns == ep.netns
+        && req
+            .requested_ips
+            .iter()
+            .all(|ip| ep.addresses.iter().any(|a| a.ip == *ip))
+}
+
+fn ips_text(ips: impl Iterator<Item = IpAddr>) -> String {
+    ips.map(|ip| ip.to_string()).collect::<Vec<_>>().join(", ")
+}
+
 /// What the endpoint's interface must look like.
 pub(crate) fn network(ep: &Endpoint) -> PodNetwork {
     PodNetwork {
@@ -478,4 +513,56 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint() -> Endpoint {
+        let ip: IpAddr = "10.244.0.5".parse().unwrap();
+        Endpoint {
+            id: 7,
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/a".into(),
+            network: "cellium".into(),
+            pod: None,
+            addresses: vec![Address {
+                ip,
+                pool: "10.244.0.0/24".parse().unwrap(),
+                gateway: "10.244.0.1".parse().unwrap(),
+            }],
+            host_ifname: "lxc1".into(),
+            host_ifindex: 3,
+            host_mac: [0; 6],
+            pod_mac: [0; 6],
+            mtu: 1500,
+            labels: Labels::new(),
+            identity: 300,
+            state: State::Ready,
+            created_unix_ms: 0,
+        }
+    }
+
+    fn request(netns: &str, ips: &[&str]) -> CreateRequest {
+        CreateRequest {
+            container_id: "c1".into(),
+            netns: netns.into(),
+            ifname: "eth0".into(),
+            pod: None,
+            requested_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            network: "cellium".into(),
+            mtu: None,
+        }
+    }
+
+    #[test]
+    fn only_a_request_for_what_the_endpoint_is_counts_as_a_retry() {
+        let ep = endpoint();
+        assert!(is_retry_of(&request("/run/netns/a", &[]), &ep));
+        assert!(is_retry_of(&request("/run/netns/a", &["10.244.0.5"]), &ep));
+        assert!(!is_retry_of(&request("/run/netns/b", &[]), &ep));
+        assert!(!is_retry_of(&request("/run/netns/a", &["10.244.0.6"]), &ep));
+    }
 }
