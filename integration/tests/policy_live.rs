@@ -10,10 +10,10 @@
 //! `ops/dns`, the node, and `ext-a`/`ext-b` outside the cluster); every test has its own agent
 //! and namespaces and removes them when it ends.
 
-use cellium_integration::AgentOptions;
 use cellium_integration::lab::{Lab, OpenFlow, fixture};
 use cellium_integration::reach::Outcome;
 use cellium_integration::reach::Probe::{Icmp, Tcp, Udp};
+use cellium_integration::{AgentOptions, CniCall, NetNs};
 
 /// Tests share two cores and each runs an agent: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -246,4 +246,61 @@ fn the_policy_directory_is_followed_as_files_come_change_and_go() {
     lab.wait_revision_after(before).unwrap();
     lab.settle().unwrap();
     lab.check("file removed", &PROBES, |_| true);
+}
+
+#[test]
+fn a_pod_created_at_a_deleted_pods_address_takes_its_own_identity_and_policy() {
+    let _serial = serial();
+    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    lab.apply_policy(DB_FROM_WEB).unwrap();
+    let before = lab.identities().unwrap();
+    // shop/web (10.244.0.10) goes; a pod of dev that db does not take gets its address.
+    lab.remove_pod("shop/web").unwrap();
+    lab.delete("apiVersion: v1\nkind: Pod\nmetadata: { name: web, namespace: shop }\n")
+        .unwrap();
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: intruder, namespace: dev, labels: { app: intruder } }\nspec: { containers: [ { name: c } ] }\n",
+    )
+    .unwrap();
+    // The runtime's ADD for an attachment that exists, naming another namespace, is refused
+    // rather than answered with the existing endpoint (which would leave this pod without
+    // networking while its runtime believes otherwise).
+    let dns = lab.pod("ops/dns").unwrap().container_id.clone();
+    let elsewhere = NetNs::new().unwrap();
+    let (status, out) = lab
+        .agent()
+        .cni(
+            &CniCall::new("ADD", &dns)
+                .netns(elsewhere.path())
+                .args("K8S_POD_NAMESPACE=dev;K8S_POD_NAME=intruder"),
+        )
+        .unwrap();
+    assert!(!status.success(), "{out}");
+    assert_eq!(out["code"], 104, "{out}");
+    let msg = out["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(&elsewhere.path().display().to_string()),
+        "{msg}"
+    );
+    assert!(elsewhere.ip(&["link", "show", "eth0"]).is_err());
+    lab.add_pod("dev/intruder", "10.244.0.10".parse().unwrap())
+        .unwrap();
+    lab.settle().unwrap();
+    let after = lab.identities().unwrap();
+    assert!(!after.contains_key("shop/web"), "{after:?}");
+    assert_ne!(after.get("dev/intruder"), before.get("shop/web"));
+    lab.check("address reused", &PROBES, |f| {
+        !f.to.is("shop/db") || f.from.is_node()
+    });
+    // And a web pod again, at a new address: db takes it.
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: web2, namespace: shop, labels: { app: web } }\nspec: { containers: [ { name: c } ] }\n",
+    )
+    .unwrap();
+    lab.add_pod("shop/web2", "10.244.0.12".parse().unwrap())
+        .unwrap();
+    lab.settle().unwrap();
+    lab.check("a new web pod", &PROBES, |f| {
+        !f.to.is("shop/db") || f.from.is_node() || (f.from.is("shop/web2") && f.probe == Tcp(5432))
+    });
 }

@@ -85,6 +85,8 @@ pub struct Lab {
     pod_cidrs: Vec<String>,
     files: tempfile::TempDir,
     written: usize,
+    /// Pods created so far: container ids are never reused, even after a pod is removed.
+    created: usize,
 }
 
 impl Lab {
@@ -109,6 +111,7 @@ impl Lab {
             pod_cidrs,
             files,
             written: 0,
+            created: 0,
         })
     }
 
@@ -189,7 +192,8 @@ impl Lab {
             detail: format!("{key:?} is not namespace/name"),
         })?;
         let netns = NetNs::new()?;
-        let container_id = format!("lab{}x{}", self.pods.len(), std::process::id());
+        self.created += 1;
+        let container_id = format!("lab{}x{}", self.created, std::process::id());
         let call = CniCall::new("ADD", &container_id)
             .netns(netns.path())
             .args(&format!(
@@ -209,6 +213,22 @@ impl Lab {
             ip,
         });
         Ok(&self.pods[self.pods.len() - 1])
+    }
+
+    /// Deletes the pod `namespace/name` through the CNI plugin, as a kubelet would, and
+    /// removes its network namespace (its Kubernetes object stays until deleted).
+    pub fn remove_pod(&mut self, key: &str) -> Result<()> {
+        let i = self
+            .pods
+            .iter()
+            .position(|p| p.key == key)
+            .ok_or_else(|| Error::Unexpected {
+                what: "pod",
+                detail: format!("no pod {key} in the lab"),
+            })?;
+        let pod = self.pods.remove(i);
+        self.servers.retain(|(place, _), _| place != key);
+        self.agent.del(&pod.container_id, &pod.netns.path())
     }
 
     /// Every place: the pods, the node (at its pods' gateway address), the external addresses.
