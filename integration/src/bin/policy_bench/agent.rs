@@ -33,6 +33,8 @@ pub struct Figures {
     /// Each new pod whose identity the hundred namespace selectors select: from its CNI ADD
     /// to every endpoint at the new revision, and the ADD alone.
     pub new_pod: Vec<(Duration, Duration)>,
+    /// Each of 20 `Endpoints.List` calls with every endpoint in place, back to back.
+    pub list: Vec<Duration>,
     /// The agent's resident memory just after it started (KiB).
     pub rss_idle_kib: u64,
     /// The agent's resident memory with every endpoint and policy (KiB).
@@ -165,6 +167,11 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
         figures.endpoints = n;
         if n != shape.pods {
             bail!("{n} endpoints for {} pods", shape.pods);
+        }
+        for _ in 0..20 {
+            let began = Instant::now();
+            api.enforced().await?;
+            figures.list.push(began.elapsed());
         }
         for round in 0..rounds {
             for (yaml, out) in [
