@@ -35,5 +35,14 @@ cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
 cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
   -p cellium-integration --bin cellium-policy-bench
 
-exec "$root/target/release/cellium-policy-bench" \
-  --pods "$PODS" --policies "$POLICIES" --rounds "$ROUNDS" --samples "$SAMPLES"
+# The benchmark removes everything it created when it ends, also when it is told to stop
+# (SIGINT or SIGTERM, which this script passes on).
+"$root/target/release/cellium-policy-bench" \
+  --pods "$PODS" --policies "$POLICIES" --rounds "$ROUNDS" --samples "$SAMPLES" &
+bench_pid=$!
+trap 'kill -TERM "$bench_pid" 2>/dev/null || true' INT TERM
+status=0
+wait "$bench_pid" || status=$?
+# A trapped signal ends the first wait early: wait for the clean-up too.
+if kill -0 "$bench_pid" 2>/dev/null; then wait "$bench_pid" || status=$?; fi
+exit "$status"

@@ -68,6 +68,7 @@ pub struct LabPod {
     pub ip: Ipv4Addr,
 }
 
+/// A server of the lab: it serves until it is dropped, which is all it is held for.
 #[derive(Debug)]
 enum Server {
     Tcp(#[allow(dead_code)] TcpServer),

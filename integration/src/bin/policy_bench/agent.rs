@@ -78,6 +78,7 @@ impl Api {
     async fn settled_after(&mut self, before: u64) -> Result<Instant> {
         let began = Instant::now();
         loop {
+            crate::interrupted()?;
             let (lowest, highest, _) = self.enforced().await?;
             let at = Instant::now();
             if lowest > before && lowest == highest && self.revision().await? == lowest {
@@ -174,6 +175,7 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
             figures.list.push(began.elapsed());
         }
         for round in 0..rounds {
+            crate::interrupted()?;
             for (yaml, out) in [
                 (Shape::change_none_yaml(), &mut figures.change_none),
                 (Shape::change_all_yaml(), &mut figures.change_all),
@@ -191,6 +193,7 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
             );
         }
         for round in 0..rounds {
+            crate::interrupted()?;
             let timed = new_pod(&agent, &mut api, round).await?;
             eprintln!("new pod {round}: {:?} (ADD {:?})", timed.0, timed.1);
             figures.new_pod.push(timed);
@@ -240,6 +243,7 @@ async fn new_pod(agent: &Agent, api: &mut Api, round: usize) -> Result<(Duration
 fn create_pods(agent: &Agent, shape: Shape) -> Result<Vec<NetNs>> {
     let mut netns = Vec::with_capacity(shape.pods);
     for _ in 0..shape.pods {
+        crate::interrupted()?;
         netns.push(NetNs::new()?);
     }
     let mut running: VecDeque<CniProcess> = VecDeque::new();
@@ -249,6 +253,7 @@ fn create_pods(agent: &Agent, shape: Shape) -> Result<Vec<NetNs>> {
         let call = CniCall::new("ADD", &format!("bench{i}x{}", std::process::id()))
             .netns(ns.path())
             .args(&format!("K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name}"));
+        crate::interrupted()?;
         if running.len() >= PARALLEL_ADDS
             && let Some(p) = running.pop_front()
         {

@@ -18,9 +18,10 @@ mod agent;
 mod selectors;
 mod workload;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Parser;
 
 use crate::workload::Shape;
@@ -49,6 +50,44 @@ struct Cli {
     identities_only: bool,
 }
 
+/// Set when SIGINT or SIGTERM arrives: the benchmark stops at its next step and removes what
+/// it created (the agent, the pods' namespaces) on the way out, which dying by the signal
+/// would not.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Fails once the benchmark has been told to stop.
+pub fn interrupted() -> Result<()> {
+    if STOP.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Sets [`STOP`] on the first SIGINT or SIGTERM, from a thread of its own.
+fn watch_signals() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut term, mut int) = runtime.block_on(async {
+        anyhow::Ok((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    })?;
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        });
+        eprintln!("stopping: removing what the benchmark created");
+        STOP.store(true, Ordering::Relaxed);
+    });
+    Ok(())
+}
+
 fn median(v: &[Duration]) -> Duration {
     let mut v = v.to_vec();
     v.sort();
@@ -65,6 +104,7 @@ fn us(d: Duration) -> f64 {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    watch_signals()?;
     let shape = Shape {
         namespaces: cli.namespaces,
         pods: cli.pods,

@@ -97,6 +97,7 @@ pub fn measure(shape: Shape, samples: usize) -> Result<IdentityAdd> {
         resolve_all: Vec::new(),
     };
     for k in 0..samples {
+        crate::interrupted()?;
         // Every endpoint's policy resolved, as in a running agent: the new revision drops them.
         let began = Instant::now();
         for (id, labels) in &subjects {
