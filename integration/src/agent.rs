@@ -249,6 +249,11 @@ impl Agent {
         }
     }
 
+    /// The agent's process id while it runs (`nsenter` execs the agent, so it is the agent's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the agent process is alive.
     pub fn is_running(&mut self) -> bool {
         match &mut self.child {

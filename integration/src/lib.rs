@@ -2,7 +2,8 @@
 //! namespaces with drop guards ([`NetNs`]), the node-and-pods topology the
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
 //! traffic probes ([`probe`]), and a running agent with its CLI and CNI
-//! plugin ([`Agent`], [`CniCall`]).
+//! plugin ([`Agent`], [`CniCall`]), reachability probes that tell a policy drop apart
+//! ([`reach`]), and a policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -13,8 +14,10 @@ pub mod bpffs;
 pub mod cmd;
 pub mod cni;
 mod error;
+pub mod lab;
 pub mod netns;
 pub mod probe;
+pub mod reach;
 pub mod topology;
 pub mod veth;
 

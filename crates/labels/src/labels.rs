@@ -119,10 +119,12 @@ impl Labels {
 
     /// The label of `source` and `key`.
     pub fn get(&self, source: &str, key: &str) -> Option<&Label> {
-        let from = Label::new(source, key, "");
+        // A scan of the sorted set, not a range from a probe label: sets are small (a pod's
+        // labels and its namespace's), and building the probe cost three allocations on every
+        // selector match.
         self.0
-            .range(from..)
-            .next()
+            .iter()
+            .find(|l| (l.source.as_str(), l.key.as_str()) >= (source, key))
             .filter(|l| l.source == source && l.key == key)
     }
 
@@ -274,6 +276,21 @@ mod tests {
         let (ha, hb) = hash(&a);
         assert_eq!(ha, hb);
         assert_eq!(a.to_string(), "k8s:a=1,k8s:b=2");
+    }
+
+    #[test]
+    fn get_finds_a_key_under_its_source_only() {
+        let l: Labels = "cidr:10.0.0.0/8,k8s:app=web,k8s:apps=x,k8s:b=,reserved:world,unspec:app=u"
+            .parse()
+            .unwrap();
+        assert_eq!(l.get("k8s", "app").map(|l| l.value.as_str()), Some("web"));
+        assert_eq!(l.get("unspec", "app").map(|l| l.value.as_str()), Some("u"));
+        assert_eq!(l.get("k8s", "b").map(|l| l.value.as_str()), Some(""));
+        assert!(l.get("reserved", "world").is_some());
+        assert!(l.get("k8s", "ap").is_none());
+        assert!(l.get("k8s", "c").is_none());
+        assert!(l.get("any", "app").is_none());
+        assert!(Labels::new().get("k8s", "app").is_none());
     }
 
     #[test]

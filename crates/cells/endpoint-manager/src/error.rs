@@ -19,6 +19,26 @@ pub enum Error {
     /// No endpoint matches.
     #[error("no endpoint {0}")]
     NotFound(String),
+    /// The attachment (container id, interface) already has an endpoint, and the request is
+    /// not a retry of the one that made it: it names another network namespace or addresses
+    /// the endpoint does not hold.
+    #[error(
+        "container {container_id} interface {ifname} already has endpoint {id} in {netns} with {addresses}; this request names {requested}: delete that attachment first"
+    )]
+    AttachmentExists {
+        /// The runtime's container id.
+        container_id: String,
+        /// The interface.
+        ifname: String,
+        /// The existing endpoint.
+        id: u16,
+        /// Its network namespace.
+        netns: PathBuf,
+        /// Its addresses.
+        addresses: String,
+        /// What the request asked for (network namespace and addresses).
+        requested: String,
+    },
     /// Every endpoint id is taken.
     #[error("no endpoint id left: all {0} are in use")]
     IdsExhausted(usize),

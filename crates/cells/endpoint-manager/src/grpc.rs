@@ -86,7 +86,7 @@ impl EndpointsApi for EndpointService {
     ) -> Result<Response<ListEndpointsResponse>, Status> {
         let endpoints = self
             .0
-            .list()
+            .snapshot()
             .iter()
             .map(|ep| view(&self.0, ep, false))
             .collect();
@@ -147,6 +147,7 @@ fn status(e: Error) -> Status {
         Error::Invalid { .. } => Code::InvalidArgument,
         Error::NetnsMissing(_) | Error::NotFound(_) => Code::NotFound,
         Error::IdsExhausted(_) => Code::ResourceExhausted,
+        Error::AttachmentExists { .. } => Code::AlreadyExists,
         Error::Ipam { source, .. } => match source {
             cellium_ipam::Error::Exhausted { .. } => Code::ResourceExhausted,
             cellium_ipam::Error::InUse { .. } => Code::AlreadyExists,
@@ -196,7 +197,7 @@ pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::E
     out.policy_revision = policy.revision;
     if with_peers {
         out.peers = policy
-            .peers
+            .peers()
             .iter()
             .map(|p| EndpointPeer {
                 direction: p.direction.to_string(),

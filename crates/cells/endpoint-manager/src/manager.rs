@@ -53,7 +53,8 @@ pub struct EndpointManager {
 /// The endpoints in memory, by id and by the runtime's key.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
-    pub(crate) endpoints: BTreeMap<u16, Endpoint>,
+    /// Shared, so that listing (the API, every regeneration) copies pointers, not records.
+    pub(crate) endpoints: BTreeMap<u16, Arc<Endpoint>>,
     pub(crate) by_key: HashMap<(String, String), u16>,
     next_id: u16,
 }
@@ -61,13 +62,13 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn insert(&mut self, ep: Endpoint) {
         self.by_key.insert(ep.key(), ep.id);
-        self.endpoints.insert(ep.id, ep);
+        self.endpoints.insert(ep.id, Arc::new(ep));
     }
 
     pub(crate) fn remove(&mut self, id: u16) -> Option<Endpoint> {
         let ep = self.endpoints.remove(&id)?;
         self.by_key.remove(&ep.key());
-        Some(ep)
+        Some(Arc::unwrap_or_clone(ep))
     }
 
     /// The next free id, round-robin from the last one, so a deleted endpoint's id (and any
@@ -141,7 +142,28 @@ impl EndpointManager {
             .lock((req.container_id.clone(), req.ifname.clone()))
             .await;
         if let Some(ep) = self.find(&req.container_id, &req.ifname) {
-            return Ok(ep);
+            // A retry of the ADD that made it (the runtime timed out, say) gets the endpoint
+            // again. Anything else must not: answering a request for another namespace with
+            // this endpoint would tell the runtime that a pod has networking which has none.
+            if is_retry_of(&req, &ep) {
+                return Ok(ep);
+            }
+            return Err(Error::AttachmentExists {
+                container_id: req.container_id,
+                ifname: req.ifname,
+                id: ep.id,
+                netns: ep.netns.clone(),
+                addresses: ips_text(ep.addresses.iter().map(|a| a.ip)),
+                requested: format!(
+                    "{} with {}",
+                    req.netns.display(),
+                    if req.requested_ips.is_empty() {
+                        "any address".to_string()
+                    } else {
+                        ips_text(req.requested_ips.iter().copied())
+                    }
+                ),
+            });
         }
         if !plumbing::netns_exists(&req.netns) {
             return Err(Error::NetnsMissing(req.netns.clone()));
@@ -258,16 +280,31 @@ impl EndpointManager {
 
     /// Every endpoint, by id.
     pub fn list(&self) -> Vec<Endpoint> {
+        self.table()
+            .endpoints
+            .values()
+            .map(|e| Endpoint::clone(e))
+            .collect()
+    }
+
+    /// Every endpoint, by id, as the shared records the manager holds (cheap: no copy).
+    pub fn snapshot(&self) -> Vec<Arc<Endpoint>> {
         self.table().endpoints.values().cloned().collect()
     }
 
     /// The endpoint with `id`.
     pub fn get(&self, id: u16) -> Option<Endpoint> {
-        self.table().endpoints.get(&id).cloned()
+        self.table().endpoints.get(&id).map(|e| Endpoint::clone(e))
     }
 
     /// The endpoint of (`container_id`, `ifname`).
     pub fn find(&self, container_id: &str, ifname: &str) -> Option<Endpoint> {
+        self.find_shared(container_id, ifname)
+            .map(Arc::unwrap_or_clone)
+    }
+
+    /// The endpoint of (`container_id`, `ifname`), as the shared record.
+    pub(crate) fn find_shared(&self, container_id: &str, ifname: &str) -> Option<Arc<Endpoint>> {
         let table = self.table();
         let id = table
             .by_key
@@ -447,6 +484,20 @@ impl EndpointManager {
     }
 }
 
+/// Whether `req` asks for what `ep` already is: the same network namespace, and addresses it
+/// holds (or none in particular).
+fn is_retry_of(req: &CreateRequest, ep: &Endpoint) -> bool {
+    req.netns == ep.netns
+        && req
+            .requested_ips
+            .iter()
+            .all(|ip| ep.addresses.iter().any(|a| a.ip == *ip))
+}
+
+fn ips_text(ips: impl Iterator<Item = IpAddr>) -> String {
+    ips.map(|ip| ip.to_string()).collect::<Vec<_>>().join(", ")
+}
+
 /// What the endpoint's interface must look like.
 pub(crate) fn network(ep: &Endpoint) -> PodNetwork {
     PodNetwork {
@@ -462,4 +513,56 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint() -> Endpoint {
+        let ip: IpAddr = "10.244.0.5".parse().unwrap();
+        Endpoint {
+            id: 7,
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/a".into(),
+            network: "cellium".into(),
+            pod: None,
+            addresses: vec![Address {
+                ip,
+                pool: "10.244.0.0/24".parse().unwrap(),
+                gateway: "10.244.0.1".parse().unwrap(),
+            }],
+            host_ifname: "lxc1".into(),
+            host_ifindex: 3,
+            host_mac: [0; 6],
+            pod_mac: [0; 6],
+            mtu: 1500,
+            labels: Labels::new(),
+            identity: 300,
+            state: State::Ready,
+            created_unix_ms: 0,
+        }
+    }
+
+    fn request(netns: &str, ips: &[&str]) -> CreateRequest {
+        CreateRequest {
+            container_id: "c1".into(),
+            netns: netns.into(),
+            ifname: "eth0".into(),
+            pod: None,
+            requested_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            network: "cellium".into(),
+            mtu: None,
+        }
+    }
+
+    #[test]
+    fn only_a_request_for_what_the_endpoint_is_counts_as_a_retry() {
+        let ep = endpoint();
+        assert!(is_retry_of(&request("/run/netns/a", &[]), &ep));
+        assert!(is_retry_of(&request("/run/netns/a", &["10.244.0.5"]), &ep));
+        assert!(!is_retry_of(&request("/run/netns/b", &[]), &ep));
+        assert!(!is_retry_of(&request("/run/netns/a", &["10.244.0.6"]), &ep));
+    }
 }

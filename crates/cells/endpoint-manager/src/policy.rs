@@ -15,10 +15,12 @@ use crate::program::{self, Enforcement};
 /// What the datapath enforces for one endpoint, as last written.
 #[derive(Debug, Clone, Default)]
 pub struct Enforced {
-    /// The policy map entries.
-    pub entries: Vec<(PolicyEntry, Verdict)>,
+    /// The policy map entries (shared: reading them costs no copy).
+    pub entries: Arc<Vec<(PolicyEntry, Verdict)>>,
     /// The directions the endpoint map entry enforces.
     pub enforcement: Enforcement,
+    /// The identity the endpoint map entry carries (0 when not known).
+    pub identity: u32,
     /// The policy those came from (its revision and peers), once computed.
     pub policy: Option<Arc<EndpointPolicy>>,
 }
@@ -58,12 +60,31 @@ impl EndpointManager {
             endpoint: ep.describe(),
             source,
         };
-        let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
         let before = self.enforced.get(ep.id).unwrap_or_default();
         let after = Enforcement {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
         };
+        // A new revision that leaves this endpoint's rules as they were (the usual case: most
+        // changes concern a few endpoints) writes nothing; only the revision it enforces moves.
+        let unchanged = before
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.rules == policy.rules)
+            && before.enforcement == after
+            && before.identity == ep.identity;
+        if unchanged {
+            let revision = policy.revision;
+            self.enforced.lock().insert(
+                ep.id,
+                Enforced {
+                    policy: Some(policy),
+                    ..before
+                },
+            );
+            return Ok(revision);
+        }
+        let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
         let during = Enforcement {
             ingress: before.enforcement.ingress && after.ingress,
             egress: before.enforcement.egress && after.egress,
@@ -79,8 +100,9 @@ impl EndpointManager {
         self.enforced.lock().insert(
             ep.id,
             Enforced {
-                entries,
+                entries: Arc::new(entries),
                 enforcement: after,
+                identity: ep.identity,
                 policy: Some(policy),
             },
         );
@@ -99,8 +121,9 @@ impl EndpointManager {
         self.enforced.lock().insert(
             id,
             Enforced {
-                entries,
+                entries: Arc::new(entries),
                 enforcement,
+                identity: 0,
                 policy: None,
             },
         );

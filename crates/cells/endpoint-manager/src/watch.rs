@@ -7,7 +7,7 @@ use cellium_hive::{Jobs, Trigger};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 
-use crate::endpoint::State;
+use crate::endpoint::{Endpoint, State};
 use crate::manager::EndpointManager;
 
 /// Starts two jobs: `watch-changes` turns every policy revision, every change of the
@@ -75,22 +75,30 @@ impl EndpointManager {
             return (0, 0);
         };
         let (mut done, mut failed) = (0, 0);
-        for listed in self.list() {
+        for listed in self.snapshot() {
             let _serial = self.lock(listed.key()).await;
-            let Some(mut ep) = self.find(&listed.container_id, &listed.ifname) else {
+            let Some(ep) = self.find_shared(&listed.container_id, &listed.ifname) else {
                 continue;
             };
             if ep.state != State::Ready {
                 continue;
             }
-            let result = self.identify(&mut ep).and_then(|changed| {
-                if changed {
-                    self.store.save(&ep)?;
-                    self.table().insert(ep.clone());
-                    tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
-                }
+            // The record is copied only when its identity must change.
+            let relabelled = ep.identity == 0
+                || crate::labels::of(&ep, &self.resources, &self.policy) != ep.labels;
+            let result = if relabelled {
+                let mut ep = Endpoint::clone(&ep);
+                self.identify(&mut ep).and_then(|changed| {
+                    if changed {
+                        self.store.save(&ep)?;
+                        self.table().insert(ep.clone());
+                        tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
+                    }
+                    self.enforce(&dp, &ep)
+                })
+            } else {
                 self.enforce(&dp, &ep)
-            });
+            };
             match result {
                 Ok(_) => done += 1,
                 Err(e) => {

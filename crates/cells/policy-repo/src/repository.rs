@@ -9,7 +9,7 @@ use cellium_datapath_bpf::{Direction, Verdict};
 use cellium_hive::Reporter;
 use cellium_identity::{Identities, Identity};
 use cellium_ipcache::Ipcache;
-use cellium_labels::{Label, Labels, source};
+use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
 use cellium_resources::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NamedPort, NetworkPolicy, Object,
     ObjectKey, Resources,
@@ -81,6 +81,9 @@ impl PortsOfLabels {
 #[derive(Debug, Default)]
 struct State {
     sets: BTreeMap<SourceKey, Arc<RuleSet>>,
+    /// The same sets by the one namespace their subjects require ([`RuleSet::namespace`];
+    /// `None`: any), so that resolving an endpoint visits only the sets that may select it.
+    by_scope: HashMap<Option<String>, BTreeMap<SourceKey, Arc<RuleSet>>>,
     problems: BTreeMap<SourceKey, String>,
     cidr_problems: Vec<String>,
     cache: SelectorCache,
@@ -194,9 +197,18 @@ impl PolicyRepository {
             known: st.cache.known(),
             ports: &st.ports_by_labels,
         };
+        let namespace = subject
+            .labels
+            .get(source::K8S, POD_NAMESPACE_LABEL)
+            .map(|l| l.value.clone());
+        let scopes = [None, namespace];
+        let sets = scopes
+            .iter()
+            .filter_map(|scope| st.by_scope.get(scope))
+            .flat_map(|sets| sets.values().map(|s| s.as_ref()));
         let policy = Arc::new(resolve::resolve(
             subject,
-            st.sets.values().map(|s| s.as_ref()),
+            sets,
             &st.cache,
             &index,
             st.revision,
@@ -467,8 +479,23 @@ impl PolicyRepository {
                 st.cache.remove_user(sel);
             }
         }
+        if let Some(old) = &old {
+            let scope = old.namespace().map(str::to_string);
+            if let Some(sets) = st.by_scope.get_mut(&scope) {
+                sets.remove(&key);
+                if sets.is_empty() {
+                    st.by_scope.remove(&scope);
+                }
+            }
+        }
         if let Some(new) = new {
-            st.sets.insert(key, Arc::new(new));
+            let new = Arc::new(new);
+            let scope = new.namespace().map(str::to_string);
+            st.by_scope
+                .entry(scope)
+                .or_default()
+                .insert(key.clone(), new.clone());
+            st.sets.insert(key, new);
         }
         self.reconcile_cidrs(st);
         Self::bump(st, &self.revision);

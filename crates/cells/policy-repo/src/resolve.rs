@@ -52,8 +52,22 @@ pub struct EndpointPolicy {
     pub egress_enforced: bool,
     /// The rules, for `compile_policy`.
     pub rules: Vec<PolicyRule>,
-    /// The same, summarised per direction, verdict and peer.
-    pub peers: Vec<PeerPolicy>,
+}
+
+impl EndpointPolicy {
+    /// The rules summarised per direction, verdict and peer, for display. Computed on
+    /// demand: every endpoint is resolved at every revision, and shown far less often.
+    pub fn peers(&self) -> Vec<PeerPolicy> {
+        summarise(self.rules.iter().map(|r| {
+            (
+                r.identity,
+                r.direction,
+                r.protocol,
+                r.ports.as_ref().map(|p| (*p.start(), *p.end())),
+                r.verdict,
+            )
+        }))
+    }
 }
 
 /// A protocol (`None`: every protocol, or TCP, UDP and SCTP with ports) and a port range.
@@ -171,7 +185,6 @@ pub fn resolve<'a>(
         ingress_enforced: enforced[dir_index(Direction::Ingress)],
         egress_enforced: enforced[dir_index(Direction::Egress)],
         rules,
-        peers: summarise(&out),
     }
 }
 
@@ -212,13 +225,13 @@ fn describe(proto: Option<Protocol>, range: Option<(u16, u16)>) -> String {
     }
 }
 
-fn summarise(rules: &BTreeSet<RuleKey>) -> Vec<PeerPolicy> {
+fn summarise(rules: impl Iterator<Item = RuleKey>) -> Vec<PeerPolicy> {
     let mut by_peer: BTreeMap<(Direction, Verdict, u32), Vec<String>> = BTreeMap::new();
     for (id, d, proto, range, v) in rules {
         by_peer
-            .entry((*d, *v, *id))
+            .entry((d, v, id))
             .or_default()
-            .push(describe(*proto, *range));
+            .push(describe(proto, range));
     }
     by_peer
         .into_iter()
@@ -318,8 +331,8 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(p.peers[1].ports, vec!["5432/tcp"]);
-        assert_eq!(p.peers[0].ports, vec!["*"]);
+        assert_eq!(p.peers()[1].ports, vec!["5432/tcp"]);
+        assert_eq!(p.peers()[0].ports, vec!["*"]);
         let other = l("k8s:app=web");
         let p = resolve(
             &Subject {

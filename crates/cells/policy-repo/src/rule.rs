@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cellium_datapath_bpf::{Direction, Protocol, Verdict};
-use cellium_labels::Selector;
+use cellium_labels::{Operator, POD_NAMESPACE_LABEL, Selector, source};
 use ipnet::IpNet;
 
 /// The kind of object a rule came from.
@@ -160,6 +160,22 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    /// The one pod namespace every subject of the set requires (`k8s:io.kubernetes.pod.namespace
+    /// = <ns>`), if there is one: the set can then select no identity outside that namespace,
+    /// which lets the repository skip it for every other endpoint. `None` for a set whose
+    /// subjects may select across namespaces (a cluster-wide policy, say), or that has none.
+    pub fn namespace(&self) -> Option<&str> {
+        let mut subjects = self
+            .enforce
+            .iter()
+            .map(|e| &e.subject)
+            .chain(self.rules.iter().map(|r| &r.subject));
+        let first = namespace_of(subjects.next()?)?;
+        subjects
+            .all(|s| namespace_of(s) == Some(first))
+            .then_some(first)
+    }
+
     /// Whether a rule uses a named port of its peers (egress rules), whose numbers depend on
     /// the pods behind each peer identity.
     pub fn uses_peer_named_ports(&self) -> bool {
@@ -170,6 +186,20 @@ impl RuleSet {
                     .any(|p| matches!(p.ports, PortMatch::Named(_)))
         })
     }
+}
+
+/// The namespace a selector requires of every label set it matches, if it requires exactly
+/// one with a `k8s:` key (the only source a pod's namespace label has).
+fn namespace_of(selector: &Selector) -> Option<&str> {
+    selector.requirements().iter().find_map(|r| {
+        let key = r.key();
+        let one = (key.source() == source::K8S
+            && key.name() == POD_NAMESPACE_LABEL
+            && r.operator() == Operator::In
+            && r.values().len() == 1)
+            .then(|| r.values().first())?;
+        one.map(String::as_str)
+    })
 }
 
 #[cfg(test)]
@@ -202,5 +232,34 @@ mod tests {
             name: "x".into(),
         };
         assert_eq!(o.to_string(), "CiliumClusterwideNetworkPolicy x");
+    }
+
+    #[test]
+    fn a_set_is_scoped_to_the_namespace_all_its_subjects_require() {
+        let enforce = |subject: &str| Enforcement {
+            subject: subject.parse().unwrap(),
+            direction: Direction::Ingress,
+        };
+        let set = |subjects: &[&str]| RuleSet {
+            enforce: subjects.iter().map(|s| enforce(s)).collect(),
+            ..RuleSet::default()
+        };
+        let shop = "k8s:app=db,k8s:io.kubernetes.pod.namespace=shop";
+        assert_eq!(set(&[shop, shop]).namespace(), Some("shop"));
+        assert_eq!(
+            set(&[shop, "k8s:io.kubernetes.pod.namespace=dev"]).namespace(),
+            None
+        );
+        // Not a single namespace, or not certainly the pod's own label: not scoped.
+        assert_eq!(set(&["k8s:app=db"]).namespace(), None);
+        assert_eq!(
+            set(&["k8s:io.kubernetes.pod.namespace in (dev,shop)"]).namespace(),
+            None
+        );
+        assert_eq!(
+            set(&["any:io.kubernetes.pod.namespace=shop"]).namespace(),
+            None
+        );
+        assert_eq!(set(&[]).namespace(), None);
     }
 }

@@ -20,10 +20,13 @@ pub struct CachedSelector {
     pub users: usize,
 }
 
-/// The cache, keyed by each selector's canonical text.
+/// The cache, keyed by selector (equal selectors have equal canonical texts: their
+/// requirements are kept sorted and without duplicates). Keyed by the value, not by its text,
+/// because every resolution looks up every peer of every rule that selects the endpoint:
+/// hashing a selector costs less than writing it out.
 #[derive(Debug, Default)]
 pub struct SelectorCache {
-    entries: HashMap<String, CachedSelector>,
+    entries: HashMap<Selector, CachedSelector>,
     identities: HashMap<u32, Labels>,
 }
 
@@ -31,8 +34,7 @@ impl SelectorCache {
     /// Adds a user of `selector`, computing its set when it is new. Returns whether the
     /// set of cached selectors changed.
     pub fn add_user(&mut self, selector: &Selector) -> bool {
-        let key = selector.to_string();
-        if let Some(e) = self.entries.get_mut(&key) {
+        if let Some(e) = self.entries.get_mut(selector) {
             e.users += 1;
             return false;
         }
@@ -43,7 +45,7 @@ impl SelectorCache {
             .map(|(id, _)| *id)
             .collect();
         self.entries.insert(
-            key,
+            selector.clone(),
             CachedSelector {
                 selector: selector.clone(),
                 identities,
@@ -55,20 +57,17 @@ impl SelectorCache {
 
     /// Removes a user of `selector`; the entry goes with its last user.
     pub fn remove_user(&mut self, selector: &Selector) {
-        let key = selector.to_string();
-        if let Some(e) = self.entries.get_mut(&key) {
+        if let Some(e) = self.entries.get_mut(selector) {
             e.users = e.users.saturating_sub(1);
             if e.users == 0 {
-                self.entries.remove(&key);
+                self.entries.remove(selector);
             }
         }
     }
 
     /// The identities `selector` matches (empty when it is not cached).
     pub fn identities(&self, selector: &Selector) -> Option<&BTreeSet<u32>> {
-        self.entries
-            .get(&selector.to_string())
-            .map(|e| &e.identities)
+        self.entries.get(selector).map(|e| &e.identities)
     }
 
     /// Records an identity (or its new labels). Returns whether any selector's set changed.
@@ -112,7 +111,7 @@ impl SelectorCache {
         let mut out: Vec<_> = self
             .entries
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out

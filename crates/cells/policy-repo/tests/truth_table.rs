@@ -807,6 +807,49 @@ spec:
 }
 
 #[test]
+fn a_policy_whose_subjects_change_namespace_is_found_for_the_endpoints_it_selects_now() {
+    // Resolution visits only the rule sets of the endpoint's namespace and the unscoped ones:
+    // an update that moves a policy's subjects between the two must move it in that index.
+    let ccnp = |selector: &str| {
+        format!(
+            "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{ name: lock }}\nspec:\n  endpointSelector: {selector}\n  ingress: [ {{ fromEntities: [ host ] }} ]\n"
+        )
+    };
+    let w = World::new(&ccnp(
+        "{ matchLabels: { k8s:io.kubernetes.pod.namespace: shop } }",
+    ));
+    let enforced = |w: &World, pod: &str| {
+        let (identity, labels, ports) = &w.pods[pod];
+        w.repo
+            .resolve(&Subject {
+                identity: *identity,
+                labels,
+                named_ports: ports,
+            })
+            .ingress_enforced
+    };
+    assert!(enforced(&w, "shop/web") && !enforced(&w, "dev/web"));
+    for (selector, shop, dev) in [
+        ("{}", true, true),
+        (
+            "{ matchLabels: { k8s:io.kubernetes.pod.namespace: dev } }",
+            false,
+            true,
+        ),
+        ("{ matchLabels: { app: web } }", true, true),
+    ] {
+        w.resources.apply("p.yaml", &ccnp(selector)).unwrap();
+        w.repo.sync_resources(&w.resources);
+        assert_eq!(
+            (enforced(&w, "shop/web"), enforced(&w, "dev/web")),
+            (shop, dev),
+            "{selector}"
+        );
+    }
+    assert!(!enforced(&w, "dev/tool"));
+}
+
+#[test]
 fn ip_block_changes_are_announced_and_cidr_entries_follow_the_rules() {
     let w = World::new("");
     let changes = w.repo.cidr_label_changes();

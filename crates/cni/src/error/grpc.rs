@@ -63,7 +63,7 @@ pub(super) fn grpc_hint(call: &str, code: tonic::Code) -> &'static str {
             "the address pool is exhausted: delete unused pods or give the node a larger pod CIDR"
         }
         G::AlreadyExists => {
-            "request another address (IP= in CNI_ARGS, or the ips capability) or free the interface name in the pod's network namespace"
+            "request another address (IP= in CNI_ARGS, or the ips capability), free the interface name in the pod's network namespace, or DEL the container's existing attachment first"
         }
         G::FailedPrecondition => "re-create the pod (DEL then ADD)",
         G::PermissionDenied | G::Unauthenticated => "run cellium-cni as root",

@@ -6,8 +6,6 @@
 //! [`crate::policy_rules::compile`], which resolves such overlaps, and write
 //! them with [`PolicyMap::sync_endpoint`].
 
-use std::collections::HashMap;
-
 use crate::abi::{PolicyKey, PolicyValue};
 use crate::error::{Error, Result};
 use crate::maps::TypedMap;
@@ -219,13 +217,15 @@ impl PolicyMap {
                 format!("belongs to endpoint {}, not {endpoint_id}", e.endpoint_id),
             ));
         }
-        let current: HashMap<PolicyEntry, Verdict> = current.iter().copied().collect();
-        let wanted: HashMap<PolicyEntry, Verdict> = desired.iter().copied().collect();
+        // Sorted copies searched by bisection: an endpoint has tens of entries, for which
+        // hashing every key cost more than the comparisons.
+        let current = sorted(current);
+        let wanted = sorted(desired);
         let mut stats = SyncStats::default();
 
         for pass in [Verdict::Deny, Verdict::Allow] {
             for (entry, verdict) in desired.iter().filter(|(_, v)| *v == pass) {
-                if current.get(entry) == Some(verdict) {
+                if lookup(&current, entry) == Some(*verdict) {
                     stats.unchanged += 1;
                 } else {
                     self.put(entry, *verdict)?;
@@ -236,7 +236,7 @@ impl PolicyMap {
         for pass in [Verdict::Allow, Verdict::Deny] {
             for (entry, _) in current
                 .iter()
-                .filter(|(e, v)| **v == pass && !wanted.contains_key(e))
+                .filter(|(e, v)| *v == pass && lookup(&wanted, e).is_none())
             {
                 if self.delete(entry)? {
                     stats.removed += 1;
@@ -290,6 +290,22 @@ impl PolicyMap {
             Decision::NoMatch
         })
     }
+}
+
+/// `entries` sorted by key, for [`lookup`]. Keys are unique in what `compile_policy`
+/// produces and in what the map holds for an endpoint.
+fn sorted(entries: &[(PolicyEntry, Verdict)]) -> Vec<(PolicyEntry, Verdict)> {
+    let mut out = entries.to_vec();
+    out.sort_unstable();
+    out
+}
+
+/// The verdict of `entry` in `sorted` entries.
+fn lookup(sorted: &[(PolicyEntry, Verdict)], entry: &PolicyEntry) -> Option<Verdict> {
+    sorted
+        .binary_search_by(|(e, _)| e.cmp(entry))
+        .ok()
+        .map(|i| sorted[i].1)
 }
 
 #[cfg(test)]

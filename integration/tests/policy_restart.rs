@@ -1,0 +1,236 @@
+//! Network policy across an agent restart: identities are restored with the same numbers,
+//! policy stays enforced, and there is no moment of open access.
+//!
+//! Root, serially, after `cargo build --workspace`:
+//! `cargo test -p cellium-integration --test policy_restart -- --test-threads=1`.
+//!
+//! From before the agent stops until after the new agent enforces policy again, hammers try
+//! denied flows without pause (UDP datagrams and ICMP echoes every millisecond, new TCP
+//! connections every 50 ms; pod to pod, pod to the world and the world to a pod; peers with
+//! pod, CIDR and reserved identities) and must never get through, while allowed TCP and UDP
+//! flows that were established before keep making round trips. The agent is stopped with
+//! SIGTERM in one test and killed with SIGKILL in the other.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cellium_integration::AgentOptions;
+use cellium_integration::lab::{Flow, Lab, Stream, fixture};
+use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
+
+/// Tests share two cores and each runs an agent: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Pod, namespace, ipBlock (pods and the world) and entity rules: what the agent must restore.
+const POLICIES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: db, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: db } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: 5432 } ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: dns, namespace: ops }
+spec:
+  podSelector: { matchLabels: { app: dns } }
+  ingress:
+  - from: [ { ipBlock: { cidr: 10.244.0.8/29 } } ]
+    ports: [ { port: 53, protocol: UDP } ]
+  - from: [ { ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] } } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: tool, namespace: dev }
+spec:
+  endpointSelector: { matchLabels: { app: tool } }
+  egress: [ { toEntities: [ cluster ] } ]
+"#;
+
+const PROBES: [Probe; 3] = [Tcp(5432), Udp(53), Icmp];
+
+/// What [`POLICIES`] allow.
+fn expected(f: &Flow<'_>) -> bool {
+    let ingress = f.from.is_node()
+        || match f.to.name.as_str() {
+            "shop/db" => f.from.is("shop/web") && f.probe == Tcp(5432),
+            // 10.244.0.8/29 holds shop/web (.10) and shop/db (.11).
+            "ops/dns" => {
+                f.from.is("ext-a")
+                    || ((f.from.is("shop/web") || f.from.is("shop/db")) && f.probe == Udp(53))
+            }
+            _ => true,
+        };
+    let egress = !f.from.is("dev/tool") || !f.to.is_external();
+    ingress && egress
+}
+
+/// Denied flows to hammer: pod identities, a pod with an ipBlock label, the world, a CIDR
+/// identity inside an exception, and an egress to the world.
+const DENIED: [(&str, &str, Probe); 7] = [
+    ("dev/web", "shop/db", Udp(53)),
+    ("dev/web", "shop/db", Tcp(5432)),
+    ("dev/tool", "shop/db", Icmp),
+    ("shop/web", "shop/db", Udp(53)),
+    ("ext-b", "ops/dns", Udp(53)),
+    ("ext-a", "shop/db", Icmp),
+    ("dev/tool", "ext-a", Udp(53)),
+];
+
+/// Identity numbers and labels, as `cellium identity list` shows them.
+fn identity_table(lab: &Lab) -> BTreeMap<u64, Vec<String>> {
+    lab.agent()
+        .cli_json(&["identity", "list"])
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let labels = i["labels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l.as_str().unwrap().to_string())
+                .collect();
+            (i["id"].as_u64().unwrap(), labels)
+        })
+        .collect()
+}
+
+fn restart_keeps_policy_without_a_window(kill: bool) {
+    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    lab.apply_policy(POLICIES).unwrap();
+    // The hammered flows are denied flows of the table below.
+    let places = lab.places().unwrap();
+    let place = |name: &str| places.iter().find(|p| p.is(name)).unwrap();
+    for (from, to, probe) in DENIED {
+        let flow = Flow {
+            from: place(from),
+            to: place(to),
+            probe,
+        };
+        assert!(
+            PROBES.contains(&probe) && !expected(&flow),
+            "{from} -> {to} {probe}"
+        );
+    }
+    lab.check("before the restart", &PROBES, expected);
+    let identities = lab.identities().unwrap();
+    let table = identity_table(&lab);
+    assert!(
+        identities.values().any(|id| *id >= 1 << 24),
+        "a pod inside an ipBlock has a node-local identity: {identities:?}"
+    );
+
+    let tcp = Stream::start(lab.open("shop/web", "shop/db", Tcp(5432)).unwrap());
+    let udp = Stream::start(lab.open("shop/web", "ops/dns", Udp(53)).unwrap());
+    let hammers: Vec<_> = DENIED
+        .iter()
+        .map(|(from, to, probe)| lab.hammer(from, to, *probe).unwrap())
+        .collect();
+
+    std::thread::sleep(Duration::from_millis(500));
+    let stopping = Instant::now();
+    if kill {
+        lab.agent_mut().kill().unwrap();
+    } else {
+        let (status, _) = lab.agent_mut().stop().unwrap();
+        assert!(status.success(), "{status}");
+    }
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let starting = Instant::now();
+    lab.agent_mut().start().expect("restart");
+    let up = Instant::now();
+    lab.settle().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let end = Instant::now();
+
+    let mut report = Vec::new();
+    for hammer in hammers {
+        let log = hammer.finish().unwrap();
+        let phases = [
+            (
+                "before the stop",
+                log.attempts_between(log.attempts[0], stopping),
+            ),
+            ("while down", log.attempts_between(down, starting)),
+            ("while starting", log.attempts_between(starting, up)),
+            ("after the start", log.attempts_between(up, end)),
+        ];
+        eprintln!(
+            "{}: attempts {phases:?}, {} got through",
+            log.what,
+            log.breaches.len()
+        );
+        for (phase, n) in phases {
+            if n == 0 && phase != "while starting" {
+                report.push(format!("{}: no attempt {phase}", log.what));
+            }
+        }
+        if let Some((at, what)) = log.breaches.first() {
+            report.push(format!(
+                "{}: {} attempts got through, the first {:?} after the stop began ({what})",
+                log.what,
+                log.breaches.len(),
+                at.saturating_duration_since(stopping)
+            ));
+        }
+    }
+    for (name, stream) in [
+        ("tcp shop/web -> shop/db", tcp),
+        ("udp shop/web -> ops/dns", udp),
+    ] {
+        let log = stream.finish().unwrap();
+        eprintln!(
+            "{name}: {} round trips, longest gap {:?}",
+            log.rounds.len(),
+            log.max_gap()
+        );
+        if let Some((at, why)) = &log.failure {
+            report.push(format!(
+                "{name} broke {:?} after the stop began: {why}",
+                at.saturating_duration_since(stopping)
+            ));
+        }
+        if log.rounds_between(down, starting) == 0 || log.rounds_between(up, end) == 0 {
+            report.push(format!(
+                "{name}: no round trip while down or after the start"
+            ));
+        }
+        if log.max_gap() > Duration::from_millis(500) {
+            report.push(format!("{name} stalled for {:?}", log.max_gap()));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+
+    assert_eq!(
+        lab.identities().unwrap(),
+        identities,
+        "pods changed identity"
+    );
+    assert_eq!(identity_table(&lab), table, "identities were renumbered");
+    let status = lab.agent().cli_json(&["status"]).unwrap().to_string();
+    assert!(
+        status.contains("5 endpoints restored, 0 removed"),
+        "{status}"
+    );
+    lab.check("after the restart", &PROBES, expected);
+}
+
+#[test]
+fn sigterm_and_start_keep_identities_and_policy_with_no_window_of_open_access() {
+    let _serial = serial();
+    restart_keeps_policy_without_a_window(false);
+}
+
+#[test]
+fn sigkill_and_start_keep_identities_and_policy_with_no_window_of_open_access() {
+    let _serial = serial();
+    restart_keeps_policy_without_a_window(true);
+}
