@@ -318,6 +318,16 @@ impl Agent {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `cellium <verb> -f` (`apply` or `delete`) of a YAML text, through a file in the agent's
+    /// directory as a person would.
+    pub fn objects(&self, verb: &str, yaml: &str) -> Result<String> {
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.path().join(format!("objects-{n}.yaml"));
+        std::fs::write(&path, yaml).map_err(self.io("write", &path))?;
+        self.cli(&[verb, "-f", &path.display().to_string()])
+    }
+
     /// Runs a listing command with `-o json` and parses its output.
     pub fn cli_json(&self, args: &[&str]) -> Result<Value> {
         let mut full = args.to_vec();
@@ -393,8 +403,30 @@ impl Agent {
     /// ADD of `container_id` in `pod` (interface `eth0`); fails unless the plugin succeeds.
     /// Returns the pod's IPv4 address and the plugin's result.
     pub fn add(&self, pod: &NetNs, container_id: &str) -> Result<(Ipv4Addr, Value)> {
-        let call = CniCall::new("ADD", container_id).netns(pod.path());
-        let (status, out) = self.cni(&call)?;
+        self.add_call(&CniCall::new("ADD", container_id).netns(pod.path()))
+    }
+
+    /// ADD of `container_id` in `pod` for the Kubernetes pod `namespace/name` (named in
+    /// `CNI_ARGS` as the kubelet does), so the endpoint gets the pod's labels.
+    pub fn add_pod(
+        &self,
+        pod: &NetNs,
+        container_id: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Ipv4Addr> {
+        let call = CniCall::new("ADD", container_id)
+            .netns(pod.path())
+            .args(&format!(
+                "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"
+            ));
+        Ok(self.add_call(&call)?.0)
+    }
+
+    /// Runs an ADD `call`; fails unless the plugin succeeds. Returns the pod's IPv4 address and
+    /// the plugin's result.
+    pub fn add_call(&self, call: &CniCall) -> Result<(Ipv4Addr, Value)> {
+        let (status, out) = self.cni(call)?;
         if !status.success() {
             return Err(Error::Unexpected {
                 what: "CNI ADD failure",

@@ -9,19 +9,15 @@
 //! and sends traffic only to addresses inside them: the pods' and the services' cluster IPs,
 //! which exist only in the node namespace's datapath.
 
-#[path = "services/agent.rs"]
-mod agent;
-
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
-use agent::Agent;
 use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::{BpffsMount, NetNs};
+use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs};
 use cellium_resources::{ObjectKey, Resources};
 use cellium_svc_lb::Programmer;
 use cellium_svc_lb::desired::{Inputs, LocalEndpoint, plans};
@@ -78,19 +74,21 @@ fn cid(tag: &str) -> String {
 }
 
 fn setup() -> Env {
-    let agent = Agent::start_new().expect("start the agent");
-    agent.kubectl("apply", PODS).expect("apply the pods");
+    let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
     let mut web = Vec::new();
     let mut servers = Vec::new();
     for name in ["web-0", "web-1"] {
         let ns = NetNs::new().expect("pod netns");
-        let ip = agent.add_pod(&cid(name), &ns, name).expect("CNI ADD");
+        let ip = agent
+            .add_pod(&ns, &cid(name), "default", name)
+            .expect("CNI ADD");
         servers.push(TcpServer::start(&ns, SocketAddrV4::new(ip, 8080), name).expect("server"));
         web.push((ns, ip, name.to_string()));
     }
     let client = NetNs::new().expect("client netns");
     agent
-        .add_pod(&cid("client"), &client, "client")
+        .add_pod(&client, &cid("client"), "default", "client")
         .expect("CNI ADD client");
     Env {
         servers,
@@ -115,12 +113,20 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// `cellium service list -o json`.
+fn frontends(agent: &Agent) -> cellium_integration::Result<Vec<Value>> {
+    Ok(agent
+        .cli_json(&["service", "list"])?
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
 /// The frontend of service `default/<name>` once it has `backends` backends.
 fn frontend_with(agent: &Agent, name: &str, backends: usize) -> Value {
     let service = format!("default/{name}");
     wait_for(&format!("{service} with {backends} backends"), || {
-        agent
-            .frontends()
+        frontends(agent)
             .ok()?
             .into_iter()
             .find(|f| f["service"] == service.as_str())
@@ -162,7 +168,7 @@ fn balance(env: &Env, to: SocketAddrV4, expect: &[&str], max: usize) -> BTreeSet
 fn a_selector_service_balances_over_its_pods_and_follows_them() {
     let _serial = serial();
     let env = setup();
-    env.agent.kubectl("apply", WEB).expect("apply the service");
+    env.agent.objects("apply", WEB).expect("apply the service");
     let fe = frontend_with(&env.agent, "web", 2);
     assert_eq!(fe["backends_from"], "selector");
     assert_eq!(fe["target_port"], "http");
@@ -190,7 +196,7 @@ fn a_selector_service_balances_over_its_pods_and_follows_them() {
     // CNI DEL of web-1: it leaves the backends, and every connection reaches web-0.
     let (web1_ns, _, _) = &env.web[1];
     env.agent
-        .cni("DEL", &cid("web-1"), web1_ns, "web-1")
+        .del(&cid("web-1"), &web1_ns.path())
         .expect("CNI DEL web-1");
     frontend_with(&env.agent, "web", 1);
     let received = env.servers[1].received();
@@ -206,10 +212,10 @@ fn a_selector_service_balances_over_its_pods_and_follows_them() {
 
     // The service deleted: its frontend goes, and connections to the VIP fail.
     env.agent
-        .kubectl("delete", WEB)
+        .objects("delete", WEB)
         .expect("delete the service");
     wait_for("the frontend is gone", || {
-        env.agent.frontends().ok().filter(Vec::is_empty)
+        frontends(&env.agent).ok().filter(Vec::is_empty)
     });
     assert!(
         probe::tcp_connect(&env.client, to, SHORT).is_err(),
@@ -244,7 +250,7 @@ ports: [ {{ name: http, port: 8080 }} ]
 "#
     );
     env.agent
-        .kubectl("apply", &yaml)
+        .objects("apply", &yaml)
         .expect("apply service and slice");
     let fe = frontend_with(&env.agent, "manual", 2);
     assert_eq!(fe["backends_from"], "endpoint-slices");
@@ -270,7 +276,7 @@ fn a_frontend_that_cannot_be_programmed_is_reported_with_the_reason() {
     let _serial = serial();
     let env = setup();
     env.agent
-        .kubectl("apply", WEB)
+        .objects("apply", WEB)
         .expect("apply the web service");
     frontend_with(&env.agent, "web", 2);
     // 66 slices of 1000 ready endpoints: more backends than a frontend has slots for. The
@@ -288,7 +294,7 @@ fn a_frontend_that_cannot_be_programmed_is_reported_with_the_reason() {
         }
     }
     env.agent
-        .kubectl("apply", &yaml)
+        .objects("apply", &yaml)
         .expect("apply the big service");
     let status = wait_for("svc-lb degraded", || {
         let text = env.agent.cli(&["status"]).ok()?;
@@ -312,7 +318,7 @@ fn a_frontend_that_cannot_be_programmed_is_reported_with_the_reason() {
     balance(&env, vip(&web), &["web-0", "web-1"], 60);
 
     env.agent
-        .kubectl("delete", &yaml)
+        .objects("delete", &yaml)
         .expect("delete the big service");
     wait_for("svc-lb OK again", || {
         let text = env.agent.cli(&["status"]).ok()?;
@@ -338,7 +344,7 @@ fn echo(stream: &mut TcpStream, reader: &mut BufReader<TcpStream>, text: &str) {
 fn an_agent_restart_keeps_an_established_connection_to_a_service() {
     let _serial = serial();
     let mut env = setup();
-    env.agent.kubectl("apply", WEB).expect("apply the service");
+    env.agent.objects("apply", WEB).expect("apply the service");
     let before = frontend_with(&env.agent, "web", 2);
     let to = vip(&before);
 
