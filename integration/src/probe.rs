@@ -257,3 +257,48 @@ pub fn udp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<U
         .to_owned();
     Ok(UdpReply { banner, from })
 }
+
+/// A client that keeps a [`TcpServer`] connection busy in lock-step rounds (16 KiB out, the
+/// same 16 KiB echoed back) and records when each round completed, so a test can show that a
+/// stream kept flowing across an event and measure its longest pause.
+#[derive(Debug)]
+pub struct EchoStream {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<std::io::Result<Vec<std::time::Instant>>>,
+}
+
+/// Bytes sent (and echoed) per round of an [`EchoStream`].
+pub const ECHO_ROUND_BYTES: usize = 16 * 1024;
+
+impl EchoStream {
+    /// Starts the rounds on `stream`, a connection to a [`TcpServer`] (its banner is read first).
+    pub fn start(stream: TcpStream) -> EchoStream {
+        let stop = Arc::new(AtomicBool::new(false));
+        let running = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut reader = BufReader::new(stream.try_clone()?);
+            let mut banner = String::new();
+            reader.read_line(&mut banner)?;
+            let mut writer = stream;
+            let chunk = vec![0x5a_u8; ECHO_ROUND_BYTES];
+            let mut echo = vec![0u8; chunk.len()];
+            let mut rounds = Vec::new();
+            while !running.load(Ordering::Relaxed) {
+                writer.write_all(&chunk)?;
+                reader.read_exact(&mut echo)?;
+                rounds.push(std::time::Instant::now());
+            }
+            Ok(rounds)
+        });
+        EchoStream { stop, thread }
+    }
+
+    /// Stops after the current round; returns when each round completed, or the error that
+    /// broke the stream.
+    pub fn stop(self) -> std::io::Result<Vec<std::time::Instant>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the stream's thread panicked")))
+    }
+}

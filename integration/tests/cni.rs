@@ -9,8 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cellium_integration::cni::{CniProcess, result_ipv4};
@@ -465,24 +463,7 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
         pods[1].snmp("Tcp", "RetransSegs").unwrap(),
     );
     let drops_before = agent.datapath_drops().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let client = std::thread::spawn(move || -> std::io::Result<Vec<Instant>> {
-        use std::io::{BufRead, BufReader, Read, Write};
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut banner = String::new();
-        reader.read_line(&mut banner)?;
-        let mut writer = stream;
-        let chunk = vec![0x5a_u8; 16 * 1024];
-        let mut echo = vec![0u8; chunk.len()];
-        let mut rounds = Vec::new();
-        while !stop2.load(Ordering::Relaxed) {
-            writer.write_all(&chunk)?;
-            reader.read_exact(&mut echo)?;
-            rounds.push(Instant::now());
-        }
-        Ok(rounds)
-    });
+    let client = probe::EchoStream::start(stream);
 
     std::thread::sleep(Duration::from_millis(500));
     let down_at = Instant::now();
@@ -492,8 +473,7 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
     agent.start().expect("restart");
     let up_at = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let rounds = client.join().unwrap().expect("the stream broke");
+    let rounds = client.stop().expect("the stream broke");
 
     let after: Vec<(Value, Value, Value)> = agent
         .endpoints()
@@ -530,7 +510,7 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
         max_gap < Duration::from_millis(200),
         "stream stalled for {max_gap:?}"
     );
-    assert!(server.received() >= rounds.len() as u64 * 16 * 1024);
+    assert!(server.received() >= rounds.len() as u64 * probe::ECHO_ROUND_BYTES as u64);
     let retrans_after = (
         pods[0].snmp("Tcp", "RetransSegs").unwrap(),
         pods[1].snmp("Tcp", "RetransSegs").unwrap(),

@@ -7,7 +7,6 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::{
@@ -703,24 +702,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
         p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let client = std::thread::spawn(move || -> std::io::Result<Vec<Instant>> {
-        use std::io::{BufRead, BufReader, Read, Write};
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut banner = String::new();
-        reader.read_line(&mut banner)?;
-        let mut writer = stream;
-        let chunk = vec![0x5a_u8; 16 * 1024];
-        let mut echo = vec![0u8; chunk.len()];
-        let mut rounds = Vec::new();
-        while !stop2.load(Ordering::Relaxed) {
-            writer.write_all(&chunk)?;
-            reader.read_exact(&mut echo)?;
-            rounds.push(Instant::now());
-        }
-        Ok(rounds)
-    });
+    let client = probe::EchoStream::start(stream);
 
     std::thread::sleep(Duration::from_millis(700));
     // Second agent: reopens the pinned maps and swaps the programs in place.
@@ -728,11 +710,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     let second = testbed_attach(&name, bpf.path());
     let restart_done = Instant::now();
     std::thread::sleep(Duration::from_millis(700));
-    stop.store(true, Ordering::Relaxed);
-    let rounds = client
-        .join()
-        .expect("client thread")
-        .expect("stream failed");
+    let rounds = client.stop().expect("stream failed");
 
     for map in [
         "cel_endpoints",
@@ -766,7 +744,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         max_gap < Duration::from_millis(150),
         "stream stalled for {max_gap:?}"
     );
-    assert!(server.received() >= rounds.len() as u64 * 16 * 1024);
+    assert!(server.received() >= rounds.len() as u64 * probe::ECHO_ROUND_BYTES as u64);
     let retrans_after = (
         p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
         p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
