@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::endpoints_client::EndpointsClient;
 use cellium_api::v1::{Endpoint, EndpointState, GetEndpointRequest, ListEndpointsRequest};
 use serde::Serialize;
@@ -69,12 +68,9 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let mut client = EndpointsClient::new(cellium_api::connect(socket).await?);
     match command {
         Command::List { output } => {
-            let endpoints = client
-                .list(ListEndpointsRequest {})
-                .await
-                .context("the agent did not answer Endpoints.List")?
-                .into_inner()
-                .endpoints;
+            let endpoints =
+                output::answer(client.list(ListEndpointsRequest {}).await, "Endpoints.List")?
+                    .endpoints;
             let views: Vec<EndpointView> = endpoints.iter().map(view).collect();
             match output {
                 Format::Json => output::print_json(&views),
@@ -110,11 +106,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             }
         }
         Command::Get { id, output } => {
-            let ep = client
-                .get(GetEndpointRequest { id })
-                .await
-                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-                .into_inner();
+            let ep = output::answer(client.get(GetEndpointRequest { id }).await, "Endpoints.Get")?;
             let v = view(&ep);
             match output {
                 Format::Json => output::print_json(&v),

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::{
     GetIdentityRequest, IdentityScope, ListIdentitiesRequest, SecurityIdentity,
     identity_client::IdentityClient,
@@ -45,23 +44,15 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let mut client = IdentityClient::new(cellium_api::connect(socket).await?);
     match command {
         Command::List { output } => {
-            let identities = client
-                .list(ListIdentitiesRequest {})
-                .await
-                .map_err(|s| anyhow::anyhow!("{}", s.message()))
-                .context("the agent did not answer Identity.List")?
-                .into_inner()
-                .identities;
+            let identities =
+                output::answer(client.list(ListIdentitiesRequest {}).await, "Identity.List")?
+                    .identities;
             let views: Vec<IdentityView> = identities.into_iter().map(view).collect();
             print(&views, output)
         }
         Command::Get { id, output } => {
-            let identity = client
-                .get(GetIdentityRequest { id })
-                .await
-                .map_err(|s| anyhow::anyhow!("{}", s.message()))
-                .with_context(|| format!("cannot get identity {id}"))?
-                .into_inner();
+            let identity =
+                output::answer(client.get(GetIdentityRequest { id }).await, "Identity.Get")?;
             let view = view(identity);
             match output {
                 Format::Json => output::print_json(&view),

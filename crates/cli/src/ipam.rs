@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::{ListIpamRequest, ipam_client::IpamClient};
 use serde::Serialize;
 
@@ -39,12 +38,11 @@ struct AllocationView {
 pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let Command::List { output } = command;
     let channel = cellium_api::connect(socket).await?;
-    let pools = IpamClient::new(channel)
-        .list(ListIpamRequest {})
-        .await
-        .context("the agent did not answer Ipam.List")?
-        .into_inner()
-        .pools;
+    let pools = output::answer(
+        IpamClient::new(channel).list(ListIpamRequest {}).await,
+        "Ipam.List",
+    )?
+    .pools;
     let views: Vec<PoolView> = pools
         .into_iter()
         .map(|p| PoolView {

@@ -3,7 +3,6 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::{
     GetIpcacheRequest, IpcacheEntry, IpcacheSource, ListIpcacheRequest,
     ipcache_client::IpcacheClient,
@@ -52,13 +51,8 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let mut client = IpcacheClient::new(cellium_api::connect(socket).await?);
     match command {
         Command::List { output } => {
-            let entries = client
-                .list(ListIpcacheRequest {})
-                .await
-                .map_err(|s| anyhow::anyhow!("{}", s.message()))
-                .context("the agent did not answer Ipcache.List")?
-                .into_inner()
-                .entries;
+            let entries =
+                output::answer(client.list(ListIpcacheRequest {}).await, "Ipcache.List")?.entries;
             let views: Vec<EntryView> = entries.into_iter().map(view).collect();
             match output {
                 Format::Json => output::print_json(&views),
@@ -74,8 +68,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                 // No prefix holds the address: that is an answer (world), not a failure.
                 Err(s) if s.code() == Code::NotFound => None,
                 Err(s) => {
-                    return Err(anyhow::anyhow!("{}", s.message()))
-                        .with_context(|| format!("cannot look up {ip}"));
+                    return Err(anyhow::anyhow!("Ipcache.Get of {ip}: {}", s.message()));
                 }
             };
             match (output, entry) {

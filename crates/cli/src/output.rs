@@ -14,6 +14,17 @@ pub enum Format {
     Json,
 }
 
+/// The answer of gRPC `call`, or an error of the form `Endpoints.Get: no endpoint 7`: the
+/// agent's own message, without tonic's status dump around it.
+pub fn answer<T>(
+    reply: Result<tonic::Response<T>, tonic::Status>,
+    call: &str,
+) -> anyhow::Result<T> {
+    reply
+        .map(tonic::Response::into_inner)
+        .map_err(|s| anyhow::anyhow!("{call}: {}", s.message()))
+}
+
 /// Prints `value` as pretty JSON.
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

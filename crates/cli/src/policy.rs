@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::{GetPolicyRequest, PolicySelectorsRequest, policy_client::PolicyClient};
 use serde::Serialize;
 
@@ -67,11 +66,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let mut client = PolicyClient::new(channel);
     match command {
         Command::Get { output } => {
-            let resp = client
-                .get(GetPolicyRequest {})
-                .await
-                .context("the agent did not answer Policy.Get")?
-                .into_inner();
+            let resp = output::answer(client.get(GetPolicyRequest {}).await, "Policy.Get")?;
             let view = PolicyView {
                 revision: resp.revision,
                 problems: resp.problems,
@@ -133,11 +128,10 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             }
         }
         Command::Selectors { output } => {
-            let resp = client
-                .selectors(PolicySelectorsRequest {})
-                .await
-                .context("the agent did not answer Policy.Selectors")?
-                .into_inner();
+            let resp = output::answer(
+                client.selectors(PolicySelectorsRequest {}).await,
+                "Policy.Selectors",
+            )?;
             let view = SelectorsView {
                 revision: resp.revision,
                 selectors: resp

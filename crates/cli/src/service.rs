@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use cellium_api::v1::services_client::ServicesClient;
 use cellium_api::v1::{ListServicesRequest, ServiceFrontend};
 use serde::Serialize;
@@ -48,12 +47,9 @@ struct BackendView {
 /// Runs a `cellium service` verb.
 pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     let Command::List { output } = command;
-    let frontends = ServicesClient::new(cellium_api::connect(socket).await?)
-        .list(ListServicesRequest {})
-        .await
-        .context("the agent did not answer Services.List")?
-        .into_inner()
-        .frontends;
+    let mut client = ServicesClient::new(cellium_api::connect(socket).await?);
+    let frontends =
+        output::answer(client.list(ListServicesRequest {}).await, "Services.List")?.frontends;
     let views: Vec<FrontendView> = frontends.into_iter().map(view).collect();
     match output {
         Format::Json => output::print_json(&views),

@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use cellium_api::v1::{HealthLevel, HealthNode, StatusRequest, agent_client::AgentClient};
 use serde::Serialize;
 
@@ -42,11 +41,10 @@ struct NodeView {
 /// Runs `cellium status`.
 pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
     let channel = cellium_api::connect(socket).await?;
-    let status = AgentClient::new(channel)
-        .status(StatusRequest {})
-        .await
-        .context("the agent did not answer the Status call")?
-        .into_inner();
+    let status = output::answer(
+        AgentClient::new(channel).status(StatusRequest {}).await,
+        "Agent.Status",
+    )?;
     let view = StatusView {
         version: status.version.clone(),
         uptime_seconds: status.uptime_ms / 1000,
