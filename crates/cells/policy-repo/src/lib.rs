@@ -6,7 +6,7 @@
 //!   identities, updated per identity event); one identity and ipcache entry per CIDR prefix
 //!   that rules name; a revision that increases with every change.
 //! - **Provides** `Arc<PolicyRepository>`: [`PolicyRepository::resolve`] (an endpoint's
-//!   rules, exactly what `cellium_datapath_bpf::compile_policy` takes, cached per identity),
+//!   rules, exactly what `cellium_policy::compile` takes, cached per identity),
 //!   [`PolicyRepository::changes`] (the revision, to regenerate endpoints),
 //!   [`PolicyRepository::cidr_labels_for`] (the `cidr:` labels of the NetworkPolicy
 //!   ipBlocks covering an endpoint's address, which its identity must carry); and the

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_datapath_bpf::{Direction, Verdict};
 use cellium_hive::Reporter;
 use cellium_identity::{Identities, Identity};
 use cellium_ipcache::Ipcache;
 use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
+use cellium_policy::{Direction, Verdict};
 use cellium_resources::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NamedPort, NetworkPolicy, Object,
     ObjectKey, Resources,

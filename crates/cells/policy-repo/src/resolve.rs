@@ -1,6 +1,6 @@
 //! Resolution: the rules that select one endpoint, turned into what the datapath enforces.
 //!
-//! The result's [`PolicyRule`]s are exactly what `cellium_datapath_bpf::compile_policy`
+//! The result's [`PolicyRule`]s are exactly what `cellium_policy::compile`
 //! takes: one per (peer identity, protocol, port range, verdict), identity 0 standing for
 //! every peer. Named ports are resolved here: an ingress rule's against the endpoint's own
 //! container ports, an egress rule's against the ports of the pods behind each peer
@@ -8,9 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cellium_datapath_bpf::{Direction, PolicyRule, Protocol, Verdict};
 use cellium_identity::Reserved;
 use cellium_labels::{Labels, Selector};
+use cellium_policy::{Direction, PolicyRule, Protocol, Verdict};
 use cellium_resources::NamedPort;
 
 use crate::rule::{Peer, PortMatch, PortSpec, RuleSet};
@@ -50,7 +50,7 @@ pub struct EndpointPolicy {
     pub ingress_enforced: bool,
     /// Whether egress is default deny.
     pub egress_enforced: bool,
-    /// The rules, for `compile_policy`.
+    /// The rules, for `cellium_policy::compile`.
     pub rules: Vec<PolicyRule>,
 }
 

@@ -3,9 +3,11 @@
 //! (subject endpoint, direction, peer, protocol, port) the expected verdict.
 //!
 //! Each verdict is computed along the full chain except packets: the repository resolves
-//! the endpoint's policy, `compile_policy` turns it into policy map entries, and
-//! [`decide`] answers as the datapath's two LPM lookups do (longest match per identity,
-//! a deny from either lookup wins), with the enforcement flags of the resolved policy.
+//! the endpoint's policy, `cellium_policy::compile` turns it into policy map entries, and
+//! `cellium_policy::decide` answers as the datapath's two LPM lookups do (longest match per
+//! identity, a deny from either lookup wins), with the enforcement flags of the resolved
+//! policy (`integration/tests/policy_model.rs` checks that decision against the real
+//! programs).
 //! Peers are resolved to identities as the datapath does too: a local pod by its endpoint
 //! identity, an address by longest-prefix match in the ipcache (the CIDR entries the
 //! repository wrote), falling back to `world`.
@@ -14,10 +16,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use cellium_datapath_bpf::{Direction, L4Match, PolicyEntry, Protocol, Verdict, compile_policy};
 use cellium_identity::Identities;
 use cellium_ipcache::{Ipcache, Source};
 use cellium_labels::Labels;
+use cellium_policy::{Direction, Protocol, compile, decide};
 use cellium_policy_repo::{PolicyRepository, Subject};
 use cellium_resources::{NamedPort, ObjectKey, Resources};
 use ipnet::IpNet;
@@ -190,11 +192,8 @@ impl World {
             Ingress => policy.ingress_enforced,
             Egress => policy.egress_enforced,
         };
-        if !enforced {
-            return true;
-        }
-        let entries = compile_policy(7, &policy.rules).unwrap();
-        decide(&entries, dir, self.peer_identity(peer), proto, port) == Some(Verdict::Allow)
+        let entries = compile(7, &policy.rules).unwrap();
+        decide(&entries, dir, self.peer_identity(peer), proto, port).passes(enforced)
     }
 
     fn check(&self, scenario: &str, cases: &[Case]) {
@@ -221,54 +220,6 @@ impl World {
 
 fn verdict(allowed: bool) -> &'static str {
     if allowed { "allowed" } else { "denied" }
-}
-
-/// What the datapath decides over `entries` (those of one endpoint): the longest entry
-/// matching in each of the two lookups (the peer's identity, and identity 0), a deny from
-/// either wins, else an allow from either, else no match (denied when enforced).
-fn decide(
-    entries: &[(PolicyEntry, Verdict)],
-    dir: Direction,
-    identity: u32,
-    proto: Protocol,
-    port: u16,
-) -> Option<Verdict> {
-    // ICMP has no port: the datapath looks it up with port 0.
-    let port = if proto == Protocol::Icmp { 0 } else { port };
-    let lookup = |id: u32| {
-        entries
-            .iter()
-            .filter(|(e, _)| e.identity == id && e.direction == dir)
-            .filter_map(|(e, v)| {
-                let len = match e.l4 {
-                    L4Match::Any => 64,
-                    L4Match::Protocol(p) if p == proto => 80,
-                    L4Match::PortBlock {
-                        protocol,
-                        port: base,
-                        prefix_bits,
-                    } if protocol == proto => {
-                        let mask = (0xffff_u32 << (16 - u32::from(prefix_bits))) as u16;
-                        if port & mask != base & mask {
-                            return None;
-                        }
-                        80 + u32::from(prefix_bits)
-                    }
-                    _ => return None,
-                };
-                Some((len, *v))
-            })
-            .max_by_key(|(len, _)| *len)
-            .map(|(_, v)| v)
-    };
-    let (a, b) = (lookup(identity), lookup(0));
-    if a == Some(Verdict::Deny) || b == Some(Verdict::Deny) {
-        Some(Verdict::Deny)
-    } else if a.is_some() || b.is_some() {
-        Some(Verdict::Allow)
-    } else {
-        None
-    }
 }
 
 #[test]
