@@ -11,8 +11,10 @@
 //!   [`PolicyRepository::cidr_labels_for`] (the `cidr:` labels of the NetworkPolicy
 //!   ipBlocks covering an endpoint's address, which its identity must carry); and the
 //!   `cellium.v1.Policy` gRPC service (`cellium policy get|selectors`).
-//! - **Depends on** `Arc<Resources>` (the policy, pod and namespace tables), `Arc<Identities>`
-//!   and `Arc<Ipcache>`.
+//! - **Depends on** `Arc<Resources>` (the policy tables), `Arc<Identities>` and `Arc<Ipcache>`
+//!   (where it puts its CIDR prefixes, and whose named ports per identity, which endpoints'
+//!   owners put there, egress rules' port names resolve against:
+//!   [`PolicyRepository::sync_named_ports`]).
 //! - **Config keys:** `policy-dir` (unset by default): a directory of YAML files applied
 //!   through `Resources::apply` as they change.
 //! - **Degraded** when a policy that passed validation cannot be enforced (it is then not
