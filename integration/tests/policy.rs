@@ -15,7 +15,7 @@
 //! gateway address in the node namespace); `ext-a` (10.99.0.10) and `ext-b` (10.99.0.20) in a
 //! namespace routed through the node, outside the cluster.
 
-use cellium_integration::lab::{Lab, fixture};
+use cellium_integration::lab::{Flow, Lab, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 
 /// Tests share two cores and each runs an agent: one at a time even when the harness runs
@@ -242,6 +242,67 @@ spec:
             );
         ingress && egress
     });
+}
+
+#[test]
+fn an_egress_named_port_without_peers_allows_each_destination_pods_own_port_only() {
+    let _serial = serial();
+    let mut lab = lab();
+    lab.apply_policy(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: http-anywhere, namespace: dev }
+spec:
+  podSelector: { matchLabels: { app: tool } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: http } ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: sql-anywhere, namespace: ops }
+spec:
+  endpointSelector: { matchLabels: { app: dns } }
+  egress: [ { toPorts: [ { ports: [ { port: sql } ] } ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: nobody-has-it, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: nosuch } ] } ]
+"#,
+    )
+    .unwrap();
+    let probes = [Tcp(80), Tcp(8080), Tcp(5432), Udp(8080), Icmp];
+    // `http` is 8080 on shop/web, 80 on dev/web and (once it exists) 5432 on ops/api; `sql`
+    // is 5432 on shop/db. The node and the external addresses have no named ports.
+    let expect = |f: &Flow<'_>| match f.from.name.as_str() {
+        "dev/tool" => matches!(
+            (f.to.name.as_str(), f.probe),
+            ("shop/web", Tcp(8080)) | ("dev/web", Tcp(80)) | ("ops/api", Tcp(5432))
+        ),
+        "ops/dns" => f.to.is("shop/db") && f.probe == Tcp(5432),
+        // A port name no pod has allows nothing.
+        "shop/web" => false,
+        _ => true,
+    };
+    lab.check("egress named ports, every destination", &probes, expect);
+
+    // A pod created afterwards brings its own number for the name: its endpoint's ports reach
+    // the other endpoints' policies without any policy change.
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: api, namespace: ops, labels: { app: api } }\n\
+         spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 5432 } ] } ] }\n",
+    )
+    .unwrap();
+    let before = lab.revision().unwrap();
+    lab.add_pod("ops/api", "10.244.0.40".parse().unwrap())
+        .unwrap();
+    lab.wait_revision_after(before).unwrap();
+    lab.settle().unwrap();
+    lab.check("a pod added with a named port", &probes, expect);
 }
 
 #[test]

@@ -107,6 +107,9 @@ pub enum Error {
         /// Why it cannot be used.
         reason: String,
     },
+    /// An endpoint's policy rules cannot be compiled into map entries.
+    #[error("cannot compile the policy")]
+    Policy(#[source] cellium_policy::Error),
     /// Attaching a program to an interface failed.
     #[error("cannot attach {program} to interface {ifindex} ({mode})")]
     Attach {

@@ -10,9 +10,11 @@
 //!
 //! Every map has a typed wrapper ([`maps`]) speaking `Ipv4Addr`, [`MacAddr`],
 //! [`Direction`], [`Protocol`]; the raw `#[repr(C)]` mirrors of the C
-//! structs live in [`abi`] and are tested against the headers.
-//! [`policy_rules::compile`] turns allow/deny rules into consistent policy
-//! map entries; [`events::EventReader`] reads drops and verdicts, blocking or
+//! structs live in [`abi`] and are tested against the headers. The policy
+//! model (directions, protocols, verdicts, rules, their compilation and the
+//! decision over the entries) is the `cellium-policy` crate's, re-exported
+//! here; [`compile_policy`] compiles an endpoint's rules into its policy map
+//! entries. [`events::EventReader`] reads drops and verdicts, blocking or
 //! async; [`maps::conntrack::Conntrack::gc`] removes expired connections.
 //!
 //! Where to start: `docs/datapath.md` describes the packet walk and maps.
@@ -46,7 +48,6 @@ mod error;
 pub mod events;
 pub mod maps;
 pub mod pinning;
-pub mod policy_rules;
 mod sys;
 mod types;
 
@@ -59,6 +60,9 @@ mod skel {
 
 pub use abi::{DatapathConfig, EndpointInfo, LAYOUT_VERSION};
 pub use attach::{AttachAction, AttachKind, AttachMode, Attachment, Hook};
+pub use cellium_policy::{
+    Decision, Direction, L4Match, PolicyEntry, PolicyRule, Protocol, Verdict,
+};
 pub use clock::ktime_now_ns;
 pub use datapath::{Datapath, DatapathOptions, HookAttach};
 pub use error::{Error, Result};
@@ -67,7 +71,6 @@ pub use ipnet::IpNet;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::lb::{Backend, Frontend, ServiceEntry};
 pub use maps::metrics::MetricSample;
-pub use maps::policy::{Decision, L4Match, PolicyEntry, SyncStats, Verdict};
+pub use maps::policy::{SyncStats, compile_policy};
 pub use pinning::{MapOrigin, MapReport};
-pub use policy_rules::{PolicyRule, compile as compile_policy};
-pub use types::{Direction, EndpointFlags, MacAddr, Protocol, Reason};
+pub use types::{EndpointFlags, MacAddr, Reason};

@@ -1,108 +1,15 @@
-//! Typed vocabulary of the datapath: directions, protocols, verdict reasons,
-//! MAC addresses and endpoint flags, each convertible to the numbers the C
-//! headers use (bpf/include/cellium/common.h).
+//! Typed vocabulary of the datapath: verdict reasons, MAC addresses and
+//! endpoint flags, each convertible to the numbers the C headers use
+//! (bpf/include/cellium/common.h). Directions and protocols are the policy
+//! model's (`cellium-policy`), re-exported by the crate.
 
 use std::fmt;
 use std::str::FromStr;
 
+// The crate's modules name them from here, with the types below.
+pub use cellium_policy::{Direction, Protocol};
+
 use crate::error::Error;
-
-/// Traffic direction relative to an endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Direction {
-    /// Entering the pod.
-    Ingress,
-    /// Leaving the pod.
-    Egress,
-}
-
-impl Direction {
-    /// Both directions, in key order.
-    pub const ALL: [Direction; 2] = [Direction::Ingress, Direction::Egress];
-
-    /// The number used in keys (`CEL_DIR_*`).
-    pub fn as_u8(self) -> u8 {
-        match self {
-            Direction::Ingress => 0,
-            Direction::Egress => 1,
-        }
-    }
-
-    /// The direction for a key number, if valid.
-    pub fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Direction::Ingress),
-            1 => Some(Direction::Egress),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Direction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress",
-        })
-    }
-}
-
-/// An IP protocol as the datapath sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    /// ICMP (echo identifiers play the port in conntrack).
-    Icmp,
-    /// TCP.
-    Tcp,
-    /// UDP.
-    Udp,
-    /// SCTP (ports tracked like UDP; not load-balanced).
-    Sctp,
-    /// Any other IP protocol number.
-    Other(u8),
-}
-
-impl Protocol {
-    /// The IP protocol number.
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Icmp => 1,
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
-            Protocol::Other(n) => n,
-        }
-    }
-
-    /// Whether packets of this protocol carry ports the datapath reads.
-    pub fn has_ports(self) -> bool {
-        matches!(self, Protocol::Tcp | Protocol::Udp | Protocol::Sctp)
-    }
-}
-
-impl From<u8> for Protocol {
-    fn from(n: u8) -> Self {
-        match n {
-            1 => Protocol::Icmp,
-            6 => Protocol::Tcp,
-            17 => Protocol::Udp,
-            132 => Protocol::Sctp,
-            n => Protocol::Other(n),
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Protocol::Icmp => f.write_str("icmp"),
-            Protocol::Tcp => f.write_str("tcp"),
-            Protocol::Udp => f.write_str("udp"),
-            Protocol::Sctp => f.write_str("sctp"),
-            Protocol::Other(n) => write!(f, "proto-{n}"),
-        }
-    }
-}
 
 /// Why a packet was forwarded or dropped (`CEL_REASON_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -331,15 +238,6 @@ mod tests {
             u64::from(EndpointFlags::ENFORCE_EGRESS.0),
             c::CEL_EP_F_ENFORCE_EGRESS
         );
-    }
-
-    #[test]
-    fn protocols_round_trip() {
-        for n in [1u8, 6, 17, 132, 47] {
-            assert_eq!(Protocol::from(n).number(), n);
-        }
-        assert!(Protocol::Tcp.has_ports());
-        assert!(!Protocol::Icmp.has_ports());
     }
 
     #[test]

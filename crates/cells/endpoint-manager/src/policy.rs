@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cellium_datapath_bpf::{Datapath, PolicyEntry, Verdict, compile_policy};
+use cellium_ipcache::Source;
 use cellium_policy_repo::{EndpointPolicy, Subject};
+use ipnet::IpNet;
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -51,6 +53,13 @@ impl EndpointManager {
     /// in place by then, so allowed traffic never meets a default deny).
     pub(crate) fn enforce(&self, dp: &Datapath, ep: &Endpoint) -> Result<u64> {
         let ports = labels::named_ports(ep, &self.resources);
+        // Other endpoints' egress rules name this pod's ports: its addresses carry them in the
+        // ipcache (read fresh here, at every regeneration, so a change of the pod's ports
+        // reaches them even when its identity stays).
+        for addr in &ep.addresses {
+            self.ipcache
+                .set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
+        }
         let policy = self.policy.resolve(&Subject {
             identity: ep.identity,
             labels: &ep.labels,

@@ -1,6 +1,6 @@
 //! The ipcache: claims on prefixes, lookups, and the datapath mirror.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -8,11 +8,14 @@ use cellium_datapath_bpf::Datapath;
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_identity::Reserved;
 use cellium_loader::Loader;
+use cellium_resources::NamedPort;
 use ipnet::IpNet;
+use tokio::sync::watch;
 
 use crate::config::IpcacheConfig;
 use crate::error::{Error, Result};
 use crate::host;
+use crate::named_ports::NamedPortTable;
 use crate::source::Source;
 use crate::sync::{self, SyncStats};
 use crate::table::{Change, IpcacheEntry, PrefixTable};
@@ -22,6 +25,8 @@ use crate::table::{Change, IpcacheEntry, PrefixTable};
 #[derive(Debug, Default)]
 pub(crate) struct State {
     pub(crate) table: PrefixTable,
+    /// The named container ports of the pods behind claimed prefixes.
+    pub(crate) named_ports: NamedPortTable,
     /// The datapath once the start hook ran; `None` in memory only.
     pub(crate) datapath: Option<Arc<Datapath>>,
     /// Whether stale map entries may be removed: set by `prune_stale`.
@@ -58,6 +63,8 @@ pub struct Ipcache {
     state: Mutex<State>,
     sync: Trigger,
     host: Trigger,
+    /// Counts changes that may have changed [`Ipcache::named_ports`].
+    named_port_changes: watch::Sender<u64>,
 }
 
 impl Ipcache {
@@ -126,6 +133,7 @@ impl Ipcache {
             state: Mutex::new(State::default()),
             sync: Trigger::new(),
             host: Trigger::new(),
+            named_port_changes: watch::channel(0).0,
         }
     }
 
@@ -145,6 +153,10 @@ impl Ipcache {
         }
         let mut state = self.lock();
         let change = state.table.claim(prefix, source, identity);
+        // The prefix's ports may now count for another identity, or another claim's.
+        if state.named_ports.has(prefix) {
+            self.named_ports_changed();
+        }
         self.mirror(&state, change)
     }
 
@@ -157,8 +169,48 @@ impl Ipcache {
         let Some(change) = state.table.unclaim(prefix, source) else {
             return Ok(false);
         };
+        // The claim's ports go with it; another claim's may now be in effect.
+        if state.named_ports.remove(prefix, source) || state.named_ports.has(prefix) {
+            self.named_ports_changed();
+        }
         self.mirror(&state, change)?;
         Ok(true)
+    }
+
+    /// Records the named container ports of the pod behind `source`'s claim on `prefix` (an
+    /// empty list forgets them): the numbers egress policy rules' port names stand for when
+    /// the prefix's identity is the peer. They live as long as the claim, move with its
+    /// identity, and count only while it is the claim in effect. Returns whether anything
+    /// changed; ports for a prefix `source` does not claim are ignored (`false`): the claim
+    /// comes first.
+    pub fn set_named_ports(&self, prefix: IpNet, source: Source, ports: &[NamedPort]) -> bool {
+        let mut state = self.lock();
+        if state.table.claim_of(prefix, source).is_none() {
+            return false;
+        }
+        let changed = state.named_ports.set(prefix, source, ports);
+        if changed {
+            self.named_ports_changed();
+        }
+        changed
+    }
+
+    /// The named ports of the claims in effect, united per identity (each list sorted by
+    /// name, protocol and port): for each identity, the numbers its pods give each name.
+    pub fn named_ports(&self) -> BTreeMap<u32, Vec<NamedPort>> {
+        let state = self.lock();
+        state.named_ports.by_identity(&state.table)
+    }
+
+    /// A receiver whose value changes after every change that may have changed
+    /// [`named_ports`](Ipcache::named_ports) (ports set, a claim with ports deleted, or the
+    /// identity of a prefix with ports changed).
+    pub fn named_port_changes(&self) -> watch::Receiver<u64> {
+        self.named_port_changes.subscribe()
+    }
+
+    fn named_ports_changed(&self) {
+        self.named_port_changes.send_modify(|n| *n += 1);
     }
 
     /// The longest prefix containing `ip`, with the identity in effect and its source.
@@ -358,6 +410,44 @@ mod tests {
         assert_eq!(ipc.lookup(ip("fd00::1")), None);
         assert_eq!(ipc.get(net("10.0.0.1/32")).unwrap().shadowed, vec![]);
         assert_eq!(ipc.list().len(), 2);
+    }
+
+    #[test]
+    fn named_ports_follow_their_claim_and_announce_changes() {
+        use cellium_resources::Protocol;
+        let ipc = Ipcache::in_memory();
+        let mut changes = ipc.named_port_changes();
+        let http = |port| NamedPort {
+            name: "http".into(),
+            port,
+            protocol: Protocol::Tcp,
+        };
+        let p = net("10.0.0.5/32");
+        assert!(
+            !ipc.set_named_ports(p, Source::Endpoint, &[http(80)]),
+            "no claim yet"
+        );
+        ipc.upsert(p, 300, Source::Endpoint).unwrap();
+        assert!(ipc.set_named_ports(p, Source::Endpoint, &[http(80)]));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert!(!ipc.set_named_ports(p, Source::Endpoint, &[http(80)]));
+        assert!(!changes.has_changed().unwrap(), "nothing changed");
+        assert_eq!(ipc.named_ports()[&300], vec![http(80)]);
+        // A new identity for the address: its ports count for that identity now.
+        ipc.upsert(p, 301, Source::Endpoint).unwrap();
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert_eq!(
+            ipc.named_ports().into_iter().collect::<Vec<_>>(),
+            vec![(301, vec![http(80)])]
+        );
+        // The claim goes, its ports with it: a claim made again has none.
+        assert!(ipc.delete(p, Source::Endpoint).unwrap());
+        assert!(changes.has_changed().unwrap());
+        assert!(ipc.named_ports().is_empty());
+        ipc.upsert(p, 301, Source::Endpoint).unwrap();
+        assert!(ipc.named_ports().is_empty());
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! The `ipcache` cell: which security identity each IP prefix has.
 //!
 //! - **Owns** the prefix -> identity table (claims by [`Source`], in precedence order
-//!   endpoint > host > policy), the node's own addresses as host-identity entries, and the
-//!   mirror of the table into the datapath's LPM map `cel_ipcache`.
+//!   endpoint > host > policy), the named container ports of the pods behind claimed
+//!   prefixes, the node's own addresses as host-identity entries, and the mirror of the table
+//!   into the datapath's LPM map `cel_ipcache`.
 //! - **Provides** `Arc<Ipcache>`: upsert / delete / lookup (longest prefix) / list,
+//!   [`Ipcache::set_named_ports`] and [`Ipcache::named_ports`] (per identity, what egress
+//!   policy rules' port names resolve against) with [`Ipcache::named_port_changes`],
 //!   [`Ipcache::prune_stale`] for the endpoint manager's restore, and
 //!   [`Ipcache::refresh_host_addresses`]; and the `cellium.v1.Ipcache` gRPC service
 //!   (`cellium ipcache list|get`).
@@ -23,6 +26,7 @@ mod error;
 mod grpc;
 mod host;
 mod ipcache;
+mod named_ports;
 mod source;
 mod sync;
 mod table;

@@ -146,6 +146,11 @@ impl PrefixTable {
             .collect()
     }
 
+    /// The identity `source` claims for exactly `prefix`, if it has a claim.
+    pub(crate) fn claim_of(&self, prefix: IpNet, source: Source) -> Option<u32> {
+        self.entries.get(&prefix.trunc())?.0[source.index()]
+    }
+
     /// The prefixes `source` claims.
     pub(crate) fn claimed_by(&self, source: Source) -> Vec<IpNet> {
         self.entries

@@ -1,5 +1,5 @@
 //! Feeding the repository: the cell's constructor and its `feed` job, which follows the
-//! resources tables (policies, pods, namespaces) and the identities.
+//! policy tables of the resources, the identities, and the named ports the ipcache carries.
 //!
 //! Each source is taken as a snapshot and a subscription with no gap between them; a
 //! subscriber that falls behind (`Lagged`) resynchronises that source from its current
@@ -10,8 +10,7 @@ use std::sync::Arc;
 use cellium_hive::{Backoff, BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
-use cellium_labels::Labels;
-use cellium_resources::{Event, Namespace, Object, ObjectKey, Pod, Resources};
+use cellium_resources::{Event, Object, Resources};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::config::PolicyConfig;
@@ -21,8 +20,8 @@ use crate::rule::PolicyKind;
 
 impl PolicyRepository {
     /// The cell's constructor: the `feed` job fills the repository from the resources
-    /// tables and the identities; with `policy-dir` set, the `policy-dir` job applies the
-    /// directory's files.
+    /// tables, the identities and the ipcache's named ports; with `policy-dir` set, the
+    /// `policy-dir` job applies the directory's files.
     pub fn new(
         cfg: Config<PolicyConfig>,
         lc: Lifecycle,
@@ -34,7 +33,7 @@ impl PolicyRepository {
     ) -> Arc<PolicyRepository> {
         let repo = Arc::new(PolicyRepository::with_parts(
             identities.clone(),
-            Some(ipcache),
+            Some(ipcache.clone()),
             Some(reporter),
         ));
         // The repository holds every policy and identity before the cells that resolve
@@ -46,12 +45,13 @@ impl PolicyRepository {
             let (snapshot, _) = ids.snapshot_and_subscribe();
             r.sync_identities(&snapshot);
             r.sync_resources(&res);
+            r.sync_named_ports();
             r.report_now();
             Ok(())
         }));
         let (r, res, ids) = (repo.clone(), resources.clone(), identities);
         jobs.one_shot("feed", move |ctx| {
-            feed(ctx, r.clone(), res.clone(), ids.clone())
+            feed(ctx, r.clone(), res.clone(), ids.clone(), ipcache.clone())
         })
         .retry(Backoff::default())
         .add();
@@ -67,6 +67,7 @@ async fn feed(
     repo: Arc<PolicyRepository>,
     res: Arc<Resources>,
     ids: Arc<Identities>,
+    ipcache: Arc<Ipcache>,
 ) -> Result<(), BoxError> {
     // Subscriptions first, each with its snapshot, so that nothing falls between.
     let (_, mut nps) = res.network_policies.snapshot_and_subscribe();
@@ -74,12 +75,13 @@ async fn feed(
     let (_, mut ccnps) = res
         .cilium_clusterwide_network_policies
         .snapshot_and_subscribe();
-    let (_, mut pods) = res.pods.snapshot_and_subscribe();
-    let (_, mut namespaces) = res.namespaces.snapshot_and_subscribe();
+    // Subscribed before the first read below, so no change falls between.
+    let mut named_ports = ipcache.named_port_changes();
     let (snapshot, mut id_events) = ids.snapshot_and_subscribe();
     // Identities before rules, so the first revision already resolves selectors fully.
     repo.sync_identities(&snapshot);
     repo.sync_resources(&res);
+    repo.sync_named_ports();
     repo.report_now();
     loop {
         tokio::select! {
@@ -98,18 +100,9 @@ async fn feed(
             ev = nps.recv() => table_event(&repo, &res, PolicyKind::NetworkPolicy, ev, |r, p| r.upsert_network_policy(p))?,
             ev = cnps.recv() => table_event(&repo, &res, PolicyKind::CiliumNetworkPolicy, ev, |r, p| r.upsert_cilium_network_policy(p))?,
             ev = ccnps.recv() => table_event(&repo, &res, PolicyKind::CiliumClusterwideNetworkPolicy, ev, |r, p| r.upsert_cilium_clusterwide_network_policy(p))?,
-            ev = pods.recv() => match ev {
-                Ok(Event::Upsert { new, .. }) => pod_changed(&repo, &res, &new),
-                Ok(Event::Delete(old)) => repo.set_pod_ports(old.key(), None),
-                Err(RecvError::Lagged(_)) => repo.sync_resources(&res),
-                Err(RecvError::Closed) => return Err("the pod events ended".into()),
-            },
-            ev = namespaces.recv() => match ev {
-                Ok(Event::Upsert { new, .. }) => namespace_changed(&repo, &res, &new),
-                // Its pods are deleted with it, each with its own event.
-                Ok(Event::Delete(_)) => {}
-                Err(RecvError::Lagged(_)) => repo.sync_resources(&res),
-                Err(RecvError::Closed) => return Err("the namespace events ended".into()),
+            changed = named_ports.changed() => match changed {
+                Ok(()) => repo.sync_named_ports(),
+                Err(_) => return Err("the ipcache's named port changes ended".into()),
             },
         }
     }
@@ -132,22 +125,6 @@ fn table_event<T: Object>(
         Err(RecvError::Closed) => return Err(format!("the {kind} events ended").into()),
     }
     Ok(())
-}
-
-fn pod_changed(repo: &PolicyRepository, res: &Resources, pod: &Pod) {
-    let ns_labels = res
-        .namespaces
-        .get(&ObjectKey::cluster(&pod.namespace))
-        .map(|n| n.labels.clone())
-        .unwrap_or_default();
-    let labels = Labels::for_pod(&pod.namespace, &pod.labels, &ns_labels);
-    repo.set_pod_ports(pod.key(), Some((labels, pod.ports.clone())));
-}
-
-fn namespace_changed(repo: &PolicyRepository, res: &Resources, ns: &Namespace) {
-    for pod in res.pods.list_namespace(&ns.name) {
-        pod_changed(repo, res, &pod);
-    }
 }
 
 #[cfg(test)]
@@ -179,13 +156,19 @@ mod tests {
         std::fs::write(dir.path().join("np.yaml"), NP).unwrap();
         let resources = Resources::new();
         let ids = Identities::in_memory();
+        let ipcache = Ipcache::in_memory();
         let slot: Arc<Mutex<Option<Arc<PolicyRepository>>>> = Arc::default();
-        let (r, i, s) = (resources.clone(), ids.clone(), slot.clone());
+        let (r, i, c, s) = (
+            resources.clone(),
+            ids.clone(),
+            ipcache.clone(),
+            slot.clone(),
+        );
         let mut hive = Hive::new([
             Module::new("tables", "The resources, identities and ipcache, in memory")
                 .provide(move || r.clone())
                 .provide(move || i.clone())
-                .provide(Ipcache::in_memory)
+                .provide(move || c.clone())
                 .into(),
             crate::cell()
                 .invoke(move |repo: Arc<PolicyRepository>| {
@@ -237,6 +220,48 @@ mod tests {
             health.node("policy-repo").unwrap().status.level,
             cellium_hive::Level::Ok
         );
+
+        // An egress rule naming a port follows the named ports the ipcache carries for the
+        // peer's address: a new revision, and the number of the peer's port of that name.
+        resources
+            .apply(
+                "egress.yaml",
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db-out}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  policyTypes: [Egress]\n  egress: [{ports: [{port: http}]}]\n",
+            )
+            .unwrap();
+        eventually("the egress policy is taken in", || {
+            repo.resolve(&subject).egress_enforced
+        })
+        .await;
+        let rev = repo.revision();
+        let web_ip: ipnet::IpNet = "10.0.0.7/32".parse().unwrap();
+        ipcache
+            .upsert(web_ip, web.id, cellium_ipcache::Source::Endpoint)
+            .unwrap();
+        ipcache.set_named_ports(
+            web_ip,
+            cellium_ipcache::Source::Endpoint,
+            &[cellium_resources::NamedPort {
+                name: "http".into(),
+                port: 8080,
+                protocol: cellium_resources::Protocol::Tcp,
+            }],
+        );
+        eventually("the peer's named port is allowed", || {
+            repo.resolve(&subject).rules.iter().any(|r| {
+                r.identity == web.id
+                    && r.direction == cellium_policy::Direction::Egress
+                    && r.ports == Some(8080..=8080)
+            })
+        })
+        .await;
+        assert!(repo.revision() > rev);
+        resources
+            .delete(
+                "egress.yaml",
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db-out}\n",
+            )
+            .unwrap();
 
         // A policy the repository cannot express is reported, and not enforced.
         let long = "x".repeat(40);

@@ -8,7 +8,7 @@ use cellium_api::v1::{
     GetPolicyRequest, GetPolicyResponse, PolicyPeer, PolicyRuleInfo, PolicySelector,
     PolicySelectorsRequest, PolicySelectorsResponse,
 };
-use cellium_datapath_bpf::Verdict;
+use cellium_policy::Verdict;
 use tonic::{Request, Response, Status};
 
 use crate::repository::PolicyRepository;

@@ -6,13 +6,15 @@
 //!   identities, updated per identity event); one identity and ipcache entry per CIDR prefix
 //!   that rules name; a revision that increases with every change.
 //! - **Provides** `Arc<PolicyRepository>`: [`PolicyRepository::resolve`] (an endpoint's
-//!   rules, exactly what `cellium_datapath_bpf::compile_policy` takes, cached per identity),
+//!   rules, exactly what `cellium_policy::compile` takes, cached per identity),
 //!   [`PolicyRepository::changes`] (the revision, to regenerate endpoints),
 //!   [`PolicyRepository::cidr_labels_for`] (the `cidr:` labels of the NetworkPolicy
 //!   ipBlocks covering an endpoint's address, which its identity must carry); and the
 //!   `cellium.v1.Policy` gRPC service (`cellium policy get|selectors`).
-//! - **Depends on** `Arc<Resources>` (the policy, pod and namespace tables), `Arc<Identities>`
-//!   and `Arc<Ipcache>`.
+//! - **Depends on** `Arc<Resources>` (the policy tables), `Arc<Identities>` and `Arc<Ipcache>`
+//!   (where it puts its CIDR prefixes, and whose named ports per identity, which endpoints'
+//!   owners put there, egress rules' port names resolve against:
+//!   [`PolicyRepository::sync_named_ports`]).
 //! - **Config keys:** `policy-dir` (unset by default): a directory of YAML files applied
 //!   through `Resources::apply` as they change.
 //! - **Degraded** when a policy that passed validation cannot be enforced (it is then not

@@ -5,14 +5,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_datapath_bpf::{Direction, Verdict};
 use cellium_hive::Reporter;
 use cellium_identity::{Identities, Identity};
 use cellium_ipcache::Ipcache;
 use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
+use cellium_policy::{Direction, Verdict};
 use cellium_resources::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NamedPort, NetworkPolicy, Object,
-    ObjectKey, Resources,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NetworkPolicy, Object, ObjectKey,
+    Resources,
 };
 use ipnet::IpNet;
 use tokio::sync::watch;
@@ -57,27 +57,6 @@ pub struct SelectorInfo {
     pub users: usize,
 }
 
-/// Named ports of the pods with one label set, by pod.
-#[derive(Debug, Default)]
-struct PortsOfLabels {
-    pods: BTreeMap<ObjectKey, Vec<NamedPort>>,
-    union: Vec<NamedPort>,
-}
-
-impl PortsOfLabels {
-    fn recompute(&mut self) -> bool {
-        let mut union: Vec<NamedPort> = Vec::new();
-        for p in self.pods.values().flatten() {
-            if !union.contains(p) {
-                union.push(p.clone());
-            }
-        }
-        let changed = union != self.union;
-        self.union = union;
-        changed
-    }
-}
-
 #[derive(Debug, Default)]
 struct State {
     sets: BTreeMap<SourceKey, Arc<RuleSet>>,
@@ -89,40 +68,16 @@ struct State {
     cache: SelectorCache,
     cidrs: CidrIdentities,
     pod_prefixes: BTreeSet<IpNet>,
-    /// Each pod's labels (without `cidr:` labels), for the named ports of peers.
-    pod_labels: HashMap<ObjectKey, Labels>,
-    ports_by_labels: HashMap<Labels, PortsOfLabels>,
+    /// The named ports of the pods behind each identity, as the ipcache last had them.
+    peer_ports: PeerPorts,
     revision: u64,
     resolved: HashMap<ResolveKey, Arc<EndpointPolicy>>,
 }
 
-struct PeerIndex<'a> {
-    known: &'a HashMap<u32, Labels>,
-    ports: &'a HashMap<Labels, PortsOfLabels>,
-}
-
-impl PeerPorts for PeerIndex<'_> {
-    fn ports_of(&self, identity: u32) -> &[NamedPort] {
-        let Some(labels) = self.known.get(&identity) else {
-            return &[];
-        };
-        self.ports
-            .get(&without_cidr(labels))
-            .map_or(&[], |p| p.union.as_slice())
-    }
-}
-
-fn without_cidr(labels: &Labels) -> Labels {
-    labels
-        .iter()
-        .filter(|l| l.source != source::CIDR)
-        .cloned()
-        .collect()
-}
-
 /// The node's policy repository (see the crate docs).
 ///
-/// Every change of rules, or of the identities a rule's selector matches, increases the
+/// Every change of rules, of the identities a rule's selector matches, or (when an egress
+/// rule names a port) of the named ports of the pods behind identities increases the
 /// revision; [`changes`](PolicyRepository::changes) wakes the endpoint manager, which
 /// resolves each endpoint again ([`resolve`](PolicyRepository::resolve) answers from a cache
 /// keyed by identity and named ports until the next revision).
@@ -193,10 +148,6 @@ impl PolicyRepository {
         if let Some(p) = st.resolved.get(&key) {
             return p.clone();
         }
-        let index = PeerIndex {
-            known: st.cache.known(),
-            ports: &st.ports_by_labels,
-        };
         let namespace = subject
             .labels
             .get(source::K8S, POD_NAMESPACE_LABEL)
@@ -210,7 +161,7 @@ impl PolicyRepository {
             subject,
             sets,
             &st.cache,
-            &index,
+            &st.peer_ports,
             st.revision,
         ));
         st.resolved.insert(key, policy.clone());
@@ -243,8 +194,8 @@ impl PolicyRepository {
         self.report(&st);
     }
 
-    /// Makes the rules exactly those of the policy tables of `resources`, and the peers'
-    /// named ports those of its pods (level-triggered: for the start and after missed events).
+    /// Makes the rules exactly those of the policy tables of `resources` (level-triggered: for
+    /// the start and after missed events).
     pub fn sync_resources(&self, resources: &Resources) {
         let mut present: BTreeSet<SourceKey> = BTreeSet::new();
         for p in resources.network_policies.list() {
@@ -270,27 +221,6 @@ impl PolicyRepository {
         };
         for (kind, key) in stale {
             self.remove(kind, &key);
-        }
-        let pods = resources.pods.list();
-        let keys: BTreeSet<ObjectKey> = pods.iter().map(|p| p.key()).collect();
-        for pod in &pods {
-            let ns_labels = resources
-                .namespaces
-                .get(&ObjectKey::cluster(&pod.namespace))
-                .map(|n| n.labels.clone())
-                .unwrap_or_default();
-            let labels = Labels::for_pod(&pod.namespace, &pod.labels, &ns_labels);
-            self.set_pod_ports(pod.key(), Some((labels, pod.ports.clone())));
-        }
-        let gone: Vec<ObjectKey> = self
-            .lock()
-            .pod_labels
-            .keys()
-            .filter(|k| !keys.contains(k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.set_pod_ports(key, None);
         }
     }
 
@@ -329,28 +259,21 @@ impl PolicyRepository {
         }
     }
 
-    /// Records (or with `None` forgets) a pod's identity labels and named ports: the ports an
-    /// egress rule's port names refer to when that pod's identity is the peer.
-    pub fn set_pod_ports(&self, pod: ObjectKey, entry: Option<(Labels, Vec<NamedPort>)>) {
+    /// Takes the named ports of the pods behind each identity from the ipcache (where their
+    /// endpoints' owners put them, see `Ipcache::set_named_ports`); the revision increases
+    /// when they changed and an egress rule names a port (level-triggered: the `feed` job
+    /// calls it at every change the ipcache announces).
+    pub fn sync_named_ports(&self) {
+        let Some(ipcache) = &self.ipcache else { return };
+        // Read before taking the repository's lock: the repository writes to the ipcache
+        // under its own lock, never the other way round.
+        let ports = ipcache.named_ports();
         let mut st = self.lock();
-        let mut changed = false;
-        if let Some(old) = st.pod_labels.remove(&pod)
-            && let Some(e) = st.ports_by_labels.get_mut(&old)
-        {
-            e.pods.remove(&pod);
-            changed |= e.recompute();
-            if e.pods.is_empty() {
-                st.ports_by_labels.remove(&old);
-            }
+        if st.peer_ports == ports {
+            return;
         }
-        if let Some((labels, ports)) = entry {
-            let labels = without_cidr(&labels);
-            let e = st.ports_by_labels.entry(labels.clone()).or_default();
-            e.pods.insert(pod.clone(), ports);
-            changed |= e.recompute();
-            st.pod_labels.insert(pod, labels);
-        }
-        if changed && st.sets.values().any(|s| s.uses_peer_named_ports()) {
+        st.peer_ports = ports;
+        if st.sets.values().any(|s| s.uses_peer_named_ports()) {
             Self::bump(&mut st, &self.revision);
         }
     }

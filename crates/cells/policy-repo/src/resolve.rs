@@ -1,16 +1,18 @@
 //! Resolution: the rules that select one endpoint, turned into what the datapath enforces.
 //!
-//! The result's [`PolicyRule`]s are exactly what `cellium_datapath_bpf::compile_policy`
+//! The result's [`PolicyRule`]s are exactly what `cellium_policy::compile`
 //! takes: one per (peer identity, protocol, port range, verdict), identity 0 standing for
 //! every peer. Named ports are resolved here: an ingress rule's against the endpoint's own
 //! container ports, an egress rule's against the ports of the pods behind each peer
-//! identity.
+//! identity ([`PeerPorts`]); an egress rule to every peer with a named port allows, to each
+//! identity whose pods have a port of that name, the numbers they give it, and nothing to
+//! anything else (an address outside every pod has no named ports).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cellium_datapath_bpf::{Direction, PolicyRule, Protocol, Verdict};
 use cellium_identity::Reserved;
 use cellium_labels::{Labels, Selector};
+use cellium_policy::{Direction, PolicyRule, Protocol, Verdict};
 use cellium_resources::NamedPort;
 
 use crate::rule::{Peer, PortMatch, PortSpec, RuleSet};
@@ -50,7 +52,7 @@ pub struct EndpointPolicy {
     pub ingress_enforced: bool,
     /// Whether egress is default deny.
     pub egress_enforced: bool,
-    /// The rules, for `compile_policy`.
+    /// The rules, for `cellium_policy::compile`.
     pub rules: Vec<PolicyRule>,
 }
 
@@ -82,18 +84,16 @@ type RuleKey = (
     Verdict,
 );
 
-/// The named ports of the pods behind a peer identity.
-pub trait PeerPorts {
-    /// The named ports of the pods whose identity is `identity`.
-    fn ports_of(&self, identity: u32) -> &[NamedPort];
-}
+/// The named ports of the pods behind each peer identity (the ipcache's, see
+/// `Ipcache::named_ports`): identities without any are absent.
+pub type PeerPorts = BTreeMap<u32, Vec<NamedPort>>;
 
 /// Resolves the policy of `subject` from every rule set.
 pub fn resolve<'a>(
     subject: &Subject<'_>,
     sets: impl Iterator<Item = &'a RuleSet>,
     cache: &SelectorCache,
-    peer_ports: &dyn PeerPorts,
+    peer_ports: &PeerPorts,
     revision: u64,
 ) -> EndpointPolicy {
     let mut matched: HashMap<&Selector, bool> = HashMap::new();
@@ -135,12 +135,27 @@ pub fn resolve<'a>(
                 &rule.ports[..]
             };
             for spec in specs {
-                for &id in &ids {
-                    let named: &[NamedPort] = match rule.direction {
-                        Direction::Ingress => subject.named_ports,
-                        Direction::Egress => peer_ports.ports_of(id),
+                let peer_named = rule.direction == Direction::Egress
+                    && matches!(spec.ports, PortMatch::Named(_));
+                if peer_named {
+                    // The peer's own port of that name: per peer identity. Every peer (0)
+                    // means every identity whose pods have ports.
+                    let peers: Vec<(u32, &Vec<NamedPort>)> = if ids.contains(&0) {
+                        peer_ports.iter().map(|(id, p)| (*id, p)).collect()
+                    } else {
+                        ids.iter()
+                            .filter_map(|id| peer_ports.get(id).map(|p| (*id, p)))
+                            .collect()
                     };
-                    for (proto, range) in l4(spec, named) {
+                    for (id, named) in peers {
+                        for (proto, range) in l4(spec, named) {
+                            out.insert((id, rule.direction, proto, range, rule.verdict));
+                        }
+                    }
+                    continue;
+                }
+                for &id in &ids {
+                    for (proto, range) in l4(spec, subject.named_ports) {
                         out.insert((id, rule.direction, proto, range, rule.verdict));
                     }
                 }
@@ -250,13 +265,6 @@ mod tests {
     use crate::rule::{Enforcement, Origin, PolicyKind, Rule};
     use std::sync::Arc;
 
-    struct NoPorts;
-    impl PeerPorts for NoPorts {
-        fn ports_of(&self, _: u32) -> &[NamedPort] {
-            &[]
-        }
-    }
-
     fn l(s: &str) -> Labels {
         s.parse().unwrap()
     }
@@ -309,7 +317,7 @@ mod tests {
             labels: &labels,
             named_ports: &ports,
         };
-        let p = resolve(&subject, [&set].into_iter(), &cache, &NoPorts, 7);
+        let p = resolve(&subject, [&set].into_iter(), &cache, &PeerPorts::new(), 7);
         assert!(p.ingress_enforced && !p.egress_enforced);
         assert_eq!(p.revision, 7);
         assert_eq!(
@@ -342,7 +350,7 @@ mod tests {
             },
             [&set].into_iter(),
             &cache,
-            &NoPorts,
+            &PeerPorts::new(),
             7,
         );
         assert!(!p.ingress_enforced && p.rules.is_empty());

@@ -7,8 +7,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cellium_datapath_bpf::{Direction, Protocol, Verdict};
 use cellium_labels::{Operator, POD_NAMESPACE_LABEL, Selector, source};
+use cellium_policy::{Direction, Protocol, Verdict};
 use ipnet::IpNet;
 
 /// The kind of object a rule came from.

@@ -3,9 +3,11 @@
 //! (subject endpoint, direction, peer, protocol, port) the expected verdict.
 //!
 //! Each verdict is computed along the full chain except packets: the repository resolves
-//! the endpoint's policy, `compile_policy` turns it into policy map entries, and
-//! [`decide`] answers as the datapath's two LPM lookups do (longest match per identity,
-//! a deny from either lookup wins), with the enforcement flags of the resolved policy.
+//! the endpoint's policy, `cellium_policy::compile` turns it into policy map entries, and
+//! `cellium_policy::decide` answers as the datapath's two LPM lookups do (longest match per
+//! identity, a deny from either lookup wins), with the enforcement flags of the resolved
+//! policy (`integration/tests/policy_model.rs` checks that decision against the real
+//! programs).
 //! Peers are resolved to identities as the datapath does too: a local pod by its endpoint
 //! identity, an address by longest-prefix match in the ipcache (the CIDR entries the
 //! repository wrote), falling back to `world`.
@@ -14,10 +16,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use cellium_datapath_bpf::{Direction, L4Match, PolicyEntry, Protocol, Verdict, compile_policy};
 use cellium_identity::Identities;
 use cellium_ipcache::{Ipcache, Source};
 use cellium_labels::Labels;
+use cellium_policy::{Direction, Protocol, compile, decide};
 use cellium_policy_repo::{PolicyRepository, Subject};
 use cellium_resources::{NamedPort, ObjectKey, Resources};
 use ipnet::IpNet;
@@ -130,7 +132,8 @@ impl World {
     }
 
     /// Gives each pod the identity the endpoint manager would: its pod labels plus the
-    /// `cidr:` labels of the ipBlocks covering its address; and its ipcache entry.
+    /// `cidr:` labels of the ipBlocks covering its address; and its ipcache entry, which
+    /// carries its named ports as the endpoint manager's does.
     fn identify_pods(&mut self) {
         for (name, ip) in POD_IPS {
             let (ns, pod_name) = name.split_once('/').unwrap();
@@ -153,11 +156,14 @@ impl World {
             self.ipcache
                 .upsert(IpNet::from(ip), identity.id, Source::Endpoint)
                 .unwrap();
+            self.ipcache
+                .set_named_ports(IpNet::from(ip), Source::Endpoint, &pod.ports);
             self.pods
                 .insert(name, (identity.id, labels, pod.ports.clone()));
         }
         let (snapshot, _) = self.ids.snapshot_and_subscribe();
         self.repo.sync_identities(&snapshot);
+        self.repo.sync_named_ports();
     }
 
     fn peer_identity(&self, peer: Peer) -> u32 {
@@ -190,11 +196,8 @@ impl World {
             Ingress => policy.ingress_enforced,
             Egress => policy.egress_enforced,
         };
-        if !enforced {
-            return true;
-        }
-        let entries = compile_policy(7, &policy.rules).unwrap();
-        decide(&entries, dir, self.peer_identity(peer), proto, port) == Some(Verdict::Allow)
+        let entries = compile(7, &policy.rules).unwrap();
+        decide(&entries, dir, self.peer_identity(peer), proto, port).passes(enforced)
     }
 
     fn check(&self, scenario: &str, cases: &[Case]) {
@@ -221,54 +224,6 @@ impl World {
 
 fn verdict(allowed: bool) -> &'static str {
     if allowed { "allowed" } else { "denied" }
-}
-
-/// What the datapath decides over `entries` (those of one endpoint): the longest entry
-/// matching in each of the two lookups (the peer's identity, and identity 0), a deny from
-/// either wins, else an allow from either, else no match (denied when enforced).
-fn decide(
-    entries: &[(PolicyEntry, Verdict)],
-    dir: Direction,
-    identity: u32,
-    proto: Protocol,
-    port: u16,
-) -> Option<Verdict> {
-    // ICMP has no port: the datapath looks it up with port 0.
-    let port = if proto == Protocol::Icmp { 0 } else { port };
-    let lookup = |id: u32| {
-        entries
-            .iter()
-            .filter(|(e, _)| e.identity == id && e.direction == dir)
-            .filter_map(|(e, v)| {
-                let len = match e.l4 {
-                    L4Match::Any => 64,
-                    L4Match::Protocol(p) if p == proto => 80,
-                    L4Match::PortBlock {
-                        protocol,
-                        port: base,
-                        prefix_bits,
-                    } if protocol == proto => {
-                        let mask = (0xffff_u32 << (16 - u32::from(prefix_bits))) as u16;
-                        if port & mask != base & mask {
-                            return None;
-                        }
-                        80 + u32::from(prefix_bits)
-                    }
-                    _ => return None,
-                };
-                Some((len, *v))
-            })
-            .max_by_key(|(len, _)| *len)
-            .map(|(_, v)| v)
-    };
-    let (a, b) = (lookup(identity), lookup(0));
-    if a == Some(Verdict::Deny) || b == Some(Verdict::Deny) {
-        Some(Verdict::Deny)
-    } else if a.is_some() || b.is_some() {
-        Some(Verdict::Allow)
-    } else {
-        None
-    }
 }
 
 #[test]
@@ -533,6 +488,170 @@ spec:
             ("shop/cache", Egress, Ip("8.8.8.8"), TCP, 8050, false),
         ],
     );
+}
+
+#[test]
+fn egress_named_ports_to_every_peer_are_each_destination_pods_own() {
+    let w = World::new(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: http-anywhere, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: cache } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: http } ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: nobody-has-it, namespace: dev }
+spec:
+  podSelector: { matchLabels: { app: tool } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: nosuch } ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: dns-anywhere, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: db } }
+  egress: [ { toPorts: [ { ports: [ { port: dns } ] } ] } ]
+"#,
+    );
+    w.check(
+        "egress named ports, every peer",
+        &[
+            // `http` is 8080 on shop/web and 80 on dev/web: each destination's own number.
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 8080, true),
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 80, false),
+            ("shop/cache", Egress, Pod("dev/web"), TCP, 80, true),
+            ("shop/cache", Egress, Pod("dev/web"), TCP, 8080, false),
+            ("shop/cache", Egress, Pod("dev/web"), UDP, 80, false),
+            // Pods without an `http` port, the node and the world get nothing.
+            ("shop/cache", Egress, Pod("shop/db"), TCP, 8080, false),
+            ("shop/cache", Egress, Pod("shop/db"), TCP, 80, false),
+            ("shop/cache", Egress, Host, TCP, 8080, false),
+            ("shop/cache", Egress, Ip("8.8.8.8"), TCP, 80, false),
+            ("shop/cache", Egress, Ip("8.8.8.8"), TCP, 8080, false),
+            // A name no pod has allows nothing at all.
+            ("dev/tool", Egress, Pod("shop/web"), TCP, 8080, false),
+            ("dev/tool", Egress, Pod("dev/web"), TCP, 80, false),
+            ("dev/tool", Egress, Ip("8.8.8.8"), TCP, 80, false),
+            // Cilium's `toPorts` without a peer: `dns` is 53/UDP on ops/dns (53/TCP is
+            // `dns-tcp`), and a port without protocol takes the named port's own.
+            ("shop/db", Egress, Pod("ops/dns"), UDP, 53, true),
+            ("shop/db", Egress, Pod("ops/dns"), TCP, 53, false),
+            ("shop/db", Egress, Pod("shop/web"), UDP, 53, false),
+            ("shop/db", Egress, Ip("8.8.8.8"), UDP, 53, false),
+            // Ingress is untouched by egress rules.
+            ("shop/cache", Ingress, Pod("dev/tool"), TCP, 5432, true),
+        ],
+    );
+}
+
+#[test]
+fn egress_named_ports_follow_the_pods_ports_and_who_has_an_identity() {
+    let mut w = World::new(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: http-anywhere, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: cache } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: http } ] } ]
+"#,
+    );
+    let web = IpNet::from("10.244.0.10".parse::<IpAddr>().unwrap());
+    let http = |port| NamedPort {
+        name: "http".into(),
+        port,
+        protocol: cellium_resources::Protocol::Tcp,
+    };
+    w.check(
+        "before",
+        &[("shop/cache", Egress, Pod("shop/web"), TCP, 8080, true)],
+    );
+
+    // The pod's `http` becomes 9090: a new revision, and the new number only.
+    let rev = w.repo.revision();
+    assert!(
+        w.ipcache
+            .set_named_ports(web, Source::Endpoint, &[http(9090)])
+    );
+    w.repo.sync_named_ports();
+    assert!(w.repo.revision() > rev);
+    w.check(
+        "the pod's port changed",
+        &[
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 9090, true),
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 8080, false),
+        ],
+    );
+
+    // A second pod with shop/web's identity names `http` 8080: the identity's pods have
+    // both numbers, and both are allowed to either (identities are the datapath's unit).
+    let twin = IpNet::from("10.244.0.13".parse::<IpAddr>().unwrap());
+    let web_id = w.pods["shop/web"].0;
+    w.ipcache.upsert(twin, web_id, Source::Endpoint).unwrap();
+    w.ipcache
+        .set_named_ports(twin, Source::Endpoint, &[http(8080)]);
+    w.repo.sync_named_ports();
+    w.check(
+        "two pods of one identity",
+        &[
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 9090, true),
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 8080, true),
+        ],
+    );
+
+    // shop/web takes another identity (relabelled): its ports go with it, the old identity
+    // keeps its other pod's.
+    let moved = w
+        .ids
+        .allocate(&Labels::for_pod(
+            "shop",
+            &[("app".to_string(), "web2".to_string())].into(),
+            &[("team".to_string(), "a".to_string())].into(),
+        ))
+        .unwrap();
+    w.repo.identity_added(&moved);
+    w.ipcache.upsert(web, moved.id, Source::Endpoint).unwrap();
+    w.repo.sync_named_ports();
+    let entry = w.pods.get_mut("shop/web").unwrap();
+    entry.0 = moved.id;
+    w.check(
+        "relabelled",
+        &[
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 9090, true),
+            ("shop/cache", Egress, Pod("shop/web"), TCP, 8080, false),
+        ],
+    );
+    assert!(allowed_to(&w, web_id, 8080) && !allowed_to(&w, web_id, 9090));
+
+    // The pod goes (its ipcache claim deleted): nothing is allowed to its old identity.
+    w.ipcache.delete(web, Source::Endpoint).unwrap();
+    w.repo.sync_named_ports();
+    assert!(!allowed_to(&w, moved.id, 9090));
+
+    // Without a rule naming a port, the ports of peers change no revision.
+    let w = World::new("");
+    let rev = w.repo.revision();
+    w.ipcache.set_named_ports(web, Source::Endpoint, &[http(1)]);
+    w.repo.sync_named_ports();
+    assert_eq!(w.repo.revision(), rev);
+}
+
+/// Whether shop/cache may open a TCP connection to `identity` on `port`.
+fn allowed_to(w: &World, identity: u32, port: u16) -> bool {
+    let (id, labels, ports) = &w.pods["shop/cache"];
+    let policy = w.repo.resolve(&Subject {
+        identity: *id,
+        labels,
+        named_ports: ports,
+    });
+    let entries = compile(7, &policy.rules).unwrap();
+    decide(&entries, Egress, identity, TCP, port).passes(policy.egress_enforced)
 }
 
 #[test]

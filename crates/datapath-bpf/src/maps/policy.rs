@@ -1,10 +1,13 @@
 //! `cel_policy`: per-endpoint allow/deny entries, an LPM trie over
 //! (endpoint, direction, identity, protocol, port prefix).
 //!
-//! Trap: within one identity the longest entry decides, so a broad deny
-//! written next to a narrower allow loses to it. Build entries with
-//! [`crate::policy_rules::compile`], which resolves such overlaps, and write
-//! them with [`PolicyMap::sync_endpoint`].
+//! The entries are the policy model's ([`cellium_policy::PolicyEntry`]); this
+//! module encodes them as the map's keys. Trap: within one identity the
+//! longest entry decides, so a broad deny written next to a narrower allow
+//! loses to it. Build entries with [`compile_policy`], which resolves such
+//! overlaps, and write them with [`PolicyMap::sync_endpoint`].
+
+use cellium_policy::{Decision, L4Match, PolicyEntry, PolicyRule, Verdict, block_mask};
 
 use crate::abi::{PolicyKey, PolicyValue};
 use crate::error::{Error, Result};
@@ -18,109 +21,62 @@ const PREFIX_ANY_PROTO: u32 = 64;
 const PREFIX_ANY_PORT: u32 = 80;
 const PREFIX_FULL: u32 = 96;
 
-/// What an entry matches below (endpoint, direction, identity).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum L4Match {
-    /// Every protocol and port.
-    Any,
-    /// One protocol, every port.
-    Protocol(Protocol),
-    /// A block of `2^(16 - prefix_bits)` ports starting at `port` (aligned).
-    PortBlock {
-        /// The protocol.
-        protocol: Protocol,
-        /// First port of the block.
-        port: u16,
-        /// Leading port bits that must match, 1..=16 (16 = one port).
-        prefix_bits: u8,
-    },
+/// Compiles an endpoint's rules into the entries of its policy map
+/// ([`cellium_policy::compile`]), with this crate's error.
+pub fn compile_policy(
+    endpoint_id: u16,
+    rules: &[PolicyRule],
+) -> Result<Vec<(PolicyEntry, Verdict)>> {
+    cellium_policy::compile(endpoint_id, rules).map_err(Error::Policy)
 }
 
-/// Allow or deny.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Verdict {
-    /// Allow the connection.
-    Allow,
-    /// Deny the connection (wins over any allow).
-    Deny,
-}
-
-/// One policy map entry's key, typed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyEntry {
-    /// The endpoint the entry belongs to.
-    pub endpoint_id: u16,
-    /// Traffic direction relative to the endpoint.
-    pub direction: Direction,
-    /// The peer identity; 0 = any identity.
-    pub identity: u32,
-    /// Protocol and ports.
-    pub l4: L4Match,
-}
-
-/// What the datapath would decide for a new connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// An allow entry matched and no deny did.
-    Allowed,
-    /// A deny entry matched.
-    Denied,
-    /// Nothing matched: denied if the endpoint enforces the direction.
-    NoMatch,
-}
-
-impl PolicyEntry {
-    fn key(&self) -> PolicyKey {
-        let (prefixlen, protocol, dport) = match self.l4 {
-            L4Match::Any => (PREFIX_ANY_PROTO, 0, 0),
-            L4Match::Protocol(p) => (PREFIX_ANY_PORT, p.number(), 0),
-            L4Match::PortBlock {
-                protocol,
-                port,
-                prefix_bits,
-            } => {
-                let bits = u32::from(prefix_bits.clamp(1, 16));
-                let mask = (0xffff_u32 << (16 - bits)) as u16;
-                (
-                    PREFIX_ANY_PORT + bits,
-                    protocol.number(),
-                    (port & mask).to_be(),
-                )
-            }
-        };
-        PolicyKey {
-            prefixlen,
-            endpoint_id: self.endpoint_id,
-            direction: self.direction.as_u8(),
-            pad1: 0,
-            identity: self.identity,
+/// The map key of an entry.
+fn key_of(entry: &PolicyEntry) -> PolicyKey {
+    let (prefixlen, protocol, dport) = match entry.l4 {
+        L4Match::Any => (PREFIX_ANY_PROTO, 0, 0),
+        L4Match::Protocol(p) => (PREFIX_ANY_PORT, p.number(), 0),
+        L4Match::PortBlock {
             protocol,
-            pad2: 0,
-            dport,
-        }
+            port,
+            prefix_bits,
+        } => (
+            PREFIX_ANY_PORT + u32::from(prefix_bits.clamp(1, 16)),
+            protocol.number(),
+            (port & block_mask(prefix_bits)).to_be(),
+        ),
+    };
+    PolicyKey {
+        prefixlen,
+        endpoint_id: entry.endpoint_id,
+        direction: entry.direction.as_u8(),
+        pad1: 0,
+        identity: entry.identity,
+        protocol,
+        pad2: 0,
+        dport,
     }
+}
 
-    fn from_key(key: &PolicyKey) -> Result<Self> {
-        let bad = |why: &str| Error::invalid(format!("policy key {key:?}"), why.to_owned());
-        let direction =
-            Direction::from_u8(key.direction).ok_or_else(|| bad("unknown direction"))?;
-        let l4 = match key.prefixlen {
-            PREFIX_ANY_PROTO => L4Match::Any,
-            PREFIX_ANY_PORT => L4Match::Protocol(Protocol::from(key.protocol)),
-            n if n > PREFIX_ANY_PORT && n <= PREFIX_FULL => L4Match::PortBlock {
-                protocol: Protocol::from(key.protocol),
-                port: u16::from_be(key.dport),
-                prefix_bits: (n - PREFIX_ANY_PORT) as u8,
-            },
-            _ => return Err(bad("prefix length outside 64..=96")),
-        };
-        Ok(Self {
-            endpoint_id: key.endpoint_id,
-            direction,
-            identity: key.identity,
-            l4,
-        })
-    }
+/// The entry a map key stands for.
+fn entry_of(key: &PolicyKey) -> Result<PolicyEntry> {
+    let bad = |why: &str| Error::invalid(format!("policy key {key:?}"), why.to_owned());
+    let direction = Direction::from_u8(key.direction).ok_or_else(|| bad("unknown direction"))?;
+    let l4 = match key.prefixlen {
+        PREFIX_ANY_PROTO => L4Match::Any,
+        PREFIX_ANY_PORT => L4Match::Protocol(Protocol::from(key.protocol)),
+        n if n > PREFIX_ANY_PORT && n <= PREFIX_FULL => L4Match::PortBlock {
+            protocol: Protocol::from(key.protocol),
+            port: u16::from_be(key.dport),
+            prefix_bits: (n - PREFIX_ANY_PORT) as u8,
+        },
+        _ => return Err(bad("prefix length outside 64..=96")),
+    };
+    Ok(PolicyEntry {
+        endpoint_id: key.endpoint_id,
+        direction,
+        identity: key.identity,
+        l4,
+    })
 }
 
 fn value_of(v: Verdict) -> PolicyValue {
@@ -163,12 +119,12 @@ impl PolicyMap {
 
     /// Writes one entry.
     pub fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
-        self.map.put(&entry.key(), &value_of(verdict))
+        self.map.put(&key_of(entry), &value_of(verdict))
     }
 
     /// Removes one entry; returns whether it existed.
     pub fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
-        self.map.delete(&entry.key())
+        self.map.delete(&key_of(entry))
     }
 
     /// Every entry of the map.
@@ -176,7 +132,7 @@ impl PolicyMap {
         self.map
             .entries()?
             .iter()
-            .map(|(k, v)| Ok((PolicyEntry::from_key(k)?, verdict_of(v))))
+            .map(|(k, v)| Ok((entry_of(k)?, verdict_of(v))))
             .collect()
     }
 
@@ -251,9 +207,10 @@ impl PolicyMap {
         Ok(self.sync_endpoint(endpoint_id, &[])?.removed)
     }
 
-    /// What the datapath decides for a new connection of `endpoint_id` in
-    /// `direction` with a peer of `identity`, by the same two kernel
-    /// lookups the programs make (the enforcement flag is not consulted).
+    /// What the map decides for a new connection of `endpoint_id` in
+    /// `direction` with a peer of `identity`: the kernel's two longest-prefix
+    /// lookups, combined as the model combines them
+    /// ([`Decision::of_lookups`]; the enforcement flag is not consulted).
     pub fn decide(
         &self,
         endpoint_id: u16,
@@ -262,11 +219,9 @@ impl PolicyMap {
         protocol: Protocol,
         dport: u16,
     ) -> Result<Decision> {
-        let dport = if protocol == Protocol::Icmp { 0 } else { dport };
-        let mut deny = false;
-        let mut allow = false;
-        for id in [identity, 0] {
-            let key = PolicyEntry {
+        let dport = if protocol.has_ports() { dport } else { 0 };
+        let lookup = |id: u32| -> Result<Option<Verdict>> {
+            let key = key_of(&PolicyEntry {
                 endpoint_id,
                 direction,
                 identity: id,
@@ -275,20 +230,10 @@ impl PolicyMap {
                     port: dport,
                     prefix_bits: 16,
                 },
-            }
-            .key();
-            if let Some(v) = self.map.get(&key)? {
-                allow = true;
-                deny |= v.deny != 0;
-            }
-        }
-        Ok(if deny {
-            Decision::Denied
-        } else if allow {
-            Decision::Allowed
-        } else {
-            Decision::NoMatch
-        })
+            });
+            Ok(self.map.get(&key)?.map(|v| verdict_of(&v)))
+        };
+        Ok(Decision::of_lookups(lookup(identity)?, lookup(0)?))
     }
 }
 
@@ -349,7 +294,7 @@ mod tests {
             },
         ];
         for e in entries {
-            assert_eq!(PolicyEntry::from_key(&e.key()).unwrap(), e);
+            assert_eq!(entry_of(&key_of(&e)).unwrap(), e);
         }
     }
 
@@ -365,7 +310,7 @@ mod tests {
                 prefix_bits: 16,
             },
         };
-        let k = e.key();
+        let k = key_of(&e);
         assert_eq!(k.prefixlen, 96);
         assert_eq!(k.dport, 80u16.to_be());
         assert_eq!(k.protocol, 6);
@@ -379,22 +324,21 @@ mod tests {
             },
             ..e
         };
-        assert_eq!(u16::from_be(b.key().dport), 1024);
-        assert_eq!(b.key().prefixlen, 86);
+        assert_eq!(u16::from_be(key_of(&b).dport), 1024);
+        assert_eq!(key_of(&b).prefixlen, 86);
     }
 
     #[test]
     fn bad_prefixes_are_rejected() {
-        let mut k = PolicyEntry {
+        let mut k = key_of(&PolicyEntry {
             endpoint_id: 1,
             direction: Direction::Egress,
             identity: 0,
             l4: L4Match::Any,
-        }
-        .key();
+        });
         k.prefixlen = 63;
-        assert!(PolicyEntry::from_key(&k).is_err());
+        assert!(entry_of(&k).is_err());
         k.prefixlen = 97;
-        assert!(PolicyEntry::from_key(&k).is_err());
+        assert!(entry_of(&k).is_err());
     }
 }

@@ -10,8 +10,8 @@
 pub mod cilium;
 pub mod network_policy;
 
-use cellium_datapath_bpf::Protocol;
 use cellium_labels::{Label, Operator, Requirement, Selector};
+use cellium_policy::Protocol;
 use cellium_resources::{CidrBlock, LabelSelector, PolicyPort, PortRef, SelectorOperator};
 use ipnet::IpNet;
 

@@ -14,8 +14,8 @@
 
 use std::sync::Arc;
 
-use cellium_datapath_bpf::{Direction, Verdict};
 use cellium_labels::{NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, Selector};
+use cellium_policy::{Direction, Verdict};
 use cellium_resources::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
 
 use crate::rule::{Enforcement, Origin, Peer, PolicyKind, Rule, RuleSet};

@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
+use crate::entry::{L4Match, PolicyEntry};
 use crate::error::{Error, Result};
-use crate::maps::policy::{L4Match, PolicyEntry, Verdict};
-use crate::types::{Direction, Protocol};
+use crate::types::{Direction, Protocol, Verdict};
 
 /// One rule of an endpoint's policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +112,10 @@ struct Group {
 }
 
 fn validate(rule: &PolicyRule) -> Result<()> {
-    let bad = |why: &str| Error::invalid(format!("policy rule {rule:?}"), why.to_owned());
+    let bad = |why: &str| Error::InvalidRule {
+        rule: format!("{rule:?}"),
+        reason: why.to_owned(),
+    };
     if let Some(ports) = &rule.ports {
         if ports.start() > ports.end() {
             return Err(bad("the port range is empty"));
@@ -211,6 +214,7 @@ pub fn compile(endpoint_id: u16, rules: &[PolicyRule]) -> Result<Vec<(PolicyEntr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::{Decision, decide};
 
     fn rule(
         identity: u32,
@@ -227,49 +231,17 @@ mod tests {
         }
     }
 
-    /// The datapath's decision over a set of entries: longest match within
-    /// each of the two lookups, deny from either wins, else allow.
-    fn decide(
+    /// The model's decision as a verdict (`None`: nothing matched).
+    fn decided(
         entries: &[(PolicyEntry, Verdict)],
         identity: u32,
         protocol: Protocol,
         port: u16,
     ) -> Option<Verdict> {
-        let longest = |id: u32| {
-            entries
-                .iter()
-                .filter(|(e, _)| e.identity == id && e.direction == Direction::Ingress)
-                .filter_map(|(e, v)| {
-                    let len = match e.l4 {
-                        L4Match::Any => 0,
-                        L4Match::Protocol(p) if p == protocol => 16,
-                        L4Match::PortBlock {
-                            protocol: p,
-                            port: base,
-                            prefix_bits,
-                        } if p == protocol => {
-                            let mask = (0xffff_u32 << (16 - u32::from(prefix_bits))) as u16;
-                            if port & mask == base & mask {
-                                16 + u32::from(prefix_bits)
-                            } else {
-                                return None;
-                            }
-                        }
-                        _ => return None,
-                    };
-                    Some((len, *v))
-                })
-                .max_by_key(|(len, _)| *len)
-                .map(|(_, v)| v)
-        };
-        let a = longest(identity);
-        let b = longest(0);
-        if a == Some(Verdict::Deny) || b == Some(Verdict::Deny) {
-            Some(Verdict::Deny)
-        } else if a.is_some() || b.is_some() {
-            Some(Verdict::Allow)
-        } else {
-            None
+        match decide(entries, Direction::Ingress, identity, protocol, port) {
+            Decision::Allowed => Some(Verdict::Allow),
+            Decision::Denied => Some(Verdict::Deny),
+            Decision::NoMatch => None,
         }
     }
 
@@ -307,7 +279,7 @@ mod tests {
                 for port in (0..=1100).chain([8079, 8080, 8081, 65534, 65535]) {
                     let port = if protocol == Protocol::Icmp { 0 } else { port };
                     assert_eq!(
-                        decide(&entries, identity, protocol, port),
+                        decided(&entries, identity, protocol, port),
                         intended(rules, identity, protocol, port),
                         "identity {identity} {protocol} port {port}: entries {entries:#?}"
                     );
