@@ -18,29 +18,32 @@
 //! and attachments no endpoint owns. Only then does the API serve CNI calls.
 
 mod config;
+mod datapath;
 mod endpoint;
+mod enforcement;
 mod error;
 mod grpc;
 mod identity;
+mod interfaces;
 mod labels;
 mod locks;
 mod manager;
 pub mod plumbing;
-mod policy;
 mod program;
 mod request;
-mod restore;
 mod store;
-mod watch;
+mod table;
+#[cfg(test)]
+mod testing;
 
 use cellium_hive::Module;
 
 pub use config::EndpointConfig;
 pub use endpoint::{Address, Endpoint, PodRef, State};
+pub use enforcement::{Enforced, EnforcedTable};
 pub use error::{Error, Result};
 pub use grpc::{EndpointService, to_proto, view};
 pub use manager::EndpointManager;
-pub use policy::{Enforced, EnforcedTable};
 pub use request::CreateRequest;
 
 /// The `endpoint-manager` module.

@@ -1,0 +1,244 @@
+//! Bringing endpoints back at start, and removing what a crash left behind.
+//!
+//! In three phases: `plan` reads the records and decides (changing nothing but IPAM
+//! reservations), the node is set up, then the plan is carried out and leftovers swept.
+
+mod plan;
+mod sweep;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use cellium_datapath_bpf::{PolicyEntry, Verdict};
+use cellium_hive::BoxError;
+use cellium_loader::Loader;
+
+use super::{Backends, EndpointManager};
+use crate::datapath::EndpointDatapath;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result, chain};
+use crate::plumbing::{self, Netlink};
+
+impl EndpointManager {
+    /// The start hook: restores the endpoints with the node's netlink connection and the
+    /// loaded datapath, setting the node up (forwarding, the router addresses) once the plan
+    /// is made; from then on the manager serves requests.
+    pub(super) async fn start(&self, loader: &Loader) -> Result<(), BoxError> {
+        let node_error = |source| Error::Plumbing {
+            endpoint: "(node setup)".into(),
+            source,
+        };
+        let node = Netlink::node().map_err(node_error)?;
+        let backends = Backends {
+            interfaces: Arc::new(node.clone()),
+            datapath: loader.datapath()?,
+        };
+        let routers: Vec<_> = self.ipam.routers().into_iter().map(|(ip, _)| ip).collect();
+        let setup = async move {
+            plumbing::setup_host(&node, &routers)
+                .await
+                .map_err(node_error)
+        };
+        let summary = self.restore(backends, setup).await?;
+        self.reporter.ok(summary);
+        Ok(())
+    }
+
+    /// Restores every finished endpoint whose pod still exists and removes the rest, then
+    /// removes interfaces, datapath entries and program attachments that no endpoint owns.
+    /// `setup_node` runs once the plan is made, before anything else changes. Returns a
+    /// one-line summary.
+    pub(crate) async fn restore(
+        &self,
+        b: Backends,
+        setup_node: impl Future<Output = Result<()>>,
+    ) -> Result<String> {
+        let plan = self.plan(&b).await?;
+        setup_node.await?;
+        // The router addresses just added are the node's: classified as host from now on.
+        self.identity.sync_host_addresses().await;
+        let _ = self.backends.set(b.clone());
+
+        let mut previous = enforced_entries(&*b.datapath);
+        let mut restored = 0;
+        let mut remove = plan.remove;
+        for ep in plan.restore {
+            let entries = previous.remove(&ep.id).unwrap_or_default();
+            match self.bring_back(&b, ep.clone(), entries) {
+                Ok(()) => restored += 1,
+                Err(e) => {
+                    // The table holds what it claimed (its identity) by now.
+                    let current = self.endpoints.get(ep.id).map_or(ep, Arc::unwrap_or_clone);
+                    remove.push((current, chain(&e)));
+                }
+            }
+        }
+        let mut removed = 0;
+        for (mut ep, why) in remove {
+            tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
+            if self.endpoints.get(ep.id).is_none() {
+                // Never claimed in this run: nothing to give back.
+                ep.identity = 0;
+            }
+            self.endpoints.insert(ep.clone());
+            if self.teardown(&b, &ep).await.is_ok() {
+                removed += 1;
+            }
+        }
+        let (leftovers, failures) = self.leftovers(&b).await;
+        for f in &failures {
+            tracing::warn!(failure = %f, "looking for leftovers");
+        }
+        let swept = self.sweep(&b, &leftovers).await;
+        for f in &swept.failures {
+            tracing::warn!(failure = %f, "removing a leftover failed");
+        }
+        self.endpoints.hold_ids(swept.held_ids.iter().copied());
+        self.identity.release_unclaimed().await;
+        self.endpoints.changed();
+        Ok(format!(
+            "{restored} endpoints restored, {removed} removed, {} leftovers swept",
+            swept.removed
+        ))
+    }
+
+    /// Restores one endpoint whose addresses are reserved again. `previous` is what the
+    /// policy map holds for it from the previous run.
+    fn bring_back(
+        &self,
+        b: &Backends,
+        mut ep: Endpoint,
+        previous: Vec<(PolicyEntry, Verdict)>,
+    ) -> Result<()> {
+        // The same labels give the same identity as before: the identity table was restored.
+        ep.identity = 0;
+        self.identity.identify(&mut ep)?;
+        self.endpoints.insert(ep.clone());
+        self.enforcement
+            .adopt(ep.id, previous, b.datapath.read_enforcement(&ep));
+        self.enforcement.enforce(&*b.datapath, &ep)?;
+        // Attaching replaces the programs of the old agent's links atomically: traffic is
+        // enforced by the old programs until the new ones take over, never by none.
+        b.datapath
+            .attach(ep.host_ifindex)
+            .map_err(|source| Error::Datapath {
+                endpoint: ep.describe(),
+                source,
+            })?;
+        if let Err(e) = self.store.save(&ep) {
+            tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "rewriting the record failed");
+        }
+        Ok(())
+    }
+}
+
+/// The policy map's entries grouped by endpoint: read once for all restored endpoints.
+fn enforced_entries(dp: &dyn EndpointDatapath) -> HashMap<u16, Vec<(PolicyEntry, Verdict)>> {
+    let mut by_endpoint: HashMap<u16, Vec<(PolicyEntry, Verdict)>> = HashMap::new();
+    for (entry, verdict) in dp.policy_entries().unwrap_or_default() {
+        by_endpoint
+            .entry(entry.endpoint_id)
+            .or_default()
+            .push((entry, verdict));
+    }
+    by_endpoint
+}
+
+#[cfg(test)]
+mod tests {
+    use cellium_ipcache::Source;
+
+    use crate::endpoint::State;
+    use crate::testing::{Harness, endpoint};
+
+    #[tokio::test]
+    async fn what_finished_is_restored_and_what_did_not_is_removed() {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        let a = h.manager.create(h.request("a")).await.unwrap();
+        let b = h.manager.create(h.request("b")).await.unwrap();
+        h.faults.fail("attach", 1);
+        h.faults.fail("teardown_pod", 1);
+        h.manager.create(h.request("c")).await.unwrap_err();
+        h.interfaces.remove_netns(&b.netns);
+
+        h.restart(&["10.244.0.0/24"]);
+        h.journal.clear();
+        let summary = h.start().await.unwrap();
+        assert!(
+            summary.starts_with("1 endpoints restored, 2 removed"),
+            "{summary}"
+        );
+        let restored = h.manager.find("a", "eth0").expect("a is back");
+        assert_eq!((restored.id, restored.state), (a.id, State::Ready));
+        assert_eq!(
+            h.owner("10.244.0.2").as_deref(),
+            Some("endpoint 1 (container a)")
+        );
+        assert!(
+            h.journal
+                .calls()
+                .contains(&format!("attach {}", a.host_ifindex))
+        );
+        assert_eq!(h.interfaces.links(), vec![a.host_ifname.clone()]);
+        assert_eq!((h.record_state(2), h.record_state(3)), (None, None));
+        assert_eq!((h.owner("10.244.0.3"), h.owner("10.244.0.4")), (None, None));
+        assert_eq!(h.datapath.entries().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn removing_a_record_leaves_what_another_endpoint_holds_at_its_address() {
+        let h = Harness::new();
+        let mut holder = endpoint(6, "holder");
+        holder.addresses[0].ip = "10.244.0.5".parse().unwrap();
+        let mut stale = endpoint(5, "stale");
+        stale.state = State::Creating;
+        h.write_record(&holder);
+        h.write_record(&stale);
+        h.datapath
+            .add_leftover("10.244.0.5".parse().unwrap(), 6, holder.host_ifindex);
+        let summary = h.start().await.unwrap();
+        assert!(
+            summary.starts_with("1 endpoints restored, 1 removed"),
+            "{summary}"
+        );
+        assert_eq!(
+            h.owner("10.244.0.5").as_deref(),
+            Some("endpoint 6 (container holder)")
+        );
+        let entry = h.datapath.entries()[&"10.244.0.5".parse().unwrap()];
+        assert_eq!(
+            entry.id, 6,
+            "the stale record's teardown left the holder's entry"
+        );
+        let (_, identity, source) = h.ipcache.lookup("10.244.0.5".parse().unwrap()).unwrap();
+        assert_eq!(
+            (identity, source),
+            (h.manager.get(6).unwrap().identity, Source::Endpoint),
+            "and its ipcache entry"
+        );
+        assert_eq!(h.interfaces.links(), vec!["lxc6".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn leftovers_are_swept_and_an_id_whose_entries_remain_is_not_handed_out() {
+        let h = Harness::new();
+        h.interfaces.add_link("lxcdead", 40);
+        h.datapath
+            .add_leftover("10.244.0.50".parse().unwrap(), 2, 40);
+        h.faults.fail("clear_policy", 1);
+        let summary = h.start().await.unwrap();
+        assert!(summary.contains("leftovers swept"), "{summary}");
+        assert!(h.interfaces.links().is_empty());
+        assert!(h.datapath.entries().is_empty() && h.datapath.attachments().is_empty());
+        assert_eq!(h.datapath.policy_ids(), [2].into(), "its clear failed");
+        let first = h.manager.create(h.request("a")).await.unwrap();
+        let second = h.manager.create(h.request("b")).await.unwrap();
+        assert_eq!(
+            (first.id, second.id),
+            (1, 3),
+            "id 2 would inherit the entries left"
+        );
+    }
+}

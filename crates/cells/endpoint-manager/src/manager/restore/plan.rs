@@ -1,0 +1,157 @@
+//! Deciding what the restore does with each record, before anything is changed.
+
+use cellium_ipam::ROUTER_OWNER;
+
+use crate::endpoint::{Endpoint, State};
+use crate::error::{Error, Result};
+use crate::manager::{Backends, EndpointManager};
+use crate::plumbing::Link;
+use crate::store::Unreadable;
+
+/// What the restore will do.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// Endpoints to bring back, with their host end's index and MAC as found now, and their
+    /// addresses reserved again.
+    pub(crate) restore: Vec<Endpoint>,
+    /// Endpoints to remove, each with why.
+    pub(crate) remove: Vec<(Endpoint, String)>,
+    /// Records that could not be read.
+    pub(crate) unreadable: Vec<Unreadable>,
+}
+
+/// Why a record is not restored, or `None` when it is: from its state and from whether its
+/// pod's network namespace and its host end still exist.
+pub(crate) fn verdict(ep: &Endpoint, netns_exists: bool, host: Option<&Link>) -> Option<String> {
+    match ep.state {
+        State::Creating => Some("its creation never finished".into()),
+        State::Ready if !netns_exists => Some(format!(
+            "its network namespace {} is gone",
+            ep.netns.display()
+        )),
+        State::Ready if host.is_none() => Some(format!("its interface {} is gone", ep.host_ifname)),
+        State::Ready => None,
+    }
+}
+
+/// Why an address cannot be reserved again for a restored endpoint.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The configured pod CIDRs do not cover it (or it is their network, broadcast or router
+    /// address now).
+    OutsidePodCidr(String),
+    /// Another restored endpoint holds it.
+    Taken(String),
+}
+
+impl EndpointManager {
+    /// Reads the records and decides, for each, whether it is restored or removed. Nothing is
+    /// changed but IPAM: the addresses of the endpoints to restore are reserved again (those
+    /// of the endpoints to remove too, when free, so that their teardown finds them its own).
+    pub(crate) async fn plan(&self, b: &Backends) -> Result<Plan> {
+        let loaded = self.store.load()?;
+        let mut plan = Plan {
+            unreadable: loaded.unreadable,
+            ..Plan::default()
+        };
+        for u in &plan.unreadable {
+            tracing::error!(file = %u.file, reason = %u.reason, "unreadable endpoint record");
+        }
+        for mut ep in loaded.records {
+            let netns_exists = b.interfaces.netns_exists(&ep.netns);
+            let host = if ep.state == State::Ready && netns_exists {
+                b.interfaces
+                    .find_link(&ep.host_ifname)
+                    .await
+                    .map_err(|source| Error::Plumbing {
+                        endpoint: ep.describe(),
+                        source,
+                    })?
+            } else {
+                None
+            };
+            match verdict(&ep, netns_exists, host.as_ref()) {
+                Some(why) => plan.remove.push((ep, why)),
+                None => {
+                    if let Some(link) = host {
+                        ep.host_ifindex = link.index;
+                        ep.host_mac = link.mac;
+                    }
+                    plan.restore.push(ep);
+                }
+            }
+        }
+        let candidates = std::mem::take(&mut plan.restore);
+        for ep in candidates {
+            match self.reserve(&ep) {
+                Ok(()) => plan.restore.push(ep),
+                Err(Refusal::OutsidePodCidr(why) | Refusal::Taken(why)) => {
+                    plan.remove.push((ep, why))
+                }
+            }
+        }
+        for (ep, _) in &plan.remove {
+            let _ = self.reserve(ep);
+        }
+        Ok(plan)
+    }
+
+    /// Reserves the endpoint's addresses again, under its name; all of them or none.
+    pub(crate) fn reserve(&self, ep: &Endpoint) -> Result<(), Refusal> {
+        let owner = ep.describe();
+        let mut taken = Vec::new();
+        for addr in &ep.addresses {
+            let refusal = match self.ipam.allocate(addr.ip, &owner) {
+                Ok(_) => {
+                    taken.push(addr.ip);
+                    continue;
+                }
+                Err(e @ cellium_ipam::Error::InUse { .. })
+                    if self.ipam.owner(addr.ip).as_deref() != Some(ROUTER_OWNER) =>
+                {
+                    Refusal::Taken(format!("its address cannot be reserved again: {e}"))
+                }
+                Err(e) => Refusal::OutsidePodCidr(format!(
+                    "its address {} is not usable in the configured pod CIDRs: {e}",
+                    addr.ip
+                )),
+            };
+            for ip in taken {
+                self.ipam.release(ip);
+            }
+            return Err(refusal);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::endpoint;
+
+    fn link() -> Link {
+        Link {
+            index: 9,
+            mac: [2, 0, 0, 0, 0, 9],
+            mtu: 1500,
+            up: true,
+        }
+    }
+
+    #[test]
+    fn only_ready_records_whose_pod_and_interface_exist_are_restored() {
+        let mut ep = endpoint(7, "c7");
+        assert_eq!(verdict(&ep, true, Some(&link())), None);
+        let gone = verdict(&ep, false, None).unwrap();
+        assert!(
+            gone.contains("network namespace /run/netns/c7 is gone"),
+            "{gone}"
+        );
+        let gone = verdict(&ep, true, None).unwrap();
+        assert!(gone.contains("interface lxc7 is gone"), "{gone}");
+        ep.state = State::Creating;
+        let half = verdict(&ep, true, Some(&link())).unwrap();
+        assert!(half.contains("creation never finished"), "{half}");
+    }
+}
