@@ -232,6 +232,7 @@ pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
     let (state, message) = match ep.state {
         State::Creating => (EndpointState::Pending, "being created"),
         State::Ready => (EndpointState::Ready, ""),
+        State::Deleting => (EndpointState::Deleting, "being deleted"),
     };
     v1::Endpoint {
         id: u32::from(ep.id),

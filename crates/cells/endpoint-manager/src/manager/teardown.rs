@@ -246,7 +246,12 @@ mod tests {
         h.start().await.unwrap();
         let ep = h.manager.create(h.request("a")).await.unwrap();
         let aside = h.break_records();
-        let err = h.manager.delete("a", "eth0").await.unwrap_err().to_string();
+        let err = h
+            .manager
+            .teardown(&h.backends(), &ep)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("record: "), "{err}");
         assert!(h.interfaces.links().is_empty(), "the kernel steps ran");
         assert_eq!(

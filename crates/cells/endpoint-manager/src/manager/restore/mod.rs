@@ -16,7 +16,7 @@ use cellium_loader::Loader;
 
 use super::{Backends, EndpointManager};
 use crate::datapath::EndpointDatapath;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, State};
 use crate::error::{Error, Result, chain};
 use crate::plumbing::{self, Netlink};
 
@@ -81,9 +81,26 @@ impl EndpointManager {
                 // Never claimed in this run: nothing to give back.
                 ep.identity = 0;
             }
+            // Known to the table whatever happens next: the sweep keeps what is its own, and
+            // a DEL finds it.
             self.endpoints.insert(ep.clone());
-            if self.teardown(&b, &ep).await.is_ok() {
-                removed += 1;
+            match self.remove(&b, &ep).await {
+                Ok(()) => removed += 1,
+                // Its deletion could not be recorded, so nothing was touched: it waits, out
+                // of regeneration, for a DEL or the next restart.
+                Err(e @ Error::State { .. }) => {
+                    self.endpoints.update(&ep, |e| e.state = State::Deleting);
+                    self.removals.failed(
+                        ep.id,
+                        format!(
+                            "{}: cannot record its removal ({why}): {}",
+                            ep.describe(),
+                            chain(&e)
+                        ),
+                    );
+                }
+                // The teardown reported itself.
+                Err(_) => {}
             }
         }
         let (leftovers, failures) = self.leftovers(&b).await;
@@ -149,7 +166,7 @@ fn enforced_entries(dp: &dyn EndpointDatapath) -> HashMap<u16, Vec<(PolicyEntry,
 mod tests {
     use cellium_ipcache::Source;
 
-    use crate::endpoint::State;
+    use super::*;
     use crate::testing::{Harness, endpoint};
 
     #[tokio::test]

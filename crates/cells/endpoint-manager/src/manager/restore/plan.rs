@@ -25,6 +25,7 @@ pub(crate) struct Plan {
 pub(crate) fn verdict(ep: &Endpoint, netns_exists: bool, host: Option<&Link>) -> Option<String> {
     match ep.state {
         State::Creating => Some("its creation never finished".into()),
+        State::Deleting => Some("its deletion never finished".into()),
         State::Ready if !netns_exists => Some(format!(
             "its network namespace {} is gone",
             ep.netns.display()
@@ -153,5 +154,8 @@ mod tests {
         ep.state = State::Creating;
         let half = verdict(&ep, true, Some(&link())).unwrap();
         assert!(half.contains("creation never finished"), "{half}");
+        ep.state = State::Deleting;
+        let half = verdict(&ep, true, Some(&link())).unwrap();
+        assert!(half.contains("deletion never finished"), "{half}");
     }
 }
