@@ -482,6 +482,7 @@ pub(crate) struct Harness {
     pub(crate) identities: Arc<Identities>,
     pub(crate) ipcache: Arc<Ipcache>,
     pub(crate) resources: Arc<Resources>,
+    pub(crate) policy: Arc<PolicyRepository>,
     pub(crate) dir: tempfile::TempDir,
     state_dir: Arc<StateDir>,
     health: Health,
@@ -520,16 +521,19 @@ impl Harness {
         let ipcache = Ipcache::in_memory();
         let resources = Resources::new();
         let state_dir = Arc::new(StateDir::open_at(dir.path()).expect("a state directory"));
+        let policy = Arc::new(PolicyRepository::with_parts(identities.clone(), None, None));
         Harness {
-            manager: make_manager(
-                &cfg,
-                &ipam,
-                &resources,
-                &state_dir,
-                &identities,
-                &ipcache,
-                &reporter,
-            ),
+            manager: Arc::new(EndpointManager::with_parts(Parts {
+                cfg: Config::new(cfg.clone()),
+                ipam: ipam.clone(),
+                resources: resources.clone(),
+                state_dir: state_dir.clone(),
+                identities: identities.clone(),
+                ipcache: ipcache.clone(),
+                policy: policy.clone(),
+                reporter: reporter.clone(),
+            })),
+            policy,
             interfaces,
             datapath,
             journal,
@@ -549,15 +553,16 @@ impl Harness {
     /// A new manager over the harness's IPAM, identities, ipcache, resources, state directory
     /// and fakes.
     fn rebuild(&mut self) {
-        self.manager = make_manager(
-            &self.cfg,
-            &self.ipam,
-            &self.resources,
-            &self.state_dir,
-            &self.identities,
-            &self.ipcache,
-            &self.reporter,
-        );
+        self.manager = Arc::new(EndpointManager::with_parts(Parts {
+            cfg: Config::new(self.cfg.clone()),
+            ipam: self.ipam.clone(),
+            resources: self.resources.clone(),
+            state_dir: self.state_dir.clone(),
+            identities: self.identities.clone(),
+            ipcache: self.ipcache.clone(),
+            policy: self.policy.clone(),
+            reporter: self.reporter.clone(),
+        }));
     }
 
     /// The backends the manager writes through.
@@ -585,6 +590,11 @@ impl Harness {
         self.ipam = Arc::new(Ipam::with_pools(&pools, "config").expect("valid pools"));
         self.identities = Identities::in_memory();
         self.ipcache = Ipcache::in_memory();
+        self.policy = Arc::new(PolicyRepository::with_parts(
+            self.identities.clone(),
+            None,
+            None,
+        ));
         self.rebuild();
     }
 
@@ -698,27 +708,6 @@ impl Harness {
             .node(&id)
             .map(|n| (n.status.level, n.status.message))
     }
-}
-
-fn make_manager(
-    cfg: &EndpointConfig,
-    ipam: &Arc<Ipam>,
-    resources: &Arc<Resources>,
-    state_dir: &Arc<StateDir>,
-    identities: &Arc<Identities>,
-    ipcache: &Arc<Ipcache>,
-    reporter: &Reporter,
-) -> Arc<EndpointManager> {
-    Arc::new(EndpointManager::with_parts(Parts {
-        cfg: Config::new(cfg.clone()),
-        ipam: ipam.clone(),
-        resources: resources.clone(),
-        state_dir: state_dir.clone(),
-        identities: identities.clone(),
-        ipcache: ipcache.clone(),
-        policy: Arc::new(PolicyRepository::with_parts(identities.clone(), None, None)),
-        reporter: reporter.clone(),
-    }))
 }
 
 /// The reporter of a module `endpoint-manager` of a hive that only exists for it.

@@ -2,7 +2,7 @@
 //!
 //! The manager composes components that keep their own state: the in-memory table
 //! ([`Endpoints`]), the records on disk ([`Store`]), identities ([`Identifier`]), what the
-//! datapath enforces ([`Enforcement`]), and the two
+//! datapath enforces ([`Enforcement`]), what regenerations still owe ([`Regeneration`]), and the two
 //! backends it writes through ([`Interfaces`], [`EndpointDatapath`]). The flows live in the
 //! submodules, one concept each: `create`, `delete`, `teardown` (the one removal every flow
 //! uses), `regenerate`, `restore`. See `docs/endpoints.md` for the states and the order of
@@ -10,7 +10,7 @@
 
 mod create;
 mod delete;
-mod regenerate;
+pub(crate) mod regenerate;
 mod restore;
 mod teardown;
 
@@ -36,6 +36,7 @@ use crate::interfaces::Interfaces;
 use crate::store::Store;
 use crate::table::Endpoints;
 
+use regenerate::Regeneration;
 use teardown::Removals;
 
 /// What the manager writes through, set once the node and the datapath are ready (at start).
@@ -67,6 +68,7 @@ pub struct EndpointManager {
     endpoints: Endpoints,
     identity: Identifier,
     enforcement: Enforcement,
+    regeneration: Regeneration,
     removals: Removals,
     reporter: Reporter,
     backends: OnceLock<Backends>,
@@ -138,6 +140,7 @@ impl EndpointManager {
                 parts.ipcache,
             ),
             enforcement: Enforcement::new(parts.policy, parts.resources),
+            regeneration: Regeneration::default(),
             removals: Removals::new(parts.reporter.child("removals")),
             reporter: parts.reporter,
             backends: OnceLock::new(),

@@ -61,19 +61,12 @@ impl EndpointManager {
         let _ = self.backends.set(b.clone());
 
         let mut previous = enforced_entries(&*b.datapath);
-        let mut restored = 0;
-        let mut remove = plan.remove;
+        let restored = plan.restore.len();
         for ep in plan.restore {
             let entries = previous.remove(&ep.id).unwrap_or_default();
-            match self.bring_back(&b, ep.clone(), entries) {
-                Ok(()) => restored += 1,
-                Err(e) => {
-                    // The table holds what it claimed (its identity) by now.
-                    let current = self.endpoints.get(ep.id).map_or(ep, Arc::unwrap_or_clone);
-                    remove.push((current, chain(&e)));
-                }
-            }
+            self.bring_back(&b, ep, entries);
         }
+        let remove = plan.remove;
         let mut removed = 0;
         for (mut ep, why) in remove {
             tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
@@ -122,31 +115,27 @@ impl EndpointManager {
 
     /// Restores one endpoint whose addresses are reserved again. `previous` is what the
     /// policy map holds for it from the previous run.
-    fn bring_back(
-        &self,
-        b: &Backends,
-        mut ep: Endpoint,
-        previous: Vec<(PolicyEntry, Verdict)>,
-    ) -> Result<()> {
-        // The same labels give the same identity as before: the identity table was restored.
+    ///
+    /// It is restored whatever fails from here on: its pod exists, and the previous agent's
+    /// programs and entries keep enforcing its old policy. What fails (its identity, policy,
+    /// programs or record) is retried by the `regenerate` job until it succeeds, and named on
+    /// the module's health meanwhile.
+    fn bring_back(&self, b: &Backends, mut ep: Endpoint, previous: Vec<(PolicyEntry, Verdict)>) {
+        // Claimed again by its regeneration: the same labels give the same identity as
+        // before, since the identity table was restored.
         ep.identity = 0;
-        self.identity.identify(&mut ep)?;
-        self.endpoints.insert(ep.clone());
         self.enforcement
             .adopt(ep.id, previous, b.datapath.read_enforcement(&ep));
-        self.enforcement.enforce(&*b.datapath, &ep)?;
         // Attaching replaces the programs of the old agent's links atomically: traffic is
         // enforced by the old programs until the new ones take over, never by none.
-        b.datapath
-            .attach(ep.host_ifindex)
-            .map_err(|source| Error::Datapath {
-                endpoint: ep.describe(),
-                source,
-            })?;
-        if let Err(e) = self.store.save(&ep) {
-            tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "rewriting the record failed");
+        self.regeneration.needs_attach(ep.id);
+        self.regeneration.needs_save(ep.id);
+        let ep = Arc::new(ep);
+        self.endpoints.insert(Endpoint::clone(&ep));
+        if let Err(e) = self.regenerate(b, &ep) {
+            tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "restored endpoint not regenerated yet; retrying");
+            self.regeneration.trigger.trigger();
         }
-        Ok(())
     }
 }
 
