@@ -5,6 +5,7 @@
 //! and sweep are unit-tested against a recording one that fails on demand
 //! (`crate::testing`), and end to end against the kernel under `integration/`.
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use futures::future::BoxFuture;
@@ -34,6 +35,10 @@ pub(crate) trait Interfaces: Send + Sync {
     /// Every link of the node named like a host end, as (name, index).
     fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>>;
 
+    /// Every route of the node to a single address through an interface, as (address,
+    /// interface index).
+    fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>>;
+
     /// Whether `path` names a network namespace that still exists.
     fn netns_exists(&self, path: &Path) -> bool;
 }
@@ -61,6 +66,10 @@ impl Interfaces for Netlink {
 
     fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>> {
         Box::pin(plumbing::host_links(&self.handle))
+    }
+
+    fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>> {
+        Box::pin(plumbing::host_routes(self))
     }
 
     fn netns_exists(&self, path: &Path) -> bool {

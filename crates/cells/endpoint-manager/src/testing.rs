@@ -144,6 +144,8 @@ struct Node {
     links: BTreeMap<String, Link>,
     /// Pods' network namespaces.
     netns: BTreeSet<PathBuf>,
+    /// Routes to pods: (address, host end's index).
+    routes: Vec<(IpAddr, u32)>,
     next_index: u32,
 }
 
@@ -156,6 +158,11 @@ impl FakeInterfaces {
     /// Makes a pod network namespace disappear.
     pub(crate) fn remove_netns(&self, path: &Path) {
         lock(&self.state).netns.remove(path);
+    }
+
+    /// Adds a route to a pod through host end `index`, as a previous run would have left it.
+    pub(crate) fn add_route(&self, ip: IpAddr, index: u32) {
+        lock(&self.state).routes.push((ip, index));
     }
 
     /// Adds a host end, as a previous run would have left it.
@@ -208,6 +215,9 @@ impl Interfaces for FakeInterfaces {
             node.next_index += 1;
             let host = link(node.next_index);
             node.links.insert(net.host_ifname.clone(), host.clone());
+            for (ip, _) in &net.addresses {
+                node.routes.push((*ip, host.index));
+            }
             Ok(PodInterface { host, pod: link(2) })
         })
     }
@@ -215,7 +225,12 @@ impl Interfaces for FakeInterfaces {
     fn teardown_pod<'a>(&'a self, host_ifname: &'a str) -> BoxFuture<'a, plumbing::Result<bool>> {
         Box::pin(async move {
             self.fault("teardown_pod", host_ifname)?;
-            Ok(lock(&self.state).links.remove(host_ifname).is_some())
+            let mut node = lock(&self.state);
+            let Some(gone) = node.links.remove(host_ifname) else {
+                return Ok(false);
+            };
+            node.routes.retain(|(_, i)| *i != gone.index);
+            Ok(true)
         })
     }
 
@@ -252,6 +267,13 @@ impl Interfaces for FakeInterfaces {
                 .iter()
                 .map(|(n, l)| (n.clone(), l.index))
                 .collect())
+        })
+    }
+
+    fn host_routes(&self) -> BoxFuture<'_, plumbing::Result<Vec<(IpAddr, u32)>>> {
+        Box::pin(async move {
+            self.fault("host_routes", "")?;
+            Ok(lock(&self.state).routes.clone())
         })
     }
 

@@ -54,7 +54,7 @@ impl EndpointManager {
         b: Backends,
         setup_node: impl Future<Output = Result<()>>,
     ) -> Result<String> {
-        let plan = self.plan(&b).await?;
+        let mut plan = self.plan(&b).await?;
         setup_node.await?;
         // The router addresses just added are the node's: classified as host from now on.
         self.identity.sync_host_addresses().await;
@@ -62,13 +62,12 @@ impl EndpointManager {
 
         let mut previous = enforced_entries(&*b.datapath);
         let restored = plan.restore.len();
-        for ep in plan.restore {
+        for ep in std::mem::take(&mut plan.restore) {
             let entries = previous.remove(&ep.id).unwrap_or_default();
             self.bring_back(&b, ep, entries);
         }
-        let remove = plan.remove;
         let mut removed = 0;
-        for (mut ep, why) in remove {
+        for (mut ep, why) in std::mem::take(&mut plan.remove) {
             tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
             if self.endpoints.get(ep.id).is_none() {
                 // Never claimed in this run: nothing to give back.
@@ -96,20 +95,49 @@ impl EndpointManager {
                 Err(_) => {}
             }
         }
-        let (leftovers, failures) = self.leftovers(&b).await;
-        for f in &failures {
-            tracing::warn!(failure = %f, "looking for leftovers");
+        let (leftovers, mut problems) = self.leftovers(&b).await;
+        let last = match plan.unknown() {
+            // What no readable record accounts for may be an unreadable one's: nothing is
+            // removed, and its addresses and ids are kept from new pods.
+            Some(unknown) => {
+                let kept = self.keep(&b, &leftovers, &plan.unreadable).await;
+                problems.extend(kept.failures.iter().cloned());
+                problems.insert(
+                    0,
+                    format!(
+                        "{unknown}: kept what no readable record accounts for ({}), swept nothing, released no identity or ipcache entry of the previous run; repair or remove what cannot be read and restart the agent",
+                        kept.describe()
+                    ),
+                );
+                "sweep skipped: endpoint records cannot be read".to_string()
+            }
+            None => {
+                let swept = self.sweep(&b, &leftovers).await;
+                problems.extend(
+                    swept
+                        .failures
+                        .iter()
+                        .map(|f| format!("leftover not removed: {f}")),
+                );
+                self.endpoints.hold_ids(swept.held_ids.iter().copied());
+                // Every endpoint has claimed its identity and addresses again: what nobody
+                // claimed is the previous run's and goes now.
+                self.identity.release_unclaimed().await;
+                format!("{} leftovers swept", swept.removed)
+            }
+        };
+        let restore = self.reporter.child("restore");
+        if problems.is_empty() {
+            restore.ok("every record read, every leftover removed");
+        } else {
+            for p in &problems {
+                tracing::error!(problem = %p, "restoring endpoints");
+            }
+            restore.degraded(problems.join(" | "));
         }
-        let swept = self.sweep(&b, &leftovers).await;
-        for f in &swept.failures {
-            tracing::warn!(failure = %f, "removing a leftover failed");
-        }
-        self.endpoints.hold_ids(swept.held_ids.iter().copied());
-        self.identity.release_unclaimed().await;
         self.endpoints.changed();
         Ok(format!(
-            "{restored} endpoints restored, {removed} removed, {} leftovers swept",
-            swept.removed
+            "{restored} endpoints restored, {removed} removed, {last}"
         ))
     }
 
@@ -153,6 +181,7 @@ fn enforced_entries(dp: &dyn EndpointDatapath) -> HashMap<u16, Vec<(PolicyEntry,
 
 #[cfg(test)]
 mod tests {
+    use cellium_hive::Level;
     use cellium_ipcache::Source;
 
     use super::*;
@@ -239,12 +268,112 @@ mod tests {
         assert!(h.interfaces.links().is_empty());
         assert!(h.datapath.entries().is_empty() && h.datapath.attachments().is_empty());
         assert_eq!(h.datapath.policy_ids(), [2].into(), "its clear failed");
+        let (level, message) = h.health("restore").unwrap();
+        assert_eq!(level, Level::Degraded);
+        assert!(
+            message.contains("leftover not removed: policy entries of endpoint id 2: "),
+            "{message}"
+        );
         let first = h.manager.create(h.request("a")).await.unwrap();
         let second = h.manager.create(h.request("b")).await.unwrap();
         assert_eq!(
             (first.id, second.id),
             (1, 3),
             "id 2 would inherit the entries left"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_record_keeps_what_may_be_its_own_and_degrades_the_module() {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        let a = h.manager.create(h.request("a")).await.unwrap();
+        let b = h
+            .manager
+            .create(h.pod_request("b", "b", "web"))
+            .await
+            .unwrap();
+        let b_ip = b.addresses[0].ip;
+        h.restart(&["10.244.0.0/24"]);
+        let file = h.dir.path().join("endpoints/2.json");
+        std::fs::write(&file, b"{ not json").unwrap();
+        // And a host end with a route to a pod, as a create cut short would leave it.
+        h.interfaces.add_link("lxcorphan", 50);
+        h.interfaces.add_route("10.244.0.60".parse().unwrap(), 50);
+
+        let summary = h.start().await.unwrap();
+        assert!(
+            summary.starts_with("1 endpoints restored, 0 removed, sweep skipped"),
+            "{summary}"
+        );
+        assert_eq!(h.manager.find("a", "eth0").unwrap().id, a.id);
+        assert!(
+            h.interfaces.links().contains(&b.host_ifname),
+            "b's pod keeps its link"
+        );
+        assert!(h.interfaces.links().contains(&"lxcorphan".to_string()));
+        assert_eq!(
+            h.datapath.entries()[&b_ip].id,
+            b.id,
+            "and its datapath entry"
+        );
+        assert!(
+            h.datapath.attachments().contains(&b.host_ifindex),
+            "and its programs"
+        );
+        assert_eq!(
+            h.owner(&b_ip.to_string()).as_deref(),
+            Some("endpoint 2 (record unreadable)")
+        );
+        assert_eq!(
+            h.owner("10.244.0.60").as_deref(),
+            Some("endpoint on lxcorphan (record unreadable)")
+        );
+        let (level, message) = h.health("restore").unwrap();
+        assert_eq!(level, Level::Degraded, "{message}");
+        assert!(
+            message
+                .contains("endpoint record endpoints/2.json cannot be read (key must be a string"),
+            "{message}"
+        );
+        assert!(
+            message.contains("2 interface(s), 2 address(es)"),
+            "{message}"
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            b"{ not json",
+            "left for a person"
+        );
+
+        let c = h.manager.create(h.request("c")).await.unwrap();
+        assert_ne!(c.id, b.id, "b's id is held: c would overwrite b's record");
+        assert_ne!(c.addresses[0].ip, b_ip);
+    }
+
+    #[tokio::test]
+    async fn records_that_cannot_be_listed_restore_nothing_and_remove_nothing() {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        let a = h.manager.create(h.request("a")).await.unwrap();
+        h.restart(&["10.244.0.0/24"]);
+        let _aside = h.break_records();
+        let summary = h.start().await.unwrap();
+        assert!(
+            summary.starts_with("0 endpoints restored, 0 removed, sweep skipped"),
+            "{summary}"
+        );
+        assert_eq!(h.interfaces.links(), vec![a.host_ifname.clone()]);
+        assert_eq!(h.datapath.entries().len(), 1);
+        assert_eq!(
+            h.owner("10.244.0.2").as_deref(),
+            Some("endpoint 1 (record unreadable)")
+        );
+        let (level, message) = h.health("restore").unwrap();
+        assert_eq!(level, Level::Degraded);
+        assert!(
+            message.starts_with("endpoint records cannot be listed ("),
+            "{message}"
         );
     }
 }

@@ -3,7 +3,7 @@
 use cellium_ipam::ROUTER_OWNER;
 
 use crate::endpoint::{Endpoint, State};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, chain};
 use crate::manager::{Backends, EndpointManager};
 use crate::plumbing::Link;
 use crate::store::Unreadable;
@@ -18,6 +18,24 @@ pub(crate) struct Plan {
     pub(crate) remove: Vec<(Endpoint, String)>,
     /// Records that could not be read.
     pub(crate) unreadable: Vec<Unreadable>,
+    /// Why the records could not be listed at all, if they could not.
+    pub(crate) unlisted: Option<String>,
+}
+
+impl Plan {
+    /// Why some of what the node holds may belong to endpoints the agent cannot know, if it
+    /// may: a record that cannot be read, or records that cannot be listed.
+    pub(crate) fn unknown(&self) -> Option<String> {
+        if let Some(why) = &self.unlisted {
+            return Some(format!("endpoint records cannot be listed ({why})"));
+        }
+        let each: Vec<String> = self
+            .unreadable
+            .iter()
+            .map(|u| format!("endpoint record {} cannot be read ({})", u.file, u.reason))
+            .collect();
+        (!each.is_empty()).then(|| each.join(", "))
+    }
 }
 
 /// Why a record is not restored, or `None` when it is: from its state and from whether its
@@ -50,7 +68,17 @@ impl EndpointManager {
     /// changed but IPAM: the addresses of the endpoints to restore are reserved again (those
     /// of the endpoints to remove too, when free, so that their teardown finds them its own).
     pub(crate) async fn plan(&self, b: &Backends) -> Result<Plan> {
-        let loaded = self.store.load()?;
+        let loaded = match self.store.load() {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let why = chain(&e);
+                tracing::error!(error = %why, "endpoint records cannot be listed: nothing restored, nothing removed");
+                return Ok(Plan {
+                    unlisted: Some(why),
+                    ..Plan::default()
+                });
+            }
+        };
         let mut plan = Plan {
             unreadable: loaded.unreadable,
             ..Plan::default()

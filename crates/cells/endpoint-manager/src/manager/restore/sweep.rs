@@ -10,6 +10,7 @@ use cellium_datapath_bpf::EndpointInfo;
 use crate::endpoint::Endpoint;
 use crate::error::chain;
 use crate::manager::{Backends, EndpointManager};
+use crate::store::Unreadable;
 
 /// What the node holds that no known endpoint accounts for.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -55,6 +56,43 @@ impl Leftovers {
                 .collect(),
         }
     }
+
+    /// The endpoint ids these hold.
+    pub(crate) fn ids(&self) -> BTreeSet<u16> {
+        self.entries
+            .iter()
+            .map(|(_, info)| info.id)
+            .chain(self.policy.iter().copied())
+            .collect()
+    }
+}
+
+/// What was kept of the leftovers because records could not be read.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    /// Host ends kept.
+    pub(crate) links: usize,
+    /// Addresses reserved in IPAM.
+    pub(crate) addresses: BTreeSet<IpAddr>,
+    /// Endpoint ids held back from new endpoints.
+    pub(crate) ids: BTreeSet<u16>,
+    /// What could not be read, with why.
+    pub(crate) failures: Vec<String>,
+}
+
+impl Kept {
+    /// `1 interface, 1 address (10.244.0.3), endpoint ids 2`.
+    pub(crate) fn describe(&self) -> String {
+        let ips: Vec<String> = self.addresses.iter().map(IpAddr::to_string).collect();
+        let ids: Vec<String> = self.ids.iter().map(u16::to_string).collect();
+        format!(
+            "{} interface(s), {} address(es) [{}], endpoint ids [{}]",
+            self.links,
+            self.addresses.len(),
+            ips.join(", "),
+            ids.join(", ")
+        )
+    }
 }
 
 /// What a sweep did.
@@ -69,6 +107,51 @@ pub(crate) struct Swept {
 }
 
 impl EndpointManager {
+    /// Keeps the leftovers from new endpoints instead of removing them, since they may belong
+    /// to records that could not be read: their ids (and those the unreadable records' names
+    /// give) are not handed out, and the addresses they hold (endpoint-map entries, routes
+    /// through host ends no endpoint has) are reserved in IPAM. Links, entries and programs
+    /// stay as they are, so those pods keep their connectivity and policy.
+    pub(crate) async fn keep(
+        &self,
+        b: &Backends,
+        leftovers: &Leftovers,
+        unreadable: &[Unreadable],
+    ) -> Kept {
+        let mut kept = Kept {
+            links: leftovers.links.len(),
+            ids: leftovers.ids(),
+            ..Kept::default()
+        };
+        kept.ids.extend(unreadable.iter().filter_map(|u| u.id));
+        self.endpoints.hold_ids(kept.ids.iter().copied());
+        let mut held: Vec<(IpAddr, String)> = leftovers
+            .entries
+            .iter()
+            .map(|(ip, info)| (*ip, format!("endpoint {} (record unreadable)", info.id)))
+            .collect();
+        match b.interfaces.host_routes().await {
+            Ok(routes) => {
+                for (ip, oif) in routes {
+                    if let Some((name, _)) = leftovers.links.iter().find(|(_, i)| *i == oif) {
+                        held.push((ip, format!("endpoint on {name} (record unreadable)")));
+                    }
+                }
+            }
+            Err(e) => kept
+                .failures
+                .push(format!("listing routes to pods: {}", chain(&e))),
+        }
+        for (ip, owner) in held {
+            // Refused when already held (by the same leftover, or a restored endpoint) or
+            // outside the pools (then never handed out anyway): nothing to keep in either case.
+            if self.ipam.allocate(ip, &owner).is_ok() {
+                kept.addresses.insert(ip);
+            }
+        }
+        kept
+    }
+
     /// What the node holds that no endpoint in the table accounts for. A listing that fails
     /// is a failure: the caller must not take the leftovers for complete.
     pub(crate) async fn leftovers(&self, b: &Backends) -> (Leftovers, Vec<String>) {
@@ -188,5 +271,6 @@ mod tests {
         assert_eq!(found.entries, vec![(ip("10.244.0.9"), info(9, 30))]);
         assert_eq!(found.policy, BTreeSet::from([9, 11]));
         assert_eq!(found.attachments, BTreeSet::from([30]));
+        assert_eq!(found.ids(), BTreeSet::from([9, 11]));
     }
 }
