@@ -105,6 +105,18 @@ pub enum Error {
         /// Each step that failed or was held back, with why (`datapath: ...`).
         failures: Vec<String>,
     },
+    /// Restored endpoints hold addresses that the configured pod CIDRs no longer cover; the
+    /// agent does not start rather than cut their pods off.
+    #[error(
+        "restored endpoints hold addresses outside the configured pod CIDRs ({cidrs}): {}; their pods keep their interfaces. Configure pod-cidr to cover them, or set remove-endpoints-outside-pod-cidr to remove them",
+        .endpoints.join(", ")
+    )]
+    OutsidePodCidr {
+        /// Each endpoint with the addresses at fault (`endpoint 3 (default/web) at 10.244.0.5`).
+        endpoints: Vec<String>,
+        /// The pod CIDRs now configured.
+        cidrs: String,
+    },
 }
 
 /// An error with its sources, as one line: `a: b: c`.

@@ -166,7 +166,10 @@ fn status(e: Error) -> Status {
         },
         Error::NotStarted | Error::Loader(_) => Code::Unavailable,
         Error::Identity { .. } => Code::ResourceExhausted,
-        Error::Datapath { .. } | Error::State { .. } | Error::Teardown { .. } => Code::Internal,
+        Error::Datapath { .. }
+        | Error::State { .. }
+        | Error::Teardown { .. }
+        | Error::OutsidePodCidr { .. } => Code::Internal,
     };
     Status::new(code, chain(&e))
 }

@@ -620,6 +620,11 @@ impl Harness {
         self.rebuild();
     }
 
+    /// Sets the configuration of the managers [`Harness::restart`] makes.
+    pub(crate) fn configure(&mut self, cfg: EndpointConfig) {
+        self.cfg = cfg;
+    }
+
     /// An ADD of `container` into a network namespace that exists.
     pub(crate) fn request(&self, container: &str) -> CreateRequest {
         let netns = PathBuf::from(format!("/run/netns/{container}"));

@@ -111,18 +111,56 @@ impl EndpointManager {
             }
         }
         let candidates = std::mem::take(&mut plan.restore);
+        let mut outside = Vec::new();
         for ep in candidates {
             match self.reserve(&ep) {
                 Ok(()) => plan.restore.push(ep),
-                Err(Refusal::OutsidePodCidr(why) | Refusal::Taken(why)) => {
-                    plan.remove.push((ep, why))
-                }
+                Err(Refusal::Taken(why)) => plan.remove.push((ep, why)),
+                Err(Refusal::OutsidePodCidr(why)) => outside.push((ep, why)),
             }
+        }
+        if !outside.is_empty() {
+            // The configured CIDRs changed under running pods. Removing them is the user's
+            // call, not a side effect of a restart: without the key, refuse to start with
+            // nothing changed.
+            if !self.cfg.remove_endpoints_outside_pod_cidr {
+                for ep in &plan.restore {
+                    self.release_addresses(ep);
+                }
+                return Err(self.outside_error(&outside));
+            }
+            plan.remove.extend(outside.into_iter().map(|(ep, why)| {
+                (
+                    ep,
+                    format!("{why} (remove-endpoints-outside-pod-cidr is set)"),
+                )
+            }));
         }
         for (ep, _) in &plan.remove {
             let _ = self.reserve(ep);
         }
         Ok(plan)
+    }
+
+    /// The refusal to start over endpoints outside the pod CIDRs: each with its addresses,
+    /// and the CIDRs configured now.
+    fn outside_error(&self, outside: &[(Endpoint, String)]) -> Error {
+        let cidrs: Vec<String> = self
+            .ipam
+            .pools()
+            .iter()
+            .map(|p| p.cidr.to_string())
+            .collect();
+        Error::OutsidePodCidr {
+            endpoints: outside
+                .iter()
+                .map(|(ep, _)| {
+                    let ips: Vec<String> = ep.addresses.iter().map(|a| a.ip.to_string()).collect();
+                    format!("{} at {}", ep.describe(), ips.join(" and "))
+                })
+                .collect(),
+            cidrs: cidrs.join(", "),
+        }
     }
 
     /// Reserves the endpoint's addresses again, under its name; all of them or none.
@@ -157,7 +195,7 @@ impl EndpointManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::endpoint;
+    use crate::testing::{Harness, endpoint};
 
     fn link() -> Link {
         Link {
@@ -185,5 +223,70 @@ mod tests {
         ep.state = State::Deleting;
         let half = verdict(&ep, true, Some(&link())).unwrap();
         assert!(half.contains("deletion never finished"), "{half}");
+    }
+
+    /// Two pods, one at 10.244.0.2 and one at 10.244.0.200; the agent restarted with
+    /// 10.244.0.0/25, which covers only the first.
+    async fn shrunk(cfg: crate::config::EndpointConfig) -> (Harness, Endpoint, Endpoint) {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        let inside = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        let mut far = h.request("b");
+        far.requested_ips = vec!["10.244.0.200".parse().unwrap()];
+        let outside = h.manager.create(far).await.unwrap();
+        h.configure(cfg);
+        h.restart(&["10.244.0.0/25"]);
+        h.journal.clear();
+        (h, inside, outside)
+    }
+
+    #[tokio::test]
+    async fn endpoints_outside_the_pod_cidr_stop_the_start_naming_them() {
+        let (h, inside, outside) = shrunk(Default::default()).await;
+        let err = h.start().await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::OutsidePodCidr { .. }), "{text}");
+        assert!(
+            text.contains("(10.244.0.0/25): endpoint 2 (container b) at 10.244.0.200;"),
+            "{text}"
+        );
+        assert!(text.contains("remove-endpoints-outside-pod-cidr"), "{text}");
+        assert!(!text.contains("endpoint 1"), "{text}");
+        assert!(
+            h.journal
+                .only(&["teardown_pod", "unprogram", "attach "])
+                .is_empty(),
+            "{:?}",
+            h.journal.calls()
+        );
+        let links = h.interfaces.links();
+        assert!(links.contains(&inside.host_ifname) && links.contains(&outside.host_ifname));
+        assert_eq!(
+            h.owner("10.244.0.2"),
+            None,
+            "the plan's reservations are undone"
+        );
+        assert_eq!(h.record_state(outside.id).as_deref(), Some("ready"));
+    }
+
+    #[tokio::test]
+    async fn with_the_key_set_endpoints_outside_the_pod_cidr_are_removed() {
+        let cfg = crate::config::EndpointConfig {
+            remove_endpoints_outside_pod_cidr: true,
+            ..Default::default()
+        };
+        let (h, inside, outside) = shrunk(cfg).await;
+        let summary = h.start().await.unwrap();
+        assert!(
+            summary.starts_with("1 endpoints restored, 1 removed"),
+            "{summary}"
+        );
+        assert_eq!(h.interfaces.links(), vec![inside.host_ifname.clone()]);
+        assert_eq!(h.record_state(outside.id), None);
+        assert_eq!(h.manager.find("a", "eth0").unwrap().state, State::Ready);
     }
 }
