@@ -262,6 +262,12 @@ impl Agent {
         }
     }
 
+    /// How the agent is run: change it between a stop and the next [`Agent::start`] (another
+    /// pod CIDR, a configuration key in `env`).
+    pub fn options_mut(&mut self) -> &mut AgentOptions {
+        &mut self.opts
+    }
+
     /// The node namespace the agent runs in.
     pub fn node(&self) -> &NetNs {
         &self.node

@@ -3,7 +3,8 @@
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
 //! traffic probes ([`probe`]), and a running agent with its CLI and CNI
 //! plugin ([`Agent`], [`CniCall`]), reachability probes that tell a policy drop apart
-//! ([`reach`]), and a policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]).
+//! ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), and a policy lab
+//! of pods in Kubernetes namespaces with truth tables ([`lab`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -18,6 +19,7 @@ pub mod lab;
 pub mod netns;
 pub mod probe;
 pub mod reach;
+pub mod readonly;
 pub mod topology;
 pub mod veth;
 
@@ -26,4 +28,5 @@ pub use bpffs::BpffsMount;
 pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};
 pub use netns::NetNs;
+pub use readonly::ReadOnlyDir;
 pub use topology::{Pod, Topology};

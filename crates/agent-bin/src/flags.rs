@@ -34,6 +34,11 @@ pub struct ConfigArgs {
     /// A pod CIDR of this node, IPv4 or IPv6; repeat for several (key `pod-cidr`).
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Vec<IpNet>,
+    /// At start, remove restored endpoints whose addresses the pod CIDRs no longer cover
+    /// (their pods lose their interfaces) instead of refusing to start (key
+    /// `remove-endpoints-outside-pod-cidr`).
+    #[arg(long)]
+    pub remove_endpoints_outside_pod_cidr: bool,
 }
 
 impl ConfigArgs {
@@ -64,6 +69,9 @@ impl ConfigArgs {
         }
         if !self.pod_cidr.is_empty() {
             sources = sources.flag("pod-cidr", &self.pod_cidr);
+        }
+        if self.remove_endpoints_outside_pod_cidr {
+            sources = sources.flag("remove-endpoints-outside-pod-cidr", true);
         }
         sources
     }

@@ -208,6 +208,7 @@ fn view(ep: &Endpoint) -> EndpointView {
             EndpointState::Ready => "ready",
             EndpointState::Pending => "pending",
             EndpointState::Failed => "failed",
+            EndpointState::Deleting => "deleting",
             EndpointState::Unspecified => "unknown",
         },
         pod,

@@ -8,10 +8,17 @@ use serde::{Deserialize, Serialize};
 pub struct EndpointConfig {
     /// The MTU of pods' interfaces unless the CNI configuration sets one.
     pub mtu: u32,
+    /// At start, remove restored endpoints whose addresses the configured pod CIDRs no longer
+    /// cover (their pods lose their interfaces). Off, such endpoints stop the agent from
+    /// starting, with a message naming them.
+    pub remove_endpoints_outside_pod_cidr: bool,
 }
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        EndpointConfig { mtu: 1500 }
+        EndpointConfig {
+            mtu: 1500,
+            remove_endpoints_outside_pod_cidr: false,
+        }
     }
 }

@@ -16,6 +16,21 @@ pub enum State {
     Creating,
     /// Set up and enforced by the datapath.
     Ready,
+    /// Being deleted: recorded before the kernel is touched, and the record removed last, so
+    /// that a DEL that failed half-way (or was cut short by a crash) is finished by the next
+    /// DEL or by the restore. Its addresses stay taken until then.
+    Deleting,
+}
+
+impl State {
+    /// The state's name as records and messages spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Ready => "ready",
+            State::Deleting => "deleting",
+        }
+    }
 }
 
 /// A pod's address.

@@ -93,6 +93,42 @@ pub enum Error {
     /// The agent has not finished starting (restoring endpoints).
     #[error("the endpoint manager is not started yet")]
     NotStarted,
+    /// Taking an endpoint down left some of it in place. It stays recorded, with its
+    /// addresses, and a retried DEL (or the next restore) finishes the job.
+    #[error(
+        "{endpoint} is not fully removed ({}); it keeps its record and addresses until a DEL or the next restart finishes it",
+        .failures.join("; ")
+    )]
+    Teardown {
+        /// The endpoint.
+        endpoint: String,
+        /// Each step that failed or was held back, with why (`datapath: ...`).
+        failures: Vec<String>,
+    },
+    /// Restored endpoints hold addresses that the configured pod CIDRs no longer cover; the
+    /// agent does not start rather than cut their pods off.
+    #[error(
+        "restored endpoints hold addresses outside the configured pod CIDRs ({cidrs}): {}; their pods keep their interfaces. Configure pod-cidr to cover them, or set remove-endpoints-outside-pod-cidr to remove them",
+        .endpoints.join(", ")
+    )]
+    OutsidePodCidr {
+        /// Each endpoint with the addresses at fault (`endpoint 3 (default/web) at 10.244.0.5`).
+        endpoints: Vec<String>,
+        /// The pod CIDRs now configured.
+        cidrs: String,
+    },
+}
+
+/// An error with its sources, as one line: `a: b: c`.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// The result type of this crate.

@@ -166,7 +166,10 @@ fn status(e: Error) -> Status {
         },
         Error::NotStarted | Error::Loader(_) => Code::Unavailable,
         Error::Identity { .. } => Code::ResourceExhausted,
-        Error::Datapath { .. } | Error::State { .. } => Code::Internal,
+        Error::Datapath { .. }
+        | Error::State { .. }
+        | Error::Teardown { .. }
+        | Error::OutsidePodCidr { .. } => Code::Internal,
     };
     Status::new(code, chain(&e))
 }
@@ -186,7 +189,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// `with_peers` (the peers' labels cost a lookup each, so only `Get` asks for them).
 pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::Endpoint {
     let mut out = to_proto(ep);
-    let Some(enforced) = manager.enforced.get(ep.id) else {
+    let Some(enforced) = manager.enforced_of(ep.id) else {
         return out;
     };
     out.ingress_enforced = enforced.enforcement.ingress;
@@ -203,11 +206,7 @@ pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::E
                 direction: p.direction.to_string(),
                 verdict: format!("{:?}", p.verdict).to_lowercase(),
                 identity: p.identity,
-                labels: manager
-                    .identities
-                    .get(p.identity)
-                    .map(|i| i.labels.to_strings())
-                    .unwrap_or_default(),
+                labels: manager.identity_labels(p.identity),
                 ports: p.ports.clone(),
             })
             .collect();
@@ -236,6 +235,7 @@ pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
     let (state, message) = match ep.state {
         State::Creating => (EndpointState::Pending, "being created"),
         State::Ready => (EndpointState::Ready, ""),
+        State::Deleting => (EndpointState::Deleting, "being deleted"),
     };
     v1::Endpoint {
         id: u32::from(ep.id),

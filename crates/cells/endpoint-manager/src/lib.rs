@@ -5,42 +5,51 @@
 //! - **Provides** `Arc<EndpointManager>` (create, delete, check, gc, list, get, and
 //!   `changes`, a counter bumped when endpoints come and go) and the
 //!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
-//!   `create` returns only once the datapath enforces the endpoint.
+//!   `create` returns only once the datapath enforces the endpoint; `create` and `delete`
+//!   are all or nothing (recorded before the kernel is touched, finished or undone by the
+//!   next attempt or the restore).
 //! - **Depends on** ipam (addresses), loader (the datapath), resources (pod and namespace
-//!   labels), statedir (records).
-//! - **Config keys:** `mtu` (default 1500).
-//! - **Degraded** when following label changes fails; a failed restore fails the start.
+//!   labels), statedir (records), identity, ipcache, policy-repo.
+//! - **Config keys:** `mtu` (default 1500), `remove-endpoints-outside-pod-cidr` (default
+//!   false: restored endpoints outside the pod CIDRs stop the start, naming them).
+//! - **Degraded** (`endpoint-manager.restore`) when a record cannot be read or listed at
+//!   start (what may be its own is kept, nothing is swept) or a leftover cannot be removed;
+//!   (`.regenerate`) while an endpoint's regeneration fails (retried with backoff);
+//!   (`.removals`) while an endpoint is not fully removed.
 //!
-//! At start it sets the node up (forwarding, the `cellium_host` device with the pools'
-//! router addresses), restores the endpoints whose pods still exist (re-reserving their
-//! addresses and re-attaching programs, which replaces the old ones atomically), removes
-//! those that are gone or whose creation never finished, and sweeps interfaces, map entries
-//! and attachments no endpoint owns. Only then does the API serve CNI calls.
+//! At start it restores the endpoints whose pods still exist (re-reserving their addresses
+//! and re-attaching programs, which replaces the old ones atomically), removes those that are
+//! gone or whose creation or deletion never finished, and sweeps interfaces, map entries and
+//! attachments no endpoint owns. Only then does the API serve CNI calls. The states, the
+//! order of every flow and what each fault does are in `docs/endpoints.md`.
 
 mod config;
+mod datapath;
 mod endpoint;
+mod enforcement;
 mod error;
 mod grpc;
 mod identity;
+mod interfaces;
 mod labels;
 mod locks;
 mod manager;
 pub mod plumbing;
-mod policy;
 mod program;
 mod request;
-mod restore;
 mod store;
-mod watch;
+mod table;
+#[cfg(test)]
+mod testing;
 
 use cellium_hive::Module;
 
 pub use config::EndpointConfig;
 pub use endpoint::{Address, Endpoint, PodRef, State};
+pub use enforcement::{Enforced, EnforcedTable};
 pub use error::{Error, Result};
 pub use grpc::{EndpointService, to_proto, view};
 pub use manager::EndpointManager;
-pub use policy::{Enforced, EnforcedTable};
 pub use request::CreateRequest;
 
 /// The `endpoint-manager` module.

@@ -38,31 +38,55 @@ impl Store {
         })
     }
 
-    /// Every readable record; unreadable ones are logged and skipped (and left on disk for a
-    /// person to look at), so one corrupt file cannot keep the agent from starting.
-    pub fn load(&self) -> Result<Vec<Endpoint>> {
+    /// Every record. A record that cannot be read or parsed is not skipped silently: it is
+    /// returned as [`Unreadable`] (and left on disk for a person to look at), so that the
+    /// restore keeps whatever might belong to it. An error means the directory itself cannot
+    /// be listed.
+    pub fn load(&self) -> Result<Loaded> {
         let names = self.0.list(DIR).map_err(|source| Error::State {
             endpoint: "records".into(),
             source,
         })?;
-        let mut records = Vec::new();
+        let mut loaded = Loaded::default();
         for name in names.iter().filter(|n| n.ends_with(".json")) {
             let rel = format!("{DIR}/{name}");
+            let unreadable = |reason: String| Unreadable {
+                file: rel.clone(),
+                id: name.strip_suffix(".json").and_then(|n| n.parse().ok()),
+                reason,
+            };
             match self.0.read(&rel) {
                 Ok(Some(bytes)) => match serde_json::from_slice::<Endpoint>(&bytes) {
-                    Ok(ep) => records.push(ep),
-                    Err(e) => {
-                        tracing::error!(file = %rel, error = %e, "unreadable endpoint record skipped")
-                    }
+                    Ok(ep) => loaded.records.push(ep),
+                    Err(e) => loaded.unreadable.push(unreadable(e.to_string())),
                 },
+                // Removed between the listing and the read: nothing to restore.
                 Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(file = %rel, error = %e, "unreadable endpoint record skipped")
-                }
+                Err(e) => loaded.unreadable.push(unreadable(crate::error::chain(&e))),
             }
         }
-        Ok(records)
+        Ok(loaded)
     }
+}
+
+/// The records found in the state directory.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Those that were read.
+    pub records: Vec<Endpoint>,
+    /// Those that could not be.
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// A record that cannot be read or parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// Its path in the state directory (`endpoints/7.json`).
+    pub file: String,
+    /// The endpoint id its name gives, if it gives one.
+    pub id: Option<u16>,
+    /// Why it cannot be read.
+    pub reason: String,
 }
 
 fn path(id: u16) -> String {

@@ -11,6 +11,7 @@ mod host;
 mod links;
 mod netns;
 mod pod;
+mod routes;
 mod sysctl;
 
 pub use error::{Error, Result};
@@ -18,3 +19,4 @@ pub use host::{HOST_DEVICE, setup_host};
 pub use links::{Link, find_link, host_ifname, host_links};
 pub use netns::{Netlink, netns_exists};
 pub use pod::{PodInterface, PodNetwork, check_pod, setup_pod, teardown_pod};
+pub use routes::host_routes;

@@ -1,18 +1,19 @@
 //! Making the datapath enforce an endpoint's policy, and remembering what it enforces.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_datapath_bpf::{Datapath, PolicyEntry, Verdict, compile_policy};
-use cellium_ipcache::Source;
-use cellium_policy_repo::{EndpointPolicy, Subject};
+use cellium_datapath_bpf::{PolicyEntry, Verdict, compile_policy};
+use cellium_ipcache::{Ipcache, Source};
+use cellium_policy_repo::{EndpointPolicy, PolicyRepository, Subject};
+use cellium_resources::Resources;
 use ipnet::IpNet;
 
+use crate::datapath::EndpointDatapath;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::labels;
-use crate::manager::EndpointManager;
-use crate::program::{self, Enforcement};
+use crate::program::Enforcement as Directions;
 
 /// What the datapath enforces for one endpoint, as last written.
 #[derive(Debug, Clone, Default)]
@@ -20,7 +21,7 @@ pub struct Enforced {
     /// The policy map entries (shared: reading them costs no copy).
     pub entries: Arc<Vec<(PolicyEntry, Verdict)>>,
     /// The directions the endpoint map entry enforces.
-    pub enforcement: Enforcement,
+    pub enforcement: Directions,
     /// The identity the endpoint map entry carries (0 when not known).
     pub identity: u32,
     /// The policy those came from (its revision and peers), once computed.
@@ -33,7 +34,7 @@ pub struct Enforced {
 pub struct EnforcedTable(Mutex<HashMap<u16, Enforced>>);
 
 impl EnforcedTable {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<u16, Enforced>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u16, Enforced>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -43,7 +44,45 @@ impl EnforcedTable {
     }
 }
 
-impl EndpointManager {
+/// The enforcement component: resolves endpoints' policies and writes what differs from what
+/// the datapath enforces.
+#[derive(Debug)]
+pub(crate) struct Enforcement {
+    policy: Arc<PolicyRepository>,
+    resources: Arc<Resources>,
+    /// Where the endpoint's named ports are published for other endpoints' egress rules.
+    ipcache: Arc<Ipcache>,
+    enforced: EnforcedTable,
+    /// Endpoints whose policy entries are not known since a write failed half-way: their
+    /// next enforcement reads the map rather than trusting what it last wrote.
+    unknown: Mutex<HashSet<u16>>,
+}
+
+impl Enforcement {
+    pub(crate) fn new(
+        policy: Arc<PolicyRepository>,
+        resources: Arc<Resources>,
+        ipcache: Arc<Ipcache>,
+    ) -> Enforcement {
+        Enforcement {
+            policy,
+            resources,
+            ipcache,
+            enforced: EnforcedTable::default(),
+            unknown: Mutex::default(),
+        }
+    }
+
+    /// What every endpoint enforces.
+    pub(crate) fn table(&self) -> &EnforcedTable {
+        &self.enforced
+    }
+
+    /// The policy repository's current revision.
+    pub(crate) fn revision(&self) -> u64 {
+        self.policy.revision()
+    }
+
     /// Resolves the endpoint's policy and makes the datapath enforce it; returns the
     /// revision enforced.
     ///
@@ -51,7 +90,7 @@ impl EndpointManager {
     /// direction that stops being enforced is released first, then the entries change, and
     /// only then does a direction that becomes enforced take effect (its allow entries are
     /// in place by then, so allowed traffic never meets a default deny).
-    pub(crate) fn enforce(&self, dp: &Datapath, ep: &Endpoint) -> Result<u64> {
+    pub(crate) fn enforce(&self, dp: &dyn EndpointDatapath, ep: &Endpoint) -> Result<u64> {
         let ports = labels::named_ports(ep, &self.resources);
         // Other endpoints' egress rules name this pod's ports: its addresses carry them in the
         // ipcache (read fresh here, at every regeneration, so a change of the pod's ports
@@ -69,17 +108,24 @@ impl EndpointManager {
             endpoint: ep.describe(),
             source,
         };
-        let before = self.enforced.get(ep.id).unwrap_or_default();
-        let after = Enforcement {
+        let mut before = self.enforced.get(ep.id).unwrap_or_default();
+        let unknown = self.unknown().contains(&ep.id);
+        if unknown {
+            let mut held = dp.policy_entries().map_err(datapath)?;
+            held.retain(|(e, _)| e.endpoint_id == ep.id);
+            before.entries = Arc::new(held);
+        }
+        let after = Directions {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
         };
         // A new revision that leaves this endpoint's rules as they were (the usual case: most
         // changes concern a few endpoints) writes nothing; only the revision it enforces moves.
-        let unchanged = before
-            .policy
-            .as_ref()
-            .is_some_and(|p| p.rules == policy.rules)
+        let unchanged = !unknown
+            && before
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.rules == policy.rules)
             && before.enforcement == after
             && before.identity == ep.identity;
         if unchanged {
@@ -94,17 +140,26 @@ impl EndpointManager {
             return Ok(revision);
         }
         let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
-        let during = Enforcement {
+        let during = Directions {
             ingress: before.enforcement.ingress && after.ingress,
             egress: before.enforcement.egress && after.egress,
         };
-        program::write_endpoint(dp, ep, during).map_err(datapath)?;
-        dp.policy()
-            .apply_diff(ep.id, &before.entries, &entries)
-            .map_err(datapath)?;
-        if during != after {
-            program::write_endpoint(dp, ep, after).map_err(datapath)?;
+        let written = dp
+            .write_endpoint(ep, during)
+            .and_then(|()| dp.apply_policy(ep.id, &before.entries, &entries))
+            .and_then(|()| {
+                if during == after {
+                    return Ok(());
+                }
+                dp.write_endpoint(ep, after)
+            });
+        if let Err(e) = written {
+            // Some of the writes may have happened: the next attempt reads the map instead
+            // of diffing from `before`, or it could leave entries of this attempt behind.
+            self.unknown().insert(ep.id);
+            return Err(datapath(e));
         }
+        self.unknown().remove(&ep.id);
         let revision = policy.revision;
         self.enforced.lock().insert(
             ep.id,
@@ -121,12 +176,13 @@ impl EndpointManager {
     /// Takes what the datapath already enforces for a restored endpoint as the starting
     /// point of its first regeneration, so an agent restart rewrites nothing that has not
     /// changed (and never opens what the previous agent closed).
-    pub(crate) fn adopt_enforced(
+    pub(crate) fn adopt(
         &self,
         id: u16,
         entries: Vec<(PolicyEntry, Verdict)>,
-        enforcement: Enforcement,
+        enforcement: Directions,
     ) {
+        self.unknown().remove(&id);
         self.enforced.lock().insert(
             id,
             Enforced {
@@ -136,5 +192,15 @@ impl EndpointManager {
                 policy: None,
             },
         );
+    }
+
+    /// Forgets endpoint `id` (its datapath state is gone).
+    pub(crate) fn forget(&self, id: u16) {
+        self.enforced.lock().remove(&id);
+        self.unknown().remove(&id);
+    }
+
+    fn unknown(&self) -> MutexGuard<'_, HashSet<u16>> {
+        self.unknown.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

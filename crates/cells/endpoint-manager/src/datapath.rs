@@ -1,0 +1,117 @@
+//! What the endpoint manager writes into (and reads back from) the datapath, as a trait.
+//!
+//! The real implementation is the loaded [`Datapath`]; the order and failure handling of
+//! create, delete, restore and sweep are unit-tested against a recording one that fails on
+//! demand (`crate::testing`), and end to end against the real one under `integration/`.
+
+use std::net::IpAddr;
+
+use cellium_datapath_bpf::{Datapath, EndpointInfo, PolicyEntry, Result, Verdict};
+
+use crate::endpoint::Endpoint;
+use crate::program::{self, Enforcement};
+
+/// The datapath as the endpoint manager uses it.
+pub(crate) trait EndpointDatapath: Send + Sync {
+    /// Writes the endpoint's entries in the endpoint map with its identity and the directions
+    /// enforced.
+    fn write_endpoint(&self, ep: &Endpoint, enforcement: Enforcement) -> Result<()>;
+
+    /// What the endpoint map says the endpoint enforces (nothing if it has no entry).
+    fn read_enforcement(&self, ep: &Endpoint) -> Enforcement;
+
+    /// Turns endpoint `id`'s policy entries from `current` (what the caller knows the map
+    /// holds) into `desired`, in an order that never allows more than either.
+    fn apply_policy(
+        &self,
+        id: u16,
+        current: &[(PolicyEntry, Verdict)],
+        desired: &[(PolicyEntry, Verdict)],
+    ) -> Result<()>;
+
+    /// Attaches the programs to a host end, replacing older ones without a gap.
+    fn attach(&self, ifindex: u32) -> Result<()>;
+
+    /// Removes the endpoint's entries (those still its own), policy entries and programs.
+    /// What is already gone is fine.
+    fn unprogram(&self, ep: &Endpoint) -> Result<()>;
+
+    /// The endpoint-map entry of `ip`.
+    fn endpoint_entry(&self, ip: IpAddr) -> Result<Option<EndpointInfo>>;
+
+    /// Every endpoint-map entry.
+    fn endpoint_entries(&self) -> Result<Vec<(IpAddr, EndpointInfo)>>;
+
+    /// Removes the endpoint-map entry of `ip`; returns whether there was one.
+    fn delete_endpoint_entry(&self, ip: IpAddr) -> Result<bool>;
+
+    /// Every policy entry of every endpoint.
+    fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>>;
+
+    /// Removes every policy entry of endpoint `id`; returns how many there were.
+    fn clear_policy(&self, id: u16) -> Result<usize>;
+
+    /// The interfaces (indexes) programs are attached to.
+    fn attached(&self) -> Result<Vec<u32>>;
+
+    /// Detaches the programs from interface `ifindex`. Nothing attached is fine.
+    fn detach(&self, ifindex: u32) -> Result<()>;
+}
+
+impl EndpointDatapath for Datapath {
+    fn write_endpoint(&self, ep: &Endpoint, enforcement: Enforcement) -> Result<()> {
+        program::write_endpoint(self, ep, enforcement)
+    }
+
+    fn read_enforcement(&self, ep: &Endpoint) -> Enforcement {
+        program::read_enforcement(self, ep)
+    }
+
+    fn apply_policy(
+        &self,
+        id: u16,
+        current: &[(PolicyEntry, Verdict)],
+        desired: &[(PolicyEntry, Verdict)],
+    ) -> Result<()> {
+        self.policy().apply_diff(id, current, desired).map(|_| ())
+    }
+
+    fn attach(&self, ifindex: u32) -> Result<()> {
+        Datapath::attach(self, ifindex).map(|_| ())
+    }
+
+    fn unprogram(&self, ep: &Endpoint) -> Result<()> {
+        program::unprogram(self, ep)
+    }
+
+    fn endpoint_entry(&self, ip: IpAddr) -> Result<Option<EndpointInfo>> {
+        self.endpoints().get(ip)
+    }
+
+    fn endpoint_entries(&self) -> Result<Vec<(IpAddr, EndpointInfo)>> {
+        self.endpoints().entries()
+    }
+
+    fn delete_endpoint_entry(&self, ip: IpAddr) -> Result<bool> {
+        self.endpoints().delete(ip)
+    }
+
+    fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {
+        self.policy().entries()
+    }
+
+    fn clear_policy(&self, id: u16) -> Result<usize> {
+        self.policy().clear_endpoint(id)
+    }
+
+    fn attached(&self) -> Result<Vec<u32>> {
+        Ok(Datapath::attached(self)?
+            .into_iter()
+            .map(|a| a.ifindex)
+            .collect())
+    }
+
+    fn detach(&self, ifindex: u32) -> Result<()> {
+        Datapath::detach(self, ifindex)
+    }
+}

@@ -1,0 +1,78 @@
+//! The netlink work an endpoint needs, as a trait.
+//!
+//! The real implementation is the node's [`Netlink`] connection with the functions of
+//! [`plumbing`](crate::plumbing); the order and failure handling of create, delete, restore
+//! and sweep are unit-tested against a recording one that fails on demand
+//! (`crate::testing`), and end to end against the kernel under `integration/`.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use futures::future::BoxFuture;
+
+use crate::plumbing::{self, Link, Netlink, PodInterface, PodNetwork, Result};
+
+/// Pods' interfaces as the endpoint manager uses them.
+pub(crate) trait Interfaces: Send + Sync {
+    /// Creates the veth pair with its pod end in `netns`, addresses, routes and neighbour.
+    /// On error some of it may exist; [`Interfaces::teardown_pod`] removes all of it.
+    fn setup_pod<'a>(
+        &'a self,
+        netns: &'a Path,
+        net: &'a PodNetwork,
+    ) -> BoxFuture<'a, Result<PodInterface>>;
+
+    /// Removes the veth pair whose host end is `host_ifname` (the pod end and the node's route
+    /// go with it); returns whether it existed.
+    fn teardown_pod<'a>(&'a self, host_ifname: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// Checks the pod's interface, addresses and default route, then the host end.
+    fn check_pod<'a>(&'a self, netns: &'a Path, net: &'a PodNetwork) -> BoxFuture<'a, Result<()>>;
+
+    /// The node's link named `name`.
+    fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Link>>>;
+
+    /// Every link of the node named like a host end, as (name, index).
+    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>>;
+
+    /// Every route of the node to a single address through an interface, as (address,
+    /// interface index).
+    fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>>;
+
+    /// Whether `path` names a network namespace that still exists.
+    fn netns_exists(&self, path: &Path) -> bool;
+}
+
+impl Interfaces for Netlink {
+    fn setup_pod<'a>(
+        &'a self,
+        netns: &'a Path,
+        net: &'a PodNetwork,
+    ) -> BoxFuture<'a, Result<PodInterface>> {
+        Box::pin(plumbing::setup_pod(self, netns, net))
+    }
+
+    fn teardown_pod<'a>(&'a self, host_ifname: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(plumbing::teardown_pod(self, host_ifname))
+    }
+
+    fn check_pod<'a>(&'a self, netns: &'a Path, net: &'a PodNetwork) -> BoxFuture<'a, Result<()>> {
+        Box::pin(plumbing::check_pod(self, netns, net))
+    }
+
+    fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Link>>> {
+        Box::pin(plumbing::find_link(&self.handle, name))
+    }
+
+    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>> {
+        Box::pin(plumbing::host_links(&self.handle))
+    }
+
+    fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>> {
+        Box::pin(plumbing::host_routes(self))
+    }
+
+    fn netns_exists(&self, path: &Path) -> bool {
+        plumbing::netns_exists(path)
+    }
+}

@@ -1,0 +1,370 @@
+//! The endpoint manager's state under faults, with the real agent, kernel and datapath: a DEL
+//! whose record cannot be written, a record that cannot be read at restart, a pod CIDR that
+//! changed under running pods, a regeneration that fails on a full policy map.
+//!
+//! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
+//! `cargo test -p cellium-integration --test endpoints -- --test-threads=1`.
+//!
+//! Every test makes its own agent, node and pod namespaces and removes them (guards), and sends
+//! traffic only to the pods' addresses inside them.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use cellium_datapath_bpf::{Datapath, DatapathOptions, Direction, L4Match, PolicyEntry, Verdict};
+use cellium_integration::probe::TcpServer;
+use cellium_integration::reach::{self, Outcome, Probe};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, ReadOnlyDir, probe};
+use serde_json::Value;
+
+/// Tests share two cores and each runs an agent: one at a time even when the harness runs
+/// threads in parallel.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A container id unique to this test process.
+fn cid(tag: &str) -> String {
+    format!("{tag}x{}", std::process::id())
+}
+
+/// The endpoint of `container` as `cellium endpoint list -o json` shows it.
+fn endpoint(agent: &Agent, container: &str) -> Option<Value> {
+    agent
+        .endpoints()
+        .expect("endpoint list")
+        .into_iter()
+        .find(|e| e["container_id"] == container)
+}
+
+/// Who IPAM says holds `ip`.
+fn holder(agent: &Agent, ip: Ipv4Addr) -> Option<String> {
+    agent
+        .pools()
+        .expect("ipam list")
+        .iter()
+        .flat_map(|p| p["allocations"].as_array().cloned().unwrap_or_default())
+        .find(|a| a["ip"] == ip.to_string())
+        .and_then(|a| a["owner"].as_str().map(str::to_string))
+}
+
+/// The host ends of veth pairs in the node namespace (`lxc...`).
+fn lxc_links(agent: &Agent) -> Vec<String> {
+    agent
+        .node()
+        .ip(&["-o", "link", "show"])
+        .expect("ip link")
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .filter(|n| n.starts_with("lxc"))
+        .collect()
+}
+
+/// The health node whose id ends with `suffix`, as (level, message).
+fn health(agent: &Agent, suffix: &str) -> Option<(String, String)> {
+    fn find(nodes: &[Value], suffix: &str) -> Option<(String, String)> {
+        nodes.iter().find_map(|n| {
+            if n["id"].as_str().is_some_and(|id| id.ends_with(suffix)) {
+                return Some((
+                    n["level"].as_str().unwrap_or_default().to_string(),
+                    n["message"].as_str().unwrap_or_default().to_string(),
+                ));
+            }
+            find(n["children"].as_array().map_or(&[], Vec::as_slice), suffix)
+        })
+    }
+    let status = agent.cli_json(&["status"]).expect("status");
+    find(status["modules"].as_array()?, suffix)
+}
+
+/// Polls `f` every 50 ms until it holds or `limit` passes; returns whether it held.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let began = Instant::now();
+    while began.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+#[test]
+fn a_del_whose_record_cannot_be_written_changes_nothing_and_a_retried_del_removes_it() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    let pod = NetNs::new().unwrap();
+    let container = cid("rodel");
+    let (ip, _) = agent.add(&pod, &container).unwrap();
+    let host = endpoint(&agent, &container).unwrap()["host_ifname"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let router: Ipv4Addr = agent.pools().unwrap()[0]["router"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let records = agent.state_dir().join("endpoints");
+    let readonly = ReadOnlyDir::new(&records).expect("make the records read-only");
+    let (status, out) = agent
+        .cni(&CniCall::new("DEL", &container).netns(pod.path()))
+        .unwrap();
+    assert!(!status.success(), "DEL must fail: {out}");
+    assert!(out.to_string().contains("Read-only file system"), "{out}");
+    // Nothing changed: ready, its address, its interfaces, its connectivity.
+    let ep = endpoint(&agent, &container).expect("still there");
+    assert_eq!(ep["state"], "ready", "{ep}");
+    let owner = holder(&agent, ip).unwrap_or_default();
+    assert!(
+        owner.starts_with(&format!("endpoint {} ", ep["id"])),
+        "{owner}"
+    );
+    assert!(lxc_links(&agent).contains(&host));
+    assert!(
+        probe::ping(&pod, router, 1).unwrap(),
+        "the pod lost its network"
+    );
+
+    drop(readonly);
+    agent.del(&container, &pod.path()).expect("the retried DEL");
+    assert!(endpoint(&agent, &container).is_none());
+    assert_eq!(holder(&agent, ip), None);
+    assert!(!lxc_links(&agent).contains(&host));
+    assert!(
+        pod.ip(&["link", "show", "eth0"]).is_err(),
+        "the pod's interface is gone"
+    );
+}
+
+#[test]
+fn an_unreadable_record_at_restart_leaves_its_pod_alone_and_the_module_degraded() {
+    let _serial = serial();
+    let mut agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    let pods: Vec<NetNs> = (0..2).map(|_| NetNs::new().unwrap()).collect();
+    let (a, b) = (cid("unread-a"), cid("unread-b"));
+    let (ip_a, _) = agent.add(&pods[0], &a).unwrap();
+    let (ip_b, _) = agent.add(&pods[1], &b).unwrap();
+    let ep_a = endpoint(&agent, &a).unwrap();
+    let id_a = ep_a["id"].as_u64().unwrap();
+    let host_a = ep_a["host_ifname"].as_str().unwrap().to_string();
+    assert!(probe::ping(&pods[0], ip_b, 1).unwrap());
+
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+    let file = agent.state_dir().join(format!("endpoints/{id_a}.json"));
+    std::fs::write(&file, b"{\"id\": 1, \"state\": \"rea").unwrap();
+    agent.start().expect("the agent starts");
+
+    let (level, message) = health(&agent, "endpoint-manager.restore").expect("restore health");
+    assert_eq!(level, "Degraded", "{message}");
+    assert!(
+        message.contains(&format!(
+            "endpoint record endpoints/{id_a}.json cannot be read"
+        )),
+        "{message}"
+    );
+    let (level, _) = health(&agent, "endpoint-manager").unwrap();
+    assert_eq!(level, "Degraded", "the module shows it");
+    // The pod whose record is unreadable keeps its interface, its address and its traffic.
+    assert!(
+        lxc_links(&agent).contains(&host_a),
+        "{:?}",
+        lxc_links(&agent)
+    );
+    let addrs = pods[0]
+        .ip(&["-4", "-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains(&format!("{ip_a}/32")), "{addrs}");
+    assert!(probe::ping(&pods[0], ip_b, 1).unwrap(), "a reaches b");
+    assert!(probe::ping(&pods[1], ip_a, 1).unwrap(), "b reaches a");
+    assert_eq!(
+        holder(&agent, ip_a).as_deref(),
+        Some(format!("endpoint {id_a} (record unreadable)").as_str())
+    );
+    assert!(endpoint(&agent, &b).is_some(), "b is restored");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"{\"id\": 1, \"state\": \"rea"
+    );
+
+    // A new pod gets neither its address nor its id.
+    let c = NetNs::new().unwrap();
+    let (ip_c, _) = agent.add(&c, &cid("unread-c")).unwrap();
+    assert!(ip_c != ip_a && ip_c != ip_b, "{ip_c}");
+    let ep_c = endpoint(&agent, &cid("unread-c")).unwrap();
+    assert_ne!(ep_c["id"].as_u64(), Some(id_a));
+    assert!(probe::ping(&c, ip_a, 1).unwrap(), "c reaches a");
+}
+
+#[test]
+fn a_changed_pod_cidr_refuses_to_start_naming_the_endpoints_and_the_key_removes_them() {
+    let _serial = serial();
+    let mut agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    let pod = NetNs::new().unwrap();
+    let container = cid("cidr");
+    let (ip, _) = agent.add(&pod, &container).unwrap();
+    let ep = endpoint(&agent, &container).unwrap();
+    let host = ep["host_ifname"].as_str().unwrap().to_string();
+    agent.stop().unwrap();
+
+    agent.options_mut().pod_cidrs = vec!["10.245.0.0/24".into()];
+    let err = agent.start().expect_err("the start is refused").to_string();
+    assert!(
+        err.contains(&format!(
+            "restored endpoints hold addresses outside the configured pod CIDRs (10.245.0.0/24): endpoint {} (container {}) at {ip}",
+            ep["id"],
+            &container[..container.len().min(12)]
+        )),
+        "{err}"
+    );
+    assert!(err.contains("remove-endpoints-outside-pod-cidr"), "{err}");
+    // The pod kept everything.
+    assert!(lxc_links(&agent).contains(&host));
+    let addrs = pod
+        .ip(&["-4", "-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains(&format!("{ip}/32")), "{addrs}");
+    assert!(
+        agent
+            .state_dir()
+            .join(format!("endpoints/{}.json", ep["id"]))
+            .exists()
+    );
+
+    agent.options_mut().env.push((
+        "CELLIUM_REMOVE_ENDPOINTS_OUTSIDE_POD_CIDR".into(),
+        "true".into(),
+    ));
+    agent.start().expect("the key lets it start");
+    assert!(agent.endpoints().unwrap().is_empty());
+    assert!(lxc_links(&agent).is_empty(), "{:?}", lxc_links(&agent));
+    assert!(
+        pod.ip(&["link", "show", "eth0"]).is_err(),
+        "the pod's interface is removed"
+    );
+    let (level, message) = health(&agent, "endpoint-manager").unwrap();
+    assert_eq!(level, "OK", "{message}");
+    // New pods get addresses of the new CIDR.
+    let (new_ip, _) = agent.add(&NetNs::new().unwrap(), &cid("cidr-new")).unwrap();
+    assert!(new_ip.to_string().starts_with("10.245.0."), "{new_ip}");
+}
+
+const PODS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: default, labels: {app: a}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: default, labels: {app: b}}
+spec: {containers: [{name: c, ports: [{containerPort: 8080}]}]}
+";
+
+/// b accepts only TCP 80 from 192.0.2.0/24: a's connections to b are dropped once it holds.
+const ONLY_FROM_TEST_NET: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-test-net, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: 192.0.2.0/24}}]
+    ports: [{port: 80, protocol: TCP}]
+";
+
+/// The endpoint id the filler entries are written under: no endpoint has it.
+const FILLER: u16 = 65_000;
+
+#[test]
+fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let pods: Vec<NetNs> = (0..2).map(|_| NetNs::new().unwrap()).collect();
+    let ip_a = agent
+        .add_pod(&pods[0], &cid("full-a"), "default", "a")
+        .unwrap();
+    let ip_b = agent
+        .add_pod(&pods[1], &cid("full-b"), "default", "b")
+        .unwrap();
+    let id_b = endpoint(&agent, &cid("full-b")).unwrap()["id"].clone();
+    let _server = TcpServer::start(&pods[1], SocketAddrV4::new(ip_b, 8080), "b").unwrap();
+    let a_to_b = || {
+        reach::probe(
+            &pods[0],
+            Some(ip_a),
+            ip_b,
+            Probe::Tcp(8080),
+            Duration::from_millis(500),
+        )
+        .unwrap()
+    };
+    assert_eq!(a_to_b(), Outcome::Answered);
+
+    // Fill the agent's policy map to its last entry, as a node with too many rules would.
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: agent.bpf_root(),
+        ..DatapathOptions::default()
+    })
+    .expect("open the agent's datapath");
+    let mut fillers = Vec::new();
+    for identity in 1u32.. {
+        let entry = PolicyEntry {
+            endpoint_id: FILLER,
+            direction: Direction::Ingress,
+            identity,
+            l4: L4Match::Any,
+        };
+        if dp.policy().put(&entry, Verdict::Allow).is_err() {
+            break;
+        }
+        fillers.push(entry);
+    }
+    assert!(
+        fillers.len() > 1000,
+        "the map took only {} entries",
+        fillers.len()
+    );
+
+    agent
+        .objects("apply", ONLY_FROM_TEST_NET)
+        .expect("apply the policy");
+    let mut seen = String::new();
+    let degraded = eventually(Duration::from_secs(20), || {
+        let (level, message) = health(&agent, "endpoint-manager.regenerate").unwrap_or_default();
+        seen = message.clone();
+        level == "Degraded" && message.contains("retrying in")
+    });
+    assert!(degraded, "never Degraded: {seen}");
+    eprintln!("{} filler entries; while full: {seen}", fillers.len());
+    assert!(
+        seen.contains(&format!("endpoint {id_b} (default/b): ")),
+        "{seen}"
+    );
+    assert!(seen.contains("cel_policy"), "{seen}");
+    assert_eq!(
+        a_to_b(),
+        Outcome::Answered,
+        "the old policy holds meanwhile"
+    );
+
+    // Room again: nothing else changes, the retry alone enforces the policy.
+    for entry in &fillers {
+        dp.policy().delete(entry).expect("remove a filler");
+    }
+    let healed = eventually(Duration::from_secs(60), || {
+        let (level, message) = health(&agent, "endpoint-manager.regenerate").unwrap_or_default();
+        seen = message;
+        level == "OK"
+    });
+    assert!(healed, "the retry never succeeded: {seen}");
+    eprintln!("after the fillers went: {seen}");
+    let ep = endpoint(&agent, &cid("full-b")).unwrap();
+    assert_eq!(ep["ingress_enforced"], true, "{ep}");
+    assert_eq!(a_to_b(), Outcome::Dropped, "the policy is enforced");
+}
