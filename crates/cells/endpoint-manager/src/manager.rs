@@ -21,7 +21,7 @@ use crate::config::EndpointConfig;
 use crate::endpoint::{Address, Endpoint, State};
 use crate::error::{Error, Result};
 use crate::locks::KeyLocks;
-use crate::plumbing::{self, Netlink, PodNetwork};
+use crate::plumbing::{self, Netlink, PodNetns, PodNetwork};
 use crate::policy::EnforcedTable;
 use crate::program;
 use crate::request::CreateRequest;
@@ -156,7 +156,7 @@ impl EndpointManager {
                 addresses: ips_text(ep.addresses.iter().map(|a| a.ip)),
                 requested: format!(
                     "{} with {}",
-                    req.netns.display(),
+                    req.netns.path().display(),
                     if req.requested_ips.is_empty() {
                         "any address".to_string()
                     } else {
@@ -164,9 +164,6 @@ impl EndpointManager {
                     }
                 ),
             });
-        }
-        if !plumbing::netns_exists(&req.netns) {
-            return Err(Error::NetnsMissing(req.netns.clone()));
         }
         let mut ep = self.reserve(&req)?;
         if let Err(e) = self.allocate(&mut ep, &req.requested_ips) {
@@ -178,7 +175,7 @@ impl EndpointManager {
             self.forget(&ep);
             return Err(e);
         }
-        match self.build(&node, &mut ep).await {
+        match self.build(&node, &req.netns, &mut ep).await {
             Ok(()) => {
                 tracing::info!(endpoint = %ep.describe(), ips = ?ep.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(), "endpoint ready");
                 self.changed();
@@ -215,13 +212,29 @@ impl EndpointManager {
         Ok(true)
     }
 
-    /// Checks that the endpoint's interfaces and datapath are as created.
-    pub async fn check(&self, container_id: &str, ifname: &str) -> Result<Endpoint> {
+    /// Checks that the endpoint's interfaces, in the namespace the caller passed, and its
+    /// datapath are as created.
+    pub async fn check(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        netns: &PodNetns,
+    ) -> Result<Endpoint> {
         let node = self.node()?.clone();
         let ep = self.find(container_id, ifname).ok_or_else(|| {
             Error::NotFound(format!("for container {container_id} interface {ifname}"))
         })?;
-        plumbing::check_pod(&node, &ep.netns, &network(&ep))
+        if netns.path() != ep.netns {
+            return Err(Error::Plumbing {
+                endpoint: ep.describe(),
+                source: plumbing::Error::Drift(format!(
+                    "it was set up in {}, not {}",
+                    ep.netns.display(),
+                    netns.path().display()
+                )),
+            });
+        }
+        plumbing::check_pod(&node, netns, &network(&ep))
             .await
             .map_err(|source| Error::Plumbing {
                 endpoint: ep.describe(),
@@ -334,7 +347,7 @@ impl EndpointManager {
             id,
             container_id: req.container_id.clone(),
             ifname: req.ifname.clone(),
-            netns: req.netns.clone(),
+            netns: req.netns.path().to_path_buf(),
             network: req.network.clone(),
             pod: req.pod.clone(),
             addresses: Vec::new(),
@@ -391,8 +404,8 @@ impl EndpointManager {
 
     /// Interfaces, identity, policy, programs; then the record says `Ready`. The programs
     /// are attached last: by the first packet, the endpoint's policy is in place.
-    async fn build(&self, node: &Netlink, ep: &mut Endpoint) -> Result<()> {
-        let iface = plumbing::setup_pod(node, &ep.netns, &network(ep))
+    async fn build(&self, node: &Netlink, netns: &PodNetns, ep: &mut Endpoint) -> Result<()> {
+        let iface = plumbing::setup_pod(node, netns, &network(ep))
             .await
             .map_err(|source| Error::Plumbing {
                 endpoint: ep.describe(),
@@ -487,7 +500,7 @@ impl EndpointManager {
 /// Whether `req` asks for what `ep` already is: the same network namespace, and addresses it
 /// holds (or none in particular).
 fn is_retry_of(req: &CreateRequest, ep: &Endpoint) -> bool {
-    req.netns == ep.netns
+    req.netns.path() == ep.netns
         && req
             .requested_ips
             .iter()
@@ -548,7 +561,7 @@ mod tests {
     fn request(netns: &str, ips: &[&str]) -> CreateRequest {
         CreateRequest {
             container_id: "c1".into(),
-            netns: netns.into(),
+            netns: PodNetns::unchecked(netns),
             ifname: "eth0".into(),
             pod: None,
             requested_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),

@@ -85,16 +85,17 @@ impl EndpointManager {
         if ep.state == State::Creating {
             return Err("its creation never finished".into());
         }
-        if !plumbing::netns_exists(&ep.netns) {
-            return Err(format!(
-                "its network namespace {} is gone",
-                ep.netns.display()
-            ));
-        }
-        let host = plumbing::find_link(&node.handle, &ep.host_ifname)
+        // Not the recorded path: it may be one only the runtime can see.
+        let host = plumbing::restorable_host_end(node, &ep.host_ifname)
             .await
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("its interface {} is gone", ep.host_ifname))?;
+            .ok_or_else(|| {
+                format!(
+                    "its interface {} is gone, and with it its network namespace {}",
+                    ep.host_ifname,
+                    ep.netns.display()
+                )
+            })?;
         ep.host_ifindex = host.index;
         ep.host_mac = host.mac;
         let owner = ep.describe();
