@@ -169,3 +169,48 @@ fn identity_reason(e: &cellium_identity::Error) -> Reason {
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_their_cause_not_their_grpc_code() {
+        let exhausted = Error::Ipam {
+            owner: "endpoint 1".into(),
+            source: cellium_ipam::Error::Exhausted {
+                cidr: "10.0.0.0/30".parse().unwrap(),
+                capacity: 1,
+            },
+        };
+        assert_eq!(exhausted.reason(), Reason::PoolExhausted);
+        let identities = Error::Identity {
+            endpoint: "endpoint 1".into(),
+            source: cellium_identity::Error::NoLabels,
+        };
+        assert_eq!(identities.reason(), Reason::Internal);
+        // Both were RESOURCE_EXHAUSTED once; the reasons tell them apart.
+        assert_eq!(
+            Error::IdsExhausted(65535).reason(),
+            Reason::EndpointIdsExhausted
+        );
+        let refused = Error::Netns {
+            container_id: "c1".into(),
+            source: plumbing::Error::NetnsRefused {
+                path: "/proc/self/ns/net".into(),
+                why: plumbing::Refusal::AgentOwn,
+            },
+        };
+        assert_eq!(refused.reason(), Reason::NetnsRefused);
+        assert_eq!(
+            Error::NetnsNotPassed("/run/netns/x".into()).reason(),
+            Reason::NetnsNotPassed
+        );
+        assert_eq!(Error::NotStarted.reason(), Reason::NotReady);
+        let drift = Error::Plumbing {
+            endpoint: "endpoint 1".into(),
+            source: plumbing::Error::Drift("eth0 is down".into()),
+        };
+        assert_eq!(drift.reason(), Reason::AttachmentDiffers);
+    }
+}
