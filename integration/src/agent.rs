@@ -375,7 +375,14 @@ impl Agent {
 
     /// Starts the plugin for `call` without waiting, so that many can run at once.
     pub fn spawn_cni(&self, call: &CniCall) -> Result<CniProcess> {
-        let mut cmd = Command::new(&self.bins.cni);
+        let mut cmd = match call.via.split_first() {
+            None => Command::new(&self.bins.cni),
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.bins.cni);
+                cmd
+            }
+        };
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("CNI_") {
                 cmd.env_remove(key);

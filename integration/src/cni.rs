@@ -19,6 +19,9 @@ pub struct CniCall {
     pub stdin: Option<Vec<u8>>,
     /// The version of the default configuration.
     pub cni_version: String,
+    /// A command the plugin is run through, its path appended (`nsenter --net=... --`, say, to
+    /// run it in another namespace); empty = run directly.
+    pub via: Vec<String>,
 }
 
 impl CniCall {
@@ -32,7 +35,15 @@ impl CniCall {
             ],
             stdin: None,
             cni_version: "1.0.0".into(),
+            via: Vec::new(),
         }
+    }
+
+    /// Runs the plugin through `command` (its path is appended as the last argument), as a
+    /// runtime in other namespaces than the test's would run it.
+    pub fn via(mut self, command: &[&str]) -> CniCall {
+        self.via = command.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// Sets `CNI_NETNS`.

@@ -685,9 +685,12 @@ fn a_full_pool_refuses_the_sixth_pod_and_changes_nothing() {
     let (code, msg) = cni_error(&out);
     assert_eq!(code, 103, "{out}");
     assert!(
-        msg.contains("10.244.7.0/29") && msg.contains("exhausted"),
+        msg.contains("10.244.7.0/29") && msg.contains("address pool exhausted"),
         "{msg}"
     );
+    // The agent said why in its own terms, not only with a gRPC code.
+    let details = out["details"].as_str().unwrap_or_default();
+    assert!(details.contains("REASON_POOL_EXHAUSTED"), "{details}");
     assert_eq!(state(&agent, &pods[5]), before);
     assert!(!has_eth0(&pods[5]));
     assert_eq!(used(&agent), 5);

@@ -1,5 +1,8 @@
 //! The cells that make up `cellium-agent`.
 
+use std::sync::Arc;
+
+use cellium_api::DatapathModules;
 use cellium_hive::{Cell, group};
 
 /// Every cell of the agent, infrastructure first.
@@ -8,7 +11,7 @@ pub fn cells() -> Vec<Cell> {
         group([
             cellium_statedir::cell().into(),
             cellium_metrics::cell().into(),
-            cellium_api_server::cell().into(),
+            cellium_api_server::cell().provide(datapath_modules).into(),
         ])
         .into(),
         cellium_loader::cell().into(),
@@ -23,6 +26,23 @@ pub fn cells() -> Vec<Cell> {
         ])
         .into(),
     ]
+}
+
+/// The modules that keep running pods' datapath current: the loader (programs and maps), the
+/// endpoint manager (endpoints, their policy entries), identities, the ipcache, the policy
+/// repository and the service load-balancer. When one of them is not OK, `Agent.Status` says
+/// running pods may have limited connectivity (CNI STATUS 51); when only others are (IPAM, the
+/// resource tables, the API, metrics), only new pods are refused (50). Declared here, once,
+/// from the cells' own ids.
+fn datapath_modules() -> Arc<DatapathModules> {
+    Arc::new(DatapathModules::new([
+        cellium_loader::cell().id(),
+        cellium_endpoint_manager::cell().id(),
+        cellium_identity::cell().id(),
+        cellium_ipcache::cell().id(),
+        cellium_policy_repo::cell().id(),
+        cellium_svc_lb::cell().id(),
+    ]))
 }
 
 #[cfg(test)]
@@ -53,6 +73,23 @@ mod tests {
         ] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_datapath_modules_are_modules_of_the_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = ConfigSources::new()
+            .flag("state-dir", dir.path().join("state"))
+            .flag("api-socket", dir.path().join("api.sock"));
+        let mut hive = Hive::new(cells()).with_config(sources);
+        hive.populate().unwrap();
+        let text = hive.describe();
+        let ids: Vec<&str> = datapath_modules().ids().collect();
+        assert_eq!(ids.len(), 6);
+        for id in ids {
+            assert!(text.contains(id), "{id} is not a module of the agent");
+        }
+        assert!(text.contains("datapath_modules"), "{text}");
     }
 
     /// Leaving out a cell that another needs is reported before anything runs, naming the

@@ -1,9 +1,12 @@
-//! `cellium status`: the agent's version, uptime and module health.
+//! `cellium status`: the agent's version, uptime, module health, what it means for pods, and the
+//! notes an operator must know.
 
 use std::path::Path;
 use std::time::Duration;
 
-use cellium_api::v1::{HealthLevel, HealthNode, StatusRequest, agent_client::AgentClient};
+use cellium_api::v1::{
+    HealthLevel, HealthNode, Readiness, StatusRequest, agent_client::AgentClient,
+};
 use serde::Serialize;
 
 use crate::output::{self, Format};
@@ -25,7 +28,17 @@ struct StatusView {
     version: String,
     uptime_seconds: u64,
     level: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pods: Option<PodsView>,
+    notes: Vec<String>,
     modules: Vec<NodeView>,
+}
+
+/// What the health means for the node's pods, as the agent judges it.
+#[derive(Debug, Serialize)]
+struct PodsView {
+    new_pods_can_be_set_up: bool,
+    running_pods_affected: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,6 +62,8 @@ pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
         version: status.version.clone(),
         uptime_seconds: status.uptime_ms / 1000,
         level: level_name(status.level()),
+        pods: status.readiness.as_ref().map(pods_view),
+        notes: status.notes.clone(),
         modules: status.modules.iter().map(node_view).collect(),
     };
     match args.output {
@@ -82,6 +97,30 @@ fn print_summary(view: &StatusView, modules: &[HealthNode]) {
             level_name(node.level()),
             node.message
         );
+    }
+    if let Some(pods) = &view.pods {
+        println!("Pods:     {}", pods_line(pods));
+    }
+    for (i, note) in view.notes.iter().enumerate() {
+        let label = if i == 0 { "Notes:" } else { "" };
+        println!("{label:<10}{note}");
+    }
+}
+
+fn pods_view(r: &Readiness) -> PodsView {
+    PodsView {
+        new_pods_can_be_set_up: r.serves_add,
+        running_pods_affected: r.running_pods_affected,
+    }
+}
+
+fn pods_line(pods: &PodsView) -> &'static str {
+    match (pods.new_pods_can_be_set_up, pods.running_pods_affected) {
+        (true, _) => "new pods can be set up",
+        (false, false) => "new pods cannot be set up; running pods are unaffected",
+        (false, true) => {
+            "new pods cannot be set up, and running pods may have limited connectivity"
+        }
     }
 }
 
@@ -138,5 +177,36 @@ fn level_name(level: HealthLevel) -> &'static str {
         HealthLevel::Degraded => "Degraded",
         HealthLevel::Stopped => "Stopped",
         HealthLevel::Unspecified => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_carries_the_notes_and_what_health_means_for_pods() {
+        let view = StatusView {
+            version: "0.1.0".into(),
+            uptime_seconds: 3,
+            level: "Degraded",
+            pods: Some(pods_view(&Readiness {
+                serves_add: false,
+                causes: vec![],
+                running_pods_affected: true,
+            })),
+            notes: vec!["IPv6 is not enforced: policy applies to IPv4 only".into()],
+            modules: vec![],
+        };
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(
+            json["notes"],
+            serde_json::json!(["IPv6 is not enforced: policy applies to IPv4 only"])
+        );
+        assert_eq!(json["pods"]["running_pods_affected"], true);
+        assert_eq!(
+            pods_line(view.pods.as_ref().unwrap()),
+            "new pods cannot be set up, and running pods may have limited connectivity"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! can give up on work nobody waits for.
 
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,11 @@ use cellium_api::v1::ipam_client::IpamClient;
 use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
+
+/// The largest answer the plugin reads. Requests stay within tonic's 4 MiB default, which the
+/// agent enforces, and are far smaller; answers that list the node's state (`Ipam.List` with
+/// every allocation of a /16) can pass 4 MiB, and the plugin reads them whole.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// A connection to the agent.
 #[derive(Debug, Clone)]
@@ -26,7 +32,25 @@ pub struct Agent {
 impl Agent {
     /// Connects to the agent on `socket`, waiting at most `timeout`.
     pub async fn connect(socket: &Path, timeout: Duration) -> Result<Agent> {
-        match tokio::time::timeout(timeout, cellium_api::connect(socket)).await {
+        Agent::open(timeout, cellium_api::connect(socket)).await
+    }
+
+    /// Connects to the agent on `socket` passing the pod's network namespace `netns` (opened
+    /// here, where the runtime's path is valid), waiting at most `timeout`: what ADD and CHECK
+    /// need.
+    pub async fn connect_with_netns(
+        socket: &Path,
+        timeout: Duration,
+        netns: OwnedFd,
+    ) -> Result<Agent> {
+        Agent::open(timeout, cellium_api::connect_with_netns(socket, netns)).await
+    }
+
+    async fn open(
+        timeout: Duration,
+        connecting: impl Future<Output = Result<Channel, cellium_api::ConnectError>>,
+    ) -> Result<Agent> {
+        match tokio::time::timeout(timeout, connecting).await {
             Err(_) => Err(Error::AgentTimeout {
                 call: "the connection",
                 timeout,
@@ -38,17 +62,17 @@ impl Agent {
 
     /// A client of the `cellium.v1.Endpoints` service.
     pub fn endpoints(&self) -> EndpointsClient<Channel> {
-        EndpointsClient::new(self.channel.clone())
+        EndpointsClient::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES)
     }
 
     /// A client of the `cellium.v1.Agent` service.
     pub fn agent(&self) -> AgentClient<Channel> {
-        AgentClient::new(self.channel.clone())
+        AgentClient::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES)
     }
 
     /// A client of the `cellium.v1.Ipam` service.
     pub fn ipam(&self) -> IpamClient<Channel> {
-        IpamClient::new(self.channel.clone())
+        IpamClient::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES)
     }
 
     /// Wraps a message into a request that carries the time limit as its gRPC deadline.
@@ -89,6 +113,7 @@ impl Agent {
             Ok(Err(status)) => Err(Error::Agent {
                 call,
                 grpc: status.code(),
+                reason: cellium_api::reason_of(&status),
                 message: status.message().to_string(),
             }),
             Ok(Ok(response)) => Ok(response.into_inner()),

@@ -62,12 +62,13 @@ fn run(env: &[(&str, &str)], stdin: &str) -> Run {
     }
 }
 
-/// The environment of an attachment verb for container `c1`, interface `eth0`.
+/// The environment of an attachment verb for container `c1`, interface `eth0`. Its netns is one
+/// the plugin can open (its own); no agent would accept it, and none answers here.
 fn attachment_env(verb: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![
         ("CNI_COMMAND", verb),
         ("CNI_CONTAINERID", "c1"),
-        ("CNI_NETNS", "/run/netns/cellium-test"),
+        ("CNI_NETNS", "/proc/self/ns/net"),
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", "/opt/cni/bin"),
         (
@@ -224,6 +225,37 @@ fn add_without_an_agent_is_try_again_later_and_says_the_agent_is_down() {
         assert!(msg.contains("the Cellium agent is not running at"), "{msg}");
         assert!(msg.contains(&socket.display().to_string()), "{msg}");
         assert_eq!(out.json()["cniVersion"], version);
+    }
+}
+
+#[test]
+fn a_netns_that_does_not_exist_is_code_102_before_the_agent_is_asked() {
+    let (_dir, socket) = no_agent();
+    let mut env = attachment_env("ADD");
+    env.retain(|(k, _)| *k != "CNI_NETNS");
+    env.push(("CNI_NETNS", "/run/netns/cellium-test-absent"));
+    let msg = run(&env, &config("1.0.0", &socket)).error(102);
+    assert!(
+        msg.contains("CNI_NETNS=/run/netns/cellium-test-absent"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_socket_that_is_not_a_socket_is_code_7_naming_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("agent.sock");
+    std::fs::write(&file, "").expect("write");
+    for (path, found) in [
+        (file, "a regular file"),
+        (dir.path().to_path_buf(), "a directory"),
+    ] {
+        for verb in ["ADD", "DEL"] {
+            let msg = run(&attachment_env(verb), &config("1.0.0", &path)).error(7);
+            assert!(msg.contains("\"socket\""), "{msg}");
+            assert!(msg.contains(found), "{msg}");
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+        }
     }
 }
 

@@ -1,10 +1,14 @@
 //! The `api-server` cell: the agent's gRPC API on a unix socket.
 //!
 //! - **Owns** the socket (`api-socket`, default `/run/cellium/cellium.sock`, mode 0600) and the
-//!   tonic server on it, and the `cellium.v1.Agent` service (`Status`: version, uptime and the
-//!   module health tree).
+//!   tonic server on it, which accepts connections with `cellium_api::incoming` (a client may
+//!   pass a pod's network namespace as it connects), and the `cellium.v1.Agent` service
+//!   (`Status`: version, uptime, the module health tree, the readiness it implies for new and
+//!   running pods, and the operator notes).
 //! - **Provides** `Arc<ApiServer>`; it is a driving cell, so it invokes itself.
-//! - **Depends on** every `Arc<ApiService>` other cells contribute, and the hive's `Health`.
+//! - **Depends on** every `Arc<ApiService>` and every `Arc<StatusNote>` other cells contribute,
+//!   the hive's `Health`, and optionally `Arc<DatapathModules>` (the agent binary provides it:
+//!   which modules' health affects running pods).
 //! - **Config keys:** `api-socket`.
 //! - **Degraded** when the server stops on an error; a socket that another live agent serves,
 //!   or that cannot be created, fails the start.
@@ -18,6 +22,7 @@ use std::sync::Arc;
 
 use cellium_hive::Module;
 
+pub use agent::AgentService;
 pub use config::ApiServerConfig;
 pub use server::ApiServer;
 pub use socket::SocketError;
@@ -29,6 +34,7 @@ pub fn cell() -> Module {
         "Serves the agent's gRPC API on a unix socket (mode 0600)",
     )
     .config::<ApiServerConfig>()
+    .provide_private(AgentService::new)
     .provide(ApiServer::new)
     .invoke(|_: Arc<ApiServer>| {})
 }

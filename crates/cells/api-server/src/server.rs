@@ -2,12 +2,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
-use cellium_api::ApiService;
 use cellium_api::v1::agent_server::AgentServer;
-use cellium_hive::{Config, Health, Hook, Jobs, Lifecycle, Reporter};
-use tokio_stream::wrappers::UnixListenerStream;
+use cellium_api::{ApiService, HANDSHAKE_TIMEOUT};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
 
@@ -29,14 +27,11 @@ impl ApiServer {
         cfg: Config<ApiServerConfig>,
         lc: Lifecycle,
         jobs: Jobs,
-        health: Health,
         reporter: Reporter,
+        agent: Arc<AgentService>,
         services: Vec<Arc<ApiService>>,
     ) -> Arc<ApiServer> {
-        let agent = AgentServer::new(AgentService {
-            health,
-            started: Instant::now(),
-        });
+        let agent = AgentServer::from_arc(agent);
         let mut names = vec![ApiService::new(agent.clone()).name()];
         names.extend(services.iter().map(|s| s.name()));
         let server = Arc::new(ApiServer {
@@ -98,7 +93,10 @@ fn serve(
             reporter.ok("serving");
             Server::builder()
                 .add_routes(routes)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), ctx.cancelled())
+                .serve_with_incoming_shutdown(
+                    cellium_api::incoming(listener, HANDSHAKE_TIMEOUT),
+                    ctx.cancelled(),
+                )
                 .await?;
             Ok(())
         }

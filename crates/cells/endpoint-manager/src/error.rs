@@ -1,6 +1,11 @@
-//! Errors of the endpoint manager, each naming the endpoint and the input at fault.
+//! Errors of the endpoint manager, each naming the endpoint and the input at fault, and the
+//! typed reason each gives the API's callers ([`Error::reason`]).
 
 use std::path::PathBuf;
+
+use cellium_api::Reason;
+
+use crate::plumbing;
 
 /// Why an endpoint operation failed. Every failure of `create` leaves nothing behind.
 #[derive(Debug, thiserror::Error)]
@@ -13,9 +18,22 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// The pod's network namespace does not exist.
-    #[error("network namespace {0} does not exist")]
-    NetnsMissing(PathBuf),
+    /// The request names the pod's network namespace, but the caller did not pass the namespace
+    /// itself with the call (an open descriptor), and the path alone may be one the agent cannot
+    /// see or that names another namespace here.
+    #[error(
+        "network namespace {0} was named but not passed: the caller must open it and pass the descriptor with the call (cellium-cni does; API clients use cellium_api::connect_with_netns)"
+    )]
+    NetnsNotPassed(PathBuf),
+    /// The network namespace passed cannot be used for a pod.
+    #[error("the network namespace of container {container_id}")]
+    Netns {
+        /// The runtime's container id.
+        container_id: String,
+        /// Why.
+        #[source]
+        source: plumbing::Error,
+    },
     /// No endpoint matches.
     #[error("no endpoint {0}")]
     NotFound(String),
@@ -131,5 +149,107 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+impl Error {
+    /// The reason the API gives its caller (`proto/cellium/v1/reason.proto`). Every variant, and
+    /// every variant of the errors it wraps, chooses one here.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Error::Invalid { .. } => Reason::InvalidRequest,
+            Error::NetnsNotPassed(_) => Reason::NetnsNotPassed,
+            Error::Netns { source, .. } | Error::Plumbing { source, .. } => plumbing_reason(source),
+            Error::NotFound(_) => Reason::EndpointNotFound,
+            Error::AttachmentExists { .. } => Reason::AttachmentExists,
+            Error::IdsExhausted(_) => Reason::EndpointIdsExhausted,
+            Error::Ipam { source, .. } => ipam_reason(source),
+            Error::Identity { source, .. } => identity_reason(source),
+            Error::Datapath { .. } => Reason::DatapathFailed,
+            Error::Loader(_) | Error::NotStarted => Reason::NotReady,
+            Error::State { .. } => Reason::StateWriteFailed,
+            Error::Teardown { .. } => Reason::TeardownIncomplete,
+            // Only ever a start failure, never an answer to a request.
+            Error::OutsidePodCidr { .. } => Reason::Internal,
+        }
+    }
+}
+
+fn plumbing_reason(e: &plumbing::Error) -> Reason {
+    use plumbing::Error as P;
+    match e {
+        P::NetnsRefused { .. } => Reason::NetnsRefused,
+        P::LinkExists { .. } => Reason::InterfaceExists,
+        P::LinkMissing { .. } | P::Drift(_) => Reason::AttachmentDiffers,
+        P::Netns { .. } | P::Netlink { .. } | P::Sysctl { .. } | P::Thread { .. } => {
+            Reason::InterfaceSetupFailed
+        }
+    }
+}
+
+fn ipam_reason(e: &cellium_ipam::Error) -> Reason {
+    use cellium_ipam::Error as I;
+    match e {
+        I::Exhausted { .. } => Reason::PoolExhausted,
+        I::InUse { .. } => Reason::AddressInUse,
+        I::NotInPool { .. } | I::Reserved { .. } => Reason::AddressOutsidePools,
+        I::NoPool { .. } => Reason::NoPool,
+        // Configuration errors of the pools themselves; a request cannot cause them.
+        I::PoolTooSmall { .. } | I::Overlap { .. } => Reason::Internal,
+    }
+}
+
+fn identity_reason(e: &cellium_identity::Error) -> Reason {
+    use cellium_identity::Error as I;
+    match e {
+        I::Exhausted { .. } => Reason::IdentitiesExhausted,
+        I::State { .. } | I::Decode { .. } => Reason::IdentityStoreFailed,
+        // The endpoint's labels are the agent's making, not the caller's.
+        I::NoLabels | I::UnknownReserved { .. } => Reason::Internal,
+    }
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_their_cause_not_their_grpc_code() {
+        let exhausted = Error::Ipam {
+            owner: "endpoint 1".into(),
+            source: cellium_ipam::Error::Exhausted {
+                cidr: "10.0.0.0/30".parse().unwrap(),
+                capacity: 1,
+            },
+        };
+        assert_eq!(exhausted.reason(), Reason::PoolExhausted);
+        let identities = Error::Identity {
+            endpoint: "endpoint 1".into(),
+            source: cellium_identity::Error::NoLabels,
+        };
+        assert_eq!(identities.reason(), Reason::Internal);
+        // Both were RESOURCE_EXHAUSTED once; the reasons tell them apart.
+        assert_eq!(
+            Error::IdsExhausted(65535).reason(),
+            Reason::EndpointIdsExhausted
+        );
+        let refused = Error::Netns {
+            container_id: "c1".into(),
+            source: plumbing::Error::NetnsRefused {
+                path: "/proc/self/ns/net".into(),
+                why: plumbing::Refusal::AgentOwn,
+            },
+        };
+        assert_eq!(refused.reason(), Reason::NetnsRefused);
+        assert_eq!(
+            Error::NetnsNotPassed("/run/netns/x".into()).reason(),
+            Reason::NetnsNotPassed
+        );
+        assert_eq!(Error::NotStarted.reason(), Reason::NotReady);
+        let drift = Error::Plumbing {
+            endpoint: "endpoint 1".into(),
+            source: plumbing::Error::Drift("eth0 is down".into()),
+        };
+        assert_eq!(drift.reason(), Reason::AttachmentDiffers);
+    }
+}

@@ -2,21 +2,23 @@
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cellium_api::ApiService;
 use cellium_api::v1::endpoints_server::{Endpoints as EndpointsApi, EndpointsServer};
 use cellium_api::v1::{
     self, CheckEndpointRequest, CheckEndpointResponse, CreateEndpointRequest,
     DeleteEndpointRequest, DeleteEndpointResponse, EndpointPeer, EndpointState, GcRequest,
     GcResponse, GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse, Route,
 };
-use tonic::{Code, Request, Response, Status};
+use cellium_api::{ApiService, Peer, Reason, refusal};
+use tonic::{Request, Response, Status};
 
 use crate::endpoint::{Endpoint, PodRef, State, mac_text};
-use crate::error::Error;
+use crate::error::{Error, chain};
 use crate::manager::EndpointManager;
+use crate::plumbing::PodNetns;
 use crate::request::CreateRequest;
 
 /// Serves the endpoint manager over gRPC.
@@ -38,7 +40,8 @@ impl EndpointsApi for EndpointService {
         &self,
         req: Request<CreateEndpointRequest>,
     ) -> Result<Response<v1::Endpoint>, Status> {
-        let req = create_request(req.into_inner())?;
+        let passed = passed_netns(&req);
+        let req = create_request(req.into_inner(), passed)?;
         let ep = self.0.create(req).await.map_err(status)?;
         Ok(Response::new(view(&self.0, &ep, false)))
     }
@@ -60,12 +63,17 @@ impl EndpointsApi for EndpointService {
         &self,
         req: Request<CheckEndpointRequest>,
     ) -> Result<Response<CheckEndpointResponse>, Status> {
+        let passed = passed_netns(&req);
         let req = req.into_inner();
-        self.0
-            .check(&req.container_id, &req.ifname)
+        let netns = pod_netns(&req.container_id, &req.netns, passed).map_err(status)?;
+        let ep = self
+            .0
+            .check(&req.container_id, &req.ifname, &netns)
             .await
             .map_err(status)?;
-        Ok(Response::new(CheckEndpointResponse {}))
+        Ok(Response::new(CheckEndpointResponse {
+            endpoint: Some(view(&self.0, &ep, false)),
+        }))
     }
 
     async fn get(
@@ -77,7 +85,7 @@ impl EndpointsApi for EndpointService {
             .ok()
             .and_then(|id| self.0.get(id))
             .map(|ep| Response::new(view(&self.0, &ep, true)))
-            .ok_or_else(|| Status::not_found(format!("no endpoint {id}")))
+            .ok_or_else(|| refusal(Reason::EndpointNotFound, format!("no endpoint {id}")))
     }
 
     async fn list(
@@ -107,7 +115,34 @@ impl EndpointsApi for EndpointService {
     }
 }
 
-fn create_request(req: CreateEndpointRequest) -> Result<CreateRequest, Status> {
+/// The network namespace the caller passed when it connected, if it did.
+fn passed_netns<T>(req: &Request<T>) -> Option<Arc<OwnedFd>> {
+    Peer::of(req).and_then(|p| p.netns.clone())
+}
+
+/// The pod's namespace of a request that names `path`: the one passed, once checked.
+fn pod_netns(
+    container_id: &str,
+    path: &str,
+    passed: Option<Arc<OwnedFd>>,
+) -> Result<PodNetns, Error> {
+    if path.is_empty() {
+        return Err(Error::Invalid {
+            field: "netns",
+            reason: "is empty: name the pod's network namespace (CNI_NETNS)".into(),
+        });
+    }
+    let fd = passed.ok_or_else(|| Error::NetnsNotPassed(PathBuf::from(path)))?;
+    PodNetns::new(PathBuf::from(path), fd).map_err(|source| Error::Netns {
+        container_id: container_id.to_string(),
+        source,
+    })
+}
+
+fn create_request(
+    req: CreateEndpointRequest,
+    passed: Option<Arc<OwnedFd>>,
+) -> Result<CreateRequest, Status> {
     let requested_ips = req
         .requested_ips
         .iter()
@@ -115,9 +150,10 @@ fn create_request(req: CreateEndpointRequest) -> Result<CreateRequest, Status> {
             // The runtime may send an address with its prefix (the `ips` capability does).
             let ip = s.split('/').next().unwrap_or_default();
             ip.parse::<IpAddr>().map_err(|_| {
-                Status::invalid_argument(format!(
-                    "invalid requested_ips: {s:?} is not an IP address"
-                ))
+                refusal(
+                    Reason::InvalidRequest,
+                    format!("invalid requested_ips: {s:?} is not an IP address"),
+                )
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -130,9 +166,10 @@ fn create_request(req: CreateEndpointRequest) -> Result<CreateRequest, Status> {
         },
         name: req.pod_name.clone(),
     });
+    let netns = pod_netns(&req.container_id, &req.netns, passed).map_err(status)?;
     Ok(CreateRequest {
         container_id: req.container_id,
-        netns: PathBuf::from(req.netns),
+        netns,
         ifname: req.ifname,
         pod,
         requested_ips,
@@ -141,48 +178,10 @@ fn create_request(req: CreateEndpointRequest) -> Result<CreateRequest, Status> {
     })
 }
 
-/// Error kinds as the API's contract names them; the message carries the whole chain.
+/// The refusal the API's contract gives `e`: its reason (which sets the gRPC code) and the
+/// whole chain as the message.
 fn status(e: Error) -> Status {
-    let code = match &e {
-        Error::Invalid { .. } => Code::InvalidArgument,
-        Error::NetnsMissing(_) | Error::NotFound(_) => Code::NotFound,
-        Error::IdsExhausted(_) => Code::ResourceExhausted,
-        Error::AttachmentExists { .. } => Code::AlreadyExists,
-        Error::Ipam { source, .. } => match source {
-            cellium_ipam::Error::Exhausted { .. } => Code::ResourceExhausted,
-            cellium_ipam::Error::InUse { .. } => Code::AlreadyExists,
-            cellium_ipam::Error::NoPool { .. }
-            | cellium_ipam::Error::NotInPool { .. }
-            | cellium_ipam::Error::Reserved { .. } => Code::InvalidArgument,
-            _ => Code::Internal,
-        },
-        Error::Plumbing { source, .. } => match source {
-            crate::plumbing::Error::LinkExists { .. } => Code::AlreadyExists,
-            crate::plumbing::Error::Netns { .. } => Code::NotFound,
-            crate::plumbing::Error::Drift(_) | crate::plumbing::Error::LinkMissing { .. } => {
-                Code::FailedPrecondition
-            }
-            _ => Code::Internal,
-        },
-        Error::NotStarted | Error::Loader(_) => Code::Unavailable,
-        Error::Identity { .. } => Code::ResourceExhausted,
-        Error::Datapath { .. }
-        | Error::State { .. }
-        | Error::Teardown { .. }
-        | Error::OutsidePodCidr { .. } => Code::Internal,
-    };
-    Status::new(code, chain(&e))
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    refusal(e.reason(), chain(&e))
 }
 
 /// The endpoint as the API returns it, with what its policy allows and denies when

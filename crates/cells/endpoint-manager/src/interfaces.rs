@@ -6,11 +6,10 @@
 //! (`crate::testing`), and end to end against the kernel under `integration/`.
 
 use std::net::IpAddr;
-use std::path::Path;
 
 use futures::future::BoxFuture;
 
-use crate::plumbing::{self, Link, Netlink, PodInterface, PodNetwork, Result};
+use crate::plumbing::{self, Link, Netlink, PodInterface, PodNetns, PodNetwork, Result};
 
 /// Pods' interfaces as the endpoint manager uses them.
 pub(crate) trait Interfaces: Send + Sync {
@@ -18,7 +17,7 @@ pub(crate) trait Interfaces: Send + Sync {
     /// On error some of it may exist; [`Interfaces::teardown_pod`] removes all of it.
     fn setup_pod<'a>(
         &'a self,
-        netns: &'a Path,
+        netns: &'a PodNetns,
         net: &'a PodNetwork,
     ) -> BoxFuture<'a, Result<PodInterface>>;
 
@@ -27,9 +26,14 @@ pub(crate) trait Interfaces: Send + Sync {
     fn teardown_pod<'a>(&'a self, host_ifname: &'a str) -> BoxFuture<'a, Result<bool>>;
 
     /// Checks the pod's interface, addresses and default route, then the host end.
-    fn check_pod<'a>(&'a self, netns: &'a Path, net: &'a PodNetwork) -> BoxFuture<'a, Result<()>>;
+    fn check_pod<'a>(
+        &'a self,
+        netns: &'a PodNetns,
+        net: &'a PodNetwork,
+    ) -> BoxFuture<'a, Result<()>>;
 
-    /// The node's link named `name`.
+    /// The node's link named `name`. For a restored endpoint's host end, its existence is what
+    /// proves the pod's network namespace still exists (see [`plumbing::restorable_host_end`]).
     fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Link>>>;
 
     /// Every link of the node named like a host end, as (name, index).
@@ -38,15 +42,12 @@ pub(crate) trait Interfaces: Send + Sync {
     /// Every route of the node to a single address through an interface, as (address,
     /// interface index).
     fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>>;
-
-    /// Whether `path` names a network namespace that still exists.
-    fn netns_exists(&self, path: &Path) -> bool;
 }
 
 impl Interfaces for Netlink {
     fn setup_pod<'a>(
         &'a self,
-        netns: &'a Path,
+        netns: &'a PodNetns,
         net: &'a PodNetwork,
     ) -> BoxFuture<'a, Result<PodInterface>> {
         Box::pin(plumbing::setup_pod(self, netns, net))
@@ -56,7 +57,11 @@ impl Interfaces for Netlink {
         Box::pin(plumbing::teardown_pod(self, host_ifname))
     }
 
-    fn check_pod<'a>(&'a self, netns: &'a Path, net: &'a PodNetwork) -> BoxFuture<'a, Result<()>> {
+    fn check_pod<'a>(
+        &'a self,
+        netns: &'a PodNetns,
+        net: &'a PodNetwork,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(plumbing::check_pod(self, netns, net))
     }
 
@@ -70,9 +75,5 @@ impl Interfaces for Netlink {
 
     fn host_routes(&self) -> BoxFuture<'_, Result<Vec<(IpAddr, u32)>>> {
         Box::pin(plumbing::host_routes(self))
-    }
-
-    fn netns_exists(&self, path: &Path) -> bool {
-        plumbing::netns_exists(path)
     }
 }

@@ -1,18 +1,19 @@
 //! What the runtime asks for, checked before anything is touched.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
 
 use crate::endpoint::PodRef;
 use crate::error::{Error, Result};
+use crate::plumbing::PodNetns;
 
 /// A request to create an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateRequest {
     /// The runtime's container id.
     pub container_id: String,
-    /// The pod's network namespace.
-    pub netns: PathBuf,
+    /// The pod's network namespace: the namespace the caller passed, checked to be neither the
+    /// agent's nor the node's, and the path the runtime named it by.
+    pub netns: PodNetns,
     /// The interface name inside the pod.
     pub ifname: String,
     /// The pod, if the runtime named it.
@@ -30,12 +31,12 @@ impl CreateRequest {
     pub fn validate(&self) -> Result<()> {
         container_id(&self.container_id)?;
         ifname(&self.ifname)?;
-        if !self.netns.is_absolute() {
+        if !self.netns.path().is_absolute() {
             return Err(invalid(
                 "netns",
                 format!(
                     "{:?} is not an absolute path to a network namespace",
-                    self.netns
+                    self.netns.path()
                 ),
             ));
         }
@@ -91,7 +92,7 @@ mod tests {
     fn req() -> CreateRequest {
         CreateRequest {
             container_id: "abc123".into(),
-            netns: "/run/netns/x".into(),
+            netns: PodNetns::unchecked("/run/netns/x"),
             ifname: "eth0".into(),
             pod: None,
             requested_ips: vec![],
@@ -108,7 +109,7 @@ mod tests {
             (|r| r.container_id = "-x".into(), "container_id"),
             (|r| r.ifname = "a-very-long-interface".into(), "ifname"),
             (|r| r.ifname = "eth/0".into(), "ifname"),
-            (|r| r.netns = "netns".into(), "netns"),
+            (|r| r.netns = PodNetns::unchecked("netns"), "netns"),
             (|r| r.mtu = Some(20), "mtu"),
         ];
         for (break_it, field) in cases {

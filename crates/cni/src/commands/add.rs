@@ -2,7 +2,8 @@
 //!
 //! The agent does all the work (addresses, veth pair, routes, datapath) in
 //! `Endpoints.Create`, which returns once the datapath enforces the endpoint, so a pod never
-//! starts before its network is ready. With a `prevResult` (this plugin anywhere in a chain),
+//! starts before its network is ready. The pod's network namespace goes with the call, opened
+//! here ([`crate::netns`]). With a `prevResult` (this plugin anywhere in a chain),
 //! the plugin's interfaces, IPs and routes are appended to it.
 
 use cellium_api::v1::{CreateEndpointRequest, EndpointState};
@@ -11,6 +12,7 @@ use super::{Reply, Request};
 use crate::agent::Agent;
 use crate::env::Env;
 use crate::error::{Error, Result};
+use crate::netns;
 use crate::result::{CniResult, endpoint, merge};
 use crate::version::Verb;
 
@@ -28,7 +30,8 @@ pub async fn exec(env: &Env, stdin: &[u8]) -> Result<Reply> {
         .as_ref()
         .map(|v| CniResult::parse(v, conf.version))
         .transpose()?;
-    let agent = Agent::connect(&conf.socket, conf.timeout).await?;
+    let netns = netns::open(&attachment.netns)?;
+    let agent = Agent::connect_with_netns(&conf.socket, conf.timeout, netns).await?;
     let request = CreateEndpointRequest {
         container_id: attachment.container_id.clone(),
         netns: attachment.netns.clone(),

@@ -2,20 +2,22 @@
 //!
 //! Three comparisons, each failure naming what differs:
 //! 1. `prevResult` (the runtime's view) must list the pod interface `CNI_IFNAME` in `CNI_NETNS`;
-//! 2. `Endpoints.Check`: the agent compares the pod's interface, addresses and routes in the
-//!    netns with its record (FAILED_PRECONDITION with the difference, NOT_FOUND if unknown);
+//! 2. `Endpoints.Check`, with the pod's network namespace passed along: the agent compares the
+//!    pod's interface, addresses and routes in it with its record (the difference, or no such
+//!    endpoint), and answers with the record;
 //! 3. every address of the agent's record must be in `prevResult` on that interface.
 //!
 //! MACs and routes in `prevResult` are not compared: a later plugin of the chain may change
 //! them, which the spec tells CHECK to allow.
 
-use cellium_api::v1::{CheckEndpointRequest, ListEndpointsRequest};
+use cellium_api::v1::CheckEndpointRequest;
 
 use super::{Reply, Request};
 use crate::addr::Cidr;
 use crate::agent::Agent;
 use crate::env::{Attachment, Env};
 use crate::error::{Error, Result};
+use crate::netns;
 use crate::result::CniResult;
 use crate::version::Verb;
 
@@ -31,42 +33,28 @@ pub async fn exec(env: &Env, stdin: &[u8]) -> Result<Reply> {
     let prev = CniResult::parse(prev, conf.version)?;
     let pod = pod_interface(&prev, &attachment)?;
 
-    let agent = Agent::connect(&conf.socket, conf.timeout).await?;
+    let netns = netns::open(&attachment.netns)?;
+    let agent = Agent::connect_with_netns(&conf.socket, conf.timeout, netns).await?;
     let request = CheckEndpointRequest {
         container_id: attachment.container_id.clone(),
         ifname: attachment.ifname.clone(),
         netns: attachment.netns.clone(),
     };
-    agent
+    let ep = agent
         .call(
             "Endpoints.Check",
             agent.endpoints().check(agent.request(request)),
         )
-        .await?;
-    let list = agent
-        .call(
-            "Endpoints.List",
-            agent
-                .endpoints()
-                .list(agent.request(ListEndpointsRequest {})),
-        )
-        .await?;
-    let Some(ep) = list
-        .endpoints
-        .iter()
-        .find(|e| e.container_id == attachment.container_id && e.ifname == attachment.ifname)
-    else {
-        return Err(Error::CheckMismatch {
-            differences: vec![format!(
-                "the agent has no endpoint for container {} interface {}",
-                attachment.container_id, attachment.ifname
-            )],
-        });
-    };
+        .await?
+        .endpoint
+        .ok_or(Error::AgentReply {
+            call: "Endpoints.Check",
+            reason: "it did not return the endpoint".into(),
+        })?;
     let mut differences = Vec::new();
     for a in &ep.addresses {
         let address = Cidr::parse(&a.address).map_err(|reason| Error::AgentReply {
-            call: "Endpoints.List",
+            call: "Endpoints.Check",
             reason,
         })?;
         let listed = prev

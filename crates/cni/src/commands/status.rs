@@ -1,33 +1,24 @@
 //! STATUS: can the plugin serve ADD now?
 //!
-//! Success needs the agent reachable, its health level OK, and a free address in some pool.
-//! Otherwise:
-//! - code 50 (not available) when the agent is unreachable, reports no level, has no pool or
-//!   only full pools, or when only modules that serve new pods are unhealthy (ipam,
-//!   k8s-watchers, resources, api-server, ...): running pods keep their pinned datapath;
-//! - code 51 (not available, existing pods may have limited connectivity) when a module that
-//!   keeps running pods' datapath current is Degraded or Stopped ([`DATAPATH_MODULES`]): their
+//! Success needs the agent reachable, its readiness saying it serves ADD, and a free address in
+//! some pool. Otherwise:
+//! - code 50 (not available) when the agent is unreachable, does not report its readiness, has
+//!   no pool or only full pools, or cannot serve ADD while pods already running are unaffected;
+//! - code 51 (not available, existing pods may have limited connectivity) when the agent says
+//!   running pods are affected: a module that keeps their datapath current is not OK, so their
 //!   policy, identities or service maps may be stale.
+//!
+//! Which modules keep the datapath current is the agent's knowledge (`Readiness` in
+//! `Agent.Status`), not the plugin's: the plugin judges no module by its name.
 
 use cellium_api::v1::ListIpamRequest;
-use cellium_api::v1::{HealthLevel, HealthNode, ListIpamResponse, StatusRequest, StatusResponse};
+use cellium_api::v1::{ListIpamResponse, Readiness, StatusRequest, StatusResponse};
 
 use super::Reply;
 use crate::agent::Agent;
 use crate::config::NetConf;
 use crate::error::{Error, Result};
 use crate::version::Verb;
-
-/// Modules whose failure affects pods that already run: they write the BPF maps the datapath
-/// reads for every packet.
-pub const DATAPATH_MODULES: [&str; 6] = [
-    "loader",
-    "endpoint-manager",
-    "identity",
-    "ipcache",
-    "policy-repo",
-    "svc-lb",
-];
 
 /// Runs STATUS.
 pub async fn exec(stdin: &[u8]) -> Result<Reply> {
@@ -74,70 +65,44 @@ fn not_available(e: Error) -> Error {
     }
 }
 
-/// Judges the agent's health tree.
+/// Judges the agent's own verdict on its health.
 fn health(status: &StatusResponse) -> Result<()> {
-    let level = status.level();
-    match level {
-        HealthLevel::Ok => return Ok(()),
-        HealthLevel::Unspecified => {
-            return Err(Error::NotAvailable {
-                reason: "the agent reports no health level: check `cellium status --verbose`"
-                    .into(),
-            });
-        }
-        HealthLevel::Degraded | HealthLevel::Stopped => {}
+    let Some(readiness) = &status.readiness else {
+        return Err(Error::NotAvailable {
+            reason: format!(
+                "the agent (version {}) does not report whether it can serve ADD: install the agent and cellium-cni from the same release",
+                status.version
+            ),
+        });
+    };
+    if readiness.serves_add {
+        return Ok(());
     }
-    let mut causes = Vec::new();
-    for node in &status.modules {
-        collect_causes(node, &mut causes);
-    }
-    let datapath = causes.iter().any(|n| {
-        n.id.split('.')
-            .any(|segment| DATAPATH_MODULES.contains(&segment))
-    });
-    let listed: Vec<String> = causes
-        .iter()
-        .map(|n| format!("{} {}: {}", n.id, level_name(n.level()), n.message))
-        .collect();
     let reason = format!(
-        "the agent is {} ({}): see `cellium status --verbose` and the agent's log",
-        level_name(level),
-        if listed.is_empty() {
-            "no module named".to_string()
-        } else {
-            listed.join("; ")
-        }
+        "the agent cannot set up pods ({}): see `cellium status --verbose` and the agent's log",
+        causes(readiness)
     );
-    Err(if datapath {
+    Err(if readiness.running_pods_affected {
         Error::LimitedConnectivity { reason }
     } else {
         Error::NotAvailable { reason }
     })
 }
 
-/// The deepest unhealthy nodes: those whose children are all OK, where a problem starts.
-fn collect_causes<'a>(node: &'a HealthNode, out: &mut Vec<&'a HealthNode>) {
-    let unhealthy =
-        |n: &HealthNode| matches!(n.level(), HealthLevel::Degraded | HealthLevel::Stopped);
-    if !unhealthy(node) {
-        return;
+/// The places where the problems start, as the agent lists them.
+fn causes(readiness: &Readiness) -> String {
+    if readiness.causes.is_empty() {
+        return "it names no module".to_string();
     }
-    if node.children.iter().any(unhealthy) {
-        for child in &node.children {
-            collect_causes(child, out);
-        }
-    } else {
-        out.push(node);
-    }
-}
-
-fn level_name(level: HealthLevel) -> &'static str {
-    match level {
-        HealthLevel::Unspecified => "unknown",
-        HealthLevel::Ok => "OK",
-        HealthLevel::Degraded => "degraded",
-        HealthLevel::Stopped => "stopped",
-    }
+    readiness
+        .causes
+        .iter()
+        .map(|n| {
+            let level = n.level().as_str_name().trim_start_matches("HEALTH_LEVEL_");
+            format!("{} {}: {}", n.id, level.to_lowercase(), n.message)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Fails when no pool has a free address: ADD could not be served.
@@ -166,92 +131,72 @@ fn free_address(pools: &ListIpamResponse) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellium_api::v1::IpPool;
+    use cellium_api::v1::{HealthLevel, HealthNode, IpPool};
 
-    fn node(id: &str, level: HealthLevel, children: Vec<HealthNode>) -> HealthNode {
+    fn cause(id: &str, level: HealthLevel) -> HealthNode {
         HealthNode {
             id: id.into(),
             level: level as i32,
             message: format!("{id} says so"),
             since_unix_ms: 0,
-            children,
+            children: vec![],
         }
     }
 
-    fn status(level: HealthLevel, modules: Vec<HealthNode>) -> StatusResponse {
+    fn status(readiness: Option<Readiness>) -> StatusResponse {
         StatusResponse {
             version: "0.1.0".into(),
             uptime_ms: 1,
-            level: level as i32,
-            modules,
+            level: HealthLevel::Ok as i32,
+            modules: vec![],
+            readiness,
+            notes: vec![],
         }
     }
 
     #[test]
-    fn ok_is_ready() {
-        health(&status(
-            HealthLevel::Ok,
-            vec![node("ipam", HealthLevel::Ok, vec![])],
-        ))
+    fn ready_is_ready() {
+        health(&status(Some(Readiness {
+            serves_add: true,
+            causes: vec![],
+            running_pods_affected: false,
+        })))
         .unwrap();
     }
 
     #[test]
-    fn a_degraded_control_plane_module_is_50_naming_the_cause() {
-        let s = status(
-            HealthLevel::Degraded,
-            vec![
-                node("loader", HealthLevel::Ok, vec![]),
-                node(
-                    "ipam",
-                    HealthLevel::Degraded,
-                    vec![
-                        node("ipam.restore", HealthLevel::Degraded, vec![]),
-                        node("ipam.sync", HealthLevel::Ok, vec![]),
-                    ],
-                ),
-            ],
-        );
-        let err = health(&s).unwrap_err();
+    fn not_serving_add_is_50_naming_the_causes() {
+        let err = health(&status(Some(Readiness {
+            serves_add: false,
+            causes: vec![cause("ipam.restore", HealthLevel::Degraded)],
+            running_pods_affected: false,
+        })))
+        .unwrap_err();
         assert_eq!(err.code(), 50);
         let msg = err.to_string();
         assert!(
             msg.contains("ipam.restore degraded: ipam.restore says so"),
             "{msg}"
         );
-        assert!(!msg.contains("ipam.sync"), "{msg}");
     }
 
     #[test]
-    fn a_degraded_datapath_module_is_51() {
-        for id in [
-            "loader",
-            "agent.datapath.loader.attach",
-            "policy-repo.recompute",
-        ] {
-            let s = status(
-                HealthLevel::Degraded,
-                vec![node(id, HealthLevel::Degraded, vec![])],
-            );
-            assert_eq!(health(&s).unwrap_err().code(), 51, "{id}");
-        }
-        let s = status(
-            HealthLevel::Stopped,
-            vec![node("svc-lb", HealthLevel::Stopped, vec![])],
-        );
-        let err = health(&s).unwrap_err();
+    fn running_pods_affected_is_51_whatever_the_modules_are_called() {
+        let err = health(&status(Some(Readiness {
+            serves_add: false,
+            causes: vec![cause("anything.at.all", HealthLevel::Stopped)],
+            running_pods_affected: true,
+        })))
+        .unwrap_err();
         assert_eq!(err.code(), 51);
-        assert!(err.to_string().contains("the agent is stopped"), "{err}");
+        assert!(err.to_string().contains("anything.at.all stopped"), "{err}");
     }
 
     #[test]
-    fn an_unknown_level_is_not_available() {
-        assert_eq!(
-            health(&status(HealthLevel::Unspecified, vec![]))
-                .unwrap_err()
-                .code(),
-            50
-        );
+    fn an_agent_that_does_not_say_is_not_available() {
+        let err = health(&status(None)).unwrap_err();
+        assert_eq!(err.code(), 50);
+        assert!(err.to_string().contains("same release"), "{err}");
     }
 
     fn pool(cidr: &str, used: u64, capacity: u64) -> IpPool {

@@ -1,11 +1,13 @@
-//! How the agent's gRPC status codes become CNI codes and messages (the table in `docs/cni.md`).
+//! How the agent's gRPC status codes become CNI codes and messages when a refusal carries no
+//! reason the plugin knows (the second table in `docs/cni.md`): statuses tonic makes itself (a
+//! message over the size limit, a deadline) and agents of other releases.
 
 use super::{
     AGENT_INTERNAL, AGENT_INVALID_REQUEST, AGENT_NOT_FOUND, ALREADY_EXISTS, CHECK_FAILED,
-    PERMISSION_DENIED, POOL_EXHAUSTED, TRY_AGAIN_LATER, UNIMPLEMENTED,
+    PERMISSION_DENIED, RESOURCES_EXHAUSTED, TRY_AGAIN_LATER, UNIMPLEMENTED,
 };
 
-/// The CNI code for a gRPC status code returned by the agent (the table in `docs/cni.md`).
+/// The CNI code for a gRPC status code returned by the agent without a reason.
 pub fn grpc_code(code: tonic::Code) -> u32 {
     use tonic::Code as G;
     match code {
@@ -13,7 +15,7 @@ pub fn grpc_code(code: tonic::Code) -> u32 {
         G::Unavailable | G::DeadlineExceeded | G::Aborted | G::Cancelled => TRY_AGAIN_LATER,
         G::InvalidArgument | G::OutOfRange => AGENT_INVALID_REQUEST,
         G::NotFound => AGENT_NOT_FOUND,
-        G::ResourceExhausted => POOL_EXHAUSTED,
+        G::ResourceExhausted => RESOURCES_EXHAUSTED,
         G::AlreadyExists => ALREADY_EXISTS,
         G::FailedPrecondition => CHECK_FAILED,
         G::PermissionDenied | G::Unauthenticated => PERMISSION_DENIED,
@@ -60,7 +62,7 @@ pub(super) fn grpc_hint(call: &str, code: tonic::Code) -> &'static str {
         }
         G::NotFound => "the agent has no such endpoint: re-create the pod (DEL then ADD)",
         G::ResourceExhausted => {
-            "the address pool is exhausted: delete unused pods or give the node a larger pod CIDR"
+            "something the agent hands out is exhausted, or a message exceeded the API's 4 MiB limit; the message says which"
         }
         G::AlreadyExists => {
             "request another address (IP= in CNI_ARGS, or the ips capability), free the interface name in the pod's network namespace, or DEL the container's existing attachment first"
@@ -103,6 +105,7 @@ mod tests {
             let e = Error::Agent {
                 call: "Endpoints.Create",
                 grpc,
+                reason: None,
                 message: "m".into(),
             };
             assert_eq!(e.code(), cni, "{grpc:?}");

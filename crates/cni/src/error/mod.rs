@@ -5,7 +5,9 @@
 //! Each message says what is wrong and what to fix; `details` carries the underlying cause.
 //!
 //! Codes 1-7, 11, 50 and 51 are the spec's; codes 100 and up are this plugin's, one per class of
-//! failure the agent reports (a gRPC status code), as `docs/cni.md` tabulates.
+//! failure the agent reports. The agent's refusals carry a typed reason, which decides the code
+//! and the advice ([`reason`]); the gRPC code decides only for refusals without one ([`grpc`]).
+//! `docs/cni.md` tabulates both.
 
 use std::io;
 use std::path::PathBuf;
@@ -16,9 +18,12 @@ use serde::{Deserialize, Serialize};
 use crate::version::{CniVersion, Verb, supported_list};
 
 mod grpc;
+mod reason;
 
 pub use grpc::grpc_code;
 use grpc::{grpc_hint, grpc_name};
+
+use cellium_api::Reason;
 
 /// Incompatible CNI version.
 pub const INCOMPATIBLE_VERSION: u32 = 1;
@@ -44,8 +49,8 @@ pub const AGENT_INTERNAL: u32 = 100;
 pub const AGENT_INVALID_REQUEST: u32 = 101;
 /// The agent found no such thing: the pod's netns (ADD) or the endpoint (CHECK).
 pub const AGENT_NOT_FOUND: u32 = 102;
-/// The address pool is exhausted.
-pub const POOL_EXHAUSTED: u32 = 103;
+/// Something the agent hands out is exhausted: addresses, endpoint ids or identities.
+pub const RESOURCES_EXHAUSTED: u32 = 103;
 /// The requested address is in use, or the interface name is taken in the pod.
 pub const ALREADY_EXISTS: u32 = 104;
 /// CHECK found the attachment different from what ADD set up.
@@ -280,14 +285,36 @@ pub enum Error {
         reason: String,
     },
     /// The agent answered with a gRPC error.
-    #[error("{call} failed ({}): {message}; {}", grpc_name(*grpc), grpc_hint(call, *grpc))]
+    #[error("{call} failed ({}): {message}; {}", agent_name(*grpc, *reason), agent_hint(call, *grpc, *reason))]
     Agent {
         /// The gRPC method.
         call: &'static str,
         /// The status code.
         grpc: tonic::Code,
+        /// The typed reason the agent gave, when it gave one this plugin knows.
+        reason: Option<Reason>,
         /// The agent's message.
         message: String,
+    },
+    /// `socket` names something that is not a socket.
+    #[error(
+        "\"socket\" in the network configuration names {found}, not a unix socket: {}; set it to the agent's API socket (the agent's api-socket)",
+        socket.display()
+    )]
+    NotASocket {
+        /// The path.
+        socket: PathBuf,
+        /// What is there ("a regular file", "a directory", ...).
+        found: &'static str,
+    },
+    /// `CNI_NETNS` cannot be opened.
+    #[error("CNI_NETNS={} cannot be opened ({source}): {}", path.display(), netns_hint(source))]
+    NetnsOpen {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
     },
     /// The agent answered but the answer cannot be used.
     #[error(
@@ -375,12 +402,24 @@ impl Error {
             Error::MissingName
             | Error::InvalidConfig { .. }
             | Error::MissingPrevResult { .. }
-            | Error::MissingValidAttachments { .. } => INVALID_CONFIG,
+            | Error::MissingValidAttachments { .. }
+            | Error::NotASocket { .. } => INVALID_CONFIG,
             Error::AgentNotRunning { .. }
             | Error::AgentTimeout { .. }
             | Error::AgentGone { .. } => TRY_AGAIN_LATER,
             Error::AgentPermissionDenied { .. } => PERMISSION_DENIED,
-            Error::Agent { grpc, .. } => grpc_code(*grpc),
+            Error::Agent {
+                grpc: _,
+                reason: Some(reason),
+                ..
+            } => reason::row(*reason).code,
+            Error::Agent {
+                grpc, reason: None, ..
+            } => grpc_code(*grpc),
+            Error::NetnsOpen { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                reason::row(Reason::NetnsMissing).code
+            }
+            Error::NetnsOpen { .. } => IO_FAILURE,
             Error::AgentReply { .. } | Error::EndpointFailed { .. } => AGENT_INTERNAL,
             Error::CheckMismatch { .. } => CHECK_FAILED,
             Error::NotAvailable { .. } => NOT_AVAILABLE,
@@ -394,8 +433,15 @@ impl Error {
             Error::Agent {
                 call,
                 grpc,
+                reason,
                 message,
-            } => format!("gRPC {call} returned {grpc:?}: {message}"),
+            } => match reason {
+                Some(reason) => format!(
+                    "gRPC {call} returned {grpc:?} ({}): {message}",
+                    reason.as_str_name()
+                ),
+                None => format!("gRPC {call} returned {grpc:?}: {message}"),
+            },
             Error::CheckMismatch { differences } => differences.join("\n"),
             _ => {
                 let mut parts = Vec::new();
@@ -425,6 +471,7 @@ impl Error {
         match e {
             C::NotRunning { socket, reason } => Error::AgentNotRunning { socket, reason },
             C::PermissionDenied { socket } => Error::AgentPermissionDenied { socket },
+            C::NotASocket { socket, found } => Error::NotASocket { socket, found },
             C::Transport { ref socket, .. } => Error::AgentNotRunning {
                 socket: socket.clone(),
                 reason: format!("the socket accepts connections but gRPC fails: {e}"),
@@ -434,6 +481,30 @@ impl Error {
                 source: e,
             },
         }
+    }
+}
+
+/// The name of an agent's refusal in messages: the reason's, or the gRPC code's.
+fn agent_name(grpc: tonic::Code, reason: Option<Reason>) -> &'static str {
+    match reason {
+        Some(reason) => reason::row(reason).name,
+        None => grpc_name(grpc),
+    }
+}
+
+/// What to do about an agent's refusal: the reason's advice, or the gRPC code's.
+fn agent_hint(call: &str, grpc: tonic::Code, reason: Option<Reason>) -> &'static str {
+    match reason {
+        Some(reason) => reason::row(reason).hint,
+        None => grpc_hint(call, grpc),
+    }
+}
+
+fn netns_hint(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::NotFound => "the runtime must pass the pod's existing network namespace",
+        io::ErrorKind::PermissionDenied => "run cellium-cni as root",
+        _ => "the runtime must pass the path of the pod's network namespace",
     }
 }
 
@@ -502,6 +573,7 @@ mod tests {
         let e = Error::Agent {
             call: "Endpoints.Create",
             grpc: tonic::Code::ResourceExhausted,
+            reason: Some(Reason::PoolExhausted),
             message: "pool 10.0.0.0/30 has no free address".into(),
         };
         let msg = e.to_string();
@@ -513,17 +585,19 @@ mod tests {
         assert!(msg.contains("larger pod CIDR"), "{msg}");
         assert_eq!(
             e.details(),
-            "gRPC Endpoints.Create returned ResourceExhausted: pool 10.0.0.0/30 has no free address"
+            "gRPC Endpoints.Create returned ResourceExhausted (REASON_POOL_EXHAUSTED): pool 10.0.0.0/30 has no free address"
         );
         let netns = Error::Agent {
             call: "Endpoints.Create",
-            grpc: tonic::Code::NotFound,
+            grpc: tonic::Code::InvalidArgument,
+            reason: Some(Reason::NetnsRefused),
             message: "no netns".into(),
         };
         assert!(netns.to_string().contains("CNI_NETNS"), "{netns}");
         let ep = Error::Agent {
             call: "Endpoints.Check",
             grpc: tonic::Code::NotFound,
+            reason: Some(Reason::EndpointNotFound),
             message: "no endpoint".into(),
         };
         assert!(ep.to_string().contains("re-create the pod"), "{ep}");
@@ -561,6 +635,40 @@ mod tests {
         });
         assert_eq!(io.code(), IO_FAILURE);
         assert!(io.details().contains("not a socket"), "{}", io.details());
+    }
+
+    #[test]
+    fn a_netns_that_cannot_be_opened_names_the_path() {
+        let missing = Error::NetnsOpen {
+            path: "/run/netns/gone".into(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        };
+        assert_eq!(missing.code(), AGENT_NOT_FOUND);
+        assert!(
+            missing.to_string().contains("CNI_NETNS=/run/netns/gone"),
+            "{missing}"
+        );
+        let denied = Error::NetnsOpen {
+            path: "/x".into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        assert_eq!(denied.code(), IO_FAILURE);
+        assert!(denied.to_string().contains("root"), "{denied}");
+    }
+
+    #[test]
+    fn a_socket_that_is_a_file_is_a_configuration_error() {
+        let e = Error::from_connect(cellium_api::ConnectError::NotASocket {
+            socket: "/etc/cni/net.d".into(),
+            found: "a directory",
+        });
+        assert_eq!(e.code(), INVALID_CONFIG);
+        let msg = e.to_string();
+        assert!(msg.contains("\"socket\""), "{msg}");
+        assert!(
+            msg.contains("a directory, not a unix socket: /etc/cni/net.d"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use cellium_labels::Labels;
 use super::{Backends, EndpointManager};
 use crate::endpoint::{Address, Endpoint, State};
 use crate::error::{Error, Result, chain};
-use crate::plumbing::{self, PodNetwork};
+use crate::plumbing::{self, PodNetns, PodNetwork};
 use crate::request::CreateRequest;
 
 impl EndpointManager {
@@ -34,9 +34,6 @@ impl EndpointManager {
             // that this create starts from nothing.
             self.remove(&backends, &ep).await?;
         }
-        if !backends.interfaces.netns_exists(&req.netns) {
-            return Err(Error::NetnsMissing(req.netns.clone()));
-        }
         let mtu = req.mtu.unwrap_or(self.cfg.mtu);
         let mut ep = self.endpoints.reserve(|id| record(id, &req, mtu))?;
         if let Err(e) = self.allocate(&mut ep, &req.requested_ips) {
@@ -48,7 +45,7 @@ impl EndpointManager {
             self.endpoints.forget(&ep);
             return Err(e);
         }
-        match self.build(&backends, &mut ep).await {
+        match self.build(&backends, &req.netns, &mut ep).await {
             Ok(()) => {
                 tracing::info!(endpoint = %ep.describe(), ips = ?ep.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(), "endpoint ready");
                 self.endpoints.changed();
@@ -80,7 +77,7 @@ impl EndpointManager {
             addresses: ips_text(ep.addresses.iter().map(|a| a.ip)),
             requested: format!(
                 "{} with {}",
-                req.netns.display(),
+                req.netns.path().display(),
                 if req.requested_ips.is_empty() {
                     "any address".to_string()
                 } else {
@@ -127,12 +124,13 @@ impl EndpointManager {
         Ok(())
     }
 
-    /// Interfaces, identity, policy, programs; then the record says `Ready`. The programs
-    /// are attached last: by the first packet, the endpoint's policy is in place.
-    async fn build(&self, b: &Backends, ep: &mut Endpoint) -> Result<()> {
+    /// Interfaces (in `netns`, the namespace the caller passed), identity, policy, programs;
+    /// then the record says `Ready`. The programs are attached last: by the first packet, the
+    /// endpoint's policy is in place.
+    async fn build(&self, b: &Backends, netns: &PodNetns, ep: &mut Endpoint) -> Result<()> {
         let iface = b
             .interfaces
-            .setup_pod(&ep.netns, &network(ep))
+            .setup_pod(netns, &network(ep))
             .await
             .map_err(|source| Error::Plumbing {
                 endpoint: ep.describe(),
@@ -167,7 +165,7 @@ fn record(id: u16, req: &CreateRequest, mtu: u32) -> Endpoint {
         id,
         container_id: req.container_id.clone(),
         ifname: req.ifname.clone(),
-        netns: req.netns.clone(),
+        netns: req.netns.path().to_path_buf(),
         network: req.network.clone(),
         pod: req.pod.clone(),
         addresses: Vec::new(),
@@ -186,7 +184,7 @@ fn record(id: u16, req: &CreateRequest, mtu: u32) -> Endpoint {
 /// Whether `req` asks for what `ep` already is: the same network namespace, and addresses it
 /// holds (or none in particular).
 fn is_retry_of(req: &CreateRequest, ep: &Endpoint) -> bool {
-    req.netns == ep.netns
+    req.netns.path() == ep.netns
         && req
             .requested_ips
             .iter()
@@ -332,7 +330,7 @@ mod tests {
     fn request(netns: &str, ips: &[&str]) -> CreateRequest {
         CreateRequest {
             container_id: "c1".into(),
-            netns: netns.into(),
+            netns: PodNetns::unchecked(netns),
             ifname: "eth0".into(),
             pod: None,
             requested_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),

@@ -6,7 +6,7 @@ use super::create::network;
 use super::{Backends, EndpointManager};
 use crate::endpoint::{Endpoint, State};
 use crate::error::{Error, Result};
-use crate::plumbing;
+use crate::plumbing::{self, PodNetns};
 
 impl EndpointManager {
     /// Deletes the endpoint of (`container_id`, `ifname`); returns whether it existed.
@@ -52,8 +52,14 @@ impl EndpointManager {
         self.teardown(b, &deleting).await
     }
 
-    /// Checks that the endpoint's interfaces and datapath are as created.
-    pub async fn check(&self, container_id: &str, ifname: &str) -> Result<Endpoint> {
+    /// Checks that the endpoint's interfaces, in the namespace the caller passed, and its
+    /// datapath are as created.
+    pub async fn check(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        netns: &PodNetns,
+    ) -> Result<Endpoint> {
         let b = self.backends()?.clone();
         let ep = self.find(container_id, ifname).ok_or_else(|| {
             Error::NotFound(format!("for container {container_id} interface {ifname}"))
@@ -68,8 +74,15 @@ impl EndpointManager {
                 ep.state.name()
             )));
         }
+        if netns.path() != ep.netns {
+            return Err(drift(format!(
+                "it was set up in {}, not {}",
+                ep.netns.display(),
+                netns.path().display()
+            )));
+        }
         b.interfaces
-            .check_pod(&ep.netns, &network(&ep))
+            .check_pod(netns, &network(&ep))
             .await
             .map_err(|source| Error::Plumbing {
                 endpoint: ep.describe(),
@@ -213,10 +226,17 @@ mod tests {
         let h = Harness::new();
         h.start().await.unwrap();
         h.manager.create(h.request("a")).await.unwrap();
-        h.manager.check("a", "eth0").await.unwrap();
+        h.manager
+            .check("a", "eth0", &PodNetns::unchecked("/run/netns/a"))
+            .await
+            .unwrap();
         h.faults.fail("teardown_pod", 1);
         h.manager.delete("a", "eth0").await.unwrap_err();
-        let err = h.manager.check("a", "eth0").await.unwrap_err();
+        let err = h
+            .manager
+            .check("a", "eth0", &PodNetns::unchecked("/run/netns/a"))
+            .await
+            .unwrap_err();
         let text = crate::error::chain(&err);
         assert!(text.contains("it is deleting"), "{text}");
     }

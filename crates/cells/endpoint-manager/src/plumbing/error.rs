@@ -15,6 +15,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The namespace handed over cannot hold a pod.
+    #[error("network namespace {path} is refused: {why}")]
+    NetnsRefused {
+        /// The path the runtime named it by.
+        path: PathBuf,
+        /// Why.
+        why: crate::plumbing::netns::Refusal,
+    },
     /// The name is taken in the namespace where the interface must be created.
     #[error("interface {ifname} already exists in {netns}")]
     LinkExists {

@@ -1,9 +1,7 @@
 //! The pod's side: the veth pair, its addresses, routes and gateway neighbour.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
-use std::path::Path;
 
 use futures::TryStreamExt;
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
@@ -13,7 +11,7 @@ use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::plumbing::error::{Error, Result, errno, netlink};
 use crate::plumbing::links::{Link, find_link};
-use crate::plumbing::netns::Netlink;
+use crate::plumbing::netns::{Netlink, PodNetns};
 use crate::plumbing::sysctl;
 
 const EEXIST: i32 = 17;
@@ -41,10 +39,11 @@ pub struct PodInterface {
 }
 
 /// Creates the veth pair with its pod end directly in `netns`, and sets addresses, routes and
-/// the gateway's neighbour entry inside the pod and the route to the pod on the node.
+/// the gateway's neighbour entry inside the pod and the route to the pod on the node. Every
+/// step in the pod goes through the namespace's descriptor, never its path.
 ///
 /// On error some of it may exist; [`teardown_pod`] removes all of it.
-pub async fn setup_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<PodInterface> {
+pub async fn setup_pod(node: &Netlink, netns: &PodNetns, net: &PodNetwork) -> Result<PodInterface> {
     let pod = Netlink::open(netns).await?;
     if find_link(&pod.handle, &net.ifname).await?.is_some() {
         return Err(Error::LinkExists {
@@ -111,7 +110,7 @@ pub async fn teardown_pod(node: &Netlink, host_ifname: &str) -> Result<bool> {
 /// end. The pod's side comes first: it is what the runtime asks about (`CNI_IFNAME` in
 /// `CNI_NETNS`), and removing the pod's interface takes the host end with it, so the message
 /// names what was removed rather than its consequence.
-pub async fn check_pod(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
+pub async fn check_pod(node: &Netlink, netns: &PodNetns, net: &PodNetwork) -> Result<()> {
     let pod = Netlink::open(netns).await?;
     let link = expect_link(&pod, &net.ifname).await?;
     if !link.up {
@@ -191,11 +190,8 @@ async fn has_default_route(nl: &Netlink, gw: IpAddr, oif: u32) -> Result<bool> {
     Ok(false)
 }
 
-async fn create_pair(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<()> {
-    let ns = File::open(netns).map_err(|source| Error::Netns {
-        path: netns.to_path_buf(),
-        source,
-    })?;
+async fn create_pair(node: &Netlink, netns: &PodNetns, net: &PodNetwork) -> Result<()> {
+    let ns = netns.as_fd();
     // The pod end is created inside the pod's namespace, under its final name: no temporary
     // name, and a clash with an existing interface there is reported as such.
     let peer = rtnetlink::LinkMessageBuilder::<LinkUnspec>::new()
@@ -216,13 +212,13 @@ async fn create_pair(node: &Netlink, netns: &Path, net: &PodNetwork) -> Result<(
         .map_err(|e| match errno(&e) {
             Some(EEXIST) => Error::LinkExists {
                 ifname: format!("{} or {}", net.host_ifname, net.ifname),
-                netns: format!("the node or {}", netns.display()),
+                netns: format!("the node or {}", netns.path().display()),
             },
             _ => netlink(format!(
                 "create veth pair {} / {} in {}",
                 net.host_ifname,
                 net.ifname,
-                netns.display()
+                netns.path().display()
             ))(e),
         })
 }

@@ -15,6 +15,7 @@ use super::{FakeDatapath, FakeInterfaces, Faults, Journal, lock};
 use crate::config::EndpointConfig;
 use crate::endpoint::Endpoint;
 use crate::manager::{Backends, EndpointManager, Parts};
+use crate::plumbing::PodNetns;
 use crate::request::CreateRequest;
 
 /// A manager on the fakes, with a state directory of its own and the module's health.
@@ -143,11 +144,11 @@ impl Harness {
 
     /// An ADD of `container` into a network namespace that exists.
     pub(crate) fn request(&self, container: &str) -> CreateRequest {
-        let netns = PathBuf::from(format!("/run/netns/{container}"));
-        self.interfaces.add_netns(&netns);
+        let path = format!("/run/netns/{container}");
+        self.interfaces.add_netns(&path);
         CreateRequest {
             container_id: container.into(),
-            netns,
+            netns: PodNetns::unchecked(&path),
             ifname: "eth0".into(),
             pod: None,
             requested_ips: Vec::new(),
@@ -206,8 +207,8 @@ impl Harness {
         std::fs::create_dir_all(&dir).expect("the records' directory");
         let bytes = serde_json::to_vec(ep).expect("a record serializes");
         std::fs::write(dir.join(format!("{}.json", ep.id)), bytes).expect("write a record");
-        self.interfaces.add_netns(&ep.netns);
         self.interfaces.add_link(&ep.host_ifname, ep.host_ifindex);
+        self.interfaces.connect(&ep.netns, &ep.host_ifname);
     }
 
     /// The state of endpoint `id`'s record on disk (`None`: no record).

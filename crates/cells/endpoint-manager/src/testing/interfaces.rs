@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 
 use super::{Faults, Journal, lock};
 use crate::interfaces::Interfaces;
-use crate::plumbing::{self, Link, PodInterface, PodNetwork};
+use crate::plumbing::{self, Link, PodInterface, PodNetns, PodNetwork};
 
 /// The node's interfaces, in memory.
 #[derive(Debug, Default)]
@@ -23,8 +23,8 @@ pub(crate) struct FakeInterfaces {
 struct Node {
     /// Host ends by name.
     links: BTreeMap<String, Link>,
-    /// Pods' network namespaces.
-    netns: BTreeSet<PathBuf>,
+    /// Pods' network namespaces, each with the host ends of the veth pairs into it.
+    netns: BTreeMap<PathBuf, BTreeSet<String>>,
     /// Routes to pods: (address, host end's index).
     routes: Vec<(IpAddr, u32)>,
     next_index: u32,
@@ -42,12 +42,27 @@ impl FakeInterfaces {
 
     /// Makes a pod network namespace exist.
     pub(crate) fn add_netns(&self, path: impl Into<PathBuf>) {
-        lock(&self.state).netns.insert(path.into());
+        lock(&self.state).netns.entry(path.into()).or_default();
     }
 
-    /// Makes a pod network namespace disappear.
+    /// Makes a pod network namespace disappear, and with it (as the kernel does) every veth
+    /// pair into it.
     pub(crate) fn remove_netns(&self, path: &Path) {
-        lock(&self.state).netns.remove(path);
+        let mut node = lock(&self.state);
+        for host in node.netns.remove(path).unwrap_or_default() {
+            if let Some(gone) = node.links.remove(&host) {
+                node.routes.retain(|(_, i)| *i != gone.index);
+            }
+        }
+    }
+
+    /// Records that host end `host` leads into `netns`, as a previous run would have left it.
+    pub(crate) fn connect(&self, netns: &Path, host: &str) {
+        lock(&self.state)
+            .netns
+            .entry(netns.to_path_buf())
+            .or_default()
+            .insert(host.to_string());
     }
 
     /// Adds a route to a pod through host end `index`, as a previous run would have left it.
@@ -90,18 +105,19 @@ fn link(index: u32) -> Link {
 impl Interfaces for FakeInterfaces {
     fn setup_pod<'a>(
         &'a self,
-        netns: &'a Path,
+        netns: &'a PodNetns,
         net: &'a PodNetwork,
     ) -> BoxFuture<'a, plumbing::Result<PodInterface>> {
         Box::pin(async move {
             self.fault("setup_pod", &net.host_ifname)?;
             let mut node = lock(&self.state);
-            if !node.netns.contains(netns) {
+            let Some(pairs) = node.netns.get_mut(netns.path()) else {
                 return Err(plumbing::Error::Netns {
-                    path: netns.to_path_buf(),
+                    path: netns.path().to_path_buf(),
                     source: std::io::Error::from(std::io::ErrorKind::NotFound),
                 });
-            }
+            };
+            pairs.insert(net.host_ifname.clone());
             node.next_index += 1;
             let host = link(node.next_index);
             node.links.insert(net.host_ifname.clone(), host.clone());
@@ -126,16 +142,17 @@ impl Interfaces for FakeInterfaces {
 
     fn check_pod<'a>(
         &'a self,
-        netns: &'a Path,
+        netns: &'a PodNetns,
         net: &'a PodNetwork,
     ) -> BoxFuture<'a, plumbing::Result<()>> {
         Box::pin(async move {
             self.fault("check_pod", &net.host_ifname)?;
             let node = lock(&self.state);
-            if !node.netns.contains(netns) || !node.links.contains_key(&net.host_ifname) {
+            if !node.netns.contains_key(netns.path()) || !node.links.contains_key(&net.host_ifname)
+            {
                 return Err(plumbing::Error::LinkMissing {
                     ifname: net.ifname.clone(),
-                    netns: netns.display().to_string(),
+                    netns: netns.path().display().to_string(),
                 });
             }
             Ok(())
@@ -165,9 +182,5 @@ impl Interfaces for FakeInterfaces {
             self.fault("host_routes", "")?;
             Ok(lock(&self.state).routes.clone())
         })
-    }
-
-    fn netns_exists(&self, path: &Path) -> bool {
-        lock(&self.state).netns.contains(path)
     }
 }

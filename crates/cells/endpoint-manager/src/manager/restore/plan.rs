@@ -39,16 +39,18 @@ impl Plan {
 }
 
 /// Why a record is not restored, or `None` when it is: from its state and from whether its
-/// pod's network namespace and its host end still exist.
-pub(crate) fn verdict(ep: &Endpoint, netns_exists: bool, host: Option<&Link>) -> Option<String> {
+/// host end still exists. That is what proves the pod's network namespace exists: the agent
+/// cannot reopen it (the recorded path may be one only the runtime sees), but a veth pair lives
+/// exactly as long as both its namespaces.
+pub(crate) fn verdict(ep: &Endpoint, host: Option<&Link>) -> Option<String> {
     match ep.state {
         State::Creating => Some("its creation never finished".into()),
         State::Deleting => Some("its deletion never finished".into()),
-        State::Ready if !netns_exists => Some(format!(
-            "its network namespace {} is gone",
+        State::Ready if host.is_none() => Some(format!(
+            "its interface {} is gone, and with it its network namespace {}",
+            ep.host_ifname,
             ep.netns.display()
         )),
-        State::Ready if host.is_none() => Some(format!("its interface {} is gone", ep.host_ifname)),
         State::Ready => None,
     }
 }
@@ -87,8 +89,7 @@ impl EndpointManager {
             tracing::error!(file = %u.file, reason = %u.reason, "unreadable endpoint record");
         }
         for mut ep in loaded.records {
-            let netns_exists = b.interfaces.netns_exists(&ep.netns);
-            let host = if ep.state == State::Ready && netns_exists {
+            let host = if ep.state == State::Ready {
                 b.interfaces
                     .find_link(&ep.host_ifname)
                     .await
@@ -99,7 +100,7 @@ impl EndpointManager {
             } else {
                 None
             };
-            match verdict(&ep, netns_exists, host.as_ref()) {
+            match verdict(&ep, host.as_ref()) {
                 Some(why) => plan.remove.push((ep, why)),
                 None => {
                     if let Some(link) = host {
@@ -209,19 +210,19 @@ mod tests {
     #[test]
     fn only_ready_records_whose_pod_and_interface_exist_are_restored() {
         let mut ep = endpoint(7, "c7");
-        assert_eq!(verdict(&ep, true, Some(&link())), None);
-        let gone = verdict(&ep, false, None).unwrap();
+        assert_eq!(verdict(&ep, Some(&link())), None);
+        let gone = verdict(&ep, None).unwrap();
         assert!(
-            gone.contains("network namespace /run/netns/c7 is gone"),
+            gone.contains(
+                "interface lxc7 is gone, and with it its network namespace /run/netns/c7"
+            ),
             "{gone}"
         );
-        let gone = verdict(&ep, true, None).unwrap();
-        assert!(gone.contains("interface lxc7 is gone"), "{gone}");
         ep.state = State::Creating;
-        let half = verdict(&ep, true, Some(&link())).unwrap();
+        let half = verdict(&ep, Some(&link())).unwrap();
         assert!(half.contains("creation never finished"), "{half}");
         ep.state = State::Deleting;
-        let half = verdict(&ep, true, Some(&link())).unwrap();
+        let half = verdict(&ep, Some(&link())).unwrap();
         assert!(half.contains("deletion never finished"), "{half}");
     }
 

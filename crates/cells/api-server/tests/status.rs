@@ -1,0 +1,60 @@
+//! `Agent.Status` of a running hive: the notes cells contribute and the readiness the health
+//! tree implies, read through the real socket as `cellium status` and the CNI plugin read them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cellium_api::v1::StatusRequest;
+use cellium_api::v1::agent_client::AgentClient;
+use cellium_api::{DatapathModules, StatusNote};
+use cellium_hive::{ConfigSources, Hive, Module, Reporter};
+
+/// A cell that contributes a note while `on` holds, and reports itself degraded.
+fn noisy(on: Arc<AtomicBool>) -> Module {
+    Module::new("noisy", "Contributes a note and reports trouble")
+        .contribute(move || {
+            let on = on.clone();
+            Arc::new(StatusNote::new(move || {
+                on.load(Ordering::Relaxed)
+                    .then(|| "IPv6 is not enforced: policy applies to IPv4 only".to_string())
+            }))
+        })
+        .invoke(|reporter: Reporter| reporter.degraded("cannot reach something"))
+}
+
+#[tokio::test]
+async fn notes_and_readiness_come_from_the_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api.sock");
+    let on = Arc::new(AtomicBool::new(true));
+    let cells = [
+        cellium_api_server::cell()
+            .provide(|| Arc::new(DatapathModules::new(["noisy"])))
+            .into(),
+        noisy(on.clone()).into(),
+    ];
+    let mut hive = Hive::new(cells).with_config(ConfigSources::new().flag("api-socket", &socket));
+    hive.start().await.unwrap();
+
+    let mut client = AgentClient::new(cellium_api::connect(&socket).await.unwrap());
+    let status = client.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        status.notes,
+        ["IPv6 is not enforced: policy applies to IPv4 only"]
+    );
+    let readiness = status.readiness.unwrap();
+    assert!(!readiness.serves_add);
+    assert!(readiness.running_pods_affected);
+    let causes: Vec<(&str, &str)> = readiness
+        .causes
+        .iter()
+        .map(|c| (c.id.as_str(), c.message.as_str()))
+        .collect();
+    assert_eq!(causes, [("noisy", "cannot reach something")]);
+
+    // A note is asked on every call: once its condition ends, it is gone.
+    on.store(false, Ordering::Relaxed);
+    let status = client.status(StatusRequest {}).await.unwrap().into_inner();
+    assert!(status.notes.is_empty(), "{:?}", status.notes);
+    hive.stop().await.unwrap();
+}
