@@ -20,26 +20,32 @@
 //! Consumers read tables and subscribe to their events; the tables keep slim copies of the
 //! objects with only what the agent's cells read.
 
+mod apply;
+#[cfg(test)]
+mod cell_tests;
 mod config;
 mod document;
 mod error;
 mod grpc;
 mod key;
 mod kinds;
+mod limits;
 mod objects;
+mod record;
 mod resources;
 mod service_ip;
-mod store;
 mod table;
 mod validate;
+mod writers;
 
 use cellium_hive::Module;
 
-pub use config::ResourcesConfig;
+pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
 pub use document::DocumentError;
 pub use error::{Error, Result};
 pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
+pub use limits::Limits;
 pub use objects::{
     CidrBlock, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy,
     CiliumRule, ClusterIp, EndpointSlice, Entity, LabelRequirement, LabelSelector, NAME_LABEL,
@@ -48,7 +54,7 @@ pub use objects::{
     SelectorOperator, Service, ServicePort, SliceEndpoint, SlicePort,
 };
 pub use resources::{Action, Outcome, Resources};
-pub use table::{Change, Event, Table};
+pub use table::{Change, Event, Table, Writer};
 pub use validate::FieldError;
 
 /// The `resources` module.

@@ -111,10 +111,12 @@ impl StateDir {
         sync_dir(&parent)
     }
 
-    /// Flushes directory `rel`'s entries to disk, so that renames and removals in it done
-    /// before survive a crash of the node.
-    pub fn sync_dir(&self, rel: impl AsRef<Path>) -> Result<()> {
-        sync_dir(&self.resolve(rel.as_ref())?)
+    /// Flushes everything written, renamed and removed so far on the directory's file system
+    /// to disk (`syncfs`): one flush after many [`write_volatile`](StateDir::write_volatile)s
+    /// and [`remove`](StateDir::remove)s makes them all durable, for the price of one.
+    pub fn sync(&self) -> Result<()> {
+        let dir = File::open(&self.root).map_err(io("open", &self.root))?;
+        nix::unistd::syncfs(&dir).map_err(|e| io("sync", &self.root)(e.into()))
     }
 
     /// Reads `rel`, or `None` if it does not exist.
