@@ -78,3 +78,31 @@ async fn a_record_directory_that_cannot_be_read_is_degraded() {
     );
     h.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_policy_directory_feeds_the_tables_through_the_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policies = tmp.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(policies.join("0-ns.yaml"), NS).unwrap();
+    std::fs::write(policies.join("1-pod.yaml"), POD).unwrap();
+    let slot = Arc::new(Mutex::new(None));
+    let mut h = hive(tmp.path(), slot.clone()).with_config(
+        ConfigSources::new()
+            .flag("state-dir", tmp.path())
+            .flag("policy-dir", &policies),
+    );
+    h.start().await.unwrap();
+    let r = slot.lock().unwrap().take().unwrap();
+    for _ in 0..500 {
+        if r.pods.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(r.pods.len(), 1);
+    assert!(tmp.path().join("resources/Pod~shop~web.yaml").exists());
+    let job = h.health().node("resources.policy-dir").unwrap();
+    assert_eq!(job.status.level, Level::Ok, "{}", job.status.message);
+    h.stop().await.unwrap();
+}

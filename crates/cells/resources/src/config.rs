@@ -1,5 +1,7 @@
 //! The `resources` configuration section.
 
+use std::path::{Path, PathBuf};
+
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +29,10 @@ pub struct ResourcesConfig {
     /// How deeply mappings and sequences may nest in one YAML document (1 to 128); deeper
     /// documents are refused before they are decoded.
     pub apply_max_depth: usize,
+    /// A directory of Kubernetes YAML files applied as they change; empty (the default) for
+    /// none. A file removed, or an object removed from a file, is deleted; a file that does
+    /// not apply leaves the previous state of its objects in place.
+    pub policy_dir: PathBuf,
 }
 
 impl Default for ResourcesConfig {
@@ -36,7 +42,15 @@ impl Default for ResourcesConfig {
                 .unwrap_or_default(),
             apply_max_bytes: DEFAULT_APPLY_MAX_BYTES,
             apply_max_depth: DEFAULT_APPLY_MAX_DEPTH,
+            policy_dir: PathBuf::new(),
         }
+    }
+}
+
+impl ResourcesConfig {
+    /// The policy directory, if one is set.
+    pub fn policy_dir(&self) -> Option<&Path> {
+        (!self.policy_dir.as_os_str().is_empty()).then_some(self.policy_dir.as_path())
     }
 }
 

@@ -34,6 +34,15 @@ pub enum Error {
     /// The request was abandoned (its client went away) before anything changed.
     #[error("cancelled before anything changed: the client went away")]
     Cancelled,
+    /// The policy directory cannot be read.
+    #[error("cannot read the policy directory {path}")]
+    PolicyDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The `service-cidr` configuration key is not a usable range.
     #[error("service-cidr: {0}")]
     ServiceCidr(String),

@@ -72,10 +72,6 @@ impl Limits {
                 limit: self.max_bytes,
             });
         }
-        let mut input = text.as_bytes();
-        let mut parser = Parser::new();
-        parser.set_input_string(&mut input);
-        let (mut document, mut depth, mut events) = (0, 0, 0u64);
         let fail = |index: usize, reason: String| {
             Error::Invalid(vec![DocumentError {
                 source: source.to_string(),
@@ -85,6 +81,31 @@ impl Limits {
                 reason,
             }])
         };
+        // The port panics in a few places where C's libyaml reads the NUL past the end of its
+        // buffer: the padding gives it that lookahead (trailing line breaks change no
+        // document's structure), and a panic that still happens is a refusal, not a crash.
+        let padded = format!("{text}\n\n\n\n");
+        let checked = std::panic::catch_unwind(|| self.nesting(&padded, cancel, fail));
+        checked.unwrap_or_else(|_| {
+            Err(fail(
+                1,
+                "invalid YAML: its nesting cannot be checked (apply-max-depth)".into(),
+            ))
+        })
+    }
+
+    /// Walks the events of `text`, failing at the first collection nested deeper than the
+    /// limit.
+    fn nesting(
+        &self,
+        text: &str,
+        cancel: &CancellationToken,
+        fail: impl Fn(usize, String) -> Error,
+    ) -> Result<()> {
+        let mut input = text.as_bytes();
+        let mut parser = Parser::new();
+        parser.set_input_string(&mut input);
+        let (mut document, mut depth, mut events) = (0, 0, 0u64);
         for event in &mut parser {
             events += 1;
             if events % EVENTS_PER_CANCEL_CHECK == 0 && cancel.is_cancelled() {
@@ -157,6 +178,19 @@ mod tests {
     fn a_syntax_error_names_its_document() {
         let err = check(SMALL, "a: b\n---\na: [b\n").unwrap_err().to_string();
         assert!(err.contains("f.yaml: document 2: invalid YAML"), "{err}");
+    }
+
+    #[test]
+    fn texts_the_checker_trips_on_are_refused_not_a_crash() {
+        // An escape at the very end: the port looks past its buffer there.
+        let err = check(SMALL, "a: \"\\").unwrap_err().to_string();
+        assert!(err.contains("f.yaml: document 1: invalid YAML"), "{err}");
+        // A tag right before a comma: the port panics ("TODO"), C's libyaml reads on.
+        let err = check(SMALL, "[!t,a]").unwrap_err().to_string();
+        assert!(
+            err.contains("invalid YAML: its nesting cannot be checked"),
+            "{err}"
+        );
     }
 
     #[test]

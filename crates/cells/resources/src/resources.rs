@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_hive::{Config, Hook, Lifecycle, Reporter};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use cellium_statedir::StateDir;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +17,7 @@ use crate::objects::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
     Pod, Service,
 };
+use crate::policy_dir;
 use crate::record::{Record, error_chain};
 use crate::service_ip::ServiceRange;
 use crate::table::Table;
@@ -147,6 +148,7 @@ impl Resources {
     pub fn persistent(
         cfg: Config<ResourcesConfig>,
         lc: Lifecycle,
+        jobs: Jobs,
         reporter: Reporter,
         state_dir: Arc<StateDir>,
     ) -> Result<Arc<Resources>> {
@@ -163,6 +165,11 @@ impl Resources {
             tokio::task::spawn_blocking(move || this.restore()).await?;
             Ok(())
         }));
+        // After the restore: a file of the directory replaces a recorded object, not the
+        // other way round.
+        if let Some(dir) = cfg.policy_dir() {
+            policy_dir::watch(&jobs, dir.to_path_buf(), resources.clone());
+        }
         Ok(resources)
     }
 
@@ -240,6 +247,35 @@ impl Resources {
     /// cannot be deleted. Recorded and made as [`apply`](Resources::apply) is.
     pub fn delete(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
         self.delete_cancellable(source, text, &CancellationToken::new())
+    }
+
+    /// Deletes the objects `keys` names, as [`delete`](Resources::delete) of their documents
+    /// would.
+    pub(crate) fn delete_objects(
+        &self,
+        source: &str,
+        keys: Vec<(&'static str, ObjectKey)>,
+    ) -> Result<Vec<Outcome>> {
+        let mut state = self.lock_read();
+        let outcomes = state.commit_delete(source, keys)?;
+        state.merge_and_report();
+        Ok(outcomes)
+    }
+
+    /// A number that grows with every change to any table: equal numbers, equal tables.
+    pub fn revision(&self) -> u64 {
+        [
+            self.namespaces.revision(),
+            self.pods.revision(),
+            self.network_policies.revision(),
+            self.cilium_network_policies.revision(),
+            self.cilium_clusterwide_network_policies.revision(),
+            self.services.revision(),
+            self.endpoint_slices.revision(),
+        ]
+        .iter()
+        .map(|r| *r.borrow())
+        .sum()
     }
 
     /// [`delete`](Resources::delete), abandoned as
