@@ -15,8 +15,8 @@
 //! 1. The change is written as one journal file (temp file, fsync, rename, fsync of the
 //!    directory): the rename is the commit. A failure here fails the call and changes
 //!    nothing; the tables are changed only after it succeeded.
-//! 2. The change is merged: the object files are written and removed, flushed (`syncfs`),
-//!    and the journal file is removed. A failure here keeps the journal file, which already
+//! 2. The change is merged: the object files are written and removed, flushed (each file,
+//!    then the directory), and the journal file is removed. A failure here keeps the journal file, which already
 //!    holds the change, and is retried before the next commit.
 //! 3. At start, the object files are read and every journal file found is laid over them in
 //!    sequence order (then merged), so a change whose journal file exists is in force in
@@ -255,8 +255,13 @@ impl Record {
                 self.dir.remove(Record::path_of(file)).map_err(fail)?;
             }
         }
-        // One flush for everything above; only then may the journal go.
-        self.dir.sync().map_err(fail)?;
+        // Flushed (each file written, then the directory's entries) before the journal goes.
+        for (_, tx) in &self.pending {
+            for file in tx.put.keys() {
+                self.dir.sync_file(Record::path_of(file)).map_err(fail)?;
+            }
+        }
+        self.dir.sync_dir(DIR).map_err(fail)?;
         for (seq, _) in std::mem::take(&mut self.pending) {
             if let Err(e) = self.dir.remove(journal_file(seq)) {
                 // Harmless: merging it again at the next start writes the same files.

@@ -111,12 +111,20 @@ impl StateDir {
         sync_dir(&parent)
     }
 
-    /// Flushes everything written, renamed and removed so far on the directory's file system
-    /// to disk (`syncfs`): one flush after many [`write_volatile`](StateDir::write_volatile)s
-    /// and [`remove`](StateDir::remove)s makes them all durable, for the price of one.
-    pub fn sync(&self) -> Result<()> {
-        let dir = File::open(&self.root).map_err(io("open", &self.root))?;
-        nix::unistd::syncfs(&dir).map_err(|e| io("sync", &self.root)(e.into()))
+    /// Flushes file `rel` (written with [`write_volatile`](StateDir::write_volatile)) to disk.
+    /// With [`sync_dir`](StateDir::sync_dir) of its directory, it then survives a crash of
+    /// the node: many volatile writes then one flush each cost less than durable writes.
+    pub fn sync_file(&self, rel: impl AsRef<Path>) -> Result<()> {
+        let path = self.resolve(rel.as_ref())?;
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io("sync", &path))
+    }
+
+    /// Flushes directory `rel`'s entries to disk, so that the renames and removals done in it
+    /// survive a crash of the node.
+    pub fn sync_dir(&self, rel: impl AsRef<Path>) -> Result<()> {
+        sync_dir(&self.resolve(rel.as_ref())?)
     }
 
     /// Reads `rel`, or `None` if it does not exist.
