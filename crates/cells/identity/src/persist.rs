@@ -72,10 +72,13 @@ pub(crate) fn read(dir: &StateDir) -> Result<Option<Vec<u8>>> {
     })
 }
 
+/// The identities a file holds that can be restored, and why each other record cannot.
+pub(crate) type Decoded = (Vec<(u32, Labels)>, Vec<String>);
+
 /// Decodes the file into the identities it holds that can be restored, each checked on its
 /// own: `(id, labels)` pairs with valid, non-reserved labels whose number lies in the range
 /// of their scope; and why each other record was skipped.
-pub(crate) fn decode(bytes: &[u8]) -> Result<(Vec<(u32, Labels)>, Vec<String>)> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded> {
     let doc: Document =
         serde_json::from_slice(bytes).map_err(|source| Error::Decode { file: FILE, source })?;
     if doc.version != VERSION {
