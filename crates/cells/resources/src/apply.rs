@@ -106,10 +106,12 @@ impl Resources {
             // In force now, whether its record was rewritten or already said the same.
             state.stranded.remove(&Record::path_of(file));
         }
-        Ok(settled
+        let outcomes = settled
             .into_iter()
             .map(|(parsed, _)| state.writers.upsert(parsed))
-            .collect())
+            .collect();
+        state.writers.publish();
+        Ok(outcomes)
     }
 
     /// Loads one recorded object at start, as an apply of its document that is not recorded
@@ -367,6 +369,7 @@ impl State {
                 found.insert((kind, key));
             }
         }
+        self.writers.publish();
         Ok(keys
             .into_iter()
             .map(|(kind, key)| {

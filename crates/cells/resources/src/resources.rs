@@ -358,6 +358,7 @@ impl Resources {
                 }
             }
         }
+        state.writers.publish();
         tracing::info!(
             restored,
             stranded = state.stranded.len(),
@@ -809,6 +810,28 @@ spec:
         let left: Vec<_> = state.list("resources").unwrap();
         assert!(left.is_empty(), "{left:?}");
         assert!(second.lock().stranded.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_files_changes_are_announced_once_they_are_all_in() {
+        let r = Resources::new();
+        let mut services = r.services.revision();
+        let watcher = r.clone();
+        // Woken by the service, the consumer finds its slices already there.
+        let seen = tokio::spawn(async move {
+            services.changed().await.unwrap();
+            watcher.endpoint_slices.len()
+        });
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n---\n".to_string()
+            + &(0..20)
+                .map(|i| format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s-{i}, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nendpoints: [{{addresses: [10.244.0.{i}]}}]\n"))
+                .collect::<Vec<_>>()
+                .join("---\n");
+        let applier = r.clone();
+        tokio::task::spawn_blocking(move || applier.apply("s.yaml", &text).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(seen.await.unwrap(), 20);
     }
 
     #[test]

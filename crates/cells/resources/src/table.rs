@@ -58,9 +58,12 @@ struct Shared<T> {
 ///
 /// let mut writer = Writer::<Namespace>::default();
 /// let reader = writer.as_reader();
+/// let mut events = reader.subscribe();
 /// let shop = Namespace::new("shop", Default::default()).unwrap();
 /// assert_eq!(writer.upsert(shop), Change::Created);
 /// assert!(reader.get(&ObjectKey::cluster("shop")).is_some());
+/// writer.publish();
+/// assert!(events.try_recv().is_ok());
 /// ```
 #[derive(Debug)]
 pub struct Table<T> {
@@ -77,9 +80,16 @@ impl<T> Clone for Table<T> {
 
 /// The one writer of a [`Table`]: it is not `Clone`, and its methods take `&mut self`, so
 /// whoever holds it is the table's only source of changes.
+///
+/// A change is in the table (`get`, `list`) as soon as it is made, but its event and the
+/// revision bump wait for [`publish`](Writer::publish): a batch of changes (the objects of one
+/// applied file, across tables) is announced once it is all in, so a consumer woken by it never
+/// works from half of it. A snapshot taken before `publish` may already hold changes whose
+/// events follow: consumers apply events idempotently, and nothing is ever missed.
 #[derive(Debug)]
 pub struct Writer<T> {
     shared: Arc<Shared<T>>,
+    staged: Vec<Event<T>>,
 }
 
 impl<T: Object> Default for Writer<T> {
@@ -90,6 +100,7 @@ impl<T: Object> Default for Writer<T> {
                 events: broadcast::channel(EVENT_BUFFER).0,
                 revision: watch::channel(0).0,
             }),
+            staged: Vec::new(),
         }
     }
 }
@@ -117,17 +128,23 @@ impl<T: Object> Writer<T> {
         } else {
             Change::Created
         };
-        // Sent under the lock so that subscribers see events in the order of the writes.
-        self.shared.publish(Event::Upsert { old, new });
+        self.staged.push(Event::Upsert { old, new });
         change
     }
 
     /// Deletes the object named `key`, returning it.
     pub fn delete(&mut self, key: &ObjectKey) -> Option<Arc<T>> {
-        let mut objects = self.shared.write();
-        let old = objects.remove(key)?;
-        self.shared.publish(Event::Delete(old.clone()));
+        let old = self.shared.write().remove(key)?;
+        self.staged.push(Event::Delete(old.clone()));
         Some(old)
+    }
+
+    /// Sends the events of the changes made since the last call, in the order they were made,
+    /// and bumps the revision once per change.
+    pub fn publish(&mut self) {
+        for event in self.staged.drain(..) {
+            self.shared.publish(event);
+        }
     }
 
     /// The object named `key` (the writer reads what it wrote).
@@ -238,6 +255,12 @@ mod tests {
         assert_eq!(writer.upsert(thing("a", "x", 2)), Change::Configured);
         assert!(writer.delete(&ObjectKey::namespaced("a", "x")).is_some());
         assert!(writer.delete(&ObjectKey::namespaced("a", "x")).is_none());
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing is announced before publish"
+        );
+        assert_eq!(*table.revision().borrow(), 0);
+        writer.publish();
         assert!(matches!(rx.try_recv(), Ok(Event::Upsert { old: None, .. })));
         match rx.try_recv() {
             Ok(Event::Upsert {

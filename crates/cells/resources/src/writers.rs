@@ -60,7 +60,20 @@ impl Writers {
                 writers.namespaces.upsert(ns);
             }
         }
+        writers.publish();
         writers
+    }
+
+    /// Announces every change made since the last call, table by table: the changes of one
+    /// apply or delete go out together, once they are all in the tables.
+    pub(crate) fn publish(&mut self) {
+        self.namespaces.publish();
+        self.pods.publish();
+        self.network_policies.publish();
+        self.cilium_network_policies.publish();
+        self.cilium_clusterwide_network_policies.publish();
+        self.services.publish();
+        self.endpoint_slices.publish();
     }
 
     pub(crate) fn readers(&self) -> Readers {
