@@ -2,6 +2,7 @@
 //! lock, checked against the state it changes, recorded, and made.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 
 use serde_yaml::Value;
 use tokio_util::sync::CancellationToken;
@@ -165,13 +166,22 @@ impl Resources {
         let mut errors = Vec::new();
         let mut new_namespaces = BTreeSet::new();
         let mut claims = BTreeMap::new();
+        // Built once for the whole text: per document it would cost the square of the number
+        // of services, under the apply lock.
+        let mut used = self.cluster_ips_in_use();
         for (doc, parsed) in prepared {
             let mut value = doc.value.clone();
             let checked = parsed
                 .and_then(|p| self.check(&p, &new_namespaces).map(|_| p))
                 .and_then(|mut p| {
                     if let Parsed::Service(draft) = &mut p {
-                        self.settle_cluster_ip(draft, &mut value, &mut claims, restoring)?;
+                        self.settle_cluster_ip(
+                            draft,
+                            &mut value,
+                            &mut claims,
+                            &mut used,
+                            restoring,
+                        )?;
                     }
                     Ok(p)
                 });
@@ -217,13 +227,15 @@ impl Resources {
     /// it names (which must be inside `service-cidr` and held by no other service) or one
     /// allocated from the range. The decision is written into the document, so the recorded
     /// object brings the same address back after a restart. `claims` holds the decisions for
-    /// the file's earlier documents; `restoring` accepts a recorded address outside a range
-    /// that has changed since, with a warning, rather than losing the service.
+    /// the file's earlier documents, `used` every address held, by the table's services and
+    /// those claims; `restoring` accepts a recorded address outside a range that has changed
+    /// since, with a warning, rather than losing the service.
     fn settle_cluster_ip(
         &self,
         draft: &mut ServiceDraft,
         value: &mut Value,
         claims: &mut BTreeMap<ObjectKey, ClusterIp>,
+        used: &mut BTreeMap<Ipv4Addr, ObjectKey>,
         restoring: bool,
     ) -> Result<(), FieldError> {
         let key = draft.service.key();
@@ -246,17 +258,20 @@ impl Resources {
                     ),
                 ));
             }
+            // A new service: every address in `used` is another service's.
             (RequestedIp::Unset, None) => {
-                let used = self.cluster_ips_in_use(&key, claims).into_keys().collect();
-                let ip = self.service_range.allocate(&used).ok_or_else(|| {
-                    FieldError::new(
-                        field,
-                        format!(
-                            "no address left to allocate in the service range {}",
-                            self.service_range.cidr()
-                        ),
-                    )
-                })?;
+                let ip = self
+                    .service_range
+                    .allocate(|ip| used.contains_key(&ip))
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            field,
+                            format!(
+                                "no address left to allocate in the service range {}",
+                                self.service_range.cidr()
+                            ),
+                        )
+                    })?;
                 ClusterIp::Address(ip)
             }
             (RequestedIp::Address(ip), None) => {
@@ -272,7 +287,7 @@ impl Resources {
                     }
                     tracing::warn!(service = %key, %ip, %range, "a recorded cluster IP is outside the service range; kept, as the API server keeps it");
                 }
-                if let Some(holder) = self.cluster_ips_in_use(&key, claims).get(&ip) {
+                if let Some(holder) = used.get(&ip) {
                     return Err(FieldError::new(
                         field,
                         format!("{ip} is already allocated to service {holder}"),
@@ -282,31 +297,24 @@ impl Resources {
             }
         };
         draft.service.cluster_ip = decided;
+        if let ClusterIp::Address(ip) = decided {
+            used.insert(ip, key.clone());
+        }
         claims.insert(key, decided);
         record_cluster_ip(value, decided);
         Ok(())
     }
 
-    /// The cluster IPs held by services other than `key`, with their holders: those in the
-    /// table and those the file being applied claims.
-    fn cluster_ips_in_use(
-        &self,
-        key: &ObjectKey,
-        claims: &BTreeMap<ObjectKey, ClusterIp>,
-    ) -> BTreeMap<std::net::Ipv4Addr, ObjectKey> {
-        let mut used = BTreeMap::new();
-        for svc in self.services.list() {
-            if let ClusterIp::Address(ip) = svc.cluster_ip {
-                used.insert(ip, svc.key());
-            }
-        }
-        for (k, ip) in claims {
-            if let ClusterIp::Address(ip) = ip {
-                used.insert(*ip, k.clone());
-            }
-        }
-        used.retain(|_, holder| holder != key);
-        used
+    /// The cluster IPs the table's services hold, with their holders.
+    fn cluster_ips_in_use(&self) -> BTreeMap<Ipv4Addr, ObjectKey> {
+        self.services
+            .list()
+            .iter()
+            .filter_map(|svc| match svc.cluster_ip {
+                ClusterIp::Address(ip) => Some((ip, svc.key())),
+                ClusterIp::Headless => None,
+            })
+            .collect()
     }
 }
 

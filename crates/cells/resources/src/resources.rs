@@ -233,7 +233,7 @@ impl Resources {
         cancel: &CancellationToken,
     ) -> Result<Vec<Outcome>> {
         let prepared = self.abandoned(self.prepare(source, text, cancel))?;
-        let mut state = self.lock_read();
+        let mut state = self.lock_restored();
         if cancel.is_cancelled() {
             return self.abandoned(Err(Error::Cancelled));
         }
@@ -256,7 +256,7 @@ impl Resources {
         source: &str,
         keys: Vec<(&'static str, ObjectKey)>,
     ) -> Result<Vec<Outcome>> {
-        let mut state = self.lock_read();
+        let mut state = self.lock_restored();
         let outcomes = state.commit_delete(source, keys)?;
         state.merge_and_report();
         Ok(outcomes)
@@ -287,7 +287,7 @@ impl Resources {
         cancel: &CancellationToken,
     ) -> Result<Vec<Outcome>> {
         let keys = self.abandoned(self.delete_keys(source, text, cancel))?;
-        let mut state = self.lock_read();
+        let mut state = self.lock_restored();
         if cancel.is_cancelled() {
             return self.abandoned(Err(Error::Cancelled));
         }
@@ -325,7 +325,7 @@ impl Resources {
 
     /// The apply lock, with the record read first if it was not yet (an apply before the
     /// restore reads it as the restore would).
-    fn lock_read(&self) -> MutexGuard<'_, State> {
+    fn lock_restored(&self) -> MutexGuard<'_, State> {
         let mut state = self.lock();
         if matches!(state.store, Store::Unread(_)) {
             self.restore_locked(&mut state);
