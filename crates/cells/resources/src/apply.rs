@@ -13,7 +13,7 @@ use crate::key::{Object, ObjectKey};
 use crate::kinds::{self, Parsed};
 use crate::objects::service::{RequestedIp, ServiceDraft};
 use crate::objects::{ClusterIp, Namespace, SYSTEM_NAMESPACES};
-use crate::record::{Record, Transaction};
+use crate::record::{Record, Transaction, error_chain};
 use crate::resources::{Action, Outcome, Resources, State, Store};
 use crate::validate::FieldError;
 use crate::writers::NAMESPACED;
@@ -325,10 +325,17 @@ impl State {
             return Ok(());
         };
         let files: Vec<String> = tx.put.keys().chain(&tx.remove).cloned().collect();
-        record.commit(tx).map_err(|e| Error::Record {
-            origin: source.to_string(),
-            source: e,
-        })?;
+        if let Err(e) = record.commit(tx) {
+            let e = Error::Record {
+                origin: source.to_string(),
+                source: e,
+            };
+            // Reported until a change is recorded again: the disk needs a person.
+            self.record_error = Some(format!("last change refused: {}", error_chain(&e)));
+            self.report();
+            return Err(e);
+        }
+        self.record_error = None;
         for file in files {
             self.stranded.remove(&Record::path_of(&file));
         }

@@ -54,6 +54,33 @@ async fn restored_objects_report_ok_and_records_that_do_not_load_degraded() {
 }
 
 #[tokio::test]
+async fn a_change_that_cannot_be_recorded_is_degraded_until_one_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let slot = Arc::new(Mutex::new(None));
+    let mut h = hive(tmp.path(), slot.clone());
+    h.start().await.unwrap();
+    let r = slot.lock().unwrap().take().unwrap();
+    // The journal's directory cannot be made: a file stands in its way.
+    std::fs::create_dir_all(tmp.path().join("resources")).unwrap();
+    std::fs::write(tmp.path().join("resources/journal"), b"").unwrap();
+    assert!(r.apply("ns.yaml", NS).is_err());
+    let node = h.health().node("resources").unwrap();
+    assert_eq!(node.status.level, Level::Degraded);
+    assert!(
+        node.status
+            .message
+            .contains("last change refused: ns.yaml: cannot record the change"),
+        "{}",
+        node.status.message
+    );
+    std::fs::remove_file(tmp.path().join("resources/journal")).unwrap();
+    r.apply("ns.yaml", NS).unwrap();
+    let node = h.health().node("resources").unwrap();
+    assert_eq!(node.status.level, Level::Ok, "{}", node.status.message);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_record_directory_that_cannot_be_read_is_degraded() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("resources"), b"not a directory").unwrap();

@@ -25,9 +25,10 @@
 //!   `policy-dir` (unset by default): a directory of YAML files applied as they change.
 //! - **Degraded** while a record on disk is not in force (it could not be read, or no longer
 //!   loads: each named with its reason; it is kept, and an apply or delete of its object
-//!   replaces it), or a committed change could not be merged into the object files (it is in
-//!   force and in the journal; retried at the next change); the `policy-dir` job while a
-//!   file of the directory does not apply.
+//!   replaces it), a committed change could not be merged into the object files (it is in
+//!   force and in the journal; retried at the next change), or the last change could not be
+//!   recorded (it was refused; until one is); the `policy-dir` job while a file of the
+//!   directory does not apply. OK once restored otherwise.
 //!
 //! Consumers read tables and subscribe to their events; the tables keep slim copies of the
 //! objects with only what the agent's cells read.

@@ -103,6 +103,8 @@ pub(crate) struct State {
     pub(crate) stranded: BTreeMap<String, String>,
     /// Why committed changes could not be merged into the object files, if they could not.
     pub(crate) merge_error: Option<String>,
+    /// Why the last change could not be recorded (and so was refused), until one is.
+    pub(crate) record_error: Option<String>,
     reporter: Option<Reporter>,
 }
 
@@ -196,6 +198,7 @@ impl Resources {
                 store,
                 stranded: BTreeMap::new(),
                 merge_error: None,
+                record_error: None,
                 reporter,
             }),
             abandoned: AtomicU64::new(0),
@@ -369,8 +372,7 @@ impl Resources {
 }
 
 impl State {
-    /// Merges committed changes into the object files and reports the module's health: OK,
-    /// or Degraded with every record not in force and a merge that failed.
+    /// Merges committed changes into the object files and reports the module's health.
     pub(crate) fn merge_and_report(&mut self) {
         if let Store::Record(record) = &mut self.store
             && record.has_pending()
@@ -388,6 +390,12 @@ impl State {
                 }
             };
         }
+        self.report();
+    }
+
+    /// Reports the module's health: OK, or Degraded with every record not in force, a merge
+    /// that failed and a change that could not be recorded.
+    pub(crate) fn report(&self) {
         let Some(reporter) = &self.reporter else {
             return;
         };
@@ -404,6 +412,7 @@ impl State {
             );
         }
         problems.extend(self.merge_error.clone());
+        problems.extend(self.record_error.clone());
         let objects = self.writers.count();
         if problems.is_empty() {
             reporter.ok(format!("{objects} objects in force, all recorded"));
