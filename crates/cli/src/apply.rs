@@ -47,8 +47,13 @@ pub async fn exec(socket: &Path, verb: Verb, args: Args) -> anyhow::Result<()> {
             Verb::Apply => client.apply(request).await,
             Verb::Delete => client.delete(request).await,
         }
+        // The agent's message names the file, the document or the record that failed, and
+        // says that nothing changed.
         .map_err(|s| anyhow::anyhow!("{}", s.message()))
-        .with_context(|| format!("{source} was not applied"))?;
+        .with_context(|| match verb {
+            Verb::Apply => format!("{source} was not applied"),
+            Verb::Delete => format!("{source} was not deleted"),
+        })?;
         for o in response.into_inner().objects {
             let key = if o.namespace.is_empty() {
                 o.name

@@ -200,7 +200,7 @@ fn identity_reason(e: &cellium_identity::Error) -> Reason {
     use cellium_identity::Error as I;
     match e {
         I::Exhausted { .. } => Reason::IdentitiesExhausted,
-        I::State { .. } | I::Decode { .. } => Reason::IdentityStoreFailed,
+        I::State { .. } | I::Decode { .. } | I::Held { .. } => Reason::IdentityStoreFailed,
         // The endpoint's labels are the agent's making, not the caller's.
         I::NoLabels | I::UnknownReserved { .. } => Reason::Internal,
     }

@@ -39,6 +39,15 @@ pub enum Error {
         #[source]
         source: cellium_statedir::Error,
     },
+    /// The table is not written: the one on disk could not be read, and writing would
+    /// replace it.
+    #[error("not writing the identity table {file}: {reason}")]
+    Held {
+        /// The file, relative to the state directory.
+        file: &'static str,
+        /// Why the file on disk must stay as it is.
+        reason: String,
+    },
     /// The identity table on disk is not what this version writes.
     #[error("the identity table {file} cannot be decoded")]
     Decode {

@@ -50,6 +50,9 @@ pub(crate) struct Persister {
     pub(crate) trigger: Trigger,
     /// The table generation last written.
     pub(crate) written: AtomicU64,
+    /// Why the table must not be written (the file on disk could not be read, nor kept
+    /// aside), if so.
+    pub(crate) held: std::sync::Mutex<Option<String>>,
 }
 
 /// The node's security identities: reserved ones, and one per label set in use.
@@ -102,18 +105,35 @@ impl Identities {
                 dir: state,
                 trigger: trigger.clone(),
                 written: AtomicU64::new(0),
+                held: Default::default(),
             }),
         ));
         let (start, stop) = (ids.clone(), ids.clone());
         lc.append(
             Hook::new("restore-identities")
                 .on_start(move |_| async move {
-                    let n = tokio::task::spawn_blocking(move || start.restore()).await??;
-                    reporter.ok(format!("{n} identities restored"));
+                    let restored = tokio::task::spawn_blocking(move || start.restore()).await?;
+                    if restored.problems.is_empty() {
+                        reporter.ok(format!("{} identities restored", restored.count));
+                    } else {
+                        reporter.degraded(format!(
+                            "{} identities restored; {}",
+                            restored.count,
+                            restored.problems.join("; ")
+                        ));
+                    }
                     Ok(())
                 })
                 .on_stop(move |_| async move {
-                    tokio::task::spawn_blocking(move || stop.persist()).await??;
+                    match tokio::task::spawn_blocking(move || stop.persist()).await? {
+                        // Reported since the start; the file is kept as it is on purpose.
+                        Err(Error::Held { reason, .. }) => {
+                            tracing::warn!("identity table not written at stop: {reason}");
+                        }
+                        other => {
+                            other?;
+                        }
+                    }
                     Ok(())
                 }),
         );

@@ -10,9 +10,11 @@
 //!   the `cellium.v1.Identity` gRPC service (`cellium identity list|get`).
 //! - **Depends on** `Arc<StateDir>` (the `statedir` cell).
 //! - **Config keys:** none.
-//! - **Degraded** when the table cannot be written (the `persist` job retries every 30 s);
-//!   failing to read it fails the start, and an undecodable table is kept aside as
-//!   `identities.json.corrupt` and the agent starts with fresh numbers.
+//! - **Degraded** when the table cannot be written (the `persist` job retries every 30 s), and
+//!   when the restore could not restore everything, naming the file and each reason: a table
+//!   that cannot be read is left as it is and never written over by this run (identities get
+//!   new numbers); a table that cannot be decoded, or holds records that cannot be restored,
+//!   is kept as read in `identities.json.corrupt` and the rest loads. OK once restored.
 //!
 //! The restore contract: the start hook loads the table before any cell that depends on
 //! identities starts; the endpoint manager re-allocates the labels of every restored

@@ -3,9 +3,10 @@
 //! Written whole and atomically (the state directory's temp-file-and-rename), never on the
 //! allocation path: allocations pull a trigger and a job writes the table, coalescing
 //! bursts. Read once at start. Records that do not fit (bad labels, a number outside its
-//! scope's range, a reserved label set, a number or label set seen twice) are skipped with
-//! a warning rather than failing the agent: losing one identity's number costs a
-//! renumbering, refusing to start costs the node.
+//! scope's range, a reserved label set, a number or label set seen twice) are skipped rather
+//! than failing the agent (losing one identity's number costs a renumbering, refusing to
+//! start costs the node), but never silently: the restore reports each, and keeps the file
+//! as it was read (`identities.json.corrupt`) before anything writes over it.
 
 use cellium_labels::Labels;
 use cellium_statedir::StateDir;
@@ -17,6 +18,9 @@ use crate::reserved::Reserved;
 
 /// The file, relative to the state directory.
 pub(crate) const FILE: &str = "identities.json";
+
+/// Where the file is kept, as read, when something in it could not be restored.
+pub(crate) const KEPT: &str = "identities.json.corrupt";
 
 /// The format written by this version.
 const VERSION: u32 = 1;
@@ -68,10 +72,13 @@ pub(crate) fn read(dir: &StateDir) -> Result<Option<Vec<u8>>> {
     })
 }
 
+/// The identities a file holds that can be restored, and why each other record cannot.
+pub(crate) type Decoded = (Vec<(u32, Labels)>, Vec<String>);
+
 /// Decodes the file into the identities it holds that can be restored, each checked on its
 /// own: `(id, labels)` pairs with valid, non-reserved labels whose number lies in the range
-/// of their scope.
-pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<(u32, Labels)>> {
+/// of their scope; and why each other record was skipped.
+pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded> {
     let doc: Document =
         serde_json::from_slice(bytes).map_err(|source| Error::Decode { file: FILE, source })?;
     if doc.version != VERSION {
@@ -81,17 +88,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<(u32, Labels)>> {
         );
     }
     let mut out = Vec::with_capacity(doc.identities.len());
+    let mut skipped = Vec::new();
     for record in doc.identities {
         match check(&record) {
             Ok(labels) => out.push((record.id, labels)),
-            Err(reason) => tracing::warn!(
-                id = record.id,
-                labels = ?record.labels,
-                "stored identity skipped: {reason}"
-            ),
+            Err(reason) => skipped.push(format!(
+                "identity {} ({}) skipped: {reason}",
+                record.id,
+                record.labels.join(",")
+            )),
         }
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
 fn check(record: &Record) -> Result<Labels, String> {
@@ -124,7 +132,7 @@ mod tests {
         let bytes = encode([(256, &a), (16_777_216, &b)].into_iter());
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(text.contains("\"k8s:app=web\""), "{text}");
-        assert_eq!(decode(&bytes).unwrap(), vec![(256, a), (16_777_216, b)]);
+        assert_eq!(decode(&bytes).unwrap().0, vec![(256, a), (16_777_216, b)]);
     }
 
     #[test]
@@ -138,9 +146,15 @@ mod tests {
             {"id":16777300,"labels":["k8s:app=db"]},
             {"id":70000,"labels":["k8s:app=x"]}
         ]}"#;
-        let got = decode(text.as_bytes()).unwrap();
+        let (got, skipped) = decode(text.as_bytes()).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].0, 256);
+        assert_eq!(skipped.len(), 6);
+        assert!(
+            skipped[4]
+                .starts_with("identity 16777300 (k8s:app=db) skipped: the number is not in the"),
+            "{skipped:?}"
+        );
     }
 
     #[test]

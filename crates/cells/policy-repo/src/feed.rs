@@ -7,23 +7,19 @@
 
 use std::sync::Arc;
 
-use cellium_hive::{Backoff, BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
+use cellium_hive::{Backoff, BoxError, Hook, JobContext, Jobs, Lifecycle, Reporter};
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
 use cellium_resources::{Event, Object, Resources};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::config::PolicyConfig;
-use crate::policy_dir;
 use crate::repository::PolicyRepository;
 use crate::rule::PolicyKind;
 
 impl PolicyRepository {
     /// The cell's constructor: the `feed` job fills the repository from the resources
-    /// tables, the identities and the ipcache's named ports; with `policy-dir` set, the
-    /// `policy-dir` job applies the directory's files.
+    /// tables, the identities and the ipcache's named ports.
     pub fn new(
-        cfg: Config<PolicyConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
@@ -55,9 +51,6 @@ impl PolicyRepository {
         })
         .retry(Backoff::default())
         .add();
-        if let Some(dir) = cfg.policy_dir() {
-            policy_dir::watch(&jobs, dir.to_path_buf(), resources);
-        }
         repo
     }
 }
@@ -151,9 +144,7 @@ mod tests {
     const NP: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]\n";
 
     #[tokio::test]
-    async fn the_cell_follows_the_tables_the_identities_and_the_policy_dir() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("np.yaml"), NP).unwrap();
+    async fn the_cell_follows_the_tables_and_the_identities() {
         let resources = Resources::new();
         let ids = Identities::in_memory();
         let ipcache = Ipcache::in_memory();
@@ -176,12 +167,13 @@ mod tests {
                 })
                 .into(),
         ])
-        .with_config(ConfigSources::new().flag("policy-dir", dir.path()));
+        .with_config(ConfigSources::new());
         let health = hive.health();
         hive.start().await.unwrap();
         let repo = slot.lock().unwrap().clone().unwrap();
 
-        // The directory's policy reaches the table, then the repository.
+        // The policy reaches the repository.
+        resources.apply("np.yaml", NP).unwrap();
         eventually("the policy is applied", || repo.rules().len() == 2).await;
         let db = Labels::for_pod(
             "default",
@@ -281,8 +273,8 @@ mod tests {
             repo.problems()
         );
 
-        // Removing the file deletes its policy.
-        std::fs::remove_file(dir.path().join("np.yaml")).unwrap();
+        // Deleting the policy removes its rules.
+        resources.delete("np.yaml", NP).unwrap();
         eventually("the policy is gone", || {
             resources.network_policies.len() == 1
         })

@@ -15,11 +15,10 @@
 //!   (where it puts its CIDR prefixes, and whose named ports per identity, which endpoints'
 //!   owners put there, egress rules' port names resolve against:
 //!   [`PolicyRepository::sync_named_ports`]).
-//! - **Config keys:** `policy-dir` (unset by default): a directory of YAML files applied
-//!   through `Resources::apply` as they change.
+//! - **Config keys:** none (the policy directory, `policy-dir`, is a feed of the resources
+//!   cell).
 //! - **Degraded** when a policy that passed validation cannot be enforced (it is then not
-//!   enforced at all), when a CIDR identity or ipcache entry cannot be set up, and (on the
-//!   `policy-dir` job) while a file of the policy directory does not apply.
+//!   enforced at all), and when a CIDR identity or ipcache entry cannot be set up.
 //!
 //! Where to start: `docs/policy.md` describes the semantics, with the places where they
 //! differ between NetworkPolicy and Cilium's kinds.
@@ -48,11 +47,9 @@
 //! ```
 
 mod cidr;
-mod config;
 mod error;
 mod feed;
 mod grpc;
-mod policy_dir;
 mod repository;
 mod resolve;
 pub mod rule;
@@ -61,10 +58,8 @@ pub mod translate;
 
 use cellium_hive::Module;
 
-pub use config::PolicyConfig;
 pub use error::{Error, Result};
 pub use grpc::PolicyService;
-pub use policy_dir::PolicyDir;
 pub use repository::{PolicyRepository, RuleInfo, SelectorInfo};
 pub use resolve::{EndpointPolicy, PeerPolicy, Subject};
 pub use selector_cache::{CachedSelector, SelectorCache};
@@ -75,7 +70,6 @@ pub fn cell() -> Module {
         "policy-repo",
         "Translates network policies into rules and resolves each endpoint's allowed peers",
     )
-    .config::<PolicyConfig>()
     .provide(PolicyRepository::new)
     .contribute(PolicyService::api)
 }

@@ -11,9 +11,63 @@ pub enum Error {
     /// The text holds no object.
     #[error("{0}: no object found (empty text or only comments)")]
     Empty(String),
+    /// The text is larger than `apply-max-bytes`; it was not read.
+    #[error("{origin}: {size} bytes is more than apply-max-bytes ({limit})")]
+    TooLarge {
+        /// Where the text came from.
+        origin: String,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The change could not be recorded in the state directory, so it was not made: the
+    /// tables and the records are as they were. The source names the file and the errno.
+    #[error("{origin}: cannot record the change in the state directory; nothing changed")]
+    Record {
+        /// Where the text came from.
+        origin: String,
+        /// The failed write.
+        #[source]
+        source: cellium_statedir::Error,
+    },
+    /// The request was abandoned (its client went away) before anything changed.
+    #[error("cancelled before anything changed: the client went away")]
+    Cancelled,
+    /// The policy directory cannot be read.
+    #[error("cannot read the policy directory {path}")]
+    PolicyDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The `service-cidr` configuration key is not a usable range.
     #[error("service-cidr: {0}")]
     ServiceCidr(String),
+    /// Another configuration key is out of range.
+    #[error("{key}: {reason}")]
+    Config {
+        /// The key.
+        key: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The OS error behind a failed record write (`ENOSPC`, `EROFS`, `EIO`, ...), if that is
+    /// what this is.
+    pub fn os_error(&self) -> Option<&std::io::Error> {
+        match self {
+            Error::Record {
+                source: cellium_statedir::Error::Io { source, .. },
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
 }
 
 fn list(errors: &[DocumentError]) -> String {

@@ -1,6 +1,7 @@
 //! The kinds `apply` accepts, and how each document becomes a typed object.
 
 use crate::document::{Document, decode};
+use crate::key::{Object, ObjectKey};
 use crate::objects::cilium_decode::CiliumPolicyDoc;
 use crate::objects::service::ServiceDraft;
 use crate::objects::{
@@ -29,6 +30,32 @@ pub enum Parsed {
 }
 
 impl Parsed {
+    /// The object's kind, e.g. `Pod`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Parsed::Namespace(_) => Namespace::KIND,
+            Parsed::Pod(_) => Pod::KIND,
+            Parsed::NetworkPolicy(_) => NetworkPolicy::KIND,
+            Parsed::CiliumNetworkPolicy(_) => CiliumNetworkPolicy::KIND,
+            Parsed::CiliumClusterwideNetworkPolicy(_) => CiliumClusterwideNetworkPolicy::KIND,
+            Parsed::Service(_) => Service::KIND,
+            Parsed::EndpointSlice(_) => EndpointSlice::KIND,
+        }
+    }
+
+    /// The object's key.
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            Parsed::Namespace(o) => o.key(),
+            Parsed::Pod(o) => o.key(),
+            Parsed::NetworkPolicy(o) => o.key(),
+            Parsed::CiliumNetworkPolicy(o) => o.key(),
+            Parsed::CiliumClusterwideNetworkPolicy(o) => o.key(),
+            Parsed::Service(d) => d.service.key(),
+            Parsed::EndpointSlice(o) => o.key(),
+        }
+    }
+
     /// The namespace the object lives in, for namespaced kinds.
     pub fn namespace(&self) -> Option<&str> {
         match self {
@@ -82,14 +109,14 @@ pub fn parse(doc: &Document) -> Result<Parsed, FieldError> {
 }
 
 /// Checks that a document names an object of a supported kind (for delete, which needs
-/// no more than the kind and the name).
-pub fn check_kind(doc: &Document) -> Result<(), FieldError> {
+/// no more than the kind and the name); returns the kind.
+pub fn check_kind(doc: &Document) -> Result<&'static str, FieldError> {
     let key = format!("{}/{}", doc.api_version, doc.kind);
-    if SUPPORTED.contains(&key.as_str()) {
-        Ok(())
-    } else {
-        Err(unsupported(doc))
-    }
+    SUPPORTED
+        .iter()
+        .find(|s| **s == key)
+        .and_then(|s| s.rsplit('/').next())
+        .ok_or_else(|| unsupported(doc))
 }
 
 /// Whether objects of the document's kind live in a namespace.

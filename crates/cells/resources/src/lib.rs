@@ -2,44 +2,64 @@
 //!
 //! - **Owns** one [`Table`] per kind (namespaces, pods, NetworkPolicies, CiliumNetworkPolicies,
 //!   CiliumClusterwideNetworkPolicies, Services and EndpointSlices), each with change events
-//!   and a revision counter; and the allocation of services' cluster IPs.
-//! - **Provides** `Arc<Resources>` and the `cellium.v1.Resources` gRPC service, which is how
-//!   `cellium apply -f` / `cellium delete -f` feed the tables in standalone mode. Applying
-//!   behaves as the Kubernetes API server would for what the agent observes: the same
-//!   validation (names, labels, ports, selectors, CIDRs; unknown fields rejected; the parts of
-//!   Cilium's policy language that are not enforced rejected as "not supported"), the same
-//!   defaulting (a namespace, a port's protocol, a NetworkPolicy's `policyTypes`, the
+//!   and a revision counter, and each with one exclusive [`Writer`], held by the apply path;
+//!   the allocation of services' cluster IPs; the record of applied objects in the state
+//!   directory (`resources/`, see `docs/state.md`); the policy directory's feed.
+//! - **Provides** `Arc<Resources>` (the tables' readers as its fields; `apply` / `delete`) and
+//!   the `cellium.v1.Resources` gRPC service, which is how `cellium apply -f` /
+//!   `cellium delete -f` feed the tables in standalone mode. Applying behaves as the
+//!   Kubernetes API server would for what the agent observes: the same validation (names,
+//!   labels, ports, selectors, CIDRs; unknown fields rejected; the parts of Cilium's policy
+//!   language that are not enforced rejected as "not supported"), the same defaulting (a
+//!   namespace, a port's protocol, a NetworkPolicy's `policyTypes`, the
 //!   `kubernetes.io/metadata.name` namespace label, a service's target port and cluster IP),
-//!   and all-or-nothing for a file. A service's cluster IP is allocated from `service-cidr`
-//!   when not given, checked when given, immutable once set, and recorded with the object.
-//! - **Depends on** nothing.
+//!   and all-or-nothing for a file, also across a crash. A change is recorded before the
+//!   tables change; one that cannot be recorded is refused, naming the file and the errno. A
+//!   service's cluster IP is allocated from `service-cidr` when not given, checked when given,
+//!   immutable once set, and recorded with the object.
+//! - **Depends on** `Arc<StateDir>` (the `statedir` cell).
 //! - **Config keys:** `service-cidr` (default `10.96.0.0/12`): the range cluster IPs come
-//!   from, as the API server's `--service-cluster-ip-range`; IPv4, /12 to /30.
-//! - **Degraded** never.
+//!   from, as the API server's `--service-cluster-ip-range`, IPv4, /12 to /30;
+//!   `apply-max-bytes` (default 3 MiB) and `apply-max-depth` (default 64): the largest text
+//!   and the deepest nesting one apply or delete takes, checked before decoding;
+//!   `policy-dir` (unset by default): a directory of YAML files applied as they change.
+//! - **Degraded** while a record on disk is not in force (it could not be read, or no longer
+//!   loads: each named with its reason; it is kept, and an apply or delete of its object
+//!   replaces it), a committed change could not be merged into the object files (it is in
+//!   force and in the journal; retried at the next change), or the last change could not be
+//!   recorded (it was refused; until one is); the `policy-dir` job while a file of the
+//!   directory does not apply. OK once restored otherwise.
 //!
 //! Consumers read tables and subscribe to their events; the tables keep slim copies of the
 //! objects with only what the agent's cells read.
 
+mod apply;
+#[cfg(test)]
+mod cell_tests;
 mod config;
 mod document;
 mod error;
 mod grpc;
 mod key;
 mod kinds;
+mod limits;
 mod objects;
+mod policy_dir;
+mod record;
 mod resources;
 mod service_ip;
-mod store;
 mod table;
 mod validate;
+mod writers;
 
 use cellium_hive::Module;
 
-pub use config::ResourcesConfig;
+pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
 pub use document::DocumentError;
 pub use error::{Error, Result};
 pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
+pub use limits::Limits;
 pub use objects::{
     CidrBlock, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy,
     CiliumRule, ClusterIp, EndpointSlice, Entity, LabelRequirement, LabelSelector, NAME_LABEL,
@@ -47,8 +67,9 @@ pub use objects::{
     PolicyType, PortRef, Protocol, SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES,
     SelectorOperator, Service, ServicePort, SliceEndpoint, SlicePort,
 };
+pub use policy_dir::PolicyDir;
 pub use resources::{Action, Outcome, Resources};
-pub use table::{Change, Event, Table};
+pub use table::{Change, Event, Table, Writer};
 pub use validate::FieldError;
 
 /// The `resources` module.

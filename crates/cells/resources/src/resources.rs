@@ -1,27 +1,27 @@
 //! The tables of the node's desired state, and applying YAML to them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_hive::{Config, Hook, Lifecycle, Reporter};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use cellium_statedir::StateDir;
-use serde_yaml::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::ResourcesConfig;
-use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
-use crate::key::{Object, ObjectKey};
-use crate::kinds::{self, Parsed};
-use crate::objects::service::{RequestedIp, ServiceDraft};
+use crate::key::ObjectKey;
+use crate::limits::Limits;
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, ClusterIp, EndpointSlice, Namespace,
-    NetworkPolicy, Pod, SYSTEM_NAMESPACES, Service,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
+    Pod, Service,
 };
+use crate::policy_dir;
+use crate::record::{Record, error_chain};
 use crate::service_ip::ServiceRange;
-use crate::store::Store;
-use crate::table::{Change, Table};
-use crate::validate::FieldError;
+use crate::table::Table;
+use crate::writers::Writers;
 
 /// What happened to one object of an apply or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,9 @@ pub struct Outcome {
     pub action: Action,
 }
 
-/// The node's desired state: one table per kind.
+/// The node's desired state: one table per kind, read by everyone, written only by the apply
+/// path ([`apply`](Resources::apply), [`delete`](Resources::delete), the restore at start),
+/// which holds the tables' [`Writer`](crate::Writer)s.
 #[derive(Debug)]
 pub struct Resources {
     /// Namespaces (`default`, `kube-system` and `kube-public` always exist).
@@ -80,45 +82,127 @@ pub struct Resources {
     /// `discovery.k8s.io/v1` EndpointSlices.
     pub endpoint_slices: Table<EndpointSlice>,
     /// The range cluster IPs come from.
-    service_range: ServiceRange,
-    /// Applies and deletes run one at a time, so each is checked against the state it changes.
-    writes: Mutex<()>,
-    /// Where applied objects are recorded; `None` keeps them in memory only.
-    store: Option<Store>,
+    pub(crate) service_range: ServiceRange,
+    /// The bounds on one applied text.
+    pub(crate) limits: Limits,
+    /// The apply lock: the writers and the record. Applies and deletes take it one at a time,
+    /// so each is checked against the state it changes, but only once their text is parsed:
+    /// a large or hostile text never holds it.
+    state: Mutex<State>,
+    /// How many requests were abandoned.
+    abandoned: AtomicU64,
+}
+
+/// What the apply lock guards.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) writers: Writers,
+    pub(crate) store: Store,
+    /// Records on disk that are not in force, with why: reported until an apply or delete
+    /// replaces or removes them.
+    pub(crate) stranded: BTreeMap<String, String>,
+    /// Why committed changes could not be merged into the object files, if they could not.
+    pub(crate) merge_error: Option<String>,
+    /// Why the last change could not be recorded (and so was refused), until one is.
+    pub(crate) record_error: Option<String>,
+    reporter: Option<Reporter>,
+}
+
+/// Where applied objects are recorded.
+#[derive(Debug)]
+pub(crate) enum Store {
+    /// Nowhere: in memory only.
+    Memory,
+    /// In the state directory, not read yet (the restore reads it).
+    Unread(Arc<StateDir>),
+    /// In the state directory.
+    Record(Record),
 }
 
 impl Resources {
     /// Empty tables but for the system namespaces, in memory only, with the default
-    /// `service-cidr`.
+    /// `service-cidr` and limits.
     pub fn new() -> Arc<Resources> {
         let range = ServiceRange::new(ResourcesConfig::default().service_cidr)
             .expect("the default service range is valid");
-        Arc::new(Resources::empty(None, range))
+        Arc::new(Resources::build(
+            Store::Memory,
+            range,
+            Limits::default(),
+            None,
+        ))
     }
 
     /// Empty tables in memory only, with cluster IPs from `service_cidr`.
     pub fn with_service_cidr(service_cidr: ipnet::Ipv4Net) -> Result<Arc<Resources>> {
         let range = ServiceRange::new(service_cidr).map_err(Error::ServiceCidr)?;
-        Ok(Arc::new(Resources::empty(None, range)))
+        Ok(Arc::new(Resources::build(
+            Store::Memory,
+            range,
+            Limits::default(),
+            None,
+        )))
     }
 
     /// The cell's constructor: applied objects are recorded in the state directory and
     /// applied again by the `restore-objects` start hook, before any cell that reads the
-    /// tables starts. Fails when `service-cidr` is not a usable range.
+    /// tables starts. Fails when `service-cidr` or a limit is out of range.
     pub fn persistent(
         cfg: Config<ResourcesConfig>,
         lc: Lifecycle,
+        jobs: Jobs,
         reporter: Reporter,
         state_dir: Arc<StateDir>,
     ) -> Result<Arc<Resources>> {
         let range = ServiceRange::new(cfg.service_cidr).map_err(Error::ServiceCidr)?;
-        let resources = Arc::new(Resources::empty(Some(Store(state_dir)), range));
+        let limits = Limits::from_config(&cfg)?;
+        let resources = Arc::new(Resources::build(
+            Store::Unread(state_dir),
+            range,
+            limits,
+            Some(reporter),
+        ));
         let this = resources.clone();
         lc.append(Hook::new("restore-objects").on_start(move |_| async move {
-            reporter.ok(this.restore());
+            tokio::task::spawn_blocking(move || this.restore()).await?;
             Ok(())
         }));
+        // After the restore: a file of the directory replaces a recorded object, not the
+        // other way round.
+        if let Some(dir) = cfg.policy_dir() {
+            policy_dir::watch(&jobs, dir.to_path_buf(), resources.clone());
+        }
         Ok(resources)
+    }
+
+    pub(crate) fn build(
+        store: Store,
+        service_range: ServiceRange,
+        limits: Limits,
+        reporter: Option<Reporter>,
+    ) -> Resources {
+        let writers = Writers::new();
+        let readers = writers.readers();
+        Resources {
+            namespaces: readers.namespaces,
+            pods: readers.pods,
+            network_policies: readers.network_policies,
+            cilium_network_policies: readers.cilium_network_policies,
+            cilium_clusterwide_network_policies: readers.cilium_clusterwide_network_policies,
+            services: readers.services,
+            endpoint_slices: readers.endpoint_slices,
+            service_range,
+            limits,
+            state: Mutex::new(State {
+                writers,
+                store,
+                stranded: BTreeMap::new(),
+                merge_error: None,
+                record_error: None,
+                reporter,
+            }),
+            abandoned: AtomicU64::new(0),
+        }
     }
 
     /// The range cluster IPs are allocated from.
@@ -126,383 +210,227 @@ impl Resources {
         self.service_range.cidr()
     }
 
-    fn empty(store: Option<Store>, service_range: ServiceRange) -> Resources {
-        let resources = Resources {
-            namespaces: Table::default(),
-            pods: Table::default(),
-            network_policies: Table::default(),
-            cilium_network_policies: Table::default(),
-            cilium_clusterwide_network_policies: Table::default(),
-            services: Table::default(),
-            endpoint_slices: Table::default(),
-            service_range,
-            writes: Mutex::new(()),
-            store,
-        };
-        for name in SYSTEM_NAMESPACES {
-            if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
-                resources.namespaces.upsert(ns);
-            }
-        }
-        resources
-    }
-
-    /// Applies every recorded object again; a file that no longer applies (its kind
-    /// unsupported by this version, say) is logged and left for a person to look at.
-    fn restore(&self) -> String {
-        let (mut restored, mut failed) = (0, 0);
-        for (file, text) in self.store.as_ref().map(Store::load).unwrap_or_default() {
-            match self.apply_recorded(&file, &text, false) {
-                Ok(outcomes) => restored += outcomes.len(),
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(file, error = %e, "a recorded object does not apply any more");
-                }
-            }
-        }
-        format!("{restored} objects restored, {failed} failed")
+    /// The bounds on one applied text (`apply-max-bytes`, `apply-max-depth`).
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Creates or updates every object in `text` (multi-document YAML from `source`).
     ///
-    /// All documents are decoded and checked first; if any fails, nothing is applied and
-    /// every failure is returned. Documents are applied in order.
+    /// The text is checked against the limits, then every document is decoded and checked;
+    /// if any fails, nothing is applied and every failure is returned. Then the change is
+    /// recorded (when the tables are persistent) and only then made: a record that cannot be
+    /// written fails the call ([`Error::Record`], naming the file and the errno) and changes
+    /// nothing. Documents are applied in order.
     pub fn apply(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
-        self.apply_recorded(source, text, true)
+        self.apply_cancellable(source, text, &CancellationToken::new())
     }
 
-    fn apply_recorded(&self, source: &str, text: &str, record: bool) -> Result<Vec<Outcome>> {
-        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
-        let docs = self.documents(source, text)?;
-        let mut parsed = Vec::new();
-        let mut errors = Vec::new();
-        let mut new_namespaces = BTreeSet::new();
-        let mut claims = BTreeMap::new();
-        for doc in &docs {
-            let mut value = doc.value.clone();
-            let settled = kinds::parse(doc)
-                .and_then(|p| self.check(&p, &new_namespaces).map(|_| p))
-                .and_then(|mut p| {
-                    if let Parsed::Service(draft) = &mut p {
-                        self.settle_cluster_ip(draft, &mut value, &mut claims, !record)?;
-                    }
-                    Ok(p)
-                });
-            match settled {
-                Ok(p) => {
-                    if let Parsed::Namespace(ns) = &p {
-                        new_namespaces.insert(ns.name.clone());
-                    }
-                    parsed.push((p, value));
-                }
-                Err(e) => errors.push(doc_error(source, doc, e)),
-            }
+    /// [`apply`](Resources::apply), abandoned with [`Error::Cancelled`] (nothing changed) when
+    /// `cancel` is cancelled before the change is recorded: a request whose client went away
+    /// stops costing work.
+    pub fn apply_cancellable(
+        &self,
+        source: &str,
+        text: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Outcome>> {
+        let prepared = self.abandoned(self.prepare(source, text, cancel))?;
+        let mut state = self.lock_restored();
+        if cancel.is_cancelled() {
+            return self.abandoned(Err(Error::Cancelled));
         }
-        if !errors.is_empty() {
-            return Err(Error::Invalid(errors));
-        }
-        let mut outcomes = Vec::new();
-        for (p, value) in parsed {
-            let outcome = self.write(p);
-            if record && let Some(store) = &self.store {
-                store.save(outcome.kind, &outcome.key, &value);
-            }
-            outcomes.push(outcome);
-        }
+        let outcomes = self.commit_apply(&mut state, source, prepared)?;
+        state.merge_and_report();
         Ok(outcomes)
     }
 
-    /// Deletes every object named in `text`. A namespace takes its pods and policies with it,
-    /// as the namespace controller does; the system namespaces cannot be deleted.
+    /// Deletes every object named in `text`. A namespace takes its pods, policies, services
+    /// and endpoint slices with it, as the namespace controller does; the system namespaces
+    /// cannot be deleted. Recorded and made as [`apply`](Resources::apply) is.
     pub fn delete(&self, source: &str, text: &str) -> Result<Vec<Outcome>> {
-        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
-        let docs = self.documents(source, text)?;
-        let mut errors = Vec::new();
-        let mut keys = Vec::new();
-        for doc in &docs {
-            match delete_key(doc) {
-                Ok(key) => keys.push((doc.kind.clone(), key)),
-                Err(e) => errors.push(doc_error(source, doc, e)),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(Error::Invalid(errors));
-        }
-        Ok(keys
-            .into_iter()
-            .map(|(kind, key)| self.remove(&kind, key))
-            .collect())
+        self.delete_cancellable(source, text, &CancellationToken::new())
     }
 
-    /// Deletes one object from its table and from the record.
-    fn forget<T: Object>(&self, table: &Table<T>, key: &ObjectKey) -> bool {
-        let found = table.delete(key).is_some();
-        if found && let Some(store) = &self.store {
-            store.remove(T::KIND, key);
-        }
-        found
-    }
-
-    fn documents(&self, source: &str, text: &str) -> Result<Vec<Document>> {
-        let docs = document::split(source, text).map_err(|e| Error::Invalid(vec![e]))?;
-        if docs.is_empty() {
-            return Err(Error::Empty(source.to_string()));
-        }
-        Ok(docs)
-    }
-
-    /// Checks that depend on the state: a namespaced object's namespace must exist, as the API
-    /// server requires.
-    fn check(&self, parsed: &Parsed, new_namespaces: &BTreeSet<String>) -> Result<(), FieldError> {
-        if let Some(namespace) = parsed.namespace() {
-            let exists = new_namespaces.contains(namespace)
-                || self
-                    .namespaces
-                    .get(&ObjectKey::cluster(namespace))
-                    .is_some();
-            if !exists {
-                return Err(FieldError::new(
-                    "metadata.namespace",
-                    format!(
-                        "namespace {namespace:?} not found (apply the Namespace first, or in the same file before this object)"
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Decides a service's cluster IP as the API server does: an update keeps the current
-    /// one (a different one is refused: the field is immutable), a new service gets the one
-    /// it names (which must be inside `service-cidr` and held by no other service) or one
-    /// allocated from the range. The decision is written into the document, so the recorded
-    /// object brings the same address back after a restart. `claims` holds the decisions for
-    /// the file's earlier documents; `restoring` accepts a recorded address outside a range
-    /// that has changed since, with a warning, rather than losing the service.
-    fn settle_cluster_ip(
+    /// Deletes the objects `keys` names, as [`delete`](Resources::delete) of their documents
+    /// would.
+    pub(crate) fn delete_objects(
         &self,
-        draft: &mut ServiceDraft,
-        value: &mut Value,
-        claims: &mut BTreeMap<ObjectKey, ClusterIp>,
-        restoring: bool,
-    ) -> Result<(), FieldError> {
-        let key = draft.service.key();
-        let current = claims
-            .get(&key)
-            .copied()
-            .or_else(|| self.services.get(&key).map(|s| s.cluster_ip));
-        let field = "spec.clusterIP";
-        let decided = match (draft.requested, current) {
-            (RequestedIp::Unset, Some(current)) => current,
-            (RequestedIp::Headless, None | Some(ClusterIp::Headless)) => ClusterIp::Headless,
-            (RequestedIp::Address(ip), Some(current)) if current == ClusterIp::Address(ip) => {
-                current
-            }
-            (RequestedIp::Headless | RequestedIp::Address(_), Some(current)) => {
-                return Err(FieldError::new(
-                    field,
-                    format!(
-                        "field is immutable: the service has {current} (delete the service and create it again to change it)"
-                    ),
-                ));
-            }
-            (RequestedIp::Unset, None) => {
-                let used = self.cluster_ips_in_use(&key, claims).into_keys().collect();
-                let ip = self.service_range.allocate(&used).ok_or_else(|| {
-                    FieldError::new(
-                        field,
-                        format!(
-                            "no address left to allocate in the service range {}",
-                            self.service_range.cidr()
-                        ),
-                    )
-                })?;
-                ClusterIp::Address(ip)
-            }
-            (RequestedIp::Address(ip), None) => {
-                if !self.service_range.contains(ip) {
-                    let range = self.service_range.cidr();
-                    if !restoring {
-                        return Err(FieldError::new(
-                            field,
-                            format!(
-                                "{ip} is not in the service range {range} (service-cidr; its network and broadcast addresses excluded)"
-                            ),
-                        ));
-                    }
-                    tracing::warn!(service = %key, %ip, %range, "a recorded cluster IP is outside the service range; kept, as the API server keeps it");
-                }
-                if let Some(holder) = self.cluster_ips_in_use(&key, claims).get(&ip) {
-                    return Err(FieldError::new(
-                        field,
-                        format!("{ip} is already allocated to service {holder}"),
-                    ));
-                }
-                ClusterIp::Address(ip)
-            }
-        };
-        draft.service.cluster_ip = decided;
-        claims.insert(key, decided);
-        record_cluster_ip(value, decided);
-        Ok(())
+        source: &str,
+        keys: Vec<(&'static str, ObjectKey)>,
+    ) -> Result<Vec<Outcome>> {
+        let mut state = self.lock_restored();
+        let outcomes = state.commit_delete(source, keys)?;
+        state.merge_and_report();
+        Ok(outcomes)
     }
 
-    /// The cluster IPs held by services other than `key`, with their holders: those in the
-    /// table and those the file being applied claims.
-    fn cluster_ips_in_use(
+    /// A number that grows with every change to any table: equal numbers, equal tables.
+    pub fn revision(&self) -> u64 {
+        [
+            self.namespaces.revision(),
+            self.pods.revision(),
+            self.network_policies.revision(),
+            self.cilium_network_policies.revision(),
+            self.cilium_clusterwide_network_policies.revision(),
+            self.services.revision(),
+            self.endpoint_slices.revision(),
+        ]
+        .iter()
+        .map(|r| *r.borrow())
+        .sum()
+    }
+
+    /// [`delete`](Resources::delete), abandoned as
+    /// [`apply_cancellable`](Resources::apply_cancellable) is.
+    pub fn delete_cancellable(
         &self,
-        key: &ObjectKey,
-        claims: &BTreeMap<ObjectKey, ClusterIp>,
-    ) -> BTreeMap<std::net::Ipv4Addr, ObjectKey> {
-        let mut used = BTreeMap::new();
-        for svc in self.services.list() {
-            if let ClusterIp::Address(ip) = svc.cluster_ip {
-                used.insert(ip, svc.key());
-            }
+        source: &str,
+        text: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Outcome>> {
+        let keys = self.abandoned(self.delete_keys(source, text, cancel))?;
+        let mut state = self.lock_restored();
+        if cancel.is_cancelled() {
+            return self.abandoned(Err(Error::Cancelled));
         }
-        for (k, ip) in claims {
-            if let ClusterIp::Address(ip) = ip {
-                used.insert(*ip, k.clone());
-            }
-        }
-        used.retain(|_, holder| holder != key);
-        used
+        let outcomes = state.commit_delete(source, keys)?;
+        state.merge_and_report();
+        Ok(outcomes)
     }
 
-    fn write(&self, parsed: Parsed) -> Outcome {
-        let (kind, key, change) = match parsed {
-            Parsed::Namespace(ns) => (Namespace::KIND, ns.key(), self.namespaces.upsert(ns)),
-            Parsed::Pod(pod) => (Pod::KIND, pod.key(), self.pods.upsert(pod)),
-            Parsed::NetworkPolicy(p) => (
-                NetworkPolicy::KIND,
-                p.key(),
-                self.network_policies.upsert(p),
-            ),
-            Parsed::CiliumNetworkPolicy(p) => (
-                CiliumNetworkPolicy::KIND,
-                p.key(),
-                self.cilium_network_policies.upsert(p),
-            ),
-            Parsed::CiliumClusterwideNetworkPolicy(p) => (
-                CiliumClusterwideNetworkPolicy::KIND,
-                p.key(),
-                self.cilium_clusterwide_network_policies.upsert(p),
-            ),
-            Parsed::Service(d) => (
-                Service::KIND,
-                d.service.key(),
-                self.services.upsert(d.service),
-            ),
-            Parsed::EndpointSlice(s) => {
-                (EndpointSlice::KIND, s.key(), self.endpoint_slices.upsert(s))
-            }
-        };
-        let action = match change {
-            Change::Created => Action::Created,
-            Change::Configured => Action::Configured,
-            Change::Unchanged => Action::Unchanged,
-        };
-        Outcome { kind, key, action }
+    /// How many applies and deletes were abandoned because their requester went away
+    /// ([`Error::Cancelled`]).
+    pub fn abandoned_requests(&self) -> u64 {
+        self.abandoned.load(Ordering::Relaxed)
     }
 
-    fn remove(&self, kind: &str, key: ObjectKey) -> Outcome {
-        let (kind, found) = match kind {
-            "Namespace" => {
-                for pod in self.pods.list_namespace(&key.name) {
-                    self.forget(&self.pods, &pod.key());
-                }
-                for p in self.network_policies.list_namespace(&key.name) {
-                    self.forget(&self.network_policies, &p.key());
-                }
-                for p in self.cilium_network_policies.list_namespace(&key.name) {
-                    self.forget(&self.cilium_network_policies, &p.key());
-                }
-                for s in self.services.list_namespace(&key.name) {
-                    self.forget(&self.services, &s.key());
-                }
-                for s in self.endpoint_slices.list_namespace(&key.name) {
-                    self.forget(&self.endpoint_slices, &s.key());
-                }
-                (Namespace::KIND, self.forget(&self.namespaces, &key))
-            }
-            "NetworkPolicy" => (
-                NetworkPolicy::KIND,
-                self.forget(&self.network_policies, &key),
-            ),
-            "CiliumNetworkPolicy" => (
-                CiliumNetworkPolicy::KIND,
-                self.forget(&self.cilium_network_policies, &key),
-            ),
-            "CiliumClusterwideNetworkPolicy" => (
-                CiliumClusterwideNetworkPolicy::KIND,
-                self.forget(&self.cilium_clusterwide_network_policies, &key),
-            ),
-            "Service" => (Service::KIND, self.forget(&self.services, &key)),
-            "EndpointSlice" => (
-                EndpointSlice::KIND,
-                self.forget(&self.endpoint_slices, &key),
-            ),
-            _ => (Pod::KIND, self.forget(&self.pods, &key)),
+    fn abandoned<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(Error::Cancelled) = &result {
+            self.abandoned.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "an apply or delete was abandoned before it changed anything: its client went away"
+            );
+        }
+        result
+    }
+
+    /// Applies every recorded object again. A record that does not load (its kind unsupported
+    /// by this version, a namespace whose record is unreadable, ...) is kept on disk, not in
+    /// force, and makes the module Degraded naming the file and the reason; the rest loads.
+    /// Returns how many objects were restored and how many records are not in force.
+    pub(crate) fn restore(&self) -> (usize, usize) {
+        let mut state = self.lock();
+        let restored = self.restore_locked(&mut state);
+        state.merge_and_report();
+        (restored, state.stranded.len())
+    }
+
+    /// The apply lock, with the record read first if it was not yet (an apply before the
+    /// restore reads it as the restore would).
+    fn lock_restored(&self) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        if matches!(state.store, Store::Unread(_)) {
+            self.restore_locked(&mut state);
+        }
+        state
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn restore_locked(&self, state: &mut State) -> usize {
+        let Store::Unread(dir) = &state.store else {
+            return 0;
         };
-        let action = if found {
-            Action::Deleted
+        let (record, loaded) = Record::open(dir.clone());
+        state.store = Store::Record(record);
+        for (path, reason) in loaded.problems {
+            tracing::error!(file = %path, %reason, "a record cannot be read; it is kept, not in force");
+            state.stranded.insert(path, reason);
+        }
+        let mut restored = 0;
+        for (file, text) in loaded.objects {
+            match self.load_record(state, &file, &text) {
+                Ok(()) => restored += 1,
+                Err(reason) => {
+                    let path = Record::path_of(&file);
+                    tracing::error!(file = %path, %reason, "a recorded object does not load; it is kept, not in force");
+                    state.stranded.insert(path, reason);
+                }
+            }
+        }
+        state.writers.publish();
+        tracing::info!(
+            restored,
+            stranded = state.stranded.len(),
+            "recorded objects restored"
+        );
+        restored
+    }
+}
+
+impl State {
+    /// Merges committed changes into the object files and reports the module's health.
+    pub(crate) fn merge_and_report(&mut self) {
+        if let Store::Record(record) = &mut self.store
+            && record.has_pending()
+        {
+            self.merge_error = match record.merge() {
+                Ok(()) => None,
+                Err(e) => {
+                    let reason = format!(
+                        "{} not merged into the records (the change is in force and recorded there; retried at the next change): {}",
+                        e.journal,
+                        error_chain(&e.source)
+                    );
+                    tracing::error!("{reason}");
+                    Some(reason)
+                }
+            };
+        }
+        self.report();
+    }
+
+    /// Reports the module's health: OK, or Degraded with every record not in force, a merge
+    /// that failed and a change that could not be recorded.
+    pub(crate) fn report(&self) {
+        let Some(reporter) = &self.reporter else {
+            return;
+        };
+        let mut problems: Vec<String> = self
+            .stranded
+            .iter()
+            .map(|(path, reason)| format!("{path}: {reason}"))
+            .collect();
+        if !problems.is_empty() {
+            problems[0] = format!(
+                "{} records kept on disk but not in force: {}",
+                self.stranded.len(),
+                problems[0]
+            );
+        }
+        problems.extend(self.merge_error.clone());
+        problems.extend(self.record_error.clone());
+        let objects = self.writers.count();
+        if problems.is_empty() {
+            reporter.ok(format!("{objects} objects in force, all recorded"));
         } else {
-            Action::NotFound
-        };
-        Outcome { kind, key, action }
-    }
-}
-
-/// Writes a decided cluster IP into a service's document (`spec.clusterIP` and
-/// `spec.clusterIPs`), as the API server stores it.
-fn record_cluster_ip(value: &mut Value, ip: ClusterIp) {
-    let Some(root) = value.as_mapping_mut() else {
-        return;
-    };
-    let spec = root
-        .entry("spec".into())
-        .or_insert_with(|| Value::Mapping(Default::default()));
-    if let Some(spec) = spec.as_mapping_mut() {
-        let text = Value::String(ip.to_string());
-        spec.insert("clusterIP".into(), text.clone());
-        spec.insert("clusterIPs".into(), Value::Sequence(vec![text]));
-    }
-}
-
-fn delete_key(doc: &Document) -> Result<ObjectKey, FieldError> {
-    kinds::check_kind(doc)?;
-    let name = doc
-        .name
-        .clone()
-        .ok_or_else(|| FieldError::new("metadata.name", "a name is required"))?;
-    if !kinds::namespaced(doc) {
-        if SYSTEM_NAMESPACES.contains(&name.as_str()) {
-            return Err(FieldError::new(
-                "metadata.name",
-                format!("namespace {name:?} is a system namespace and may not be deleted"),
+            reporter.degraded(format!(
+                "{objects} objects in force; {}",
+                problems.join("; ")
             ));
         }
-        return Ok(ObjectKey::cluster(name));
-    }
-    let namespace = doc.namespace.clone().unwrap_or_else(|| "default".into());
-    Ok(ObjectKey::namespaced(namespace, name))
-}
-
-fn doc_error(source: &str, doc: &Document, e: FieldError) -> DocumentError {
-    DocumentError {
-        source: source.to_string(),
-        index: doc.index,
-        object: Some(doc.describe()),
-        field: e.field,
-        reason: e.reason,
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::record::error_chain;
 
-    const APP: &str = r#"
+    pub(crate) const APP: &str = r#"
 apiVersion: v1
 kind: Namespace
 metadata: { name: shop, labels: { team: a } }
@@ -513,11 +441,16 @@ metadata: { name: web, namespace: shop, labels: { app: web } }
 spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } ] }
 "#;
 
-    fn default_range() -> ServiceRange {
+    pub(crate) fn default_range() -> ServiceRange {
         ServiceRange::new(ResourcesConfig::default().service_cidr).unwrap()
     }
 
-    fn actions(outcomes: &[Outcome]) -> Vec<String> {
+    /// Tables recorded in `state`, not restored yet.
+    pub(crate) fn persisted(state: &Arc<StateDir>, range: ServiceRange) -> Resources {
+        Resources::build(Store::Unread(state.clone()), range, Limits::default(), None)
+    }
+
+    pub(crate) fn actions(outcomes: &[Outcome]) -> Vec<String> {
         outcomes
             .iter()
             .map(|o| format!("{} {} {}", o.kind, o.key, o.action))
@@ -682,15 +615,15 @@ spec:
         let dir = tempfile::tempdir().unwrap();
         let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
         let first_state = state();
-        let first = Resources::empty(Some(Store(first_state.clone())), default_range());
+        let first = persisted(&first_state, default_range());
         first.apply("app.yaml", APP).unwrap();
         let np = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: deny, namespace: shop }\nspec: { podSelector: {} }\n";
         first.apply("np.yaml", np).unwrap();
         drop((first, first_state));
 
         let second_state = state();
-        let second = Resources::empty(Some(Store(second_state.clone())), default_range());
-        assert_eq!(second.restore(), "3 objects restored, 0 failed");
+        let second = persisted(&second_state, default_range());
+        assert_eq!(second.restore(), (3, 0));
         assert!(
             second
                 .pods
@@ -712,235 +645,202 @@ spec:
         drop((second, second_state));
 
         let third_state = state();
-        let third = Resources::empty(Some(Store(third_state)), default_range());
-        assert_eq!(third.restore(), "0 objects restored, 0 failed");
+        let third = persisted(&third_state, default_range());
+        assert_eq!(third.restore(), (0, 0));
         assert!(third.pods.is_empty() && third.network_policies.is_empty());
     }
 
-    const SERVICES: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: { name: web, namespace: shop }
-spec: { selector: { app: web }, ports: [ { name: http, port: 80, targetPort: http } ] }
----
-apiVersion: v1
-kind: Service
-metadata: { name: dns, namespace: shop }
-spec: { clusterIP: 10.96.0.10, ports: [ { name: dns, port: 53, protocol: UDP } ] }
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: { name: dns-1, namespace: shop, labels: { kubernetes.io/service-name: dns } }
-addressType: IPv4
-endpoints: [ { addresses: [ 10.244.0.53 ] } ]
-ports: [ { name: dns, port: 5353, protocol: UDP } ]
-"#;
-
-    fn vip(r: &Resources, name: &str) -> ClusterIp {
-        r.services
-            .get(&ObjectKey::namespaced("shop", name))
-            .unwrap()
-            .cluster_ip
-    }
-
-    fn service(name: &str, spec: &str) -> String {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n"
-        )
-    }
-
     #[test]
-    fn services_get_cluster_ips_allocated_or_checked() {
+    fn a_deeply_nested_or_huge_text_is_refused_before_it_is_decoded() {
         let r = Resources::new();
-        r.apply("app.yaml", APP).unwrap();
-        let out = r.apply("svc.yaml", SERVICES).unwrap();
-        assert_eq!(
-            actions(&out),
-            vec![
-                "Service shop/web created",
-                "Service shop/dns created",
-                "EndpointSlice shop/dns-1 created"
-            ]
+        // 200 KB of brackets: the decoder alone would take half a minute over it.
+        let deep = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}{}}}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
         );
-        // Allocated from the upper band of 10.96.0.0/12 (past the lower band's 256 addresses
-        // 10.96.0.1 - 10.96.1.0), or given as asked.
-        let web = vip(&r, "web");
-        assert_eq!(web, ClusterIp::Address("10.96.1.1".parse().unwrap()));
-        assert_eq!(
-            vip(&r, "dns"),
-            ClusterIp::Address("10.96.0.10".parse().unwrap())
-        );
-        // Applying the same file again changes nothing: the allocation is kept.
-        let out = r.apply("svc.yaml", SERVICES).unwrap();
-        assert!(out.iter().all(|o| o.action == Action::Unchanged), "{out:?}");
-        assert_eq!(vip(&r, "web"), web);
-
-        let taken = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
-        let err = r.apply("o.yaml", &taken).unwrap_err().to_string();
+        let err = r.apply("deep.yaml", &deep).unwrap_err().to_string();
         assert!(
-            err.contains("o.yaml: document 1 (Service shop/other): spec.clusterIP: 10.96.0.10 is already allocated to service shop/dns"),
+            err.contains("deep.yaml: document 1: nested more than 64 levels deep at line 3 column 80 (apply-max-depth)"),
             "{err}"
         );
-        let outside = service("other", "{clusterIP: 10.200.0.1, ports: [{port: 80}]}");
-        let err = r.apply("o.yaml", &outside).unwrap_err().to_string();
-        assert!(
-            err.contains("spec.clusterIP: 10.200.0.1 is not in the service range 10.96.0.0/12"),
-            "{err}"
+        let huge = format!("# {}\n", "x".repeat(4 << 20));
+        let err = r.apply("huge.yaml", &huge).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "huge.yaml: {} bytes is more than apply-max-bytes (3145728)",
+                huge.len()
+            )
         );
-        let network = service("other", "{clusterIP: 10.96.0.0, ports: [{port: 80}]}");
-        assert!(r.apply("o.yaml", &network).is_err());
-        assert!(
-            r.services
-                .get(&ObjectKey::namespaced("shop", "other"))
-                .is_none()
-        );
+        let err = r.delete("huge.yaml", &huge).unwrap_err().to_string();
+        assert!(err.contains("apply-max-bytes"), "{err}");
+        assert_eq!(r.abandoned_requests(), 0);
     }
 
     #[test]
-    fn a_cluster_ip_is_immutable() {
+    fn a_cancelled_apply_changes_nothing() {
         let r = Resources::new();
-        r.apply("app.yaml", APP).unwrap();
-        r.apply("svc.yaml", SERVICES).unwrap();
-        let moved = service(
-            "dns",
-            "{clusterIP: 10.96.0.11, ports: [{name: dns, port: 53, protocol: UDP}]}",
-        );
-        let err = r.apply("m.yaml", &moved).unwrap_err().to_string();
-        assert!(
-            err.contains("m.yaml: document 1 (Service shop/dns): spec.clusterIP: field is immutable: the service has 10.96.0.10"),
-            "{err}"
-        );
-        let headless = service(
-            "dns",
-            "{clusterIP: None, ports: [{name: dns, port: 53, protocol: UDP}]}",
-        );
-        assert!(
-            r.apply("m.yaml", &headless)
-                .unwrap_err()
-                .to_string()
-                .contains("immutable")
-        );
-        // An update that leaves the address out keeps it, as the API server does.
-        let update = service(
-            "dns",
-            "{ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]}",
-        );
-        let out = r.apply("u.yaml", &update).unwrap();
-        assert_eq!(out[0].action, Action::Configured);
-        assert_eq!(
-            vip(&r, "dns"),
-            ClusterIp::Address("10.96.0.10".parse().unwrap())
-        );
-        assert_eq!(
-            r.services
-                .get(&ObjectKey::namespaced("shop", "dns"))
-                .unwrap()
-                .ports
-                .len(),
-            2
-        );
-        // Once deleted, the address is free again, also for another service.
-        r.delete("d.yaml", &update).unwrap();
-        let other = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
-        r.apply("o.yaml", &other).unwrap();
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let err = r.apply_cancellable("app.yaml", APP, &cancel).unwrap_err();
+        assert!(matches!(err, Error::Cancelled), "{err}");
+        assert!(r.pods.is_empty());
+        assert_eq!(r.abandoned_requests(), 1);
     }
 
     #[test]
-    fn one_file_cannot_claim_an_address_twice() {
-        let r = Resources::new();
+    fn a_change_that_cannot_be_recorded_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let r = persisted(&state, default_range());
         r.apply("app.yaml", APP).unwrap();
-        let text = format!(
-            "{}---\n{}---\n{}",
-            service("a", "{ports: [{port: 80}]}"),
-            service("b", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}"),
-            service("c", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}")
-        );
-        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
+        // The journal's directory cannot be made: a file stands in its way.
+        std::fs::remove_dir(dir.path().join("resources/journal")).unwrap();
+        std::fs::write(dir.path().join("resources/journal"), b"").unwrap();
+        let np = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: shop}\nspec: {podSelector: {}}\n";
+        let err = r.apply("np.yaml", np).unwrap_err();
+        assert!(matches!(err, Error::Record { .. }), "{err}");
+        let chain = error_chain(&err);
         assert!(
-            err.contains("document 3 (Service shop/c): spec.clusterIP: 10.96.0.20 is already allocated to service shop/b"),
-            "{err}"
+            chain.starts_with(
+                "np.yaml: cannot record the change in the state directory; nothing changed: create "
+            ),
+            "{chain}"
         );
-        assert!(r.services.is_empty(), "all or nothing");
-        let text = format!(
-            "{}---\n{}",
-            service("a", "{ports: [{port: 80}]}"),
-            service("b", "{ports: [{port: 80}]}")
-        );
-        r.apply("f.yaml", &text).unwrap();
-        assert_ne!(vip(&r, "a"), vip(&r, "b"));
+        assert!(chain.contains("resources/journal"), "{chain}");
+        assert!(chain.contains("(os error 17)"), "{chain}");
+        assert!(r.network_policies.is_empty());
+        let err = r.delete("app.yaml", APP).unwrap_err();
+        assert!(matches!(err, Error::Record { .. }), "{err}");
+        assert_eq!((r.namespaces.len(), r.pods.len()), (4, 1));
+        drop((r, state));
+
+        std::fs::remove_file(dir.path().join("resources/journal")).unwrap();
+        let state = Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let again = persisted(&state, default_range());
+        assert_eq!(again.restore(), (2, 0));
+        assert!(again.network_policies.is_empty());
+        assert_eq!(again.pods.len(), 1);
     }
 
     #[test]
-    fn an_exhausted_range_is_an_error_naming_it() {
-        let r = Resources::with_service_cidr("10.0.0.0/30".parse().unwrap()).unwrap();
-        r.apply("app.yaml", APP).unwrap();
-        let text = format!(
-            "{}---\n{}---\n{}",
-            service("a", "{ports: [{port: 80}]}"),
-            service("b", "{ports: [{port: 80}]}"),
-            service("c", "{ports: [{port: 80}]}")
-        );
-        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
-        assert!(
-            err.contains("document 3 (Service shop/c): spec.clusterIP: no address left to allocate in the service range 10.0.0.0/30"),
-            "{err}"
-        );
-        let err = Resources::with_service_cidr("10.0.0.0/8".parse().unwrap()).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("service-cidr: 10.0.0.0/8 is not a usable service range"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn services_and_slices_go_with_their_namespace() {
-        let r = Resources::new();
-        r.apply("app.yaml", APP).unwrap();
-        r.apply("svc.yaml", SERVICES).unwrap();
-        assert_eq!((r.services.len(), r.endpoint_slices.len()), (2, 1));
-        r.delete(
-            "ns.yaml",
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+    fn a_record_that_does_not_load_is_kept_and_the_rest_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first = persisted(&state, default_range());
+        first.apply("app.yaml", APP).unwrap();
+        drop(first);
+        let records = dir.path().join("resources");
+        // A pod whose namespace's record is gone, and a record of another kind under a pod's
+        // name.
+        std::fs::write(
+            records.join("Pod~gone~p.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: gone}\nspec: {containers: [{name: c}]}\n",
         )
         .unwrap();
-        assert!(r.services.is_empty() && r.endpoint_slices.is_empty());
+        std::fs::write(
+            records.join("Pod~shop~x.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n",
+        )
+        .unwrap();
+        let second = persisted(&state, default_range());
+        assert_eq!(second.restore(), (2, 2));
+        assert_eq!(second.pods.len(), 1, "the rest loads");
+        assert!(second.namespaces.get(&ObjectKey::cluster("x")).is_none());
+        {
+            let s = second.lock();
+            let stranded: Vec<String> = s
+                .stranded
+                .iter()
+                .map(|(f, r)| format!("{f}: {r}"))
+                .collect();
+            assert!(
+                stranded[0].starts_with("resources/Pod~gone~p.yaml: 1 invalid document(s)"),
+                "{stranded:?}"
+            );
+            assert!(
+                stranded[0].contains("namespace \"gone\" not found"),
+                "{stranded:?}"
+            );
+            assert_eq!(
+                stranded[1],
+                "resources/Pod~shop~x.yaml: holds Namespace x, not the Pod shop/x its name says"
+            );
+        }
+        assert!(records.join("Pod~gone~p.yaml").exists(), "kept on disk");
+        // Deleting the objects removes their records; applying a good one replaces it.
+        let out = second
+            .delete(
+                "p.yaml",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: gone}\n",
+            )
+            .unwrap();
+        assert_eq!(actions(&out), vec!["Pod gone/p deleted"]);
+        assert!(!records.join("Pod~gone~p.yaml").exists());
+        second
+            .apply("x.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: shop}\nspec: {containers: [{name: c}]}\n")
+            .unwrap();
+        assert!(second.lock().stranded.is_empty());
     }
 
     #[test]
-    fn allocated_cluster_ips_survive_a_restart() {
+    fn a_namespace_goes_with_everything_recorded_in_it() {
         let dir = tempfile::tempdir().unwrap();
-        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
-        let first_state = state();
-        let first = Resources::empty(Some(Store(first_state.clone())), default_range());
+        let state = Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first = persisted(&state, default_range());
         first.apply("app.yaml", APP).unwrap();
-        first.apply("svc.yaml", SERVICES).unwrap();
-        let web = vip(&first, "web");
-        drop((first, first_state));
-
-        // The next agent allocates from the start of the range again: only the recorded
-        // address keeps the service where it was.
-        let second_state = state();
-        let second = Resources::empty(Some(Store(second_state.clone())), default_range());
-        assert_eq!(second.restore(), "5 objects restored, 0 failed");
-        assert_eq!(vip(&second, "web"), web);
-        let slice = second
-            .endpoint_slices
-            .get(&ObjectKey::namespaced("shop", "dns-1"))
+        first
+            .apply(
+                "pol.yaml",
+                &POLICIES
+                    .replace(
+                        "---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy",
+                        "---\napiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy",
+                    )
+                    .replace("name: no-telnet }", "name: no-telnet, namespace: shop }"),
+            )
             .unwrap();
-        assert_eq!(slice.service.as_deref(), Some("dns"));
+        drop(first);
+        // A record of the namespace that does not load goes too.
+        std::fs::write(
+            dir.path().join("resources/Pod~shop~bad.yaml"),
+            "not: a pod\n",
+        )
+        .unwrap();
+        let second = persisted(&state, default_range());
+        assert_eq!(second.restore(), (5, 1));
         second
-            .apply("n.yaml", &service("next", "{ports: [{port: 80}]}"))
+            .delete(
+                "ns.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+            )
             .unwrap();
-        assert_ne!(vip(&second, "next"), web);
-        drop((second, second_state));
+        let left: Vec<_> = state.list("resources").unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(second.lock().stranded.is_empty());
+    }
 
-        // A range changed since keeps what was recorded rather than losing the service.
-        let third_state = state();
-        let narrow = ServiceRange::new("10.100.0.0/16".parse().unwrap()).unwrap();
-        let third = Resources::empty(Some(Store(third_state)), narrow);
-        assert_eq!(third.restore(), "6 objects restored, 0 failed");
-        assert_eq!(vip(&third, "web"), web);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_files_changes_are_announced_once_they_are_all_in() {
+        let r = Resources::new();
+        let mut services = r.services.revision();
+        let watcher = r.clone();
+        // Woken by the service, the consumer finds its slices already there.
+        let seen = tokio::spawn(async move {
+            services.changed().await.unwrap();
+            watcher.endpoint_slices.len()
+        });
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n---\n".to_string()
+            + &(0..20)
+                .map(|i| format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s-{i}, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nendpoints: [{{addresses: [10.244.0.{i}]}}]\n"))
+                .collect::<Vec<_>>()
+                .join("---\n");
+        let applier = r.clone();
+        tokio::task::spawn_blocking(move || applier.apply("s.yaml", &text).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(seen.await.unwrap(), 20);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! address freed by a deleted service is not handed to the next service at once (clients may
 //! still hold it).
 
-use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -64,10 +63,10 @@ impl ServiceRange {
 
     /// The next free address (not in `used`) of the upper band after the last one allocated,
     /// else of the lower band; `None` when the range is full.
-    pub fn allocate(&self, used: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+    pub fn allocate(&self, used: impl Fn(Ipv4Addr) -> bool) -> Option<Ipv4Addr> {
         let free = |offset: u32| {
             let ip = Ipv4Addr::from(self.first + offset);
-            (!used.contains(&ip)).then_some((offset, ip))
+            (!used(ip)).then_some((offset, ip))
         };
         let upper = self.size - self.lower_band;
         let start = match self.cursor.load(Ordering::Relaxed) {
@@ -94,6 +93,8 @@ fn lower_band(total: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn range(cidr: &str) -> ServiceRange {
@@ -129,33 +130,48 @@ mod tests {
         // /24: 256 addresses, a lower band of 16 (10.0.0.1 - 10.0.0.16).
         let r = range("10.0.0.0/24");
         let mut used = HashSet::new();
-        let first = r.allocate(&used).unwrap();
+        let first = r.allocate(|ip| used.contains(&ip)).unwrap();
         assert_eq!(first, Ipv4Addr::new(10, 0, 0, 17));
         used.insert(first);
-        assert_eq!(r.allocate(&used), Some(Ipv4Addr::new(10, 0, 0, 18)));
+        assert_eq!(
+            r.allocate(|ip| used.contains(&ip)),
+            Some(Ipv4Addr::new(10, 0, 0, 18))
+        );
         // 10.0.0.18 was not taken, but the cursor moved on: freed addresses wait their turn.
-        assert_eq!(r.allocate(&used), Some(Ipv4Addr::new(10, 0, 0, 19)));
+        assert_eq!(
+            r.allocate(|ip| used.contains(&ip)),
+            Some(Ipv4Addr::new(10, 0, 0, 19))
+        );
         for last in 17..=254 {
             used.insert(Ipv4Addr::new(10, 0, 0, last));
         }
-        assert_eq!(r.allocate(&used), Some(Ipv4Addr::new(10, 0, 0, 1)));
+        assert_eq!(
+            r.allocate(|ip| used.contains(&ip)),
+            Some(Ipv4Addr::new(10, 0, 0, 1))
+        );
         for low in 1..=16 {
             used.insert(Ipv4Addr::new(10, 0, 0, low));
         }
-        assert_eq!(r.allocate(&used), None);
+        assert_eq!(r.allocate(|ip| used.contains(&ip)), None);
     }
 
     #[test]
     fn the_cursor_wraps_within_the_upper_band() {
         let r = range("10.0.0.0/28"); // 14 usable, all in the lower band
         let used: HashSet<_> = (1..=13).map(|i| Ipv4Addr::new(10, 0, 0, i)).collect();
-        assert_eq!(r.allocate(&used), Some(Ipv4Addr::new(10, 0, 0, 14)));
+        assert_eq!(
+            r.allocate(|ip| used.contains(&ip)),
+            Some(Ipv4Addr::new(10, 0, 0, 14))
+        );
         let r = range("10.0.0.0/24");
         let used: HashSet<_> = (17..=254).map(|i| Ipv4Addr::new(10, 0, 0, i)).collect();
         r.cursor.store(200, Ordering::Relaxed);
         let mut used2 = used.clone();
         used2.remove(&Ipv4Addr::new(10, 0, 0, 20));
-        assert_eq!(r.allocate(&used2), Some(Ipv4Addr::new(10, 0, 0, 20)));
+        assert_eq!(
+            r.allocate(|ip| used2.contains(&ip)),
+            Some(Ipv4Addr::new(10, 0, 0, 20))
+        );
     }
 
     #[test]

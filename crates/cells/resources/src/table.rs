@@ -35,64 +35,88 @@ pub enum Change {
     Unchanged,
 }
 
-/// The objects of one kind, keyed by namespace and name.
-///
-/// Readers get `Arc`s of immutable objects, so a read never blocks a writer for longer than
-/// a map lookup. Changes are broadcast as [`Event`]s; a subscriber that lags behind receives
-/// `RecvError::Lagged` and must re-read the table (level-triggered consumers do so anyway).
-/// The table has one writer by convention: the apply API in standalone mode, the Kubernetes
-/// watchers otherwise.
+/// What a table's reader and its writer share.
 #[derive(Debug)]
-pub struct Table<T> {
+struct Shared<T> {
     objects: RwLock<BTreeMap<ObjectKey, Arc<T>>>,
     events: broadcast::Sender<Event<T>>,
     revision: watch::Sender<u64>,
 }
 
-impl<T: Object> Default for Table<T> {
-    fn default() -> Self {
+/// The objects of one kind, keyed by namespace and name: a reader.
+///
+/// Readers get `Arc`s of immutable objects, so a read never blocks the writer for longer than
+/// a map lookup. Changes are broadcast as [`Event`]s; a subscriber that lags behind receives
+/// `RecvError::Lagged` and must re-read the table (level-triggered consumers do so anyway).
+///
+/// A table has exactly one [`Writer`], as a kube-runtime reflector's store has: the apply
+/// path in standalone mode (a Kubernetes watcher would take it otherwise). Two writers would
+/// clobber each other's objects; readers are cheap to clone and hand out.
+///
+/// ```
+/// use cellium_resources::{Change, Namespace, Object, ObjectKey, Writer};
+///
+/// let mut writer = Writer::<Namespace>::default();
+/// let reader = writer.as_reader();
+/// let mut events = reader.subscribe();
+/// let shop = Namespace::new("shop", Default::default()).unwrap();
+/// assert_eq!(writer.upsert(shop), Change::Created);
+/// assert!(reader.get(&ObjectKey::cluster("shop")).is_some());
+/// writer.publish();
+/// assert!(events.try_recv().is_ok());
+/// ```
+#[derive(Debug)]
+pub struct Table<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Clone for Table<T> {
+    fn clone(&self) -> Self {
         Table {
-            objects: RwLock::new(BTreeMap::new()),
-            events: broadcast::channel(EVENT_BUFFER).0,
-            revision: watch::channel(0).0,
+            shared: self.shared.clone(),
         }
     }
 }
 
-impl<T: Object> Table<T> {
-    /// The object named `key`.
-    pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
-        self.read().get(key).cloned()
-    }
+/// The one writer of a [`Table`]: it is not `Clone`, and its methods take `&mut self`, so
+/// whoever holds it is the table's only source of changes.
+///
+/// A change is in the table (`get`, `list`) as soon as it is made, but its event and the
+/// revision bump wait for [`publish`](Writer::publish): a batch of changes (the objects of one
+/// applied file, across tables) is announced once it is all in, so a consumer woken by it never
+/// works from half of it. A snapshot taken before `publish` may already hold changes whose
+/// events follow: consumers apply events idempotently, and nothing is ever missed.
+#[derive(Debug)]
+pub struct Writer<T> {
+    shared: Arc<Shared<T>>,
+    staged: Vec<Event<T>>,
+}
 
-    /// Every object, ordered by key.
-    pub fn list(&self) -> Vec<Arc<T>> {
-        self.read().values().cloned().collect()
+impl<T: Object> Default for Writer<T> {
+    fn default() -> Self {
+        Writer {
+            shared: Arc::new(Shared {
+                objects: RwLock::new(BTreeMap::new()),
+                events: broadcast::channel(EVENT_BUFFER).0,
+                revision: watch::channel(0).0,
+            }),
+            staged: Vec::new(),
+        }
     }
+}
 
-    /// The objects of one namespace, ordered by name.
-    pub fn list_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
-        self.read()
-            .range(ObjectKey::namespaced(namespace, "")..)
-            .take_while(|(k, _)| k.namespace == namespace)
-            .map(|(_, v)| v.clone())
-            .collect()
-    }
-
-    /// How many objects there are.
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    /// Whether the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
+impl<T: Object> Writer<T> {
+    /// A reader of this writer's table.
+    pub fn as_reader(&self) -> Table<T> {
+        Table {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Creates or replaces the object with `obj`'s key.
-    pub fn upsert(&self, obj: T) -> Change {
+    pub fn upsert(&mut self, obj: T) -> Change {
         let key = obj.key();
-        let mut objects = self.write();
+        let mut objects = self.shared.write();
         let old = objects.get(&key).cloned();
         if old.as_deref() == Some(&obj) {
             return Change::Unchanged;
@@ -104,36 +128,84 @@ impl<T: Object> Table<T> {
         } else {
             Change::Created
         };
-        // Sent under the lock so that subscribers see events in the order of the writes.
-        self.publish(Event::Upsert { old, new });
+        self.staged.push(Event::Upsert { old, new });
         change
     }
 
     /// Deletes the object named `key`, returning it.
-    pub fn delete(&self, key: &ObjectKey) -> Option<Arc<T>> {
-        let mut objects = self.write();
-        let old = objects.remove(key)?;
-        self.publish(Event::Delete(old.clone()));
+    pub fn delete(&mut self, key: &ObjectKey) -> Option<Arc<T>> {
+        let old = self.shared.write().remove(key)?;
+        self.staged.push(Event::Delete(old.clone()));
         Some(old)
+    }
+
+    /// Sends the events of the changes made since the last call, in the order they were made,
+    /// and bumps the revision once per change.
+    pub fn publish(&mut self) {
+        for event in self.staged.drain(..) {
+            self.shared.publish(event);
+        }
+    }
+
+    /// The object named `key` (the writer reads what it wrote).
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        self.shared.read().get(key).cloned()
+    }
+}
+
+impl<T: Object> Table<T> {
+    /// The object named `key`.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        self.shared.read().get(key).cloned()
+    }
+
+    /// Every object, ordered by key.
+    pub fn list(&self) -> Vec<Arc<T>> {
+        self.shared.read().values().cloned().collect()
+    }
+
+    /// The objects of one namespace, ordered by name.
+    pub fn list_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
+        self.shared
+            .read()
+            .range(ObjectKey::namespaced(namespace, "")..)
+            .take_while(|(k, _)| k.namespace == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// How many objects there are.
+    pub fn len(&self) -> usize {
+        self.shared.read().len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.shared.read().is_empty()
     }
 
     /// The current objects and a receiver of every change after them, with no gap between.
     pub fn snapshot_and_subscribe(&self) -> (Vec<Arc<T>>, broadcast::Receiver<Event<T>>) {
-        let objects = self.read();
-        (objects.values().cloned().collect(), self.events.subscribe())
+        let objects = self.shared.read();
+        (
+            objects.values().cloned().collect(),
+            self.shared.events.subscribe(),
+        )
     }
 
     /// A receiver of every change from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event<T>> {
-        self.events.subscribe()
+        self.shared.events.subscribe()
     }
 
     /// A counter that increases with every change, for consumers that only need to know
     /// that something changed.
     pub fn revision(&self) -> watch::Receiver<u64> {
-        self.revision.subscribe()
+        self.shared.revision.subscribe()
     }
+}
 
+impl<T> Shared<T> {
     fn publish(&self, event: Event<T>) {
         // No subscriber is not an error: nobody needs to hear about the change.
         let _ = self.events.send(event);
@@ -174,14 +246,21 @@ mod tests {
 
     #[test]
     fn upserts_report_what_changed_and_publish_events() {
-        let table = Table::<Thing>::default();
+        let mut writer = Writer::<Thing>::default();
+        let table = writer.as_reader();
         let (snapshot, mut rx) = table.snapshot_and_subscribe();
         assert!(snapshot.is_empty());
-        assert_eq!(table.upsert(thing("a", "x", 1)), Change::Created);
-        assert_eq!(table.upsert(thing("a", "x", 1)), Change::Unchanged);
-        assert_eq!(table.upsert(thing("a", "x", 2)), Change::Configured);
-        assert!(table.delete(&ObjectKey::namespaced("a", "x")).is_some());
-        assert!(table.delete(&ObjectKey::namespaced("a", "x")).is_none());
+        assert_eq!(writer.upsert(thing("a", "x", 1)), Change::Created);
+        assert_eq!(writer.upsert(thing("a", "x", 1)), Change::Unchanged);
+        assert_eq!(writer.upsert(thing("a", "x", 2)), Change::Configured);
+        assert!(writer.delete(&ObjectKey::namespaced("a", "x")).is_some());
+        assert!(writer.delete(&ObjectKey::namespaced("a", "x")).is_none());
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing is announced before publish"
+        );
+        assert_eq!(*table.revision().borrow(), 0);
+        writer.publish();
         assert!(matches!(rx.try_recv(), Ok(Event::Upsert { old: None, .. })));
         match rx.try_recv() {
             Ok(Event::Upsert {
@@ -197,9 +276,10 @@ mod tests {
 
     #[test]
     fn namespaces_are_listed_apart() {
-        let table = Table::<Thing>::default();
+        let mut writer = Writer::<Thing>::default();
+        let table = writer.as_reader();
         for (ns, name) in [("b", "1"), ("a", "2"), ("a", "1"), ("ab", "1")] {
-            table.upsert(thing(ns, name, 0));
+            writer.upsert(thing(ns, name, 0));
         }
         let names: Vec<_> = table.list_namespace("a").iter().map(|t| t.name).collect();
         assert_eq!(names, vec!["1", "2"]);

@@ -4,10 +4,12 @@
 //!   lock on it (`agent.lock`, holding the agent's pid), so two agents never share state.
 //! - **Provides** `Arc<StateDir>`: atomic writes (temp file, rename), durable (fsync'd) or, for
 //!   records of what does not outlive the node's kernel anyway, left to the page cache; reads,
-//!   listings.
+//!   listings, directory flushes. A failed write removes its temp file; the temp files of a
+//!   writer killed half-way are removed when the directory is locked at start.
 //! - **Depends on** nothing but the hive.
 //! - **Config keys:** `state-dir`.
-//! - **Degraded** never: failing to create or lock the directory fails the agent's start.
+//! - **Degraded** never: failing to create or lock the directory fails the agent's start; OK
+//!   once it is locked.
 //!
 //! Other cells keep their records here (endpoints under `endpoints/`, identities under
 //! `identities/`), which is what lets the agent restore its state after a restart.

@@ -6,7 +6,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use cellium_hive::{Config, Hook, Lifecycle};
+use cellium_hive::{Config, Hook, Lifecycle, Reporter};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::config::StateDirConfig;
@@ -14,11 +14,16 @@ use crate::error::{Error, Result, io};
 
 const LOCK_FILE: &str = "agent.lock";
 
+/// Temp files are `.<name>.tmp` beside their target; nothing else in the directory is named so.
+const TMP_PREFIX: &str = ".";
+const TMP_SUFFIX: &str = ".tmp";
+
 /// The agent's state directory.
 ///
 /// Paths given to its methods are relative to the directory and may not leave it. Writes are
 /// atomic: a reader (or an agent restarted after a crash) sees the old or the new content,
-/// never a torn file.
+/// never a torn file. A write that fails leaves nothing behind, and the temp files of a writer
+/// that was killed half-way are removed when the directory is opened (and locked) again.
 #[derive(Debug)]
 pub struct StateDir {
     root: PathBuf,
@@ -28,7 +33,7 @@ pub struct StateDir {
 impl StateDir {
     /// Declares the directory; it is created and locked by the start hook, not here, so that
     /// describing or validating the agent touches nothing on disk.
-    pub fn new(cfg: Config<StateDirConfig>, lc: Lifecycle) -> Arc<StateDir> {
+    pub fn new(cfg: Config<StateDirConfig>, lc: Lifecycle, reporter: Reporter) -> Arc<StateDir> {
         let dir = Arc::new(StateDir {
             root: cfg.state_dir.clone(),
             lock: Mutex::new(None),
@@ -36,7 +41,14 @@ impl StateDir {
         let (start, stop) = (dir.clone(), dir.clone());
         lc.append(
             Hook::new("lock-state-dir")
-                .on_start(move |_| async move { Ok(start.open()?) })
+                .on_start(move |_| async move {
+                    let swept = start.open()?;
+                    reporter.ok(format!(
+                        "{} locked; {swept} temp files of an interrupted write removed",
+                        start.root.display()
+                    ));
+                    Ok(())
+                })
                 .on_stop(move |_| async move {
                     stop.release();
                     Ok(())
@@ -83,26 +95,36 @@ impl StateDir {
         let parent = path.parent().unwrap_or(&self.root).to_path_buf();
         make_dir(&parent)?;
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = parent.join(format!(".{name}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?;
-        file.write_all(bytes).map_err(io("write", &tmp))?;
-        if durable {
-            file.sync_all().map_err(io("sync", &tmp))?;
+        let tmp = parent.join(format!("{TMP_PREFIX}{name}{TMP_SUFFIX}"));
+        let written = write_file(&tmp, bytes, durable)
+            .and_then(|()| fs::rename(&tmp, &path).map_err(io("rename into place", &path)));
+        if let Err(e) = written {
+            // A full or failing disk must not also collect half-written temp files; if even
+            // the removal fails, the next start sweeps it.
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
-        fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
         if !durable {
             return Ok(());
         }
         // The rename is durable only once the directory entry itself is on disk.
-        File::open(&parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync", &parent))
+        sync_dir(&parent)
+    }
+
+    /// Flushes file `rel` (written with [`write_volatile`](StateDir::write_volatile)) to disk.
+    /// With [`sync_dir`](StateDir::sync_dir) of its directory, it then survives a crash of
+    /// the node: many volatile writes then one flush each cost less than durable writes.
+    pub fn sync_file(&self, rel: impl AsRef<Path>) -> Result<()> {
+        let path = self.resolve(rel.as_ref())?;
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io("sync", &path))
+    }
+
+    /// Flushes directory `rel`'s entries to disk, so that the renames and removals done in it
+    /// survive a crash of the node.
+    pub fn sync_dir(&self, rel: impl AsRef<Path>) -> Result<()> {
+        sync_dir(&self.resolve(rel.as_ref())?)
     }
 
     /// Reads `rel`, or `None` if it does not exist.
@@ -148,7 +170,9 @@ impl StateDir {
         Ok(names)
     }
 
-    fn open(&self) -> Result<()> {
+    /// Creates and locks the directory, then removes the temp files a writer killed half-way
+    /// left (none can be in use: the lock keeps every other agent out). Returns how many.
+    fn open(&self) -> Result<usize> {
         make_dir(&self.root)?;
         let path = self.root.join(LOCK_FILE);
         let file = OpenOptions::new()
@@ -173,8 +197,9 @@ impl StateDir {
         locked.set_len(0).map_err(io("truncate", &path))?;
         write!(locked, "{}", std::process::id()).map_err(io("write", &path))?;
         *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(locked);
-        tracing::info!(dir = %self.root.display(), "state directory locked");
-        Ok(())
+        let swept = sweep_temp_files(&self.root)?;
+        tracing::info!(dir = %self.root.display(), swept, "state directory locked");
+        Ok(swept)
     }
 
     fn release(&self) {
@@ -191,6 +216,47 @@ impl StateDir {
         }
         Ok(self.root.join(rel))
     }
+}
+
+fn write_file(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io("create", path))?;
+    file.write_all(bytes).map_err(io("write", path))?;
+    if durable {
+        file.sync_all().map_err(io("sync", path))?;
+    }
+    Ok(())
+}
+
+fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync", path))
+}
+
+/// Removes every `.<name>.tmp` under `dir`, descending into sub-directories; returns how many.
+fn sweep_temp_files(dir: &Path) -> Result<usize> {
+    let mut swept = 0;
+    for entry in fs::read_dir(dir).map_err(io("list", dir))? {
+        let entry = entry.map_err(io("list", dir))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(io("inspect", &path))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if kind.is_dir() {
+            swept += sweep_temp_files(&path)?;
+        } else if kind.is_file() && name.starts_with(TMP_PREFIX) && name.ends_with(TMP_SUFFIX) {
+            fs::remove_file(&path).map_err(io("remove", &path))?;
+            tracing::warn!(file = %path.display(), "removed the temp file of an interrupted write");
+            swept += 1;
+        }
+    }
+    Ok(swept)
 }
 
 fn make_dir(path: &Path) -> Result<()> {
@@ -249,6 +315,39 @@ mod tests {
             let err = dir.write(bad, b"x").unwrap_err();
             assert!(matches!(err, Error::OutsidePath(_)), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn temp_files_of_an_interrupted_write_are_removed_at_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("state");
+        fs::create_dir_all(root.join("resources/journal")).unwrap();
+        fs::write(root.join(".identities.json.tmp"), b"half").unwrap();
+        fs::write(root.join("resources/journal/.7.json.tmp"), b"half").unwrap();
+        fs::write(root.join("resources/kept.yaml"), b"whole").unwrap();
+        let dir = StateDir::open_at(&root).unwrap();
+        assert!(!root.join(".identities.json.tmp").exists());
+        assert!(!root.join("resources/journal/.7.json.tmp").exists());
+        assert_eq!(dir.read("resources/kept.yaml").unwrap().unwrap(), b"whole");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temp_file_and_the_old_content() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_at(tmp.path()).unwrap();
+        dir.write("a/x.json", b"old").unwrap();
+        // The rename fails: a directory stands where the file would go.
+        fs::create_dir(tmp.path().join("a/y.json")).unwrap();
+        fs::write(tmp.path().join("a/y.json/inside"), b"").unwrap();
+        let err = dir.write("a/y.json", b"new").unwrap_err();
+        assert!(err.to_string().contains("a/y.json"), "{err}");
+        assert_eq!(dir.list("a").unwrap(), vec!["x.json"]);
+        let names: Vec<_> = fs::read_dir(tmp.path().join("a"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+        assert_eq!(dir.read("a/x.json").unwrap().unwrap(), b"old");
     }
 
     #[test]

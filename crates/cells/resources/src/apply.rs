@@ -1,0 +1,682 @@
+//! The apply path: a text decoded and checked on its own (no lock held), then, under the apply
+//! lock, checked against the state it changes, recorded, and made.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use serde_yaml::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::document::{self, Document, DocumentError};
+use crate::error::{Error, Result};
+use crate::key::{Object, ObjectKey};
+use crate::kinds::{self, Parsed};
+use crate::objects::service::{RequestedIp, ServiceDraft};
+use crate::objects::{ClusterIp, Namespace, SYSTEM_NAMESPACES};
+use crate::record::{Record, Transaction, error_chain};
+use crate::resources::{Action, Outcome, Resources, State, Store};
+use crate::validate::FieldError;
+use crate::writers::NAMESPACED;
+
+/// A document with its decoding: the object, or why it is invalid on its own.
+pub(crate) type Prepared = Vec<(Document, Result<Parsed, FieldError>)>;
+
+impl Resources {
+    /// Checks `text` against the limits, splits it and decodes and checks every document on
+    /// its own. Needs no lock; stops with [`Error::Cancelled`] between documents once `cancel`
+    /// is cancelled.
+    pub(crate) fn prepare(
+        &self,
+        source: &str,
+        text: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Prepared> {
+        let docs = self.documents(source, text, cancel)?;
+        let mut prepared = Vec::with_capacity(docs.len());
+        for doc in docs {
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let parsed = kinds::parse(&doc);
+            prepared.push((doc, parsed));
+        }
+        Ok(prepared)
+    }
+
+    /// The keys a delete names, every document checked.
+    pub(crate) fn delete_keys(
+        &self,
+        source: &str,
+        text: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<(&'static str, ObjectKey)>> {
+        let docs = self.documents(source, text, cancel)?;
+        let mut errors = Vec::new();
+        let mut keys = Vec::new();
+        for doc in &docs {
+            match delete_key(doc) {
+                Ok(key) => keys.push(key),
+                Err(e) => errors.push(doc_error(source, doc, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Invalid(errors));
+        }
+        Ok(keys)
+    }
+
+    fn documents(
+        &self,
+        source: &str,
+        text: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Document>> {
+        self.limits.check(source, text, cancel)?;
+        let docs = document::split(source, text).map_err(|e| Error::Invalid(vec![e]))?;
+        if docs.is_empty() {
+            return Err(Error::Empty(source.to_string()));
+        }
+        Ok(docs)
+    }
+
+    /// Checks the prepared documents against the state, records them, then writes them into
+    /// the tables. Runs under the apply lock (`state`).
+    pub(crate) fn commit_apply(
+        &self,
+        state: &mut State,
+        source: &str,
+        prepared: Prepared,
+    ) -> Result<Vec<Outcome>> {
+        let settled = self.settle(source, prepared, false)?;
+        let files: Vec<String> = settled
+            .iter()
+            .map(|(parsed, _)| Record::file_name(parsed.kind(), &parsed.key()))
+            .collect();
+        let mut tx = Transaction::new(source);
+        if let Store::Record(record) = &state.store {
+            for ((_, value), file) in settled.iter().zip(&files) {
+                // Serializing a value that was parsed from YAML cannot fail.
+                let text = serde_yaml::to_string(value).unwrap_or_default();
+                if !record.holds_text(file, &text) {
+                    tx.put.insert(file.clone(), text);
+                }
+            }
+        }
+        state.commit(source, tx)?;
+        for file in &files {
+            // In force now, whether its record was rewritten or already said the same.
+            state.stranded.remove(&Record::path_of(file));
+        }
+        let outcomes = settled
+            .into_iter()
+            .map(|(parsed, _)| state.writers.upsert(parsed))
+            .collect();
+        state.writers.publish();
+        Ok(outcomes)
+    }
+
+    /// Loads one recorded object at start, as an apply of its document that is not recorded
+    /// again; the reason when it does not load.
+    pub(crate) fn load_record(
+        &self,
+        state: &mut State,
+        file: &str,
+        text: &str,
+    ) -> Result<(), String> {
+        let (kind, key) = Record::parse_file_name(file)
+            .ok_or("not the name of a record (<Kind>~<namespace>~<name>.yaml)")?;
+        let path = Record::path_of(file);
+        let prepared = self
+            .prepare(&path, text, &CancellationToken::new())
+            .map_err(|e| e.to_string())?;
+        if let [(doc, Ok(parsed))] = prepared.as_slice()
+            && (parsed.kind(), parsed.key()) != (kind, key.clone())
+        {
+            return Err(format!(
+                "holds {}, not the {kind} {key} its name says",
+                doc.describe()
+            ));
+        }
+        if prepared.len() != 1 {
+            return Err(format!(
+                "holds {} objects; a record holds one",
+                prepared.len()
+            ));
+        }
+        let settled = self
+            .settle(&path, prepared, true)
+            .map_err(|e| e.to_string())?;
+        for (parsed, _) in settled {
+            state.writers.upsert(parsed);
+        }
+        Ok(())
+    }
+
+    /// Checks every document against the state (namespaces exist, cluster IPs are free) and
+    /// decides cluster IPs; returns each object with the document to record, or every error
+    /// of the text (its own and the state's) in document order. `restoring` accepts a
+    /// recorded cluster IP outside a range that has changed since.
+    fn settle(
+        &self,
+        source: &str,
+        prepared: Prepared,
+        restoring: bool,
+    ) -> Result<Vec<(Parsed, Value)>> {
+        let mut settled = Vec::new();
+        let mut errors = Vec::new();
+        let mut new_namespaces = BTreeSet::new();
+        let mut claims = BTreeMap::new();
+        // Built once for the whole text: per document it would cost the square of the number
+        // of services, under the apply lock.
+        let mut used = self.cluster_ips_in_use();
+        for (doc, parsed) in prepared {
+            let mut value = doc.value.clone();
+            let checked = parsed
+                .and_then(|p| self.check(&p, &new_namespaces).map(|_| p))
+                .and_then(|mut p| {
+                    if let Parsed::Service(draft) = &mut p {
+                        self.settle_cluster_ip(
+                            draft,
+                            &mut value,
+                            &mut claims,
+                            &mut used,
+                            restoring,
+                        )?;
+                    }
+                    Ok(p)
+                });
+            match checked {
+                Ok(p) => {
+                    if let Parsed::Namespace(ns) = &p {
+                        new_namespaces.insert(ns.name.clone());
+                    }
+                    settled.push((p, value));
+                }
+                Err(e) => errors.push(doc_error(source, &doc, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Invalid(errors));
+        }
+        Ok(settled)
+    }
+
+    /// Checks that depend on the state: a namespaced object's namespace must exist, as the API
+    /// server requires.
+    fn check(&self, parsed: &Parsed, new_namespaces: &BTreeSet<String>) -> Result<(), FieldError> {
+        if let Some(namespace) = parsed.namespace() {
+            let exists = new_namespaces.contains(namespace)
+                || self
+                    .namespaces
+                    .get(&ObjectKey::cluster(namespace))
+                    .is_some();
+            if !exists {
+                return Err(FieldError::new(
+                    "metadata.namespace",
+                    format!(
+                        "namespace {namespace:?} not found (apply the Namespace first, or in the same file before this object)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides a service's cluster IP as the API server does: an update keeps the current
+    /// one (a different one is refused: the field is immutable), a new service gets the one
+    /// it names (which must be inside `service-cidr` and held by no other service) or one
+    /// allocated from the range. The decision is written into the document, so the recorded
+    /// object brings the same address back after a restart. `claims` holds the decisions for
+    /// the file's earlier documents, `used` every address held, by the table's services and
+    /// those claims; `restoring` accepts a recorded address outside a range that has changed
+    /// since, with a warning, rather than losing the service.
+    fn settle_cluster_ip(
+        &self,
+        draft: &mut ServiceDraft,
+        value: &mut Value,
+        claims: &mut BTreeMap<ObjectKey, ClusterIp>,
+        used: &mut BTreeMap<Ipv4Addr, ObjectKey>,
+        restoring: bool,
+    ) -> Result<(), FieldError> {
+        let key = draft.service.key();
+        let current = claims
+            .get(&key)
+            .copied()
+            .or_else(|| self.services.get(&key).map(|s| s.cluster_ip));
+        let field = "spec.clusterIP";
+        let decided = match (draft.requested, current) {
+            (RequestedIp::Unset, Some(current)) => current,
+            (RequestedIp::Headless, None | Some(ClusterIp::Headless)) => ClusterIp::Headless,
+            (RequestedIp::Address(ip), Some(current)) if current == ClusterIp::Address(ip) => {
+                current
+            }
+            (RequestedIp::Headless | RequestedIp::Address(_), Some(current)) => {
+                return Err(FieldError::new(
+                    field,
+                    format!(
+                        "field is immutable: the service has {current} (delete the service and create it again to change it)"
+                    ),
+                ));
+            }
+            // A new service: every address in `used` is another service's.
+            (RequestedIp::Unset, None) => {
+                let ip = self
+                    .service_range
+                    .allocate(|ip| used.contains_key(&ip))
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            field,
+                            format!(
+                                "no address left to allocate in the service range {}",
+                                self.service_range.cidr()
+                            ),
+                        )
+                    })?;
+                ClusterIp::Address(ip)
+            }
+            (RequestedIp::Address(ip), None) => {
+                if !self.service_range.contains(ip) {
+                    let range = self.service_range.cidr();
+                    if !restoring {
+                        return Err(FieldError::new(
+                            field,
+                            format!(
+                                "{ip} is not in the service range {range} (service-cidr; its network and broadcast addresses excluded)"
+                            ),
+                        ));
+                    }
+                    tracing::warn!(service = %key, %ip, %range, "a recorded cluster IP is outside the service range; kept, as the API server keeps it");
+                }
+                if let Some(holder) = used.get(&ip) {
+                    return Err(FieldError::new(
+                        field,
+                        format!("{ip} is already allocated to service {holder}"),
+                    ));
+                }
+                ClusterIp::Address(ip)
+            }
+        };
+        draft.service.cluster_ip = decided;
+        if let ClusterIp::Address(ip) = decided {
+            used.insert(ip, key.clone());
+        }
+        claims.insert(key, decided);
+        record_cluster_ip(value, decided);
+        Ok(())
+    }
+
+    /// The cluster IPs the table's services hold, with their holders.
+    fn cluster_ips_in_use(&self) -> BTreeMap<Ipv4Addr, ObjectKey> {
+        self.services
+            .list()
+            .iter()
+            .filter_map(|svc| match svc.cluster_ip {
+                ClusterIp::Address(ip) => Some((ip, svc.key())),
+                ClusterIp::Headless => None,
+            })
+            .collect()
+    }
+}
+
+impl State {
+    /// Records `tx` (nothing, in memory): when this fails, nothing changed.
+    pub(crate) fn commit(&mut self, source: &str, tx: Transaction) -> Result<()> {
+        let Store::Record(record) = &mut self.store else {
+            return Ok(());
+        };
+        let files: Vec<String> = tx.put.keys().chain(&tx.remove).cloned().collect();
+        if let Err(e) = record.commit(tx) {
+            let e = Error::Record {
+                origin: source.to_string(),
+                source: e,
+            };
+            // Reported until a change is recorded again: the disk needs a person.
+            self.record_error = Some(format!("last change refused: {}", error_chain(&e)));
+            self.report();
+            return Err(e);
+        }
+        self.record_error = None;
+        for file in files {
+            self.stranded.remove(&Record::path_of(&file));
+        }
+        Ok(())
+    }
+
+    /// Deletes the objects `keys` names (a namespace with its contents): records the removal
+    /// of their files, then removes them from the tables.
+    pub(crate) fn commit_delete(
+        &mut self,
+        source: &str,
+        keys: Vec<(&'static str, ObjectKey)>,
+    ) -> Result<Vec<Outcome>> {
+        let mut targets = Vec::new();
+        for (kind, key) in &keys {
+            if *kind == Namespace::KIND {
+                for member in NAMESPACED {
+                    for k in self.writers.keys_in_namespace(member, &key.name) {
+                        targets.push((member, k));
+                    }
+                }
+            }
+            targets.push((*kind, key.clone()));
+        }
+        let mut tx = Transaction::new(source);
+        let mut recorded = BTreeSet::new();
+        if let Store::Record(record) = &self.store {
+            for (kind, key) in &keys {
+                if *kind == Namespace::KIND {
+                    // Records of the namespace that are not in force go with it too.
+                    tx.remove.extend(record.files_in_namespace(&key.name));
+                }
+            }
+            for (kind, key) in &targets {
+                let file = Record::file_name(kind, key);
+                if record.holds(&file) {
+                    recorded.insert((*kind, key.clone()));
+                    tx.remove.insert(file);
+                }
+            }
+        }
+        self.commit(source, tx)?;
+        let mut found = BTreeSet::new();
+        for (kind, key) in targets {
+            if self.writers.delete(kind, &key) || recorded.contains(&(kind, key.clone())) {
+                found.insert((kind, key));
+            }
+        }
+        self.writers.publish();
+        Ok(keys
+            .into_iter()
+            .map(|(kind, key)| {
+                let action = if found.contains(&(kind, key.clone())) {
+                    Action::Deleted
+                } else {
+                    Action::NotFound
+                };
+                Outcome { kind, key, action }
+            })
+            .collect())
+    }
+}
+
+/// Writes a decided cluster IP into a service's document (`spec.clusterIP` and
+/// `spec.clusterIPs`), as the API server stores it.
+fn record_cluster_ip(value: &mut Value, ip: ClusterIp) {
+    let Some(root) = value.as_mapping_mut() else {
+        return;
+    };
+    let spec = root
+        .entry("spec".into())
+        .or_insert_with(|| Value::Mapping(Default::default()));
+    if let Some(spec) = spec.as_mapping_mut() {
+        let text = Value::String(ip.to_string());
+        spec.insert("clusterIP".into(), text.clone());
+        spec.insert("clusterIPs".into(), Value::Sequence(vec![text]));
+    }
+}
+
+fn delete_key(doc: &Document) -> Result<(&'static str, ObjectKey), FieldError> {
+    let kind = kinds::check_kind(doc)?;
+    let name = doc
+        .name
+        .clone()
+        .ok_or_else(|| FieldError::new("metadata.name", "a name is required"))?;
+    if kind == Namespace::KIND && SYSTEM_NAMESPACES.contains(&name.as_str()) {
+        return Err(FieldError::new(
+            "metadata.name",
+            format!("namespace {name:?} is a system namespace and may not be deleted"),
+        ));
+    }
+    if !kinds::namespaced(doc) {
+        return Ok((kind, ObjectKey::cluster(name)));
+    }
+    let namespace = doc.namespace.clone().unwrap_or_else(|| "default".into());
+    Ok((kind, ObjectKey::namespaced(namespace, name)))
+}
+
+fn doc_error(source: &str, doc: &Document, e: FieldError) -> DocumentError {
+    DocumentError {
+        source: source.to_string(),
+        index: doc.index,
+        object: Some(doc.describe()),
+        field: e.field,
+        reason: e.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cellium_statedir::StateDir;
+
+    use super::*;
+    use crate::resources::tests::{APP, actions, default_range, persisted};
+    use crate::service_ip::ServiceRange;
+
+    const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { selector: { app: web }, ports: [ { name: http, port: 80, targetPort: http } ] }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: dns, namespace: shop }
+spec: { clusterIP: 10.96.0.10, ports: [ { name: dns, port: 53, protocol: UDP } ] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: dns-1, namespace: shop, labels: { kubernetes.io/service-name: dns } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.244.0.53 ] } ]
+ports: [ { name: dns, port: 5353, protocol: UDP } ]
+"#;
+
+    fn vip(r: &Resources, name: &str) -> ClusterIp {
+        r.services
+            .get(&ObjectKey::namespaced("shop", name))
+            .unwrap()
+            .cluster_ip
+    }
+
+    fn service(name: &str, spec: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n"
+        )
+    }
+
+    #[test]
+    fn services_get_cluster_ips_allocated_or_checked() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let out = r.apply("svc.yaml", SERVICES).unwrap();
+        assert_eq!(
+            actions(&out),
+            vec![
+                "Service shop/web created",
+                "Service shop/dns created",
+                "EndpointSlice shop/dns-1 created"
+            ]
+        );
+        // Allocated from the upper band of 10.96.0.0/12 (past the lower band's 256 addresses
+        // 10.96.0.1 - 10.96.1.0), or given as asked.
+        let web = vip(&r, "web");
+        assert_eq!(web, ClusterIp::Address("10.96.1.1".parse().unwrap()));
+        assert_eq!(
+            vip(&r, "dns"),
+            ClusterIp::Address("10.96.0.10".parse().unwrap())
+        );
+        // Applying the same file again changes nothing: the allocation is kept.
+        let out = r.apply("svc.yaml", SERVICES).unwrap();
+        assert!(out.iter().all(|o| o.action == Action::Unchanged), "{out:?}");
+        assert_eq!(vip(&r, "web"), web);
+
+        let taken = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
+        let err = r.apply("o.yaml", &taken).unwrap_err().to_string();
+        assert!(
+            err.contains("o.yaml: document 1 (Service shop/other): spec.clusterIP: 10.96.0.10 is already allocated to service shop/dns"),
+            "{err}"
+        );
+        let outside = service("other", "{clusterIP: 10.200.0.1, ports: [{port: 80}]}");
+        let err = r.apply("o.yaml", &outside).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.clusterIP: 10.200.0.1 is not in the service range 10.96.0.0/12"),
+            "{err}"
+        );
+        let network = service("other", "{clusterIP: 10.96.0.0, ports: [{port: 80}]}");
+        assert!(r.apply("o.yaml", &network).is_err());
+        assert!(
+            r.services
+                .get(&ObjectKey::namespaced("shop", "other"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_cluster_ip_is_immutable() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("svc.yaml", SERVICES).unwrap();
+        let moved = service(
+            "dns",
+            "{clusterIP: 10.96.0.11, ports: [{name: dns, port: 53, protocol: UDP}]}",
+        );
+        let err = r.apply("m.yaml", &moved).unwrap_err().to_string();
+        assert!(
+            err.contains("m.yaml: document 1 (Service shop/dns): spec.clusterIP: field is immutable: the service has 10.96.0.10"),
+            "{err}"
+        );
+        let headless = service(
+            "dns",
+            "{clusterIP: None, ports: [{name: dns, port: 53, protocol: UDP}]}",
+        );
+        assert!(
+            r.apply("m.yaml", &headless)
+                .unwrap_err()
+                .to_string()
+                .contains("immutable")
+        );
+        // An update that leaves the address out keeps it, as the API server does.
+        let update = service(
+            "dns",
+            "{ports: [{name: dns, port: 53, protocol: UDP}, {name: tcp, port: 53}]}",
+        );
+        let out = r.apply("u.yaml", &update).unwrap();
+        assert_eq!(out[0].action, Action::Configured);
+        assert_eq!(
+            vip(&r, "dns"),
+            ClusterIp::Address("10.96.0.10".parse().unwrap())
+        );
+        assert_eq!(
+            r.services
+                .get(&ObjectKey::namespaced("shop", "dns"))
+                .unwrap()
+                .ports
+                .len(),
+            2
+        );
+        // Once deleted, the address is free again, also for another service.
+        r.delete("d.yaml", &update).unwrap();
+        let other = service("other", "{clusterIP: 10.96.0.10, ports: [{port: 80}]}");
+        r.apply("o.yaml", &other).unwrap();
+    }
+
+    #[test]
+    fn one_file_cannot_claim_an_address_twice() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        let text = format!(
+            "{}---\n{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}"),
+            service("c", "{clusterIP: 10.96.0.20, ports: [{port: 80}]}")
+        );
+        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 3 (Service shop/c): spec.clusterIP: 10.96.0.20 is already allocated to service shop/b"),
+            "{err}"
+        );
+        assert!(r.services.is_empty(), "all or nothing");
+        let text = format!(
+            "{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{ports: [{port: 80}]}")
+        );
+        r.apply("f.yaml", &text).unwrap();
+        assert_ne!(vip(&r, "a"), vip(&r, "b"));
+    }
+
+    #[test]
+    fn an_exhausted_range_is_an_error_naming_it() {
+        let r = Resources::with_service_cidr("10.0.0.0/30".parse().unwrap()).unwrap();
+        r.apply("app.yaml", APP).unwrap();
+        let text = format!(
+            "{}---\n{}---\n{}",
+            service("a", "{ports: [{port: 80}]}"),
+            service("b", "{ports: [{port: 80}]}"),
+            service("c", "{ports: [{port: 80}]}")
+        );
+        let err = r.apply("f.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 3 (Service shop/c): spec.clusterIP: no address left to allocate in the service range 10.0.0.0/30"),
+            "{err}"
+        );
+        let err = Resources::with_service_cidr("10.0.0.0/8".parse().unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("service-cidr: 10.0.0.0/8 is not a usable service range"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn services_and_slices_go_with_their_namespace() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply("svc.yaml", SERVICES).unwrap();
+        assert_eq!((r.services.len(), r.endpoint_slices.len()), (2, 1));
+        r.delete(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+        )
+        .unwrap();
+        assert!(r.services.is_empty() && r.endpoint_slices.is_empty());
+    }
+
+    #[test]
+    fn allocated_cluster_ips_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first_state = state();
+        let first = persisted(&first_state, default_range());
+        first.apply("app.yaml", APP).unwrap();
+        first.apply("svc.yaml", SERVICES).unwrap();
+        let web = vip(&first, "web");
+        drop((first, first_state));
+
+        // The next agent allocates from the start of the range again: only the recorded
+        // address keeps the service where it was.
+        let second_state = state();
+        let second = persisted(&second_state, default_range());
+        assert_eq!(second.restore(), (5, 0));
+        assert_eq!(vip(&second, "web"), web);
+        let slice = second
+            .endpoint_slices
+            .get(&ObjectKey::namespaced("shop", "dns-1"))
+            .unwrap();
+        assert_eq!(slice.service.as_deref(), Some("dns"));
+        second
+            .apply("n.yaml", &service("next", "{ports: [{port: 80}]}"))
+            .unwrap();
+        assert_ne!(vip(&second, "next"), web);
+        drop((second, second_state));
+
+        // A range changed since keeps what was recorded rather than losing the service.
+        let third_state = state();
+        let narrow = ServiceRange::new("10.100.0.0/16".parse().unwrap()).unwrap();
+        let third = persisted(&third_state, narrow);
+        assert_eq!(third.restore(), (6, 0));
+        assert_eq!(vip(&third, "web"), web);
+    }
+}

@@ -1,0 +1,177 @@
+//! The tables' writers, held by the apply path: the one source of changes to the tables.
+
+use std::collections::BTreeMap;
+
+use crate::key::{Object, ObjectKey};
+use crate::kinds::Parsed;
+use crate::objects::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
+    Pod, SYSTEM_NAMESPACES, Service,
+};
+use crate::resources::{Action, Outcome};
+use crate::table::{Change, Table, Writer};
+
+/// One writer per table.
+#[derive(Debug)]
+pub(crate) struct Writers {
+    namespaces: Writer<Namespace>,
+    pods: Writer<Pod>,
+    network_policies: Writer<NetworkPolicy>,
+    cilium_network_policies: Writer<CiliumNetworkPolicy>,
+    cilium_clusterwide_network_policies: Writer<CiliumClusterwideNetworkPolicy>,
+    services: Writer<Service>,
+    endpoint_slices: Writer<EndpointSlice>,
+}
+
+/// A reader of every table, as `Resources` hands them out.
+pub(crate) struct Readers {
+    pub(crate) namespaces: Table<Namespace>,
+    pub(crate) pods: Table<Pod>,
+    pub(crate) network_policies: Table<NetworkPolicy>,
+    pub(crate) cilium_network_policies: Table<CiliumNetworkPolicy>,
+    pub(crate) cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
+    pub(crate) services: Table<Service>,
+    pub(crate) endpoint_slices: Table<EndpointSlice>,
+}
+
+/// The kinds that live in a namespace and go with it, by kind name.
+pub(crate) const NAMESPACED: [&str; 5] = [
+    Pod::KIND,
+    NetworkPolicy::KIND,
+    CiliumNetworkPolicy::KIND,
+    Service::KIND,
+    EndpointSlice::KIND,
+];
+
+impl Writers {
+    /// Empty tables but for the system namespaces, which always exist.
+    pub(crate) fn new() -> Writers {
+        let mut writers = Writers {
+            namespaces: Writer::default(),
+            pods: Writer::default(),
+            network_policies: Writer::default(),
+            cilium_network_policies: Writer::default(),
+            cilium_clusterwide_network_policies: Writer::default(),
+            services: Writer::default(),
+            endpoint_slices: Writer::default(),
+        };
+        for name in SYSTEM_NAMESPACES {
+            if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
+                writers.namespaces.upsert(ns);
+            }
+        }
+        writers.publish();
+        writers
+    }
+
+    /// Announces every change made since the last call, table by table: the changes of one
+    /// apply or delete go out together, once they are all in the tables.
+    pub(crate) fn publish(&mut self) {
+        self.namespaces.publish();
+        self.pods.publish();
+        self.network_policies.publish();
+        self.cilium_network_policies.publish();
+        self.cilium_clusterwide_network_policies.publish();
+        self.services.publish();
+        self.endpoint_slices.publish();
+    }
+
+    pub(crate) fn readers(&self) -> Readers {
+        Readers {
+            namespaces: self.namespaces.as_reader(),
+            pods: self.pods.as_reader(),
+            network_policies: self.network_policies.as_reader(),
+            cilium_network_policies: self.cilium_network_policies.as_reader(),
+            cilium_clusterwide_network_policies: self
+                .cilium_clusterwide_network_policies
+                .as_reader(),
+            services: self.services.as_reader(),
+            endpoint_slices: self.endpoint_slices.as_reader(),
+        }
+    }
+
+    /// Creates or updates a parsed object in its table.
+    pub(crate) fn upsert(&mut self, parsed: Parsed) -> Outcome {
+        let (kind, key, change) = match parsed {
+            Parsed::Namespace(ns) => (Namespace::KIND, ns.key(), self.namespaces.upsert(ns)),
+            Parsed::Pod(pod) => (Pod::KIND, pod.key(), self.pods.upsert(pod)),
+            Parsed::NetworkPolicy(p) => (
+                NetworkPolicy::KIND,
+                p.key(),
+                self.network_policies.upsert(p),
+            ),
+            Parsed::CiliumNetworkPolicy(p) => (
+                CiliumNetworkPolicy::KIND,
+                p.key(),
+                self.cilium_network_policies.upsert(p),
+            ),
+            Parsed::CiliumClusterwideNetworkPolicy(p) => (
+                CiliumClusterwideNetworkPolicy::KIND,
+                p.key(),
+                self.cilium_clusterwide_network_policies.upsert(p),
+            ),
+            Parsed::Service(d) => (
+                Service::KIND,
+                d.service.key(),
+                self.services.upsert(d.service),
+            ),
+            Parsed::EndpointSlice(s) => {
+                (EndpointSlice::KIND, s.key(), self.endpoint_slices.upsert(s))
+            }
+        };
+        let action = match change {
+            Change::Created => Action::Created,
+            Change::Configured => Action::Configured,
+            Change::Unchanged => Action::Unchanged,
+        };
+        Outcome { kind, key, action }
+    }
+
+    /// Deletes the object `kind`/`key` from its table; whether it was there.
+    pub(crate) fn delete(&mut self, kind: &str, key: &ObjectKey) -> bool {
+        match kind {
+            Namespace::KIND => self.namespaces.delete(key).is_some(),
+            Pod::KIND => self.pods.delete(key).is_some(),
+            NetworkPolicy::KIND => self.network_policies.delete(key).is_some(),
+            CiliumNetworkPolicy::KIND => self.cilium_network_policies.delete(key).is_some(),
+            CiliumClusterwideNetworkPolicy::KIND => self
+                .cilium_clusterwide_network_policies
+                .delete(key)
+                .is_some(),
+            Service::KIND => self.services.delete(key).is_some(),
+            EndpointSlice::KIND => self.endpoint_slices.delete(key).is_some(),
+            _ => false,
+        }
+    }
+
+    /// How many objects the tables hold.
+    pub(crate) fn count(&self) -> usize {
+        let r = self.readers();
+        r.namespaces.len()
+            + r.pods.len()
+            + r.network_policies.len()
+            + r.cilium_network_policies.len()
+            + r.cilium_clusterwide_network_policies.len()
+            + r.services.len()
+            + r.endpoint_slices.len()
+    }
+
+    /// The keys of the objects of `kind` in `namespace`.
+    pub(crate) fn keys_in_namespace(&self, kind: &str, namespace: &str) -> Vec<ObjectKey> {
+        let readers = self.readers();
+        match kind {
+            Pod::KIND => keys(readers.pods.list_namespace(namespace)),
+            NetworkPolicy::KIND => keys(readers.network_policies.list_namespace(namespace)),
+            CiliumNetworkPolicy::KIND => {
+                keys(readers.cilium_network_policies.list_namespace(namespace))
+            }
+            Service::KIND => keys(readers.services.list_namespace(namespace)),
+            EndpointSlice::KIND => keys(readers.endpoint_slices.list_namespace(namespace)),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn keys<T: Object>(objects: Vec<std::sync::Arc<T>>) -> Vec<ObjectKey> {
+    objects.iter().map(|o| o.key()).collect()
+}
