@@ -13,7 +13,8 @@
 //! structs live in [`abi`] and are tested against the headers.
 //! [`policy_rules::compile`] turns allow/deny rules into consistent policy
 //! map entries; [`events::EventReader`] reads drops and verdicts, blocking or
-//! async; [`maps::conntrack::Conntrack::gc`] removes expired connections.
+//! async; [`maps::conntrack::Conntrack::gc`] removes expired connections and
+//! [`maps::conntrack::Conntrack::flush_addresses`] those of a removed endpoint.
 //!
 //! Where to start: `docs/datapath.md` describes the packet walk and maps.
 //!

@@ -60,7 +60,9 @@ impl EndpointManager {
             endpoint: ep.describe(),
             source,
         };
-        let before = self.enforced.get(ep.id).unwrap_or_default();
+        let known = self.enforced.get(ep.id);
+        let new = known.is_none();
+        let before = known.unwrap_or_default();
         let after = Enforcement {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
@@ -85,9 +87,15 @@ impl EndpointManager {
             return Ok(revision);
         }
         let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
-        let during = Enforcement {
-            ingress: before.enforcement.ingress && after.ingress,
-            egress: before.enforcement.egress && after.egress,
+        // A new endpoint has allowed nothing yet: it is as strict as its policy from its first
+        // entry on, so no connection gets into conntrack before that policy applies.
+        let during = if new {
+            after
+        } else {
+            Enforcement {
+                ingress: before.enforcement.ingress && after.ingress,
+                egress: before.enforcement.egress && after.egress,
+            }
         };
         program::write_endpoint(dp, ep, during).map_err(datapath)?;
         dp.policy()
