@@ -11,7 +11,8 @@
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
  *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
  *
- * IPv6 and non-IP frames pass untouched.
+ * IPv6 cannot be enforced yet and fails closed wherever policy applies
+ * (lib/ipv6.h); non-IP frames (ARP) pass untouched.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -20,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/ipv6.h"
 #include "lib/lb.h"
 #include "lib/lookup.h"
 #include "lib/maps.h"
@@ -60,6 +62,8 @@ int cel_from_container(struct __sk_buff *skb)
 	__u64 now;
 	int ret, ct;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return ipv6_from_container(skb);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);
@@ -134,6 +138,8 @@ int cel_to_container(struct __sk_buff *skb)
 	__u64 now;
 	int ret, ct;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return ipv6_to_container(skb);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);

@@ -233,7 +233,7 @@ fn deny_entry_drops_and_reports_the_reason() {
     assert_eq!(event.reason, Reason::PolicyDeny);
     assert_eq!(event.direction, Direction::Ingress);
     assert_eq!(event.endpoint_id, 2);
-    assert_eq!((event.saddr, event.daddr), (p1.ip, p2.ip));
+    assert_eq!((event.saddr, event.daddr), (p1.ip.into(), p2.ip.into()));
     assert_eq!(
         (event.src_identity, event.dst_identity),
         (identity(1), identity(2))

@@ -15,8 +15,10 @@ pub struct Enforcement {
     pub egress: bool,
 }
 
-/// Writes the endpoint's entries in the endpoint map (one per IPv4 address) with its identity
-/// and the directions enforced.
+/// Writes the endpoint's entries in the endpoint map (one per address, IPv4 and IPv6) with its
+/// identity and the directions enforced. The datapath enforces IPv4 policy and drops IPv6 in
+/// every enforced direction; the IPv6 entries are what lets it tell the pod's own IPv6
+/// addresses (and so spoofed ones) apart.
 ///
 /// An address the map did not name for this endpoint yet (a new endpoint, or one taking an
 /// address over) loses its conntrack entries right after its entry is written: connections
@@ -44,8 +46,7 @@ pub fn write_endpoint(
         pod_mac: MacAddr(ep.pod_mac),
     };
     let mut taken = Vec::new();
-    // IPv6 passes the datapath untouched for now: only IPv4 addresses get entries.
-    for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
+    for addr in &ep.addresses {
         let current = dp.endpoints().get(addr.ip)?;
         dp.endpoints().put(addr.ip, &info)?;
         if !current.is_some_and(|c| names(&c, ep)) {
@@ -63,7 +64,6 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
     let flags = ep
         .addresses
         .iter()
-        .filter(|a| a.ip.is_ipv4())
         .filter_map(|a| dp.endpoints().get(a.ip).ok().flatten())
         .find(|info| info.id == ep.id)
         .map_or(0, |info| info.flags.0);
@@ -73,15 +73,15 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
     }
 }
 
-/// Removes the endpoint's entries, the conntrack and NAT state of its addresses, its policy and
-/// its programs. What is already gone is fine.
+/// Removes the endpoint's entries (both families), the conntrack and NAT state of its
+/// addresses, its policy and its programs. What is already gone is fine.
 ///
 /// Every removal path (CNI DEL, a failed create, a leftover found at restart) comes here, so
 /// no connection recorded for a removed endpoint can be found by the next holder of its
 /// address.
 pub fn unprogram(dp: &Datapath, ep: &Endpoint) -> cellium_datapath_bpf::Result<()> {
     let mut released: Vec<IpAddr> = Vec::new();
-    for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
+    for addr in &ep.addresses {
         // Only the entry that is still ours: the address may already serve a newer endpoint,
         // whose connections are not ours to flush either.
         match dp.endpoints().get(addr.ip)? {
