@@ -4,13 +4,15 @@
  * the host-side veth of a pod; everything endpoint-specific comes from maps.
  *
  *   cel_from_container  TC ingress: packets the pod sends.
- *     source check -> service DNAT -> conntrack -> (new: egress policy of the
- *     source, ingress policy of a local destination) -> reverse NAT of
+ *     source check -> service DNAT (backend chosen, nothing written) ->
+ *     conntrack -> (new: egress policy of the source, ingress policy of a
+ *     local destination) -> service entry recorded -> reverse NAT of
  *     replies -> redirect into a local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
  *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
  *
- * IPv6 and non-IP frames pass untouched.
+ * IPv6 cannot be enforced yet and fails closed wherever policy applies
+ * (lib/ipv6.h); non-IP frames (ARP) pass untouched.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -19,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/ipv6.h"
 #include "lib/lb.h"
 #include "lib/lookup.h"
 #include "lib/maps.h"
@@ -52,14 +55,15 @@ int cel_from_container(struct __sk_buff *skb)
 	struct datapath_config *cfg = config_get();
 	struct trace t = { .direction = CEL_DIR_EGRESS };
 	struct endpoint_info *src, *dst;
+	struct lb4_choice lb = {};
 	struct ct_entry *ce = NULL;
 	struct ct_key key = {};
 	struct pkt p = {};
-	__u32 backend_id = 0;
-	__u16 rev_nat_id = 0;
 	__u64 now;
 	int ret, ct;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return ipv6_from_container(skb);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);
@@ -75,7 +79,7 @@ int cel_from_container(struct __sk_buff *skb)
 	t.src_identity = src->identity;
 
 	now = bpf_ktime_get_ns();
-	ret = lb4_dnat(skb, &p, cfg, now, &rev_nat_id, &backend_id);
+	ret = lb4_dnat(skb, &p, cfg, now, &lb);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 
@@ -99,7 +103,7 @@ int cel_from_container(struct __sk_buff *skb)
 			if (ret)
 				return drop(skb, &p, &it, ret);
 		}
-		ret = ct_create4(&key, &p, cfg, now, rev_nat_id, backend_id);
+		ret = ct_create4(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
 		if (ret)
 			return drop(skb, &p, &t, ret);
 	} else if (ct == CT_REPLY && ce) {
@@ -111,6 +115,10 @@ int cel_from_container(struct __sk_buff *skb)
 				return drop(skb, &p, &t, ret);
 		}
 	}
+	/* Past policy: the connection may now remember its backend. */
+	ret = lb4_commit(&lb, &p, cfg, now);
+	if (ret)
+		return drop(skb, &p, &t, ret);
 
 	if (dst)
 		return redirect_to_endpoint(skb, &p, &t, dst);
@@ -130,6 +138,8 @@ int cel_to_container(struct __sk_buff *skb)
 	__u64 now;
 	int ret, ct;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return ipv6_to_container(skb);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);

@@ -3,7 +3,9 @@
  * ClusterIP: DNAT of a client's packet to a backend, and reverse NAT of the
  * backend's replies. The backend of a connection is chosen once, at random
  * among the service's slots, and remembered in a service conntrack entry
- * keyed on the client -> VIP tuple, so later packets never re-balance.
+ * keyed on the client -> VIP tuple, so later packets never re-balance. That
+ * entry is written only after policy allowed the connection: denied
+ * attempts cannot fill the shared table and evict other connections.
  */
 #ifndef CELLIUM_LIB_LB_H
 #define CELLIUM_LIB_LB_H
@@ -17,23 +19,37 @@
 #include "packet.h"
 
 /*
+ * What the frontend lookup decided for one packet: the backend it goes to,
+ * and whether the connection still has to remember that backend. The
+ * service entry is written by lb4_commit only once policy let the
+ * connection through, so a denied connection leaves no state behind.
+ */
+struct lb4_choice {
+	struct ct_key skey;   /* client -> frontend, CEL_CT_F_SERVICE */
+	__u32 backend_id;     /* 0: not a frontend */
+	__u16 rev_nat_id;
+	__u8 commit;          /* 1: no live service entry names backend_id yet */
+	__u8 pad;
+};
+
+/*
  * If the packet is for a frontend, translates it to the connection's
- * backend and sets *rev_nat_id / *backend_id. Returns 0 or a drop reason.
+ * backend and fills `c`. A connection without a live service entry gets a
+ * backend chosen at random and nothing written: lb4_commit records the
+ * choice once the connection is allowed. Returns 0 or a drop reason.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 				    const struct datapath_config *cfg, __u64 now,
-				    __u16 *rev_nat_id, __u32 *backend_id)
+				    struct lb4_choice *c)
 {
 	struct lb4_key key = {};
 	struct lb4_service *svc, *slot;
 	struct lb4_backend *be = NULL;
-	struct ct_key skey = {};
 	struct ct_entry *se;
 	__u32 id = 0;
 	__u16 count, rnat;
 	__be32 addr;
 	__be16 port;
-	int ret;
 
 	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
 		return 0;
@@ -46,8 +62,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	count = svc->count;
 	rnat = svc->rev_nat_id;
 
-	ct_key_from_pkt(&skey, p, CEL_CT_F_SERVICE);
-	se = bpf_map_lookup_elem(&cel_ct4, &skey);
+	ct_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
+	se = bpf_map_lookup_elem(&cel_ct4, &c->skey);
 	if (se && se->expires_ns > now && !ct_is_reopen(se, p)) {
 		id = se->backend_id;
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
@@ -66,16 +82,27 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		ret = ct_create4(&skey, p, cfg, now, rnat, id);
-		if (ret)
-			return ret;
+		c->commit = 1;
 	}
 
 	addr = be->addr;
 	port = be->port;
-	*rev_nat_id = rnat;
-	*backend_id = id;
+	c->rev_nat_id = rnat;
+	c->backend_id = id;
 	return nat4_rewrite(skb, p, NAT_DST, addr, port);
+}
+
+/*
+ * Records the backend chosen by lb4_dnat for a connection that policy
+ * allowed (or that conntrack already knows), so its later packets keep it.
+ * Returns 0 or CEL_REASON_CT_FULL.
+ */
+static __always_inline int lb4_commit(const struct lb4_choice *c, const struct pkt *p,
+				      const struct datapath_config *cfg, __u64 now)
+{
+	if (!c->commit)
+		return 0;
+	return ct_create4(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
 }
 
 /*

@@ -34,34 +34,48 @@ static __always_inline void count(__u8 direction, __u8 reason, __u32 len)
 	}
 }
 
-static __always_inline void emit_event(struct __sk_buff *skb, const struct pkt *p,
-				       const struct trace *t, __u8 type, __u8 reason,
-				       __u8 verdict)
+/*
+ * Reserves an event and fills what every event says; the caller adds the
+ * addresses and ports and submits. NULL when the ring buffer is full: a
+ * full buffer loses the event, never the packet's verdict.
+ */
+static __always_inline struct event *event_start(struct __sk_buff *skb, const struct trace *t,
+						 __u8 type, __u8 reason, __u8 verdict)
 {
 	struct event *e = bpf_ringbuf_reserve(&cel_events, sizeof(*e), 0);
 
-	/* A full ring buffer loses the event, never the packet's verdict. */
 	if (!e)
-		return;
+		return NULL;
+	/* Reserved memory holds whatever was there before: nothing of it
+	 * may reach a reader. */
+	__builtin_memset(e, 0, sizeof(*e));
 	e->ktime = bpf_ktime_get_ns();
 	e->type = type;
 	e->reason = reason;
 	e->direction = t->direction;
-	e->protocol = p->protocol;
 	e->endpoint_id = t->endpoint_id;
-	e->pad = 0;
 	e->src_identity = t->src_identity;
 	e->dst_identity = t->dst_identity;
-	e->saddr = p->saddr;
-	e->daddr = p->daddr;
+	e->ifindex = skb->ifindex;
+	e->verdict = verdict;
+	return e;
+}
+
+static __always_inline void emit_event(struct __sk_buff *skb, const struct pkt *p,
+				       const struct trace *t, __u8 type, __u8 reason,
+				       __u8 verdict)
+{
+	struct event *e = event_start(skb, t, type, reason, verdict);
+
+	if (!e)
+		return;
+	e->family = CEL_FAMILY_IPV4;
+	e->protocol = p->protocol;
+	__builtin_memcpy(e->saddr, &p->saddr, 4);
+	__builtin_memcpy(e->daddr, &p->daddr, 4);
 	e->sport = p->sport;
 	e->dport = p->dport;
-	e->ifindex = skb->ifindex;
 	e->len = p->len;
-	e->verdict = verdict;
-	e->pad2[0] = 0;
-	e->pad2[1] = 0;
-	e->pad2[2] = 0;
 	bpf_ringbuf_submit(e, 0);
 }
 

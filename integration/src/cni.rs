@@ -2,7 +2,7 @@
 //! network configuration on stdin ([`CniCall`]), the running process ([`CniProcess`]), and
 //! reading its result.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 
@@ -134,6 +134,15 @@ impl CniProcess {
 
 /// The first IPv4 address of an ADD result.
 pub fn result_ipv4(result: &Value) -> Option<Ipv4Addr> {
+    result["ips"]
+        .as_array()?
+        .iter()
+        .filter_map(|ip| ip["address"].as_str())
+        .find_map(|a| a.split('/').next()?.parse().ok())
+}
+
+/// The first IPv6 address of an ADD result.
+pub fn result_ipv6(result: &Value) -> Option<Ipv6Addr> {
     result["ips"]
         .as_array()?
         .iter()

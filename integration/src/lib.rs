@@ -1,10 +1,10 @@
 //! Helpers for Cellium's privileged end-to-end tests and benchmarks: network
 //! namespaces with drop guards ([`NetNs`]), the node-and-pods topology the
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
-//! traffic probes ([`probe`]), and a running agent with its CLI and CNI
-//! plugin ([`Agent`], [`CniCall`]), reachability probes that tell a policy drop apart
-//! ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), and a policy lab
-//! of pods in Kubernetes namespaces with truth tables ([`lab`]).
+//! traffic probes ([`probe`]), hand-made frames sent as they are ([`frame`]), and a running
+//! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), reachability probes that tell a
+//! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), and a
+//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -15,6 +15,7 @@ pub mod bpffs;
 pub mod cmd;
 pub mod cni;
 mod error;
+pub mod frame;
 pub mod lab;
 pub mod netns;
 pub mod probe;

@@ -3,7 +3,9 @@
 //! client can tell which backend served it.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -20,8 +22,9 @@ fn probe_err(probe: &'static str, target: impl ToString) -> impl FnOnce(std::io:
     }
 }
 
-/// Pings `dst` from `ns` `count` times; true if every echo was answered.
-pub fn ping(ns: &NetNs, dst: Ipv4Addr, count: u32) -> Result<bool> {
+/// Pings `dst` (IPv4 or IPv6) from `ns` `count` times; true if every echo was answered.
+pub fn ping(ns: &NetNs, dst: impl Into<IpAddr>, count: u32) -> Result<bool> {
+    let dst = dst.into();
     let out = crate::cmd::output(
         "ip",
         &[
@@ -49,12 +52,13 @@ pub struct TcpServer {
     stop: Arc<AtomicBool>,
     received: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
-    addr: SocketAddrV4,
+    addr: SocketAddr,
 }
 
 impl TcpServer {
-    /// Listens on `addr` inside `ns`.
-    pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
+    /// Listens on `addr` (IPv4 or IPv6) inside `ns`.
+    pub fn start(ns: &NetNs, addr: impl Into<SocketAddr>, banner: &str) -> Result<Self> {
+        let addr = addr.into();
         let listener = ns
             .run(move || TcpListener::bind(addr))?
             .map_err(probe_err("tcp listen", addr))?;
@@ -89,7 +93,7 @@ impl TcpServer {
     }
 
     /// The listening address.
-    pub fn addr(&self) -> SocketAddrV4 {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
@@ -130,9 +134,10 @@ impl Drop for TcpServer {
 }
 
 /// Connects from inside `ns` to `dst` within `timeout`.
-pub fn tcp_connect(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<TcpStream> {
+pub fn tcp_connect(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) -> Result<TcpStream> {
+    let dst = dst.into();
     let stream = ns
-        .run(move || TcpStream::connect_timeout(&SocketAddr::V4(dst), timeout))?
+        .run(move || TcpStream::connect_timeout(&dst, timeout))?
         .map_err(probe_err("tcp connect", dst))?;
     stream
         .set_read_timeout(Some(timeout))
@@ -153,7 +158,8 @@ pub struct TcpReply {
 }
 
 /// Connects, reads the banner, sends a message and checks its echo.
-pub fn tcp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<TcpReply> {
+pub fn tcp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) -> Result<TcpReply> {
+    let dst = dst.into();
     let stream = tcp_connect(ns, dst, timeout)?;
     let peer = stream.peer_addr().map_err(probe_err("tcp request", dst))?;
     let mut reader = BufReader::new(stream.try_clone().map_err(probe_err("tcp request", dst))?);
@@ -190,8 +196,9 @@ pub struct UdpServer {
 }
 
 impl UdpServer {
-    /// Binds `addr` inside `ns`.
-    pub fn start(ns: &NetNs, addr: SocketAddrV4, banner: &str) -> Result<Self> {
+    /// Binds `addr` (IPv4 or IPv6) inside `ns`.
+    pub fn start(ns: &NetNs, addr: impl Into<SocketAddr>, banner: &str) -> Result<Self> {
+        let addr = addr.into();
         let sock = ns
             .run(move || UdpSocket::bind(addr))?
             .map_err(probe_err("udp bind", addr))?;
@@ -235,10 +242,16 @@ pub struct UdpReply {
 }
 
 /// Sends one datagram from inside `ns` and waits for the answer.
-pub fn udp_request(ns: &NetNs, dst: SocketAddrV4, timeout: Duration) -> Result<UdpReply> {
+pub fn udp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) -> Result<UdpReply> {
+    let dst = dst.into();
+    let any: IpAddr = match dst {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let local = SocketAddr::new(any, 0);
     let sock = ns
-        .run(|| UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)))?
-        .map_err(probe_err("udp bind", "0.0.0.0:0"))?;
+        .run(move || UdpSocket::bind(local))?
+        .map_err(probe_err("udp bind", local))?;
     sock.set_read_timeout(Some(timeout))
         .map_err(probe_err("udp request", dst))?;
     sock.send_to(b"ping", dst)

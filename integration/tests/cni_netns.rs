@@ -135,7 +135,7 @@ fn a_namespace_only_the_runtime_can_see_gets_a_pod_that_survives_a_restart() {
     assert_eq!(endpoints[0]["netns"], json!(hidden_text));
     let router = agent.pools().unwrap()[0]["router"]
         .as_str()
-        .and_then(|s| s.parse().ok())
+        .and_then(|s| s.parse::<std::net::IpAddr>().ok())
         .expect("router");
     assert!(
         probe::ping(&pod, router, 1).unwrap(),

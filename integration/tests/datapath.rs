@@ -233,7 +233,7 @@ fn deny_entry_drops_and_reports_the_reason() {
     assert_eq!(event.reason, Reason::PolicyDeny);
     assert_eq!(event.direction, Direction::Ingress);
     assert_eq!(event.endpoint_id, 2);
-    assert_eq!((event.saddr, event.daddr), (p1.ip, p2.ip));
+    assert_eq!((event.saddr, event.daddr), (p1.ip.into(), p2.ip.into()));
     assert_eq!(
         (event.src_identity, event.dst_identity),
         (identity(1), identity(2))
@@ -547,6 +547,54 @@ fn conntrack_gc_removes_expired_entries() {
             .iter()
             .any(|(t, _)| is_flow(t))
     );
+}
+
+#[test]
+fn flushing_addresses_removes_every_entry_that_names_them() {
+    let _serial = serial();
+    let bpf = BpffsMount::new().expect("bpffs");
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        attach_mode: AttachMode::Auto,
+    })
+    .expect("open datapath");
+    let (a, b, c, vip) = (
+        Ipv4Addr::new(10, 244, 0, 5),
+        Ipv4Addr::new(10, 244, 0, 6),
+        Ipv4Addr::new(10, 244, 0, 7),
+        Ipv4Addr::new(10, 96, 0, 10),
+    );
+    let tuple = |saddr, daddr, service| CtTuple {
+        saddr,
+        daddr,
+        sport: 40000,
+        dport: 80,
+        protocol: Protocol::Tcp,
+        service,
+    };
+    let tuples = [
+        tuple(a, vip, true), // a as a service client
+        tuple(a, b, false),  // ... translated to backend b
+        tuple(c, a, false),  // a as a server
+        tuple(b, c, false),  // not a's
+        tuple(c, vip, true), // not a's either
+    ];
+    for t in &tuples {
+        dp.conntrack().put(t, &Default::default()).unwrap();
+    }
+    let v6: std::net::IpAddr = "fd00::5".parse().unwrap();
+    assert_eq!(dp.conntrack().flush_addresses(&[v6]).unwrap(), 0);
+    assert_eq!(dp.conntrack().flush_addresses(&[a.into(), v6]).unwrap(), 3);
+    let left: Vec<CtTuple> = dp
+        .conntrack()
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.contains(&tuples[3]) && left.contains(&tuples[4]));
+    assert_eq!(dp.conntrack().flush_addresses(&[a.into()]).unwrap(), 0);
 }
 
 #[test]

@@ -43,6 +43,9 @@
 #define CEL_REASON_FRAGMENT_UNSUPPORTED 6
 #define CEL_REASON_CT_FULL 7
 #define CEL_REASON_NAT_FAILED 8
+/* IPv6 where policy applies: the datapath cannot enforce IPv6 policy yet and
+ * fails closed (see lib/ipv6.h for what still passes). */
+#define CEL_REASON_IPV6_NOT_ENFORCED 9
 #define CEL_REASON_SLOTS 256
 
 /* IP protocol numbers used in keys (IPPROTO_* without pulling libc in). */

@@ -20,13 +20,14 @@ struct event {
 	__u8 type;      /* CEL_EVENT_* */
 	__u8 reason;    /* CEL_REASON_* */
 	__u8 direction; /* CEL_DIR_* */
-	__u8 protocol;
+	__u8 protocol;  /* IPv6: the fixed header's next header */
 	__u16 endpoint_id; /* the endpoint whose policy or hook decided */
-	__u16 pad;
+	__u8 family;       /* CEL_FAMILY_IPV4 or CEL_FAMILY_IPV6 */
+	__u8 pad;
 	__u32 src_identity;
 	__u32 dst_identity;
-	__be32 saddr;
-	__be32 daddr;
+	__u8 saddr[16]; /* IPv4 in saddr[0..4], rest zero */
+	__u8 daddr[16];
 	__be16 sport;
 	__be16 dport;
 	__u32 ifindex; /* the interface the program ran on */

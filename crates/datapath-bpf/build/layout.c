@@ -113,6 +113,7 @@ int main(void)
 	OFF(event, direction);
 	OFF(event, protocol);
 	OFF(event, endpoint_id);
+	OFF(event, family);
 	OFF(event, src_identity);
 	OFF(event, dst_identity);
 	OFF(event, saddr);
@@ -138,6 +139,7 @@ int main(void)
 	CONST(CEL_REASON_FRAGMENT_UNSUPPORTED);
 	CONST(CEL_REASON_CT_FULL);
 	CONST(CEL_REASON_NAT_FAILED);
+	CONST(CEL_REASON_IPV6_NOT_ENFORCED);
 	CONST(CEL_EP_F_ENFORCE_INGRESS);
 	CONST(CEL_EP_F_ENFORCE_EGRESS);
 	CONST(CEL_CT_F_SERVICE);

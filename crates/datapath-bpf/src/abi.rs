@@ -517,20 +517,22 @@ pub struct RawEvent {
     pub reason: u8,
     /// `CEL_DIR_*`.
     pub direction: u8,
-    /// IP protocol number.
+    /// IP protocol number (IPv6: the fixed header's next header).
     pub protocol: u8,
     /// Endpoint whose hook or policy decided.
     pub endpoint_id: u16,
+    /// 4 or 6.
+    pub family: u8,
     /// Zero.
-    pub pad: u16,
+    pub pad: u8,
     /// Source identity (0 if not yet known).
     pub src_identity: u32,
     /// Destination identity (0 if not yet known).
     pub dst_identity: u32,
-    /// Source address, network order.
-    pub saddr: u32,
-    /// Destination address, network order.
-    pub daddr: u32,
+    /// Source address bytes, IPv4 in `saddr[0..4]`.
+    pub saddr: [u8; 16],
+    /// Destination address bytes, IPv4 in `daddr[0..4]`.
+    pub daddr: [u8; 16],
     /// Source port, network order.
     pub sport: u16,
     /// Destination port, network order.
@@ -551,6 +553,7 @@ plain!(RawEvent {
     direction,
     protocol,
     endpoint_id,
+    family,
     pad,
     src_identity,
     dst_identity,
@@ -637,7 +640,8 @@ mod tests {
         check!(MetricsValue, metrics_value { packets => packets, bytes => bytes });
         check!(RawEvent, event {
             ktime => ktime, kind => type, reason => reason, direction => direction,
-            protocol => protocol, endpoint_id => endpoint_id, src_identity => src_identity,
+            protocol => protocol, endpoint_id => endpoint_id, family => family,
+            src_identity => src_identity,
             dst_identity => dst_identity, saddr => saddr, daddr => daddr, sport => sport,
             dport => dport, ifindex => ifindex, len => len, verdict => verdict,
         });

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use libbpf_rs::{MapHandle, RingBuffer, RingBufferBuilder};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use crate::abi::{Plain, RawEvent, ipv4_of};
+use crate::abi::{Plain, RawEvent, ip_of};
 use crate::error::{Error, Result};
 use crate::types::{Direction, Protocol, Reason};
 
@@ -45,7 +45,8 @@ pub struct Event {
     pub reason: Reason,
     /// Direction relative to `endpoint_id`.
     pub direction: Direction,
-    /// The packet's protocol.
+    /// The packet's protocol (IPv6: the next header after the fixed header, which may be
+    /// an extension header's number).
     pub protocol: Protocol,
     /// The endpoint whose hook or policy decided.
     pub endpoint_id: u16,
@@ -54,9 +55,9 @@ pub struct Event {
     /// Destination identity (0 when not yet resolved).
     pub dst_identity: u32,
     /// Source address.
-    pub saddr: Ipv4Addr,
+    pub saddr: IpAddr,
     /// Destination address.
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// Source port (ICMP echo request: identifier).
     pub sport: u16,
     /// Destination port (ICMP echo reply: identifier).
@@ -85,8 +86,8 @@ impl Event {
             endpoint_id: raw.endpoint_id,
             src_identity: raw.src_identity,
             dst_identity: raw.dst_identity,
-            saddr: ipv4_of(raw.saddr),
-            daddr: ipv4_of(raw.daddr),
+            saddr: ip_of(raw.family, raw.saddr)?,
+            daddr: ip_of(raw.family, raw.daddr)?,
             sport: u16::from_be(raw.sport),
             dport: u16::from_be(raw.dport),
             ifindex: raw.ifindex,
@@ -244,35 +245,55 @@ impl EventReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::be32;
+    use crate::abi::family_and_bytes;
+    use std::net::Ipv4Addr;
 
-    #[test]
-    fn events_decode_from_the_c_layout() {
-        let raw = RawEvent {
+    fn raw(src: IpAddr, dst: IpAddr) -> RawEvent {
+        let (family, saddr) = family_and_bytes(src);
+        let (_, daddr) = family_and_bytes(dst);
+        RawEvent {
             ktime: 99,
             kind: 1,
             reason: 2,
             direction: 1,
             protocol: 6,
             endpoint_id: 4,
+            family,
             src_identity: 1000,
             dst_identity: 2000,
-            saddr: be32(Ipv4Addr::new(10, 0, 0, 1)),
-            daddr: be32(Ipv4Addr::new(10, 0, 0, 2)),
+            saddr,
+            daddr,
             sport: 5555u16.to_be(),
             dport: 80u16.to_be(),
             ifindex: 3,
             len: 60,
             verdict: 1,
             ..Default::default()
-        };
-        let e = Event::decode(&raw.encode()).unwrap();
+        }
+    }
+
+    #[test]
+    fn events_decode_from_the_c_layout() {
+        let src = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let e = Event::decode(&raw(src, Ipv4Addr::new(10, 0, 0, 2).into()).encode()).unwrap();
         assert_eq!(e.kind, EventKind::Drop);
         assert_eq!(e.reason, Reason::PolicyDeny);
         assert_eq!(e.direction, Direction::Egress);
-        assert_eq!(e.saddr, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(e.saddr, src);
         assert_eq!(e.dport, 80);
         assert!(!e.allowed);
         assert!(Event::decode(&[0u8; 8]).is_none());
+    }
+
+    #[test]
+    fn ipv6_events_carry_both_addresses_and_an_unknown_family_is_malformed() {
+        let (src, dst): (IpAddr, IpAddr) = ("fd00::5".parse().unwrap(), "fd00::6".parse().unwrap());
+        let mut r = raw(src, dst);
+        r.reason = 9;
+        let e = Event::decode(&r.encode()).unwrap();
+        assert_eq!((e.saddr, e.daddr), (src, dst));
+        assert_eq!(e.reason, Reason::Ipv6NotEnforced);
+        r.family = 0;
+        assert!(Event::decode(&r.encode()).is_none());
     }
 }

@@ -15,7 +15,8 @@
 //! decision over the entries) is the `cellium-policy` crate's, re-exported
 //! here; [`compile_policy`] compiles an endpoint's rules into its policy map
 //! entries. [`events::EventReader`] reads drops and verdicts, blocking or
-//! async; [`maps::conntrack::Conntrack::gc`] removes expired connections.
+//! async; [`maps::conntrack::Conntrack::gc`] removes expired connections and
+//! [`maps::conntrack::Conntrack::flush_addresses`] those of a removed endpoint.
 //!
 //! Where to start: `docs/datapath.md` describes the packet walk and maps.
 //!

@@ -32,13 +32,16 @@ pub enum Reason {
     CtFull,
     /// Rewriting addresses or checksums failed.
     NatFailed,
+    /// IPv6 where policy applies (or that no endpoint's policy can decide): the datapath
+    /// cannot enforce IPv6 policy yet and fails closed.
+    Ipv6NotEnforced,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 9] = [
+    pub const KNOWN: [Reason; 10] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
@@ -48,6 +51,7 @@ impl Reason {
         Reason::FragmentUnsupported,
         Reason::CtFull,
         Reason::NatFailed,
+        Reason::Ipv6NotEnforced,
     ];
 
     /// The reason's number.
@@ -62,6 +66,7 @@ impl Reason {
             Reason::FragmentUnsupported => 6,
             Reason::CtFull => 7,
             Reason::NatFailed => 8,
+            Reason::Ipv6NotEnforced => 9,
             Reason::Unknown(n) => n,
         }
     }
@@ -94,6 +99,7 @@ impl fmt::Display for Reason {
             Reason::FragmentUnsupported => f.write_str("fragment not supported"),
             Reason::CtFull => f.write_str("conntrack table full"),
             Reason::NatFailed => f.write_str("nat failed"),
+            Reason::Ipv6NotEnforced => f.write_str("ipv6 not enforced"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -224,6 +230,7 @@ mod tests {
             ),
             (Reason::CtFull, c::CEL_REASON_CT_FULL),
             (Reason::NatFailed, c::CEL_REASON_NAT_FAILED),
+            (Reason::Ipv6NotEnforced, c::CEL_REASON_IPV6_NOT_ENFORCED),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");

@@ -42,7 +42,9 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// Every endpoint-map entry.
     fn endpoint_entries(&self) -> Result<Vec<(IpAddr, EndpointInfo)>>;
 
-    /// Removes the endpoint-map entry of `ip`; returns whether there was one.
+    /// Removes the endpoint-map entry of `ip` and the connections and NAT state naming `ip`
+    /// (whoever has the address next must inherit none of them); returns whether there was
+    /// an entry.
     fn delete_endpoint_entry(&self, ip: IpAddr) -> Result<bool>;
 
     /// Every policy entry of every endpoint.
@@ -93,7 +95,9 @@ impl EndpointDatapath for Datapath {
     }
 
     fn delete_endpoint_entry(&self, ip: IpAddr) -> Result<bool> {
-        self.endpoints().delete(ip)
+        let removed = self.endpoints().delete(ip)?;
+        self.conntrack().flush_addresses(&[ip])?;
+        Ok(removed)
     }
 
     fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {

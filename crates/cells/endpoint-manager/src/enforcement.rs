@@ -108,7 +108,9 @@ impl Enforcement {
             endpoint: ep.describe(),
             source,
         };
-        let mut before = self.enforced.get(ep.id).unwrap_or_default();
+        let known = self.enforced.get(ep.id);
+        let new = known.is_none();
+        let mut before = known.unwrap_or_default();
         let unknown = self.unknown().contains(&ep.id);
         if unknown {
             let mut held = dp.policy_entries().map_err(datapath)?;
@@ -140,9 +142,15 @@ impl Enforcement {
             return Ok(revision);
         }
         let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
-        let during = Directions {
-            ingress: before.enforcement.ingress && after.ingress,
-            egress: before.enforcement.egress && after.egress,
+        // A new endpoint has allowed nothing yet: it is as strict as its policy from its first
+        // entry on, so no connection gets into conntrack before that policy applies.
+        let during = if new {
+            after
+        } else {
+            Directions {
+                ingress: before.enforcement.ingress && after.ingress,
+                egress: before.enforcement.egress && after.egress,
+            }
         };
         let written = dp
             .write_endpoint(ep, during)

@@ -7,7 +7,8 @@
 //!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
 //!   `create` returns only once the datapath enforces the endpoint; `create` and `delete`
 //!   are all or nothing (recorded before the kernel is touched, finished or undone by the
-//!   next attempt or the restore).
+//!   next attempt or the restore). A status note says that IPv6 is not enforced while the
+//!   node has an IPv6 pod CIDR.
 //! - **Depends on** ipam (addresses), loader (the datapath), resources (pod and namespace
 //!   labels), statedir (records), identity, ipcache, policy-repo.
 //! - **Config keys:** `mtu` (default 1500), `remove-endpoints-outside-pod-cidr` (default
@@ -34,6 +35,7 @@ mod interfaces;
 mod labels;
 mod locks;
 mod manager;
+mod notes;
 pub mod plumbing;
 mod program;
 mod request;
@@ -61,4 +63,5 @@ pub fn cell() -> Module {
     .config::<EndpointConfig>()
     .provide(EndpointManager::new)
     .contribute(EndpointService::api)
+    .contribute(notes::ipv6)
 }

@@ -1,5 +1,7 @@
 //! Programming the datapath for an endpoint: its map entries and its attached programs.
 
+use std::net::IpAddr;
+
 use cellium_datapath_bpf::{Datapath, EndpointFlags, EndpointInfo, MacAddr};
 
 use crate::endpoint::Endpoint;
@@ -13,8 +15,16 @@ pub struct Enforcement {
     pub egress: bool,
 }
 
-/// Writes the endpoint's entries in the endpoint map (one per IPv4 address) with its
-/// identity and the directions enforced.
+/// Writes the endpoint's entries in the endpoint map (one per address, IPv4 and IPv6) with its
+/// identity and the directions enforced. The datapath enforces IPv4 policy and drops IPv6 in
+/// every enforced direction; the IPv6 entries are what lets it tell the pod's own IPv6
+/// addresses (and so spoofed ones) apart.
+///
+/// An address the map did not name for this endpoint yet (a new endpoint, or one taking an
+/// address over) loses its conntrack entries right after its entry is written: connections
+/// recorded while the address was someone else's, or nobody's, would otherwise skip this
+/// endpoint's policy. The entry comes first so that no packet can record state for the address
+/// as a non-local destination once the flush ran.
 pub fn write_endpoint(
     dp: &Datapath,
     ep: &Endpoint,
@@ -35,9 +45,16 @@ pub fn write_endpoint(
         host_mac: MacAddr(ep.host_mac),
         pod_mac: MacAddr(ep.pod_mac),
     };
-    // IPv6 passes the datapath untouched for now: only IPv4 addresses get entries.
-    for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
+    let mut taken = Vec::new();
+    for addr in &ep.addresses {
+        let current = dp.endpoints().get(addr.ip)?;
         dp.endpoints().put(addr.ip, &info)?;
+        if !current.is_some_and(|c| names(&c, ep)) {
+            taken.push(addr.ip);
+        }
+    }
+    if !taken.is_empty() {
+        dp.conntrack().flush_addresses(&taken)?;
     }
     Ok(())
 }
@@ -47,9 +64,8 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
     let flags = ep
         .addresses
         .iter()
-        .filter(|a| a.ip.is_ipv4())
-        .find_map(|a| dp.endpoints().get(a.ip).ok().flatten())
-        .filter(|info| info.id == ep.id)
+        .filter_map(|a| dp.endpoints().get(a.ip).ok().flatten())
+        .find(|info| info.id == ep.id)
         .map_or(0, |info| info.flags.0);
     Enforcement {
         ingress: flags & EndpointFlags::ENFORCE_INGRESS.0 != 0,
@@ -57,21 +73,35 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
     }
 }
 
-/// Removes the endpoint's entries, policy and programs. What is already gone is fine.
+/// Removes the endpoint's entries (both families), the conntrack and NAT state of its
+/// addresses, its policy and its programs. What is already gone is fine.
+///
+/// Every removal path (CNI DEL, a failed create, a leftover found at restart) comes here, so
+/// no connection recorded for a removed endpoint can be found by the next holder of its
+/// address.
 pub fn unprogram(dp: &Datapath, ep: &Endpoint) -> cellium_datapath_bpf::Result<()> {
-    for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
-        // Only the entry that is still ours: the address may already serve a newer endpoint.
-        if dp
-            .endpoints()
-            .get(addr.ip)?
-            .is_some_and(|info| info.id == ep.id)
-        {
-            dp.endpoints().delete(addr.ip)?;
+    let mut released: Vec<IpAddr> = Vec::new();
+    for addr in &ep.addresses {
+        // Only the entry that is still ours: the address may already serve a newer endpoint,
+        // whose connections are not ours to flush either.
+        match dp.endpoints().get(addr.ip)? {
+            Some(info) if info.id != ep.id => continue,
+            Some(_) => {
+                dp.endpoints().delete(addr.ip)?;
+            }
+            None => {}
         }
+        released.push(addr.ip);
     }
+    dp.conntrack().flush_addresses(&released)?;
     dp.policy().clear_endpoint(ep.id)?;
     if ep.host_ifindex != 0 {
         dp.detach(ep.host_ifindex)?;
     }
     Ok(())
+}
+
+/// Whether a map entry is this endpoint's, on its current interface.
+fn names(info: &EndpointInfo, ep: &Endpoint) -> bool {
+    info.id == ep.id && info.ifindex == ep.host_ifindex
 }

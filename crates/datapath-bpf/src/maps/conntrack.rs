@@ -4,7 +4,7 @@
 //! eviction already bounds the table. Service entries (client -> VIP)
 //! carry [`CtTuple::service`] and remember the chosen backend.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::abi::{CtEntry, CtKey, be32, ipv4_of};
 use crate::clock::ktime_now_ns;
@@ -143,6 +143,30 @@ impl Conntrack {
             }
         }
         Ok(stats)
+    }
+
+    /// Deletes every entry whose source or destination is one of `addrs`: connections,
+    /// service entries (client -> frontend) and translated connections (client -> backend)
+    /// alike. Returns how many were deleted.
+    ///
+    /// This is how an address's state is kept from outliving its endpoint: call it once the
+    /// endpoint map no longer (or newly) names the address. Trap: the datapath keeps creating
+    /// entries while packets flow, so an entry created by a packet that raced the flush
+    /// survives it; what cannot be raced is only a flush after the endpoint map changed.
+    /// The table has no family beyond IPv4 yet: IPv6 addresses match nothing.
+    pub fn flush_addresses(&self, addrs: &[IpAddr]) -> Result<usize> {
+        let names = |ip: Ipv4Addr| addrs.contains(&IpAddr::V4(ip));
+        if !addrs.iter().any(IpAddr::is_ipv4) {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for key in self.map.keys()? {
+            let t = CtTuple::from_key(&key);
+            if (names(t.saddr) || names(t.daddr)) && self.map.delete(&key)? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Deletes every entry; returns how many.

@@ -69,18 +69,28 @@ impl<K: Plain, V: Plain> TypedMap<K, V> {
     /// during the walk; each returned pair was present when read.
     pub(crate) fn entries(&self) -> Result<Vec<(K, V)>> {
         let mut out = Vec::new();
-        for raw_key in self.handle.keys() {
-            let key = K::decode(&raw_key).ok_or(Error::Layout {
-                map: self.name,
-                len: raw_key.len(),
-                expected: K::SIZE,
-            })?;
+        for key in self.keys()? {
             // The entry may have been deleted since get_next_key.
             if let Some(v) = self.get(&key)? {
                 out.push((key, v));
             }
         }
         Ok(out)
+    }
+
+    /// Every key, without reading values: the walk to use before deleting,
+    /// since deleting the key a walk stands on restarts it from the start.
+    pub(crate) fn keys(&self) -> Result<Vec<K>> {
+        self.handle
+            .keys()
+            .map(|raw| {
+                K::decode(&raw).ok_or(Error::Layout {
+                    map: self.name,
+                    len: raw.len(),
+                    expected: K::SIZE,
+                })
+            })
+            .collect()
     }
 
     fn decode_value(&self, bytes: &[u8]) -> Result<V> {

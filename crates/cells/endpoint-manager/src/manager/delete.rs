@@ -88,7 +88,7 @@ impl EndpointManager {
                 endpoint: ep.describe(),
                 source,
             })?;
-        for addr in ep.addresses.iter().filter(|a| a.ip.is_ipv4()) {
+        for addr in &ep.addresses {
             let entry = b
                 .datapath
                 .endpoint_entry(addr.ip)

@@ -7,6 +7,7 @@ use rtnetlink::{LinkUnspec, LinkVeth};
 use crate::plumbing::error::{Result, errno, netlink};
 use crate::plumbing::links::find_link;
 use crate::plumbing::netns::Netlink;
+use crate::plumbing::pod::add_address;
 use crate::plumbing::sysctl;
 
 /// The device that holds the router addresses, so that pods reach the node at their gateway.
@@ -22,6 +23,7 @@ const HOST_PEER: &str = "cellium_net";
 pub async fn setup_host(node: &Netlink, routers: &[IpAddr]) -> Result<()> {
     sysctl::set("net.ipv4.ip_forward", "1")?;
     if routers.iter().any(IpAddr::is_ipv6) {
+        tracing::warn!("{}", cellium_loader::IPV6_NOT_ENFORCED);
         sysctl::set("net.ipv6.conf.all.forwarding", "1")?;
     }
     let link = match find_link(&node.handle, HOST_DEVICE).await? {
@@ -54,14 +56,9 @@ pub async fn setup_host(node: &Netlink, routers: &[IpAddr]) -> Result<()> {
             .map_err(netlink(format!("set {name} up")))?;
     }
     for ip in routers {
-        let full = if ip.is_ipv4() { 32 } else { 128 };
-        match node
-            .handle
-            .address()
-            .add(link.index, *ip, full)
-            .execute()
-            .await
-        {
+        // Without detection: an IPv6 router address would otherwise stay tentative, and
+        // unreachable for the pods, for a second or more after every start.
+        match add_address(&node.handle, link.index, *ip).await {
             Err(e) if errno(&e) != Some(17) => {
                 return Err(netlink(format!("add {ip} to {HOST_DEVICE}"))(e));
             }

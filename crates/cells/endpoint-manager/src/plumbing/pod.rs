@@ -4,6 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
 use futures::TryStreamExt;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::packet_route::neighbour::NeighbourState;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
@@ -225,10 +226,16 @@ async fn create_pair(node: &Netlink, netns: &PodNetns, net: &PodNetwork) -> Resu
 
 /// The node must route, not filter, what the pod sends: its source is only reachable through
 /// this interface, and redirects would only confuse the pod.
+///
+/// The node resolves the pod's IPv6 addresses from its link-local address on this interface,
+/// which comes up with the pod's end; under duplicate address detection it would stay
+/// tentative, and the node unable to reach the pod over IPv6, for a second or two after ADD.
+/// Nothing else is on this link to clash with it.
 fn host_settings(host_ifname: &str) -> Result<()> {
     sysctl::set_if(host_ifname, "rp_filter", "0")?;
     sysctl::set_if(host_ifname, "forwarding", "1")?;
-    sysctl::set_if(host_ifname, "send_redirects", "0")
+    sysctl::set_if(host_ifname, "send_redirects", "0")?;
+    sysctl::set_if6(host_ifname, "accept_dad", "0")
 }
 
 async fn configure_pod(pod: &Netlink, link: &Link, host: &Link, net: &PodNetwork) -> Result<()> {
@@ -240,8 +247,7 @@ async fn configure_pod(pod: &Netlink, link: &Link, host: &Link, net: &PodNetwork
         .await
         .map_err(netlink(on("set up")))?;
     for (ip, gw) in &net.addresses {
-        let full = if ip.is_ipv4() { 32 } else { 128 };
-        ignore_exists(h.address().add(link.index, *ip, full).execute().await)
+        ignore_exists(add_address(h, link.index, *ip).await)
             .map_err(netlink(on(&format!("add address {ip}"))))?;
         // The gateway is reached on the link itself; its MAC is the host end's, set statically
         // so the pod never has to resolve it (nothing on the node answers for the router
@@ -264,6 +270,23 @@ async fn configure_pod(pod: &Netlink, link: &Link, host: &Link, net: &PodNetwork
         }
     }
     Ok(())
+}
+
+/// Adds `ip` as a host address (/32, /128) without duplicate address detection: the address
+/// is the pod's alone (IPAM says so), and an IPv6 address under detection stays `tentative`
+/// (unusable) for a second or more after ADD returns.
+pub(crate) async fn add_address(
+    h: &rtnetlink::Handle,
+    index: u32,
+    ip: IpAddr,
+) -> Result<(), rtnetlink::Error> {
+    let full = if ip.is_ipv4() { 32 } else { 128 };
+    let mut req = h.address().add(index, ip, full);
+    let msg = req.message_mut();
+    msg.header.flags = AddressHeaderFlags::Nodad;
+    msg.attributes
+        .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    req.execute().await
 }
 
 async fn expect_link(nl: &Netlink, name: &str) -> Result<Link> {

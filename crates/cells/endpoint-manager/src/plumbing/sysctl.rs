@@ -21,6 +21,20 @@ pub fn set_if(ifname: &str, key: &str, value: &str) -> Result<()> {
     let path = PathBuf::from("/proc/sys/net/ipv4/conf")
         .join(ifname)
         .join(key);
+    write(path, value)
+}
+
+/// Sets a per-interface IPv6 sysctl, e.g. `accept_dad` of `lxc1`; an interface without IPv6
+/// (disabled in the namespace) has nothing to set.
+pub fn set_if6(ifname: &str, key: &str, value: &str) -> Result<()> {
+    let dir = PathBuf::from("/proc/sys/net/ipv6/conf").join(ifname);
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    write(dir.join(key), value)
+}
+
+fn write(path: PathBuf, value: &str) -> Result<()> {
     if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
         return Ok(());
     }

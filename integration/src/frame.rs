@@ -1,0 +1,218 @@
+//! Hand-made frames sent through a packet socket, for tests that must show what the datapath
+//! does with headers no socket API produces: a hop limit of 254 on a neighbour solicitation,
+//! an extension header in front of it, a source address the sender does not own.
+//!
+//! ```no_run
+//! use cellium_integration::frame::{self, Ipv6Packet, DSTOPTS};
+//! use cellium_integration::NetNs;
+//!
+//! let pod = NetNs::new().unwrap();
+//! let (src, dst) = ("fe80::1".parse().unwrap(), "ff02::1:ff00:5".parse().unwrap());
+//! let ns = Ipv6Packet::solicitation(src, dst, "fd00::5".parse().unwrap()).behind(DSTOPTS);
+//! frame::send(&pod, "eth0", ns.frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])).unwrap();
+//! ```
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{
+    AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike, sendto, socket,
+};
+
+use crate::error::{Error, Result};
+use crate::netns::NetNs;
+
+/// Next-header number of hop-by-hop options.
+pub const HOPOPTS: u8 = 0;
+/// Next-header number of destination options.
+pub const DSTOPTS: u8 = 60;
+/// Next-header number of ICMPv6.
+pub const ICMPV6: u8 = 58;
+/// Next-header number of UDP.
+pub const UDP: u8 = 17;
+
+/// An MLDv2 report without records (type 143).
+pub const MLD2_REPORT: [u8; 8] = [143, 0, 0, 0, 0, 0, 0, 0];
+/// An ICMPv6 echo request (type 128), identifier 1, sequence 1.
+pub const ECHO_REQUEST: [u8; 8] = [128, 0, 0, 0, 0, 1, 0, 1];
+
+/// One IPv6 packet: the fixed header's fields and what follows it. Checksums are left zero:
+/// the datapath decides before any stack checks them (and a stack then drops the packet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv6Packet {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// The fixed header's next header.
+    pub next: u8,
+    /// Extension headers and the upper layer.
+    pub rest: Vec<u8>,
+}
+
+impl Ipv6Packet {
+    /// An ICMPv6 `message` right after the fixed header.
+    pub fn icmp(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8, message: &[u8]) -> Ipv6Packet {
+        Ipv6Packet {
+            src,
+            dst,
+            hop_limit,
+            next: ICMPV6,
+            rest: message.to_vec(),
+        }
+    }
+
+    /// A neighbour solicitation for `target`, hop limit 255, as neighbour discovery sends it.
+    pub fn solicitation(src: Ipv6Addr, dst: Ipv6Addr, target: Ipv6Addr) -> Ipv6Packet {
+        let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&target.octets());
+        Ipv6Packet::icmp(src, dst, 255, &m)
+    }
+
+    /// An MLDv2 report to `ff02::16`, hop limit 1, behind a hop-by-hop header, as MLD sends
+    /// it.
+    pub fn listener_report(src: Ipv6Addr) -> Ipv6Packet {
+        let all_mld_routers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0x16);
+        Ipv6Packet::icmp(src, all_mld_routers, 1, &MLD2_REPORT).behind(HOPOPTS)
+    }
+
+    /// A UDP datagram (port 12345 to 7000, no payload), hop limit 64.
+    pub fn udp(src: Ipv6Addr, dst: Ipv6Addr) -> Ipv6Packet {
+        Ipv6Packet {
+            src,
+            dst,
+            hop_limit: 64,
+            next: UDP,
+            rest: vec![0x30, 0x39, 0x1b, 0x58, 0, 8, 0, 0],
+        }
+    }
+
+    /// The same packet with hop limit `hop_limit`.
+    pub fn hop_limit(self, hop_limit: u8) -> Ipv6Packet {
+        Ipv6Packet { hop_limit, ..self }
+    }
+
+    /// The same packet with an 8-octet `header` (`HOPOPTS`, with a router alert, or
+    /// `DSTOPTS`, with padding) inserted right after the fixed header.
+    pub fn behind(self, header: u8) -> Ipv6Packet {
+        let options: [u8; 6] = if header == HOPOPTS {
+            [5, 2, 0, 0, 1, 0]
+        } else {
+            [1, 4, 0, 0, 0, 0]
+        };
+        let mut rest = vec![self.next, 0];
+        rest.extend_from_slice(&options);
+        rest.extend_from_slice(&self.rest);
+        Ipv6Packet {
+            next: header,
+            rest,
+            ..self
+        }
+    }
+
+    /// The Ethernet frame carrying it from `src_mac` to `dst_mac`.
+    pub fn frame(&self, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
+        let len = u16::try_from(self.rest.len()).unwrap_or(u16::MAX);
+        let mut f = Vec::with_capacity(54 + self.rest.len());
+        f.extend_from_slice(&dst_mac);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+        f.extend_from_slice(&len.to_be_bytes());
+        f.extend_from_slice(&[self.next, self.hop_limit]);
+        f.extend_from_slice(&self.src.octets());
+        f.extend_from_slice(&self.dst.octets());
+        f.extend_from_slice(&self.rest);
+        f
+    }
+}
+
+/// A broadcast ARP request from `src_mac` (`sender`) for `target`.
+pub fn arp_request(src_mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&sender.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target.octets());
+    f
+}
+
+/// Sends `frame` as it is on `ifname` inside `ns`.
+///
+/// Trap: a frame that a program on the interface's own egress drops (`cel_to_container` on a
+/// host veth) is reported to the sender as ENOBUFS; that is a verdict, not a failure, and
+/// counts as sent here.
+pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
+    let name = ifname.to_string();
+    let sent = ns.run(move || -> nix::Result<usize> {
+        let ifindex = nix::net::if_::if_nametoindex(name.as_str())?;
+        let fd = socket(
+            AddressFamily::Packet,
+            SockType::Raw,
+            SockFlag::empty(),
+            None,
+        )?;
+        let to = link_addr(ifindex)?;
+        sendto(fd.as_raw_fd(), &frame, &to, MsgFlags::empty())
+    })?;
+    match sent {
+        Ok(_) | Err(nix::errno::Errno::ENOBUFS) => Ok(()),
+        Err(e) => Err(Error::Probe {
+            probe: "packet socket send",
+            target: format!("{ifname} in {}", ns.name()),
+            source: e.into(),
+        }),
+    }
+}
+
+/// The packet-socket address of interface `ifindex` (nix has no safe constructor for it).
+#[allow(unsafe_code)]
+fn link_addr(ifindex: u32) -> nix::Result<LinkAddr> {
+    let ll = nix::libc::sockaddr_ll {
+        sll_family: nix::libc::AF_PACKET as u16,
+        sll_protocol: 0x86dd_u16.to_be(),
+        sll_ifindex: i32::try_from(ifindex).map_err(|_| nix::errno::Errno::EINVAL)?,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 0,
+        sll_addr: [0; 8],
+    };
+    let len = u32::try_from(std::mem::size_of_val(&ll)).map_err(|_| nix::errno::Errno::EINVAL)?;
+    // SAFETY: `ll` is a fully initialised sockaddr_ll that lives across the call, and `len` is
+    // its size; `from_raw` copies it.
+    unsafe { LinkAddr::from_raw(std::ptr::from_ref(&ll).cast(), Some(len)) }
+        .ok_or(nix::errno::Errno::EINVAL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_carry_the_fixed_header_and_extension_headers_in_order() {
+        let (src, dst) = (
+            "fe80::1".parse().unwrap(),
+            "ff02::1:ff00:5".parse().unwrap(),
+        );
+        let p = Ipv6Packet::solicitation(src, dst, "fd00::5".parse().unwrap());
+        let f = p.clone().behind(DSTOPTS).frame([1; 6], [2; 6]);
+        assert_eq!(&f[..6], &[2; 6]);
+        assert_eq!(&f[12..14], &[0x86, 0xdd]);
+        assert_eq!(f[14] >> 4, 6);
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]), 8 + 24);
+        assert_eq!((f[20], f[21]), (DSTOPTS, 255));
+        assert_eq!(&f[22..38], &src.octets());
+        assert_eq!((f[54], f[55]), (ICMPV6, 0));
+        assert_eq!(f[62], 135);
+        let r = Ipv6Packet::listener_report(src);
+        assert_eq!(
+            (r.next, r.hop_limit, r.rest[0], r.rest[8]),
+            (HOPOPTS, 1, ICMPV6, 143)
+        );
+        assert_eq!(p.hop_limit(254).hop_limit, 254);
+    }
+}

@@ -1,0 +1,315 @@
+//! Conntrack and NAT state never outlive an endpoint, and connections policy denies leave
+//! none: the real agent, pods through `cellium-cni` (the policy lab), connections through the
+//! datapath, and the agent's pinned connection table read directly.
+//!
+//! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
+//! `cargo test -p cellium-integration --test conntrack -- --test-threads=1`.
+//!
+//! Every test makes its own agent, node and pod namespaces and removes them (guards), and sends
+//! traffic only to addresses inside them and to cluster IPs that exist only in the node's
+//! datapath.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use cellium_datapath_bpf::abi::{CtKey, Plain, ipv4_of};
+use cellium_integration::lab::{Lab, fixture};
+use cellium_integration::probe;
+use cellium_integration::reach::{Outcome, Probe};
+use cellium_integration::{Agent, AgentOptions, NetNs};
+use libbpf_rs::{MapCore, MapHandle};
+
+/// Tests share two cores and each runs an agent: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const DB: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 11);
+
+/// One entry of the agent's connection table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Conn {
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    dport: u16,
+    service: bool,
+}
+
+/// Every entry of the agent's pinned `cel_ct4`, read as another process would.
+fn conntrack(agent: &Agent) -> Vec<Conn> {
+    let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_ct4"))
+        .expect("open the pinned conntrack map");
+    map.keys()
+        .map(|raw| {
+            let k = CtKey::decode(&raw).expect("a ct_key");
+            Conn {
+                saddr: ipv4_of(k.saddr),
+                daddr: ipv4_of(k.daddr),
+                dport: u16::from_be(k.dport),
+                service: k.flags & 1 != 0,
+            }
+        })
+        .collect()
+}
+
+/// The entries whose source or destination is `ip`.
+fn naming(agent: &Agent, ip: Ipv4Addr) -> Vec<Conn> {
+    conntrack(agent)
+        .into_iter()
+        .filter(|c| c.saddr == ip || c.daddr == ip)
+        .collect()
+}
+
+/// The datapath's packet counter for (direction, reason), as the agent's metrics name them.
+fn packets(agent: &Agent, direction: &str, reason: &str) -> u64 {
+    let labels = format!("direction=\"{direction}\",reason=\"{reason}\"");
+    agent
+        .metrics()
+        .expect("metrics")
+        .lines()
+        .filter(|l| l.starts_with("cellium_datapath_packets") && l.contains(&labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The cluster IP and port of service `namespace/name`, once it has a backend.
+fn frontend(lab: &Lab, service: &str) -> SocketAddrV4 {
+    let mut found = None;
+    lab.wait_until(&format!("{service} has a backend"), |lab| {
+        let list = lab.agent().cli_json(&["service", "list"])?;
+        found = list.as_array().into_iter().flatten().find_map(|f| {
+            let backends = f["backends"].as_array().map_or(0, Vec::len);
+            if f["service"] != service || backends == 0 {
+                return None;
+            }
+            let ip: Ipv4Addr = f["vip"].as_str()?.parse().ok()?;
+            Some(SocketAddrV4::new(
+                ip,
+                u16::try_from(f["port"].as_u64()?).ok()?,
+            ))
+        });
+        Ok(found.is_some())
+    })
+    .expect("the service");
+    found.expect("a frontend")
+}
+
+/// A ClusterIP service in `ops` for the DNS pod's UDP port 53.
+const DNS_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: dns, namespace: ops }
+spec: { selector: { app: dns }, ports: [ { port: 53, protocol: UDP } ] }
+"#;
+
+#[test]
+fn a_deleted_pods_connections_go_with_it_and_its_address_starts_clean() {
+    let _serial = serial();
+    let mut lab = fixture::lab(AgentOptions::default()).expect("the lab");
+    lab.serve(&[Probe::Udp(53), Probe::Udp(5353)]).unwrap();
+    lab.apply(DNS_SERVICE).unwrap();
+    let dns = frontend(&lab, "ops/dns");
+
+    // shop/db is a client of a service (a service entry and a translated one name it) and the
+    // server of an open UDP flow from dev/tool.
+    let db_ns = NetNs::existing(lab.pod("shop/db").unwrap().netns.name());
+    probe::udp_request(&db_ns, dns, Duration::from_secs(2)).expect("db -> the dns service");
+    let mut flow = lab.open("dev/tool", "shop/db", Probe::Udp(5353)).unwrap();
+    let before = naming(lab.agent(), DB);
+    assert!(
+        before.iter().any(|c| c.service && c.saddr == DB),
+        "no service entry of db: {before:?}"
+    );
+    assert!(
+        before.iter().any(|c| c.daddr == DB && c.dport == 5353),
+        "{before:?}"
+    );
+
+    // CNI DEL: every entry naming its address goes, service entries included.
+    lab.remove_pod("shop/db").unwrap();
+    assert_eq!(naming(lab.agent(), DB), [], "entries outlived the pod");
+
+    // tool keeps sending on its open flow while the address belongs to nobody: the datapath
+    // records it as a connection to some address off the node.
+    assert_ne!(flow.round_trip(), Outcome::Answered);
+    assert!(
+        !naming(lab.agent(), DB).is_empty(),
+        "the flow left no entry"
+    );
+
+    // A pod that admits nothing gets the address.
+    lab.delete("apiVersion: v1\nkind: Pod\nmetadata: { name: db, namespace: shop }\n")
+        .unwrap();
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: vault, namespace: shop, labels: { app: vault } }\nspec: { containers: [ { name: c } ] }\n",
+    )
+    .unwrap();
+    lab.apply_policy(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: vault, namespace: shop }\nspec: { podSelector: { matchLabels: { app: vault } }, policyTypes: [ Ingress ] }\n",
+    )
+    .unwrap();
+    // Another flow of tool's sends all along vault's creation: no moment of it may let a
+    // connection into conntrack before vault's policy applies.
+    let stream = Stream::start(&NetNs::existing(lab.pod("dev/tool").unwrap().netns.name()));
+    lab.add_pod("shop/vault", DB).unwrap();
+    lab.settle().unwrap();
+    let vault_ns = NetNs::existing(lab.pod("shop/vault").unwrap().netns.name());
+    let receivers: Vec<UdpSocket> = [5353, STREAM_PORT]
+        .into_iter()
+        .map(|port| {
+            vault_ns
+                .run(move || -> std::io::Result<UdpSocket> {
+                    let sock = UdpSocket::bind(SocketAddrV4::new(DB, port))?;
+                    sock.set_read_timeout(Some(Duration::from_millis(300)))?;
+                    Ok(sock)
+                })
+                .unwrap()
+                .expect("bind in vault")
+        })
+        .collect();
+    let denied = packets(lab.agent(), "ingress", "policy default deny");
+    for _ in 0..5 {
+        assert_ne!(flow.round_trip(), Outcome::Answered);
+    }
+    let mut buf = [0u8; 64];
+    for r in &receivers {
+        assert!(
+            r.recv_from(&mut buf).is_err(),
+            "vault received an old flow's datagram on {:?}",
+            r.local_addr()
+        );
+    }
+    let sent = stream.stop();
+    assert!(sent > 100, "the stream sent {sent} datagrams");
+    assert!(packets(lab.agent(), "ingress", "policy default deny") >= denied + 5);
+    assert_eq!(naming(lab.agent(), DB), [], "denied datagrams left entries");
+}
+
+const STREAM_PORT: u16 = 6000;
+
+/// Datagrams to `DB:STREAM_PORT` from one socket (one tuple), every 100 µs until stopped.
+struct Stream {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Stream {
+    fn start(ns: &NetNs) -> Stream {
+        let sock = ns
+            .run(|| -> std::io::Result<UdpSocket> {
+                let sock = UdpSocket::bind("0.0.0.0:0")?;
+                sock.connect(SocketAddrV4::new(DB, STREAM_PORT))?;
+                Ok(sock)
+            })
+            .unwrap()
+            .expect("the stream's socket");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let running = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut sent = 0;
+            while !running.load(std::sync::atomic::Ordering::Relaxed) {
+                // Errors (no route while the address is nobody's) are part of the story.
+                if sock.send(b"stream").is_ok() {
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            sent
+        });
+        Stream { stop, thread }
+    }
+
+    /// Stops; returns how many datagrams left the socket.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the stream's thread")
+    }
+}
+
+#[test]
+fn an_endpoint_removed_at_restart_leaves_no_connections() {
+    let _serial = serial();
+    let mut lab = fixture::lab(AgentOptions::default()).expect("the lab");
+    let mut flow = lab.open("dev/tool", "shop/db", Probe::Udp(5353)).unwrap();
+    assert_eq!(flow.round_trip(), Outcome::Answered);
+    assert!(!naming(lab.agent(), DB).is_empty());
+
+    // The pod goes while the agent is down: the restarted agent removes its endpoint.
+    lab.agent_mut().kill().unwrap();
+    let netns = lab.pod("shop/db").unwrap().netns.name().to_string();
+    cellium_integration::cmd::run("ip", &["netns", "del", &netns]).unwrap();
+    lab.agent_mut().start().unwrap();
+    assert!(
+        lab.agent().log().contains("endpoint not restored"),
+        "{}",
+        lab.agent().log()
+    );
+    assert_eq!(naming(lab.agent(), DB), [], "entries outlived the pod");
+}
+
+#[test]
+fn denied_connections_to_a_cluster_ip_leave_no_conntrack_entries() {
+    let _serial = serial();
+    let mut lab = fixture::lab(AgentOptions::default()).expect("the lab");
+    lab.serve(&[Probe::Tcp(8080)]).unwrap();
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: shop }\nspec: { selector: { app: web }, ports: [ { port: 80, targetPort: http } ] }\n",
+    )
+    .unwrap();
+    let web = frontend(&lab, "shop/web");
+    // Only shop/db may reach shop/web.
+    lab.apply_policy(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-db, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: db } } } ] } ]
+"#,
+    )
+    .unwrap();
+    let tool = Ipv4Addr::new(10, 244, 0, 21);
+    let tool_ns = NetNs::existing(lab.pod("dev/tool").unwrap().netns.name());
+    let entries = conntrack(lab.agent()).len();
+    let denied = packets(lab.agent(), "ingress", "policy default deny");
+
+    // 500 connection attempts from dev/tool, each from a new port: every SYN is denied.
+    let connected = tool_ns
+        .run(move || {
+            (0..500)
+                .filter(|_| {
+                    TcpStream::connect_timeout(&SocketAddr::V4(web), Duration::from_millis(2))
+                        .is_ok()
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(connected, 0);
+    let began = Instant::now();
+    while packets(lab.agent(), "ingress", "policy default deny") < denied + 500 {
+        assert!(began.elapsed() < Duration::from_secs(10), "not 500 denials");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = naming(lab.agent(), tool);
+    assert!(
+        left.is_empty(),
+        "denied attempts left {} entries, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
+    assert_eq!(conntrack(lab.agent()).len(), entries);
+
+    // An allowed client gets its connection, and its backend remembered.
+    let db_ns = NetNs::existing(lab.pod("shop/db").unwrap().netns.name());
+    let reply = probe::tcp_request(&db_ns, web, Duration::from_secs(2)).expect("db -> web");
+    assert_eq!(reply.banner, "shop/web");
+    let db = naming(lab.agent(), DB);
+    assert!(
+        db.iter()
+            .any(|c| c.service && c.daddr == *web.ip() && c.dport == web.port()),
+        "{db:?}"
+    );
+}
