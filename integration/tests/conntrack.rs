@@ -237,9 +237,22 @@ fn an_endpoint_removed_at_restart_leaves_no_connections() {
     assert!(!naming(lab.agent(), DB).is_empty());
 
     // The pod goes while the agent is down: the restarted agent removes its endpoint.
+    let host = lab.endpoints().unwrap()["shop/db"]["host_ifname"]
+        .as_str()
+        .expect("db's host end")
+        .to_string();
     lab.agent_mut().kill().unwrap();
-    let netns = lab.pod("shop/db").unwrap().netns.name().to_string();
-    cellium_integration::cmd::run("ip", &["netns", "del", &netns]).unwrap();
+    lab.vanish_pod("shop/db").unwrap();
+    // The kernel destroys a namespace (and the veth pair into it) a moment after its last
+    // reference goes: the pod is gone once its host end is.
+    let gone = std::time::Instant::now();
+    while lab.agent().node().ip(&["link", "show", &host]).is_ok() {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "{host} outlived its namespace"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     lab.agent_mut().start().unwrap();
     assert!(
         lab.agent().log().contains("endpoint not restored"),

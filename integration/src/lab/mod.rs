@@ -232,6 +232,23 @@ impl Lab {
         self.agent.del(&pod.container_id, &pod.netns.path())
     }
 
+    /// Makes the pod `namespace/name` vanish without a DEL, as a runtime that lost it would:
+    /// its servers stop and its network namespace is removed, so the kernel destroys the
+    /// namespace and the veth pair into it (its endpoint's host end is gone once it has).
+    pub fn vanish_pod(&mut self, key: &str) -> Result<()> {
+        let i = self
+            .pods
+            .iter()
+            .position(|p| p.key == key)
+            .ok_or_else(|| Error::Unexpected {
+                what: "pod",
+                detail: format!("no pod {key} in the lab"),
+            })?;
+        self.servers.retain(|(place, _), _| place != key);
+        drop(self.pods.remove(i));
+        Ok(())
+    }
+
     /// Every place: the pods, the node (at its pods' gateway address), the external addresses.
     pub fn places(&self) -> Result<Vec<Place>> {
         let mut out: Vec<Place> = self
