@@ -47,7 +47,7 @@ pub async fn exec(socket: &Path, verb: Verb, args: Args) -> anyhow::Result<()> {
             Verb::Apply => client.apply(request).await,
             Verb::Delete => client.delete(request).await,
         }
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))
+        .map_err(|s| anyhow::anyhow!("{}", output::reason(&s)))
         .with_context(|| format!("{source} was not applied"))?;
         for o in response.into_inner().objects {
             let key = if o.namespace.is_empty() {
