@@ -3,7 +3,9 @@
 //!
 //! [`Agent::start_new`] makes a node namespace and a temporary directory holding the state
 //! directory, the API socket, the BPF root and the agent's log, starts the agent with
-//! `nsenter --net=<node> -- cellium-agent run ...` and waits until its API answers.
+//! `nsenter --net=<node> -- cellium-agent run ...` and waits until its API answers. Another
+//! agent built from the cells (an example such as `connectivity_agent`) runs the same way with
+//! [`AgentOptions::program`].
 //!
 //! Why `nsenter` and not `ip netns exec`: the latter also gives the process a private mount
 //! namespace, so the bpffs the agent mounts at its BPF root would vanish when it exits, and its
@@ -85,6 +87,20 @@ impl Binaries {
         })
     }
 
+    /// The example program `name` of the workspace (`target/debug/examples/<name>`, built by
+    /// `cargo build --workspace --all-targets`).
+    pub fn example(&self, name: &'static str) -> Result<PathBuf> {
+        let path = self.dir().join("examples").join(name);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::MissingBinary {
+                name,
+                path: path.display().to_string(),
+            })
+        }
+    }
+
     /// The directory holding them: the plugin directory a runtime is pointed at.
     pub fn dir(&self) -> &Path {
         self.cni.parent().unwrap_or(Path::new("."))
@@ -94,6 +110,10 @@ impl Binaries {
 /// How the agent is run.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
+    /// The program run as the agent: `None` is `cellium-agent run`; another agent built from
+    /// the cells (see [`Binaries::example`]) is given the same flags (`--state-dir`,
+    /// `--api-socket`, `--bpf-root`, `--metrics-addr`, `--pod-cidr`) without a subcommand.
+    pub program: Option<PathBuf>,
     /// `--pod-cidr` values, passed as written (so a malformed one reaches the agent).
     pub pod_cidrs: Vec<String>,
     /// Extra environment (e.g. `CELLIUM_*` configuration keys).
@@ -105,6 +125,7 @@ pub struct AgentOptions {
 impl Default for AgentOptions {
     fn default() -> Self {
         AgentOptions {
+            program: None,
             pod_cidrs: vec!["10.244.0.0/24".into()],
             env: Vec::new(),
             log_filter: "info".into(),
@@ -173,10 +194,12 @@ impl Agent {
         let stderr = log.try_clone().map_err(self.io("open", &self.log_path()))?;
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", self.node.path().display()))
-            .arg("--")
-            .arg(&self.bins.agent)
-            .arg("run")
-            .arg("--state-dir")
+            .arg("--");
+        match &self.opts.program {
+            Some(program) => cmd.arg(program),
+            None => cmd.arg(&self.bins.agent).arg("run"),
+        };
+        cmd.arg("--state-dir")
             .arg(self.state_dir())
             .arg("--api-socket")
             .arg(self.socket())
@@ -200,7 +223,7 @@ impl Agent {
             .stdout(log)
             .stderr(stderr);
         let child = cmd.spawn().map_err(|source| Error::Spawn {
-            cmd: format!("nsenter ... {}", self.bins.agent.display()),
+            cmd: format!("nsenter ... {}", self.program().display()),
             source,
         })?;
         self.child = Some(child);
@@ -211,9 +234,7 @@ impl Agent {
     pub fn kill(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
-            child
-                .wait()
-                .map_err(self.io("wait for", &self.bins.agent))?;
+            child.wait().map_err(self.io("wait for", self.program()))?;
         }
         Ok(())
     }
@@ -229,11 +250,11 @@ impl Agent {
         };
         let began = Instant::now();
         let pid = Pid::from_raw(child.id() as i32);
-        kill(pid, Signal::SIGTERM).map_err(|e| self.io("signal", &self.bins.agent)(e.into()))?;
+        kill(pid, Signal::SIGTERM).map_err(|e| self.io("signal", self.program())(e.into()))?;
         loop {
             if let Some(status) = child
                 .try_wait()
-                .map_err(self.io("wait for", &self.bins.agent))?
+                .map_err(self.io("wait for", self.program()))?
             {
                 return Ok((status, began.elapsed()));
             }
@@ -501,7 +522,7 @@ impl Agent {
             let exited = match &mut self.child {
                 Some(child) => child
                     .try_wait()
-                    .map_err(self.io("wait for", &self.bins.agent))?,
+                    .map_err(self.io("wait for", self.program()))?,
                 None => None,
             };
             if let Some(status) = exited {
@@ -524,6 +545,11 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The program run as the agent.
+    fn program(&self) -> &Path {
+        self.opts.program.as_deref().unwrap_or(&self.bins.agent)
     }
 
     fn io(&self, op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {

@@ -63,7 +63,7 @@ pub enum Error {
     },
     /// A binary the tests run is not built.
     #[error(
-        "{path} is missing: run `cargo build --workspace` first (the tests run the built {name})"
+        "{path} is missing: run `cargo build --workspace --all-targets` first (the tests run the built {name})"
     )]
     MissingBinary {
         /// The binary's name.

@@ -111,4 +111,59 @@ mod tests {
         assert!(err.contains("endpoint-manager"), "{err}");
         assert!(err.contains("EndpointManager::new"), "{err}");
     }
+
+    /// The cells of an agent of connectivity only, as `examples/connectivity_agent.rs` lists
+    /// them: the endpoint manager's optional dependencies (resources, identity, ipcache,
+    /// policy-repo) left out.
+    fn connectivity() -> Vec<Cell> {
+        vec![
+            cellium_statedir::cell().into(),
+            cellium_metrics::cell().into(),
+            cellium_api_server::cell().into(),
+            cellium_loader::cell().into(),
+            cellium_ipam::cell().into(),
+            cellium_endpoint_manager::cell().into(),
+        ]
+    }
+
+    #[test]
+    fn an_agent_of_connectivity_only_populates() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = ConfigSources::new()
+            .flag("state-dir", dir.path().join("state"))
+            .flag("api-socket", dir.path().join("api.sock"));
+        let mut hive = Hive::new(connectivity()).with_config(sources);
+        if let Err(e) = hive.populate() {
+            panic!("the connectivity agent's graph does not populate:\n{e}");
+        }
+        let text = hive.describe();
+        assert!(text.contains("  endpoint-manager: "), "{text}");
+        for absent in ["policy-repo", "svc-lb", "identity", "ipcache", "resources"] {
+            assert!(
+                !text.contains(&format!("  {absent}: ")),
+                "{absent} in:\n{text}"
+            );
+        }
+    }
+
+    /// Leaving out a cell that is required even by a smaller agent is still reported, and
+    /// only that one: the optional dependencies left out are not problems.
+    #[test]
+    fn a_smaller_agent_missing_a_required_cell_names_only_that_cell() {
+        let without_loader: Vec<Cell> = vec![
+            cellium_statedir::cell().into(),
+            cellium_api_server::cell().into(),
+            cellium_ipam::cell().into(),
+            cellium_endpoint_manager::cell().into(),
+        ];
+        let err = Hive::new(without_loader)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cellium_loader::loader::Loader"), "{err}");
+        assert!(err.contains("EndpointManager::new"), "{err}");
+        for optional in ["Identities", "Ipcache", "PolicyRepository", "Resources"] {
+            assert!(!err.contains(optional), "{optional} reported:\n{err}");
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! The Cellium agent as a list of cells.
 //!
 //! [`cells`] is the whole agent; a custom agent is another list built from the same cell
-//! crates (say IPAM and the endpoint manager without Kubernetes), and the hive tells at
-//! populate time, before anything runs, which cell is missing and who needs it.
+//! crates (say IPAM and the endpoint manager without Kubernetes, as
+//! `examples/connectivity_agent.rs` is), and the hive tells at populate time, before anything
+//! runs, which cell is missing and who needs it.
 //! [`ConfigArgs`] are the command-line flags every subcommand that builds the hive accepts.
 
 mod cells;

@@ -49,7 +49,7 @@ pub async fn exec(socket: &Path, verb: Verb, args: Args) -> anyhow::Result<()> {
         }
         // The agent's message names the file, the document or the record that failed, and
         // says that nothing changed.
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))
+        .map_err(|s| anyhow::anyhow!("{}", output::reason(&s)))
         .with_context(|| match verb {
             Verb::Apply => format!("{source} was not applied"),
             Verb::Delete => format!("{source} was not deleted"),

@@ -68,7 +68,10 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                 // No prefix holds the address: that is an answer (world), not a failure.
                 Err(s) if s.code() == Code::NotFound => None,
                 Err(s) => {
-                    return Err(anyhow::anyhow!("Ipcache.Get of {ip}: {}", s.message()));
+                    return Err(anyhow::anyhow!(
+                        "Ipcache.Get of {ip}: {}",
+                        output::reason(&s)
+                    ));
                 }
             };
             match (output, entry) {

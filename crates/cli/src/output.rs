@@ -22,7 +22,19 @@ pub fn answer<T>(
 ) -> anyhow::Result<T> {
     reply
         .map(tonic::Response::into_inner)
-        .map_err(|s| anyhow::anyhow!("{call}: {}", s.message()))
+        .map_err(|s| anyhow::anyhow!("{call}: {}", reason(&s)))
+}
+
+/// The agent's message of a failed call; for a service the agent does not have (an agent
+/// built without the cell that serves it, whose reply carries no message), says so.
+pub fn reason(status: &tonic::Status) -> String {
+    match (status.code(), status.message()) {
+        (tonic::Code::Unimplemented, "") => {
+            "this agent does not serve it (it is built without the cell that does)".into()
+        }
+        (code, "") => code.description().into(),
+        (_, message) => message.into(),
+    }
 }
 
 /// Prints `value` as pretty JSON.
@@ -78,6 +90,19 @@ pub fn ago_ms(unix_ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_without_a_message_still_says_why() {
+        let missing = tonic::Status::new(tonic::Code::Unimplemented, "");
+        assert_eq!(
+            reason(&missing),
+            "this agent does not serve it (it is built without the cell that does)"
+        );
+        let refused = tonic::Status::new(tonic::Code::NotFound, "no endpoint 7");
+        assert_eq!(reason(&refused), "no endpoint 7");
+        let bare = tonic::Status::new(tonic::Code::Unavailable, "");
+        assert_eq!(reason(&bare), tonic::Code::Unavailable.description());
+    }
 
     #[test]
     fn rfc3339_is_utc_seconds() {

@@ -1,4 +1,8 @@
 //! Making the datapath enforce an endpoint's policy, and remembering what it enforces.
+//!
+//! Without a policy repository (an agent built without the `policy-repo` cell) every
+//! endpoint's policy is [`unrestricted`]: no direction is enforced, so the datapath allows
+//! all its traffic, and what a previous agent enforced on the same pinned maps is released.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,10 +52,12 @@ impl EnforcedTable {
 /// the datapath enforces.
 #[derive(Debug)]
 pub(crate) struct Enforcement {
-    policy: Arc<PolicyRepository>,
-    resources: Arc<Resources>,
+    /// `None`: no policy, nothing enforced.
+    policy: Option<Arc<PolicyRepository>>,
+    /// Where the pods' named ports are read (`None`: they have none).
+    resources: Option<Arc<Resources>>,
     /// Where the endpoint's named ports are published for other endpoints' egress rules.
-    ipcache: Arc<Ipcache>,
+    ipcache: Option<Arc<Ipcache>>,
     enforced: EnforcedTable,
     /// Endpoints whose policy entries are not known since a write failed half-way: their
     /// next enforcement reads the map rather than trusting what it last wrote.
@@ -60,9 +66,9 @@ pub(crate) struct Enforcement {
 
 impl Enforcement {
     pub(crate) fn new(
-        policy: Arc<PolicyRepository>,
-        resources: Arc<Resources>,
-        ipcache: Arc<Ipcache>,
+        policy: Option<Arc<PolicyRepository>>,
+        resources: Option<Arc<Resources>>,
+        ipcache: Option<Arc<Ipcache>>,
     ) -> Enforcement {
         Enforcement {
             policy,
@@ -78,9 +84,9 @@ impl Enforcement {
         &self.enforced
     }
 
-    /// The policy repository's current revision.
-    pub(crate) fn revision(&self) -> u64 {
-        self.policy.revision()
+    /// The policy repository's current revision; `None` without a repository.
+    pub(crate) fn revision(&self) -> Option<u64> {
+        self.policy.as_ref().map(|p| p.revision())
     }
 
     /// Resolves the endpoint's policy and makes the datapath enforce it; returns the
@@ -91,19 +97,23 @@ impl Enforcement {
     /// only then does a direction that becomes enforced take effect (its allow entries are
     /// in place by then, so allowed traffic never meets a default deny).
     pub(crate) fn enforce(&self, dp: &dyn EndpointDatapath, ep: &Endpoint) -> Result<u64> {
-        let ports = labels::named_ports(ep, &self.resources);
+        let ports = labels::named_ports(ep, self.resources.as_deref());
         // Other endpoints' egress rules name this pod's ports: its addresses carry them in the
         // ipcache (read fresh here, at every regeneration, so a change of the pod's ports
         // reaches them even when its identity stays).
-        for addr in &ep.addresses {
-            self.ipcache
-                .set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
+        if let Some(ipcache) = &self.ipcache {
+            for addr in &ep.addresses {
+                ipcache.set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
+            }
         }
-        let policy = self.policy.resolve(&Subject {
-            identity: ep.identity,
-            labels: &ep.labels,
-            named_ports: &ports,
-        });
+        let policy = match &self.policy {
+            Some(repo) => repo.resolve(&Subject {
+                identity: ep.identity,
+                labels: &ep.labels,
+                named_ports: &ports,
+            }),
+            None => unrestricted(),
+        };
         let datapath = |source| Error::Datapath {
             endpoint: ep.describe(),
             source,
@@ -211,4 +221,15 @@ impl Enforcement {
     fn unknown(&self) -> MutexGuard<'_, HashSet<u16>> {
         self.unknown.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The policy of every endpoint of an agent without a policy repository: no rule, and no
+/// direction enforced (the datapath allows what is not enforced), at revision 0.
+pub(crate) fn unrestricted() -> Arc<EndpointPolicy> {
+    Arc::new(EndpointPolicy {
+        revision: 0,
+        ingress_enforced: false,
+        egress_enforced: false,
+        rules: Vec::new(),
+    })
 }

@@ -1,9 +1,15 @@
 //! Giving endpoints their identity: labels, the numeric identity, the ipcache entries.
+//!
+//! Each collaborator is optional, for agents built without the cell that provides it:
+//! without resources an endpoint's labels are only what the runtime named (its pod's
+//! namespace), without identities every endpoint carries [`UNALLOCATED`], without an
+//! ipcache its addresses are not published, without a policy repository its labels carry no
+//! `cidr:` labels.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use cellium_identity::Identities;
+use cellium_identity::{Identities, Reserved};
 use cellium_ipcache::{Ipcache, Source};
 use cellium_labels::Labels;
 use cellium_policy_repo::PolicyRepository;
@@ -14,22 +20,27 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::labels;
 
+/// The identity of every endpoint of an agent without identities (no `identity` cell):
+/// `reserved:init` (5), which Cilium gives an endpoint whose security labels are not resolved
+/// into an identity; in such an agent they never are. Nothing allocates or releases it.
+pub(crate) const UNALLOCATED: Reserved = Reserved::Init;
+
 /// The identity component: derives endpoints' labels, takes and gives back their identities,
 /// and claims their addresses in the ipcache.
 #[derive(Debug)]
 pub(crate) struct Identifier {
-    resources: Arc<Resources>,
-    policy: Arc<PolicyRepository>,
-    identities: Arc<Identities>,
-    ipcache: Arc<Ipcache>,
+    resources: Option<Arc<Resources>>,
+    policy: Option<Arc<PolicyRepository>>,
+    identities: Option<Arc<Identities>>,
+    ipcache: Option<Arc<Ipcache>>,
 }
 
 impl Identifier {
     pub(crate) fn new(
-        resources: Arc<Resources>,
-        policy: Arc<PolicyRepository>,
-        identities: Arc<Identities>,
-        ipcache: Arc<Ipcache>,
+        resources: Option<Arc<Resources>>,
+        policy: Option<Arc<PolicyRepository>>,
+        identities: Option<Arc<Identities>>,
+        ipcache: Option<Arc<Ipcache>>,
     ) -> Identifier {
         Identifier {
             resources,
@@ -41,47 +52,60 @@ impl Identifier {
 
     /// The labels the endpoint's identity derives from now.
     pub(crate) fn labels(&self, ep: &Endpoint) -> Labels {
-        labels::of(ep, &self.resources, &self.policy)
+        labels::of(ep, self.resources.as_deref(), self.policy.as_deref())
     }
 
-    /// The labels of identity `id` as text (empty when it is unknown).
+    /// The labels of identity `id` as text (empty when it is unknown; without identities,
+    /// only the reserved ones are known).
     pub(crate) fn labels_of(&self, id: u32) -> Vec<String> {
-        self.identities
-            .get(id)
-            .map(|i| i.labels.to_strings())
-            .unwrap_or_default()
+        match &self.identities {
+            Some(identities) => identities.get(id).map(|i| i.labels.to_strings()),
+            None => Reserved::from_id(id).map(|r| r.labels().to_strings()),
+        }
+        .unwrap_or_default()
     }
 
     /// Computes the endpoint's labels and, when they changed (or it has no identity yet),
     /// takes the identity of the new labels, points its addresses at it in the ipcache and
-    /// gives back the old one. Returns whether anything changed.
+    /// gives back the old one. Returns whether anything changed. Without identities the
+    /// identity is always [`UNALLOCATED`].
     pub(crate) fn identify(&self, ep: &mut Endpoint) -> Result<bool> {
         let fresh = self.labels(ep);
         if ep.identity != 0 && fresh == ep.labels {
             return Ok(false);
         }
-        let identity = self
-            .identities
-            .allocate(&fresh)
-            .map_err(|source| Error::Identity {
-                endpoint: ep.describe(),
-                source,
-            })?;
-        // Telling the repository now, rather than when its feed gets to the event, lets the
-        // policies of other endpoints that select this identity be resolved at once.
-        self.policy.identity_added(&identity);
-        for addr in &ep.addresses {
-            if let Err(e) = self
-                .ipcache
-                .upsert(IpNet::from(addr.ip), identity.id, Source::Endpoint)
-            {
-                // The claim is kept and retried by the ipcache's sync job.
-                tracing::warn!(endpoint = %ep.describe(), error = %e, "ipcache write deferred");
+        let id = match &self.identities {
+            Some(identities) => {
+                let identity = identities
+                    .allocate(&fresh)
+                    .map_err(|source| Error::Identity {
+                        endpoint: ep.describe(),
+                        source,
+                    })?;
+                // Telling the repository now, rather than when its feed gets to the event,
+                // lets the policies of other endpoints that select this identity be resolved
+                // at once.
+                if let Some(policy) = &self.policy {
+                    policy.identity_added(&identity);
+                }
+                identity.id
+            }
+            None => UNALLOCATED.id(),
+        };
+        if let Some(ipcache) = &self.ipcache {
+            for addr in &ep.addresses {
+                if let Err(e) = ipcache.upsert(IpNet::from(addr.ip), id, Source::Endpoint) {
+                    // The claim is kept and retried by the ipcache's sync job.
+                    tracing::warn!(endpoint = %ep.describe(), error = %e, "ipcache write deferred");
+                }
             }
         }
-        let old = std::mem::replace(&mut ep.identity, identity.id);
-        if old != 0 && old != identity.id {
-            self.identities.release(old);
+        let old = std::mem::replace(&mut ep.identity, id);
+        if let Some(identities) = &self.identities
+            && old != 0
+            && old != id
+        {
+            identities.release(old);
         }
         ep.labels = fresh;
         Ok(true)
@@ -92,15 +116,19 @@ impl Identifier {
     /// identity. The caller sets the endpoint's identity to 0 afterwards, so that it is
     /// never given back twice.
     pub(crate) fn unidentify(&self, ep: &Endpoint, owned: &[IpAddr]) {
-        for ip in owned {
-            // A failed map write is not the endpoint's failure: the claim is gone, and the
-            // ipcache's sync job removes the entry.
-            if let Err(e) = self.ipcache.delete(IpNet::from(*ip), Source::Endpoint) {
-                tracing::warn!(endpoint = %ep.describe(), error = %e, "ipcache delete deferred");
+        if let Some(ipcache) = &self.ipcache {
+            for ip in owned {
+                // A failed map write is not the endpoint's failure: the claim is gone, and the
+                // ipcache's sync job removes the entry.
+                if let Err(e) = ipcache.delete(IpNet::from(*ip), Source::Endpoint) {
+                    tracing::warn!(endpoint = %ep.describe(), error = %e, "ipcache delete deferred");
+                }
             }
         }
-        if ep.identity != 0 {
-            self.identities.release(ep.identity);
+        if let Some(identities) = &self.identities
+            && ep.identity != 0
+        {
+            identities.release(ep.identity);
         }
     }
 
@@ -109,11 +137,15 @@ impl Identifier {
     /// `Identities::release_unclaimed` and `Ipcache::prune_stale`: called once, after every
     /// endpoint is restored).
     pub(crate) async fn release_unclaimed(&self) {
-        let dropped = self.identities.release_unclaimed();
-        if !dropped.is_empty() {
-            tracing::info!(identities = ?dropped, "unclaimed identities released");
+        if let Some(identities) = &self.identities {
+            let dropped = identities.release_unclaimed();
+            if !dropped.is_empty() {
+                tracing::info!(identities = ?dropped, "unclaimed identities released");
+            }
         }
-        let ipcache = self.ipcache.clone();
+        let Some(ipcache) = self.ipcache.clone() else {
+            return;
+        };
         match tokio::task::spawn_blocking(move || ipcache.prune_stale()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
@@ -125,7 +157,10 @@ impl Identifier {
 
     /// Reads the node's addresses into the ipcache (after the router addresses were added).
     pub(crate) async fn sync_host_addresses(&self) {
-        if let Err(e) = self.ipcache.sync_host_addresses().await {
+        let Some(ipcache) = &self.ipcache else {
+            return;
+        };
+        if let Err(e) = ipcache.sync_host_addresses().await {
             tracing::warn!(error = %e, "reading the node's addresses failed; the ipcache job retries");
         }
     }

@@ -13,37 +13,44 @@ use crate::endpoint::Endpoint;
 /// covering its addresses, so that ipBlock peers select pods inside them as upstream
 /// Kubernetes does. An endpoint the runtime did not name a pod for is `reserved:init`, as
 /// Cilium's endpoints are until their pod is known.
-pub fn of(ep: &Endpoint, resources: &Resources, repo: &PolicyRepository) -> Labels {
+///
+/// Without `resources` (an agent without the cell) the pod's and namespace's labels are
+/// unknown: the endpoint has only what the runtime named, its namespace. Without `repo` there
+/// are no ipBlocks, so no `cidr:` labels.
+pub fn of(ep: &Endpoint, resources: Option<&Resources>, repo: Option<&PolicyRepository>) -> Labels {
     let Some(pod) = &ep.pod else {
         let mut init = Labels::new();
         init.insert(Label::reserved("init"));
         return init;
     };
     let empty = BTreeMap::new();
-    let pod_obj = resources
-        .pods
-        .get(&ObjectKey::namespaced(&pod.namespace, &pod.name));
-    let ns_obj = resources
-        .namespaces
-        .get(&ObjectKey::cluster(&pod.namespace));
+    let pod_obj = resources.and_then(|r| {
+        r.pods
+            .get(&ObjectKey::namespaced(&pod.namespace, &pod.name))
+    });
+    let ns_obj = resources.and_then(|r| r.namespaces.get(&ObjectKey::cluster(&pod.namespace)));
     let mut labels = Labels::for_pod(
         &pod.namespace,
         pod_obj.as_ref().map_or(&empty, |p| &p.labels),
         ns_obj.as_ref().map_or(&empty, |n| &n.labels),
     );
-    for addr in &ep.addresses {
-        for label in repo.cidr_labels_for(addr.ip) {
-            labels.insert(label);
+    if let Some(repo) = repo {
+        for addr in &ep.addresses {
+            for label in repo.cidr_labels_for(addr.ip) {
+                labels.insert(label);
+            }
         }
     }
     labels
 }
 
-/// The named container ports of the endpoint's pod (ingress rules name them).
-pub fn named_ports(ep: &Endpoint, resources: &Resources) -> Vec<NamedPort> {
+/// The named container ports of the endpoint's pod (ingress rules name them); none without
+/// `resources`.
+pub fn named_ports(ep: &Endpoint, resources: Option<&Resources>) -> Vec<NamedPort> {
     ep.pod
         .as_ref()
-        .and_then(|p| {
+        .zip(resources)
+        .and_then(|(p, resources)| {
             resources
                 .pods
                 .get(&ObjectKey::namespaced(&p.namespace, &p.name))

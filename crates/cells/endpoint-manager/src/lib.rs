@@ -9,8 +9,16 @@
 //!   are all or nothing (recorded before the kernel is touched, finished or undone by the
 //!   next attempt or the restore). A status note says that IPv6 is not enforced while the
 //!   node has an IPv6 pod CIDR.
-//! - **Depends on** ipam (addresses), loader (the datapath), resources (pod and namespace
-//!   labels), statedir (records), identity, ipcache, policy-repo.
+//! - **Depends on** ipam (addresses), loader (the datapath), statedir (records); and,
+//!   optionally, so that an agent of connectivity only can be built without them (see
+//!   `crates/hive/README.md`, "Embedding"):
+//!   - policy-repo: without it no direction is enforced, so every endpoint's traffic is
+//!     allowed (and a restored endpoint's old policy entries are removed);
+//!   - identity: without it every endpoint has identity 5, `reserved:init`;
+//!   - resources: without it a pod's labels are only the namespace the runtime named;
+//!   - ipcache: without it pods' addresses are not published in `cel_ipcache`.
+//!
+//!   What the agent lacks is stated on the health node `endpoint-manager.scope`.
 //! - **Config keys:** `mtu` (default 1500), `remove-endpoints-outside-pod-cidr` (default
 //!   false: restored endpoints outside the pod CIDRs stop the start, naming them).
 //! - **Degraded** (`endpoint-manager.restore`) when a record cannot be read or listed at

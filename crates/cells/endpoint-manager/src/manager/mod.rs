@@ -31,7 +31,7 @@ use crate::datapath::EndpointDatapath;
 use crate::endpoint::Endpoint;
 use crate::enforcement::{Enforced, Enforcement};
 use crate::error::{Error, Result};
-use crate::identity::Identifier;
+use crate::identity::{Identifier, UNALLOCATED};
 use crate::interfaces::Interfaces;
 use crate::store::Store;
 use crate::table::Endpoints;
@@ -72,23 +72,64 @@ pub struct EndpointManager {
     removals: Removals,
     reporter: Reporter,
     backends: OnceLock<Backends>,
+    /// What the manager does without the optional collaborators it lacks (`None`: it has
+    /// them all), as `endpoint-manager.scope` states it.
+    scope: Option<String>,
 }
 
-/// The collaborators of the manager, as the constructor and the tests hand them over.
+/// The collaborators of the manager, as the constructor and the tests hand them over. The
+/// optional ones belong to cells an agent may be built without (see [`EndpointManager::new`]).
 pub(crate) struct Parts {
     pub(crate) cfg: Config<EndpointConfig>,
     pub(crate) ipam: Arc<Ipam>,
-    pub(crate) resources: Arc<Resources>,
+    pub(crate) resources: Option<Arc<Resources>>,
     pub(crate) state_dir: Arc<StateDir>,
-    pub(crate) identities: Arc<Identities>,
-    pub(crate) ipcache: Arc<Ipcache>,
-    pub(crate) policy: Arc<PolicyRepository>,
+    pub(crate) identities: Option<Arc<Identities>>,
+    pub(crate) ipcache: Option<Arc<Ipcache>>,
+    pub(crate) policy: Option<Arc<PolicyRepository>>,
     pub(crate) reporter: Reporter,
+}
+
+impl Parts {
+    /// What an agent without some of the optional cells does without them, one clause each,
+    /// for the module's health; `None` when every one is there.
+    fn missing(&self) -> Option<String> {
+        let clauses: Vec<String> = [
+            self.policy.is_none().then(|| {
+                "no policy repository: no direction is enforced, every endpoint's traffic is allowed".to_string()
+            }),
+            self.identities.is_none().then(|| {
+                format!(
+                    "no identities: every endpoint has identity {} ({})",
+                    UNALLOCATED.id(),
+                    UNALLOCATED.labels()
+                )
+            }),
+            self.resources.is_none().then(|| {
+                "no resources: a pod's labels are only its namespace, as the runtime named it"
+                    .to_string()
+            }),
+            self.ipcache.is_none().then(|| {
+                "no ipcache: pods' addresses are not published to the datapath's ipcache"
+                    .to_string()
+            }),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!clauses.is_empty()).then(|| clauses.join("; "))
+    }
 }
 
 impl EndpointManager {
     /// Declares the manager; endpoints are restored by its start hook, and its regeneration
     /// jobs start after it.
+    ///
+    /// `resources`, `identities`, `ipcache` and `policy` are optional, so that an agent of
+    /// connectivity only (statedir, loader, ipam, endpoint-manager, api-server) can be built
+    /// without them. What each absence means (no direction enforced, identity
+    /// `reserved:init`, labels from the runtime only, no ipcache entries) is stated on the
+    /// module's health node `endpoint-manager.scope`, which only such an agent has.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: Config<EndpointConfig>,
@@ -97,11 +138,11 @@ impl EndpointManager {
         reporter: Reporter,
         ipam: Arc<Ipam>,
         loader: Arc<Loader>,
-        resources: Arc<Resources>,
+        resources: Option<Arc<Resources>>,
         state_dir: Arc<StateDir>,
-        identities: Arc<Identities>,
-        ipcache: Arc<Ipcache>,
-        policy: Arc<PolicyRepository>,
+        identities: Option<Arc<Identities>>,
+        ipcache: Option<Arc<Ipcache>>,
+        policy: Option<Arc<PolicyRepository>>,
     ) -> Arc<EndpointManager> {
         let manager = Arc::new(EndpointManager::with_parts(Parts {
             cfg,
@@ -118,17 +159,26 @@ impl EndpointManager {
         // (the API server starts after every cell whose service it mounts): that order is what
         // keeps an address from being handed out twice across a restart.
         lc.append(
-            Hook::new("restore-endpoints")
-                .on_start(move |_| async move { this.start(&loader).await }),
+            Hook::new("restore-endpoints").on_start(move |_| async move {
+                this.start(&loader).await?;
+                this.report_scope();
+                Ok(())
+            }),
         );
         // Jobs added here start right after the hook above: regeneration never runs before
         // the restore.
-        regenerate::start(&jobs, manager.clone(), &policy, &resources);
+        regenerate::start(
+            &jobs,
+            manager.clone(),
+            policy.as_deref(),
+            resources.as_deref(),
+        );
         manager
     }
 
     pub(crate) fn with_parts(parts: Parts) -> EndpointManager {
         EndpointManager {
+            scope: parts.missing(),
             cfg: parts.cfg,
             ipam: parts.ipam,
             store: Store(parts.state_dir),
@@ -192,8 +242,128 @@ impl EndpointManager {
         self.identity.labels_of(id)
     }
 
+    /// States on `endpoint-manager.scope` what the manager does without the optional cells
+    /// the agent lacks; a full agent has no such node.
+    pub(crate) fn report_scope(&self) {
+        if let Some(scope) = &self.scope {
+            tracing::info!(%scope, "endpoints without some of the optional cells");
+            self.reporter.child("scope").ok(scope);
+        }
+    }
+
     /// The backends, once started.
     fn backends(&self) -> Result<&Backends> {
         self.backends.get().ok_or(Error::NotStarted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cellium_hive::Level;
+    use cellium_labels::Labels;
+
+    use crate::testing::Harness;
+
+    const DENY_ALL_INGRESS: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: default}
+spec: {podSelector: {}}
+";
+
+    #[tokio::test]
+    async fn without_the_optional_cells_an_endpoint_is_connected_enforcing_nothing() {
+        let h = Harness::connectivity_only();
+        h.start().await.unwrap();
+        // The pod's labels are in the resources the harness keeps, which the manager has not.
+        let ep = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        assert_eq!(ep.identity, 5, "reserved:init");
+        assert_eq!(
+            ep.labels,
+            Labels::for_pod("default", &Default::default(), &Default::default()),
+            "only the namespace the runtime named"
+        );
+        assert_eq!(
+            h.journal
+                .only(&["setup_pod", "write_endpoint", "apply_policy", "attach "]),
+            [
+                &format!("setup_pod {}", ep.host_ifname),
+                "write_endpoint 1 ingress=false egress=false",
+                "apply_policy 1 (0 entries)",
+                "attach 1",
+            ]
+        );
+        assert_eq!(h.datapath.entries()[&ep.addresses[0].ip].identity, 5);
+        let enforced = h.manager.enforced_of(ep.id).unwrap();
+        assert!(!enforced.enforcement.ingress && !enforced.enforcement.egress);
+        assert_eq!(h.manager.identity_labels(5), ["reserved:init"]);
+        // Nothing reached the cells the manager was built without.
+        assert!(h.identities.list().iter().all(|i| i.references == 0));
+        assert!(h.ipcache.lookup(ep.addresses[0].ip).is_none());
+
+        // A regeneration finds nothing to change; a DEL removes everything.
+        h.journal.clear();
+        let pass = h.manager.regenerate_all().await;
+        assert_eq!((pass.done, pass.failed.len()), (1, 0));
+        assert!(h.journal.calls().is_empty(), "{:?}", h.journal.calls());
+        assert!(h.manager.delete("a", "eth0").await.unwrap());
+        assert_eq!(h.record_state(ep.id), None);
+        assert_eq!(h.owner("10.244.0.2"), None);
+        assert!(h.interfaces.links().is_empty() && h.datapath.entries().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_restored_without_a_policy_repository_stops_enforcing_its_old_policy() {
+        let mut h = Harness::new();
+        h.resources.apply("np.yaml", DENY_ALL_INGRESS).unwrap();
+        h.policy.sync_resources(&h.resources);
+        h.start().await.unwrap();
+        let ep = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        assert!(h.manager.enforced_of(ep.id).unwrap().enforcement.ingress);
+        assert_eq!(h.datapath.policy_ids(), [ep.id].into());
+
+        h.without_optional_cells();
+        h.restart(&["10.244.0.0/24"]);
+        let summary = h.start().await.unwrap();
+        assert!(summary.starts_with("1 endpoints restored"), "{summary}");
+        let entry = h.datapath.entries()[&ep.addresses[0].ip];
+        assert_eq!(
+            entry.flags,
+            cellium_datapath_bpf::EndpointFlags::NONE,
+            "no direction enforced"
+        );
+        assert_eq!(entry.identity, 5);
+        assert!(
+            h.datapath.policy_ids().is_empty(),
+            "its old entries removed"
+        );
+        assert_eq!(h.record_state(ep.id).as_deref(), Some("ready"));
+    }
+
+    #[tokio::test]
+    async fn the_scope_node_states_what_each_missing_cell_changes_and_only_then() {
+        let h = Harness::connectivity_only();
+        h.manager.report_scope();
+        let (level, message) = h.health("scope").expect("a scope node");
+        assert_eq!(level, Level::Ok);
+        for clause in [
+            "no policy repository: no direction is enforced, every endpoint's traffic is allowed",
+            "no identities: every endpoint has identity 5 (reserved:init)",
+            "no resources: a pod's labels are only its namespace",
+            "no ipcache: pods' addresses are not published",
+        ] {
+            assert!(message.contains(clause), "{clause} not in {message}");
+        }
+
+        let full = Harness::new();
+        full.manager.report_scope();
+        assert_eq!(full.health("scope"), None, "a full agent has no such node");
     }
 }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use cellium_hive::{Backoff, JobContext, Jobs, Trigger};
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 
@@ -88,23 +89,30 @@ impl Pass {
 /// A pass in which an endpoint fails turns the job Degraded, naming each endpoint and why,
 /// and pulls the trigger again after a backoff: failures are retried until a pass succeeds,
 /// not left for the next change.
+///
+/// An agent without a policy repository or resources watches what it has; with neither,
+/// nothing an endpoint derives from changes, there is no `watch-changes` job, and
+/// `regenerate` runs only for the restore and its retries.
 pub(crate) fn start(
     jobs: &Jobs,
     manager: Arc<EndpointManager>,
-    policy: &PolicyRepository,
-    resources: &Resources,
+    policy: Option<&PolicyRepository>,
+    resources: Option<&Resources>,
 ) {
     let trigger = manager.regeneration.trigger.clone();
     let pull = trigger.clone();
-    jobs.observer(
-        "watch-changes",
-        signals(policy, resources),
-        move |(), _ctx| {
-            pull.trigger();
-            async { Ok(()) }
-        },
-    )
-    .add();
+    let signals = signals(policy, resources);
+    if !signals.is_empty() {
+        jobs.observer(
+            "watch-changes",
+            futures::stream::select_all(signals),
+            move |(), _ctx| {
+                pull.trigger();
+                async { Ok(()) }
+            },
+        )
+        .add();
+    }
     let retry = Arc::new(Retry::default());
     jobs.timer("regenerate", Duration::ZERO, move |ctx| {
         let manager = manager.clone();
@@ -114,10 +122,13 @@ pub(crate) fn start(
             let pass = manager.regenerate_all().await;
             if pass.failed.is_empty() {
                 retry.reset();
+                let enforced = match manager.enforcement.revision() {
+                    Some(revision) => format!("at revision {revision}"),
+                    None => "enforcing no policy (no policy repository)".to_string(),
+                };
                 ctx.reporter().ok(format!(
-                    "{} endpoints at revision {} ({:.1?})",
+                    "{} endpoints {enforced} ({:.1?})",
                     pass.done,
-                    manager.enforcement.revision(),
                     started.elapsed()
                 ));
                 return Ok(());
@@ -166,26 +177,39 @@ impl Retry {
     }
 }
 
-/// One `()` per change of anything an endpoint derives from.
+/// Streams of one `()` per change of anything an endpoint derives from, of the sources the
+/// agent has.
 fn signals(
-    policy: &PolicyRepository,
-    resources: &Resources,
-) -> impl Stream<Item = ()> + Send + Unpin + 'static {
+    policy: Option<&PolicyRepository>,
+    resources: Option<&Resources>,
+) -> Vec<BoxStream<'static, ()>> {
     let unit = |_| ();
-    futures::stream::select_all([
-        WatchStream::from_changes(policy.changes())
-            .map(unit)
-            .boxed(),
-        WatchStream::from_changes(policy.cidr_label_changes())
-            .map(unit)
-            .boxed(),
-        BroadcastStream::new(resources.pods.subscribe())
-            .map(|_| ())
-            .boxed(),
-        BroadcastStream::new(resources.namespaces.subscribe())
-            .map(|_| ())
-            .boxed(),
-    ])
+    let mut streams = Vec::new();
+    if let Some(policy) = policy {
+        streams.push(
+            WatchStream::from_changes(policy.changes())
+                .map(unit)
+                .boxed(),
+        );
+        streams.push(
+            WatchStream::from_changes(policy.cidr_label_changes())
+                .map(unit)
+                .boxed(),
+        );
+    }
+    if let Some(resources) = resources {
+        streams.push(
+            BroadcastStream::new(resources.pods.subscribe())
+                .map(|_| ())
+                .boxed(),
+        );
+        streams.push(
+            BroadcastStream::new(resources.namespaces.subscribe())
+                .map(|_| ())
+                .boxed(),
+        );
+    }
+    streams
 }
 
 impl EndpointManager {
@@ -268,7 +292,9 @@ mod tests {
         let manager = h.manager.clone();
         let (policy, resources) = (h.policy.clone(), h.resources.clone());
         let mut hive = Hive::new([Module::new("endpoint-manager", "jobs under test")
-            .invoke(move |jobs: Jobs| start(&jobs, manager.clone(), &policy, &resources))
+            .invoke(move |jobs: Jobs| {
+                start(&jobs, manager.clone(), Some(&policy), Some(&resources))
+            })
             .into()]);
         hive.start().await.unwrap();
         hive

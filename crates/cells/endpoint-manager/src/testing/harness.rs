@@ -35,12 +35,30 @@ pub(crate) struct Harness {
     health: Health,
     reporter: Reporter,
     cfg: EndpointConfig,
+    /// Whether the manager is given resources, identities, ipcache and policy repository (the
+    /// harness keeps them either way, to show that they are left alone).
+    full: bool,
 }
 
 impl Harness {
     /// A manager over the pod CIDR 10.244.0.0/24, not started.
     pub(crate) fn new() -> Harness {
         Harness::with(EndpointConfig::default(), &["10.244.0.0/24"])
+    }
+
+    /// A manager over the pod CIDR 10.244.0.0/24 as an agent of connectivity only builds it:
+    /// without resources, identities, ipcache and policy repository. Not started.
+    pub(crate) fn connectivity_only() -> Harness {
+        let mut h = Harness::new();
+        h.without_optional_cells();
+        h.rebuild();
+        h
+    }
+
+    /// From the next [`Harness::restart`] on, the manager is built without resources,
+    /// identities, ipcache and policy repository.
+    pub(crate) fn without_optional_cells(&mut self) {
+        self.full = false;
     }
 
     /// A manager with `cfg` over `cidrs`, not started.
@@ -65,11 +83,11 @@ impl Harness {
             manager: Arc::new(EndpointManager::with_parts(Parts {
                 cfg: Config::new(cfg.clone()),
                 ipam: ipam.clone(),
-                resources: resources.clone(),
+                resources: Some(resources.clone()),
                 state_dir: state_dir.clone(),
-                identities: identities.clone(),
-                ipcache: ipcache.clone(),
-                policy: policy.clone(),
+                identities: Some(identities.clone()),
+                ipcache: Some(ipcache.clone()),
+                policy: Some(policy.clone()),
                 reporter: reporter.clone(),
             })),
             policy,
@@ -86,6 +104,7 @@ impl Harness {
             state_dir,
             reporter,
             cfg,
+            full: true,
         }
     }
 
@@ -95,11 +114,11 @@ impl Harness {
         self.manager = Arc::new(EndpointManager::with_parts(Parts {
             cfg: Config::new(self.cfg.clone()),
             ipam: self.ipam.clone(),
-            resources: self.resources.clone(),
+            resources: self.full.then(|| self.resources.clone()),
             state_dir: self.state_dir.clone(),
-            identities: self.identities.clone(),
-            ipcache: self.ipcache.clone(),
-            policy: self.policy.clone(),
+            identities: self.full.then(|| self.identities.clone()),
+            ipcache: self.full.then(|| self.ipcache.clone()),
+            policy: self.full.then(|| self.policy.clone()),
             reporter: self.reporter.clone(),
         }));
     }
