@@ -81,6 +81,8 @@ async fn feed(
     repo.sync_identities(&snapshot);
     repo.sync_resources(&res);
     repo.report_now();
+    ctx.reporter()
+        .ok("following policies, pods, namespaces and identities");
     loop {
         tokio::select! {
             _ = ctx.cancelled() => return Ok(()),

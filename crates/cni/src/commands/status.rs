@@ -78,7 +78,10 @@ fn not_available(e: Error) -> Error {
 fn health(status: &StatusResponse) -> Result<()> {
     let level = status.level();
     match level {
-        HealthLevel::Ok => return Ok(()),
+        // Unknown: started, but a module or job has not reported yet (a timer before its
+        // first run): nothing is known to be wrong, and the API answering means endpoints
+        // are restored, so pods can be set up.
+        HealthLevel::Ok | HealthLevel::Unknown => return Ok(()),
         HealthLevel::Unspecified => {
             return Err(Error::NotAvailable {
                 reason: "the agent reports no health level: check `cellium status --verbose`"
@@ -137,6 +140,7 @@ fn level_name(level: HealthLevel) -> &'static str {
         HealthLevel::Ok => "OK",
         HealthLevel::Degraded => "degraded",
         HealthLevel::Stopped => "stopped",
+        HealthLevel::Unknown => "not known yet",
     }
 }
 
@@ -242,6 +246,15 @@ mod tests {
         let err = health(&s).unwrap_err();
         assert_eq!(err.code(), 51);
         assert!(err.to_string().contains("the agent is stopped"), "{err}");
+    }
+
+    #[test]
+    fn modules_that_have_not_reported_yet_do_not_keep_pods_out() {
+        health(&status(
+            HealthLevel::Unknown,
+            vec![node("loader", HealthLevel::Unknown, vec![])],
+        ))
+        .unwrap();
     }
 
     #[test]
