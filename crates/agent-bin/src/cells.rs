@@ -1,11 +1,17 @@
 //! The cells that make up `cellium-agent`.
 
-use cellium_hive::{Cell, group};
+use std::sync::Arc;
 
-/// Every cell of the agent, infrastructure first.
+use cellium_api_server::ApiServerConfig;
+use cellium_hive::{Cell, Config, Module, group};
+use cellium_loader::LoaderConfig;
+use cellium_statedir::node_lock::{self, NodeClaim};
+
+/// Every cell of the agent, infrastructure first, and the node lock before everything.
 pub fn cells() -> Vec<Cell> {
     vec![
         group([
+            node_lock().into(),
             cellium_statedir::cell().into(),
             cellium_metrics::cell().into(),
             cellium_api_server::cell().into(),
@@ -25,6 +31,19 @@ pub fn cells() -> Vec<Cell> {
     ]
 }
 
+/// The `node-lock` cell with the standard agent's claims: its network namespace, its API
+/// socket (`api-socket`) and its BPF root (`bpf-root`). Its start hook must run before any
+/// other cell's, so it goes first in a list of cells; an embedded agent with the same cells
+/// includes it as [`cells`] does, one with others contributes its own `Arc<NodeClaim>`s to
+/// [`node_lock::cell`].
+pub fn node_lock() -> Module {
+    node_lock::cell()
+        .contribute(|c: Config<ApiServerConfig>| {
+            Arc::new(NodeClaim::ApiSocket(c.api_socket.clone()))
+        })
+        .contribute(|c: Config<LoaderConfig>| Arc::new(NodeClaim::BpfRoot(c.bpf_root.clone())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,8 +60,16 @@ mod tests {
         if let Err(e) = hive.populate() {
             panic!("the agent's graph does not populate:\n{e}");
         }
+        // Before any cell touches the node (restores, sweeps, mounts), it is claimed.
+        let order = hive.start_order();
+        assert_eq!(
+            order.first().map(|(h, m)| (h.as_str(), m.as_str())),
+            Some(("claim-node", "node-lock")),
+            "{order:?}"
+        );
         let text = hive.describe();
         for module in [
+            "node-lock",
             "statedir",
             "metrics",
             "api-server",
