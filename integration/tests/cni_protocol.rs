@@ -266,8 +266,13 @@ fn check_compares_the_runtimes_result_with_the_agents_record() {
 #[test]
 fn status_reports_a_full_pool_and_gc_keeps_only_valid_attachments() {
     let _serial = serial();
-    // A /30: the router and a single pod.
-    let agent = agent("10.65.0.0/30");
+    // A /30: the router and a single pod. Its address is handed out again right after GC
+    // frees it, which needs the release quarantine off.
+    let agent = Agent::start_new(AgentOptions {
+        env: vec![("CELLIUM_IPAM_RELEASE_QUARANTINE".into(), "0s".into())],
+        ..AgentOptions::with_pod_cidr("10.65.0.0/30")
+    })
+    .expect("start the agent");
     let conf = agent.net_conf("1.1.0");
     let status = || {
         run(

@@ -251,7 +251,12 @@ fn the_policy_directory_is_followed_as_files_come_change_and_go() {
 #[test]
 fn a_pod_created_at_a_deleted_pods_address_takes_its_own_identity_and_policy() {
     let _serial = serial();
-    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    // The new pod asks for the deleted one's address at once: the release quarantine off.
+    let mut lab = fixture::lab(AgentOptions {
+        env: vec![("CELLIUM_IPAM_RELEASE_QUARANTINE".into(), "0s".into())],
+        ..AgentOptions::default()
+    })
+    .unwrap();
     lab.apply_policy(DB_FROM_WEB).unwrap();
     let before = lab.identities().unwrap();
     // shop/web (10.244.0.10) goes; a pod of dev that db does not take gets its address.

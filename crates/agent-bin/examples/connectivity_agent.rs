@@ -30,6 +30,9 @@ use tokio::signal::unix::{SignalKind, signal};
 /// The cells: what the agent is.
 fn cells() -> Vec<Cell> {
     vec![
+        // The node's claims (its network namespace, API socket and BPF root), taken before
+        // any other cell starts: a second agent on the node stops here, touching nothing.
+        cellium_agent::node_lock().into(),
         // The state directory (endpoint records), locked for one agent.
         cellium_statedir::cell().into(),
         // Prometheus metrics: module health and the datapath's counters.

@@ -3,12 +3,16 @@
 use std::sync::Arc;
 
 use cellium_api::DatapathModules;
-use cellium_hive::{Cell, group};
+use cellium_api_server::ApiServerConfig;
+use cellium_hive::{Cell, Config, Module, group};
+use cellium_loader::LoaderConfig;
+use cellium_statedir::node_lock::{self, NodeClaim};
 
-/// Every cell of the agent, infrastructure first.
+/// Every cell of the agent, infrastructure first, and the node lock before everything.
 pub fn cells() -> Vec<Cell> {
     vec![
         group([
+            node_lock().into(),
             cellium_statedir::cell().into(),
             cellium_metrics::cell().into(),
             cellium_api_server::cell().provide(datapath_modules).into(),
@@ -45,6 +49,19 @@ fn datapath_modules() -> Arc<DatapathModules> {
     ]))
 }
 
+/// The `node-lock` cell with the standard agent's claims: its network namespace, its API
+/// socket (`api-socket`) and its BPF root (`bpf-root`). Its start hook must run before any
+/// other cell's, so it goes first in a list of cells; an embedded agent with the same cells
+/// includes it as [`cells`] does, one with others contributes its own `Arc<NodeClaim>`s to
+/// [`node_lock::cell`].
+pub fn node_lock() -> Module {
+    node_lock::cell()
+        .contribute(|c: Config<ApiServerConfig>| {
+            Arc::new(NodeClaim::ApiSocket(c.api_socket.clone()))
+        })
+        .contribute(|c: Config<LoaderConfig>| Arc::new(NodeClaim::BpfRoot(c.bpf_root.clone())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,8 +78,16 @@ mod tests {
         if let Err(e) = hive.populate() {
             panic!("the agent's graph does not populate:\n{e}");
         }
+        // Before any cell touches the node (restores, sweeps, mounts), it is claimed.
+        let order = hive.start_order();
+        assert_eq!(
+            order.first().map(|(h, m)| (h.as_str(), m.as_str())),
+            Some(("claim-node", "node-lock")),
+            "{order:?}"
+        );
         let text = hive.describe();
         for module in [
+            "node-lock",
             "statedir",
             "metrics",
             "api-server",
@@ -117,6 +142,7 @@ mod tests {
     /// policy-repo) left out.
     fn connectivity() -> Vec<Cell> {
         vec![
+            node_lock().into(),
             cellium_statedir::cell().into(),
             cellium_metrics::cell().into(),
             cellium_api_server::cell().into(),

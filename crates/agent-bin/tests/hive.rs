@@ -34,6 +34,11 @@ fn the_description_lists_every_module_and_the_start_order() {
             .find(hook)
             .unwrap_or_else(|| panic!("{hook} not in:\n{order}"))
     };
+    // The node is claimed before anything else starts.
+    assert!(
+        order.contains("  1. claim-node (node-lock)\n"),
+        "claim-node is not first:\n{order}"
+    );
     // Dependencies start first: the datapath before the endpoints, the endpoints before the API.
     assert!(pos("load-datapath") < pos("restore-endpoints"));
     assert!(pos("restore-endpoints") < pos("serve-api"));
@@ -72,7 +77,8 @@ fn the_graph_renders_with_graphviz() {
 }
 
 /// Every module of the agent.
-const MODULES: [&str; 11] = [
+const MODULES: [&str; 12] = [
+    "node-lock",
     "statedir",
     "metrics",
     "api-server",

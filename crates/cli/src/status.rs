@@ -176,7 +176,8 @@ fn level_name(level: HealthLevel) -> &'static str {
         HealthLevel::Ok => "OK",
         HealthLevel::Degraded => "Degraded",
         HealthLevel::Stopped => "Stopped",
-        HealthLevel::Unspecified => "Unknown",
+        HealthLevel::Unknown => "Unknown",
+        HealthLevel::Unspecified => "Unspecified",
     }
 }
 

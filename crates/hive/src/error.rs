@@ -79,11 +79,13 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// A start hook did not finish within `start-timeout`; its context was
-    /// cancelled and the hooks started before it were stopped again.
+    /// A start hook did not finish within `start-timeout`: its context was
+    /// cancelled, it had a grace period to return, and the hooks started before
+    /// it (itself too, if it finished within the grace period) were stopped again.
     #[error(
-        "start hook `{hook}` of module `{module}` timed out after {}{}",
+        "start hook `{hook}` of module `{module}` timed out after {}{}{}",
         humantime_serde::re::humantime::format_duration(*.timeout),
+        abandoned_suffix(*.abandoned),
         rollback_suffix(.rollback)
     )]
     StartTimeout {
@@ -93,8 +95,14 @@ pub enum Error {
         module: String,
         /// The `start-timeout` in force.
         timeout: Duration,
+        /// Whether the hook ignored its cancellation and did not return within
+        /// the grace period (its future was dropped where it stood).
+        abandoned: bool,
         /// Stop hooks that also failed while undoing the start.
         rollback: Vec<HookFailure>,
+        /// What the hook returned once cancelled, if it returned an error.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// One or more stop hooks failed or timed out; all of them were run.
@@ -409,6 +417,14 @@ fn rollback_suffix(failures: &[HookFailure]) -> String {
     }
 }
 
+fn abandoned_suffix(abandoned: bool) -> &'static str {
+    if abandoned {
+        " and did not return within its grace period once cancelled"
+    } else {
+        ""
+    }
+}
+
 fn stop_suffix(failures: &[HookFailure]) -> String {
     if failures.is_empty() {
         String::new()
@@ -520,15 +536,17 @@ mod tests {
             hook: "restore".into(),
             module: "cp.ipam".into(),
             timeout: Duration::from_secs(300),
+            abandoned: true,
             rollback: vec![HookFailure {
                 hook: "close".into(),
                 module: "cp.store".into(),
                 cause: "disk gone".into(),
             }],
+            source: None,
         };
         let text = err.to_string();
         assert!(
-            text.contains("`restore` of module `cp.ipam` timed out after 5m"),
+            text.contains("`restore` of module `cp.ipam` timed out after 5m and did not return within its grace period once cancelled"),
             "{text}"
         );
         assert!(

@@ -4,13 +4,29 @@
 //! A node has its own status, set through a [`Reporter`] (or by the hive for modules
 //! and jobs), and an *effective* status computed from its own and its children's:
 //!
-//! - the level is the most severe one, where `Degraded` outranks `Ok` and `Ok`
-//!   outranks `Stopped`: a stopped part of a running module (an observer whose
-//!   stream ended) does not make the module look stopped, and a node is `Stopped`
-//!   only when it and everything under it is;
+//! - the level is the most severe one, in the order of [`Level`]'s `Ord`:
+//!   `Degraded` outranks `Unknown`, which outranks `Ok`, which outranks `Stopped`.
+//!   A stopped part of a running module (an observer whose stream ended) does not
+//!   make the module look stopped, and a node is `Stopped` only when it and
+//!   everything under it is; a part that has not said how it goes keeps its
+//!   module from looking OK, but a known problem outranks it;
 //! - `since` is the latest change anywhere under the node;
 //! - the message is the node's own, or, when a descendant is worse, that
 //!   descendant's id and message.
+//!
+//! # What the hive reports itself
+//! Before start every module is `Stopped("not started")`. Once a module's start
+//! hooks have succeeded:
+//!
+//! - a module whose functions took a [`Reporter`] and that has not reported yet is
+//!   `Unknown("started; no report yet")`: it said it would tell how it goes, so the
+//!   hive does not claim it is fine; it reports `Ok` once its work has stabilized;
+//! - a module that took no `Reporter` has nothing to report beyond its start
+//!   hooks: it is `Ok("started")`.
+//!
+//! A job is `Unknown` until its first run has ended or it reported through its own
+//! reporter (see [`Jobs`](crate::Jobs) for each kind). At stop every node turns
+//! `Stopped`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,6 +36,9 @@ use std::time::SystemTime;
 use tokio::sync::watch;
 
 /// The health level of a node.
+///
+/// Ordered by severity (`Stopped < Ok < Unknown < Degraded`), so the worst of
+/// several levels is their `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Level {
     /// Working as intended.
@@ -28,6 +47,9 @@ pub enum Level {
     Degraded,
     /// Not running: not started yet, finished, or stopped.
     Stopped,
+    /// Running, but not known to work: its owner took a [`Reporter`] and has not
+    /// reported yet, or a job's first run has not ended. Not OK.
+    Unknown,
 }
 
 impl Level {
@@ -36,8 +58,21 @@ impl Level {
         match self {
             Level::Stopped => 0,
             Level::Ok => 1,
-            Level::Degraded => 2,
+            Level::Unknown => 2,
+            Level::Degraded => 3,
         }
+    }
+}
+
+impl Ord for Level {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+impl PartialOrd for Level {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -47,6 +82,7 @@ impl fmt::Display for Level {
             Level::Ok => "OK",
             Level::Degraded => "Degraded",
             Level::Stopped => "Stopped",
+            Level::Unknown => "Unknown",
         })
     }
 }
@@ -102,6 +138,9 @@ struct NodeState {
     /// Set once the node's owner reported through a `Reporter`; the hive's own
     /// "started" status only fills nodes that said nothing.
     reported: bool,
+    /// Set when the module's functions took a `Reporter`: once started, it is
+    /// `Unknown` rather than `Ok` until it reports.
+    expects_report: bool,
     /// Bumped on every report, so a job runner can tell whether its function
     /// reported something itself during a run.
     version: u64,
@@ -184,11 +223,7 @@ impl Health {
 
     /// The worst level of the whole tree (`Stopped` for an empty tree).
     pub fn level(&self) -> Level {
-        self.tree()
-            .iter()
-            .map(|n| n.status.level)
-            .max_by_key(|l| l.rank())
-            .unwrap_or(Level::Stopped)
+        worst(&self.tree())
     }
 
     /// A receiver that changes on every health update (the value is a revision
@@ -229,6 +264,7 @@ impl Health {
                             since: SystemTime::now(),
                         },
                         reported: false,
+                        expects_report: false,
                         version: 0,
                         seq,
                     },
@@ -250,10 +286,27 @@ impl Health {
         self.inner.changes.send_modify(|v| *v += 1);
     }
 
-    /// Sets a module's status to `Ok("started")` unless its owner reported already.
+    /// Records that a module's functions took a `Reporter` for `path`.
+    pub(crate) fn expect_report(&self, path: &str) {
+        if let Some(node) = self.lock().nodes.get_mut(path) {
+            node.expects_report = true;
+        }
+    }
+
+    /// Sets a started module's status unless its owner reported already:
+    /// `Unknown` if it took a `Reporter`, else `Ok("started")`.
     pub(crate) fn mark_started(&self, path: &str) {
-        let reported = self.lock().nodes.get(path).is_some_and(|n| n.reported);
-        if !reported {
+        let (reported, expects) = self
+            .lock()
+            .nodes
+            .get(path)
+            .map_or((false, false), |n| (n.reported, n.expects_report));
+        if reported {
+            return;
+        }
+        if expects {
+            self.set(path, Level::Unknown, "started; no report yet".into(), false);
+        } else {
             self.set(path, Level::Ok, "started".into(), false);
         }
     }
@@ -293,6 +346,15 @@ impl Health {
     }
 }
 
+/// The worst effective level of `nodes` (`Stopped` for none).
+pub fn worst(nodes: &[HealthNode]) -> Level {
+    nodes
+        .iter()
+        .map(|n| n.status.level)
+        .max()
+        .unwrap_or(Level::Stopped)
+}
+
 /// The nearest existing proper ancestor of a dotted path.
 fn parent_of(path: &str, index: &HashMap<&str, usize>) -> Option<usize> {
     let mut p = path;
@@ -316,7 +378,7 @@ fn build(i: usize, paths: &[(&String, &NodeState)], children: &[Vec<usize>]) -> 
         if kid.status.since > status.since {
             status.since = kid.status.since;
         }
-        if kid.status.level.rank() > status.level.rank() {
+        if kid.status.level > status.level {
             status.level = kid.status.level;
             status.message = worst_message(kid);
         }
@@ -342,8 +404,10 @@ fn worst_message(node: &HealthNode) -> String {
 /// own node in their [`JobContext`](crate::JobContext).
 ///
 /// Report `Ok` once the work has stabilized (after the first successful
-/// reconcile, say), not in the constructor: a module that reports nothing is
-/// shown `Ok("started")` once its start hooks succeed.
+/// reconcile, say), not in the constructor. Trap: taking a `Reporter` is a
+/// promise to report: a started module that took one and has not reported is
+/// shown `Unknown("started; no report yet")`, not OK. A module that takes none
+/// is shown `Ok("started")` once its start hooks succeed.
 #[derive(Clone)]
 pub struct Reporter {
     health: Health,
@@ -440,6 +504,58 @@ mod tests {
         r.ok("restored 3 endpoints");
         assert_eq!(h.node("cp").unwrap().status.level, Level::Ok);
         assert_eq!(h.node("cp").unwrap().status.message, "started");
+    }
+
+    #[test]
+    fn unknown_ranks_above_ok_and_below_degraded() {
+        assert!(Level::Stopped < Level::Ok);
+        assert!(Level::Ok < Level::Unknown);
+        assert!(Level::Unknown < Level::Degraded);
+        let h = Health::new();
+        h.set("m", Level::Ok, "started".into(), false);
+        h.set("m.a", Level::Ok, "fine".into(), false);
+        h.set(
+            "m.b",
+            Level::Unknown,
+            "waiting for the first run".into(),
+            false,
+        );
+        let m = h.node("m").unwrap();
+        assert_eq!(m.status.level, Level::Unknown, "an unknown part is not OK");
+        assert_eq!(m.status.message, "m.b: waiting for the first run");
+        assert_eq!(h.level(), Level::Unknown);
+        h.reporter("m.a").degraded("disk full");
+        let m = h.node("m").unwrap();
+        assert_eq!(
+            m.status.level,
+            Level::Degraded,
+            "a known problem outranks it"
+        );
+        assert_eq!(m.status.message, "m.a: disk full");
+        assert_eq!(Level::Unknown.to_string(), "Unknown");
+    }
+
+    #[test]
+    fn a_started_module_that_took_a_reporter_is_unknown_until_it_reports() {
+        let h = Health::new();
+        for m in ["quiet", "promised"] {
+            h.set(m, Level::Stopped, "not started".into(), false);
+        }
+        h.expect_report("promised");
+        h.mark_started("quiet");
+        h.mark_started("promised");
+        let status = |id: &str| {
+            let n = h.node(id).unwrap();
+            (n.status.level, n.status.message)
+        };
+        assert_eq!(status("quiet"), (Level::Ok, "started".into()));
+        assert_eq!(
+            status("promised"),
+            (Level::Unknown, "started; no report yet".into())
+        );
+        h.reporter("promised").ok("3 pools");
+        h.mark_started("promised");
+        assert_eq!(status("promised"), (Level::Ok, "3 pools".into()));
     }
 
     #[test]

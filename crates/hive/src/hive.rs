@@ -415,10 +415,15 @@ mod tests {
 
     #[tokio::test]
     async fn module_health_goes_not_started_started_stopped() {
+        let silent: Arc<Mutex<Option<crate::Reporter>>> = Arc::default();
+        let s = silent.clone();
         let mut hive = Hive::new([
             Module::new("quiet", "x").into(),
             Module::new("talks", "x")
                 .invoke(|r: crate::Reporter| r.degraded("no peers yet"))
+                .into(),
+            Module::new("silent", "x")
+                .invoke(move |r: crate::Reporter| *s.lock().unwrap() = Some(r))
                 .into(),
         ]);
         let health = hive.health();
@@ -430,6 +435,13 @@ mod tests {
         hive.start().await.unwrap();
         assert_eq!(status("quiet"), (Level::Ok, "started".into()));
         assert_eq!(status("talks"), (Level::Degraded, "no peers yet".into()));
+        assert_eq!(
+            status("silent"),
+            (Level::Unknown, "started; no report yet".into()),
+            "took a reporter and never reported: not OK"
+        );
+        silent.lock().unwrap().as_ref().unwrap().ok("synced");
+        assert_eq!(status("silent"), (Level::Ok, "synced".into()));
         hive.stop().await.unwrap();
         assert_eq!(status("quiet"), (Level::Stopped, "stopped".into()));
         assert_eq!(status("talks"), (Level::Stopped, "stopped".into()));

@@ -46,6 +46,6 @@ pub use error::{BoxError, Error, HookFailure, JobError, Problem, Result};
 pub use health::{Health, HealthNode, Level, Reporter, Status};
 pub use hive::Hive;
 pub use job::{Backoff, JobContext, Jobs, Observer, OneShot, Timer, Trigger};
-pub use lifecycle::{Hook, HookContext, Lifecycle};
+pub use lifecycle::{HOOK_GRACE_PERIOD, Hook, HookContext, Lifecycle};
 pub use module::{Cell, Group, Module, group};
 pub use shutdown::Shutdowner;

@@ -8,6 +8,16 @@
 //! of them run even when some fail. A failed start stops what had started, in
 //! reverse. Each hook that finishes logs `<phase> hook done` (info, with the
 //! module, hook name and elapsed time), so the order can be read from the log.
+//!
+//! # Timeouts
+//! When a hook's timeout expires, its [`HookContext`] is cancelled and the hook
+//! keeps running for a grace period ([`HOOK_GRACE_PERIOD`]) so that it can see the
+//! cancellation, undo what it half did and return. The hook has timed out either
+//! way: a start fails with [`Error::StartTimeout`] (carrying the error the hook
+//! returned, if any), a stop is reported as failed. A start hook that still
+//! finished its work within the grace period counts as started, so the rollback
+//! runs its stop function too. A hook that ignores its cancellation is abandoned
+//! when the grace period ends: its future is dropped wherever it stood.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -34,8 +44,12 @@ type HookFn = Box<dyn FnOnce(HookContext) -> BoxFuture<'static, Result<(), BoxEr
 ///         Hook::new("listen")
 ///             .on_start(|ctx| async move {
 ///                 // Open sockets, restore state; return fast, loops are jobs.
-///                 if ctx.is_cancelled() { return Err("start timed out".into()); }
-///                 Ok(())
+///                 // A wait that may be long races the context: at the timeout
+///                 // the hook is cancelled and has a grace period to return.
+///                 tokio::select! {
+///                     _ = ctx.cancelled() => Err("cancelled before the peer answered".into()),
+///                     _ = tokio::time::sleep(std::time::Duration::from_millis(1)) => Ok(()),
+///                 }
 ///             })
 ///             .on_stop(|_ctx| async move { Ok(()) }),
 ///     );
@@ -68,7 +82,8 @@ impl Hook {
     }
 
     /// The function run at start. It should return quickly and abort when its
-    /// context is cancelled (on timeout); long-running loops belong in jobs.
+    /// context is cancelled (at its timeout; it then has [`HOOK_GRACE_PERIOD`] to
+    /// return); long-running loops belong in jobs.
     pub fn on_start<F, Fut>(mut self, f: F) -> Self
     where
         F: FnOnce(HookContext) -> Fut + Send + 'static,
@@ -90,7 +105,16 @@ impl Hook {
     }
 }
 
+/// How long a hook may run on once its context is cancelled at its timeout:
+/// time to notice, undo what it half did and return.
+pub const HOOK_GRACE_PERIOD: Duration = Duration::from_secs(5);
+
 /// Given to hook functions: cancelled when the hook's timeout expires.
+///
+/// The hook is still polled after the cancellation, for [`HOOK_GRACE_PERIOD`], so
+/// a hook that waits on [`cancelled`](HookContext::cancelled) (in a `select!`,
+/// say) gets to clean up and return its own error. Trap: blocking calls cannot
+/// see the cancellation; run them with `spawn_blocking` and a timeout of their own.
 #[derive(Clone, Debug, Default)]
 pub struct HookContext {
     token: CancellationToken,
@@ -189,19 +213,31 @@ impl LifecycleShared {
                 && let Err(err) = run_hook(start, &name, &module, "start", timeout).await
             {
                 self.closed.store(true, Ordering::SeqCst);
+                let late_success = matches!(err, HookError::TimedOut(Some(Ok(()))));
+                if late_success {
+                    // It did start, only too late: undo it with the rest.
+                    started.push(Started {
+                        name: name.clone(),
+                        module: module.clone(),
+                        stop,
+                    });
+                }
                 let rollback = stop_all(started, timeout).await;
+                let module = module.id.to_string();
                 return Err(match err {
                     HookError::Failed(source) => Error::StartHook {
                         hook: name,
-                        module: module.id.to_string(),
+                        module,
                         rollback,
                         source,
                     },
-                    HookError::TimedOut => Error::StartTimeout {
+                    HookError::TimedOut(late) => Error::StartTimeout {
                         hook: name,
-                        module: module.id.to_string(),
+                        module,
                         timeout,
+                        abandoned: late.is_none(),
                         rollback,
+                        source: late.and_then(Result::err),
                     },
                 });
             }
@@ -232,10 +268,16 @@ pub(crate) async fn stop_all(started: Vec<Started>, timeout: Duration) -> Vec<Ho
                 module: s.module.id.to_string(),
                 cause: match err {
                     HookError::Failed(e) => e.to_string(),
-                    HookError::TimedOut => format!(
-                        "timed out after {}",
-                        humantime_serde::re::humantime::format_duration(timeout)
-                    ),
+                    HookError::TimedOut(late) => {
+                        let after = humantime_serde::re::humantime::format_duration(timeout);
+                        match late {
+                            None => format!(
+                                "timed out after {after} and did not return within its grace period once cancelled"
+                            ),
+                            Some(Err(e)) => format!("timed out after {after}: {e}"),
+                            Some(Ok(())) => format!("timed out after {after}"),
+                        }
+                    }
                 },
             });
         }
@@ -245,7 +287,9 @@ pub(crate) async fn stop_all(started: Vec<Started>, timeout: Duration) -> Vec<Ho
 
 enum HookError {
     Failed(BoxError),
-    TimedOut,
+    /// The timeout expired; what the hook returned within the grace period
+    /// after its cancellation, or `None` if it was abandoned.
+    TimedOut(Option<Result<(), BoxError>>),
 }
 
 async fn run_hook(
@@ -258,9 +302,9 @@ async fn run_hook(
     let span = tracing::info_span!("hook", module = %module.id, hook = %name, phase);
     let ctx = HookContext::default();
     let token = ctx.token.clone();
-    let fut = f(ctx).instrument(span.clone());
+    let mut fut = std::pin::pin!(f(ctx).instrument(span.clone()));
     let began = Instant::now();
-    match tokio::time::timeout(timeout, fut).await {
+    match tokio::time::timeout(timeout, &mut fut).await {
         Ok(Ok(())) => {
             // One line per hook, in the order they ran: what an operator compares to see
             // that stop hooks run in reverse start order, and which hook is slow.
@@ -272,11 +316,18 @@ async fn run_hook(
             Err(HookError::Failed(e))
         }
         Err(_) => {
-            // Cancel first, so tasks the hook handed its token to stop too;
-            // the hook's own future is dropped here.
+            // The hook (and the tasks it handed its token to) see the cancellation
+            // only while its future is still polled: keep polling it for the grace
+            // period instead of dropping it at once.
             token.cancel();
-            span.in_scope(|| tracing::error!(?timeout, "{phase} hook timed out"));
-            Err(HookError::TimedOut)
+            span.in_scope(|| tracing::error!(?timeout, "{phase} hook timed out, cancelled"));
+            let late = tokio::time::timeout(HOOK_GRACE_PERIOD, &mut fut).await.ok();
+            if late.is_none() {
+                span.in_scope(|| {
+                    tracing::error!(grace = ?HOOK_GRACE_PERIOD, "{phase} hook ignored its cancellation, abandoned")
+                });
+            }
+            Err(HookError::TimedOut(late))
         }
     }
 }
@@ -432,8 +483,94 @@ mod tests {
         assert_eq!(cause, "three cannot start");
     }
 
-    #[tokio::test]
-    async fn a_slow_start_times_out_and_its_context_is_cancelled() {
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_start_sees_its_cancellation_and_returns_its_own_error() {
+        let shared = Arc::new(LifecycleShared::default());
+        let log = Log::default();
+        let lc = shared.handle(module(0, "slow"));
+        lc.append(hook(&log, "first", false, false));
+        let l = log.clone();
+        lc.append(Hook::new("connect").on_start(move |ctx| async move {
+            tokio::select! {
+                _ = ctx.cancelled() => {}
+                _ = std::future::pending::<()>() => {}
+            }
+            // Still polled after the cancellation: it can undo what it did and say why.
+            l.lock()
+                .unwrap()
+                .push("connect saw its cancellation".into());
+            Err("connect aborted: the peer never answered".into())
+        }));
+        let began = tokio::time::Instant::now();
+        let err = shared
+            .start(Duration::from_millis(20), |_| {})
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            began.elapsed(),
+            Duration::from_millis(20),
+            "no grace waited for"
+        );
+        assert_eq!(
+            err.to_string(),
+            "start hook `connect` of module `slow` timed out after 20ms"
+        );
+        assert!(matches!(
+            err,
+            Error::StartTimeout {
+                abandoned: false,
+                ..
+            }
+        ));
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert_eq!(cause, "connect aborted: the peer never answered");
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["start first", "connect saw its cancellation", "stop first"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_that_finishes_within_the_grace_period_is_stopped_in_the_rollback() {
+        let shared = Arc::new(LifecycleShared::default());
+        let log = Log::default();
+        let lc = shared.handle(module(0, "m"));
+        let (l1, l2) = (log.clone(), log.clone());
+        lc.append(
+            Hook::new("late")
+                .on_start(move |ctx| async move {
+                    ctx.cancelled().await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    l1.lock().unwrap().push("late started anyway".into());
+                    Ok(())
+                })
+                .on_stop(move |_| async move {
+                    l2.lock().unwrap().push("late stopped".into());
+                    Ok(())
+                }),
+        );
+        let err = shared
+            .start(Duration::from_millis(20), |_| {})
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(
+            err,
+            Error::StartTimeout {
+                abandoned: false,
+                source: None,
+                ..
+            }
+        ));
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["late started anyway", "late stopped"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_that_ignores_its_cancellation_is_abandoned_after_the_grace_period() {
         let shared = Arc::new(LifecycleShared::default());
         let lc = shared.handle(module(0, "slow"));
         let token_slot: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
@@ -443,15 +580,26 @@ mod tests {
             std::future::pending::<()>().await;
             Ok(())
         }));
+        let began = tokio::time::Instant::now();
         let err = shared
             .start(Duration::from_millis(20), |_| {})
             .await
             .err()
             .unwrap();
-        assert!(matches!(err, Error::StartTimeout { .. }));
-        assert!(
-            err.to_string()
-                .contains("`wait-forever` of module `slow` timed out after 20ms")
+        assert_eq!(
+            began.elapsed(),
+            Duration::from_millis(20) + HOOK_GRACE_PERIOD
+        );
+        assert!(matches!(
+            err,
+            Error::StartTimeout {
+                abandoned: true,
+                ..
+            }
+        ));
+        assert_eq!(
+            err.to_string(),
+            "start hook `wait-forever` of module `slow` timed out after 20ms and did not return within its grace period once cancelled"
         );
         assert!(token_slot.lock().unwrap().as_ref().unwrap().is_cancelled());
     }
@@ -471,7 +619,7 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["start appended"]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_slow_stop_times_out_and_later_stops_still_run() {
         let shared = Arc::new(LifecycleShared::default());
         let log = Log::default();
@@ -481,7 +629,10 @@ mod tests {
         let started = shared.start(Duration::from_secs(1), |_| {}).await.unwrap();
         let failures = stop_all(started, Duration::from_millis(10)).await;
         assert_eq!(failures.len(), 1);
-        assert_eq!(failures[0].cause, "timed out after 10ms");
+        assert_eq!(
+            failures[0].cause,
+            "timed out after 10ms and did not return within its grace period once cancelled"
+        );
         assert_eq!(
             *log.lock().unwrap(),
             ["start last-stopped", "stop last-stopped"]

@@ -94,7 +94,12 @@ pub(crate) fn construct(
                         groups.push(group.clone());
                         Resolved::Jobs(Jobs::new(group))
                     }
-                    DepKind::Reporter => Resolved::Reporter(rt.health.reporter(&module_ref.id)),
+                    DepKind::Reporter => {
+                        // Taking a reporter is a promise to report: until it does, the
+                        // started module is Unknown rather than OK.
+                        rt.health.expect_report(&module_ref.id);
+                        Resolved::Reporter(rt.health.reporter(&module_ref.id))
+                    }
                     DepKind::Health => Resolved::Health(rt.health.clone()),
                     DepKind::Shutdowner => Resolved::Shutdowner(rt.shutdowner.clone()),
                     other => return Err(internal(format!("{other:?} is not a built-in"))),

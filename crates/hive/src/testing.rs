@@ -150,12 +150,15 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["start", "stop"]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn start_errors_name_the_test_module() {
         let mut lc = TestLifecycle::new("cp.ipam")
             .with_timeouts(Duration::from_millis(10), Duration::from_millis(10));
         lc.lifecycle()
-            .append(Hook::new("slow").on_start(|_| std::future::pending()));
+            .append(Hook::new("slow").on_start(|ctx| async move {
+                ctx.cancelled().await;
+                Err("gave up".into())
+            }));
         let err = lc.start().await.unwrap_err();
         assert_eq!(
             err.to_string(),

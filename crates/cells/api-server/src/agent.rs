@@ -8,6 +8,7 @@ use cellium_api::v1::{
     self, HealthLevel, Readiness, StatusRequest, StatusResponse, agent_server::Agent,
 };
 use cellium_api::{DatapathModules, StatusNote};
+use cellium_hive::health::worst;
 use cellium_hive::{Health, HealthNode, Level};
 use tonic::{Request, Response, Status};
 
@@ -39,17 +40,12 @@ impl AgentService {
 
     fn response(&self) -> StatusResponse {
         let tree = self.health.tree();
-        let modules: Vec<v1::HealthNode> = tree.iter().map(to_proto).collect();
-        let level = modules
-            .iter()
-            .map(|m| m.level)
-            .max()
-            .unwrap_or(HealthLevel::Ok as i32);
         StatusResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            level,
-            modules,
+            // The proto's numbers are not ordered by severity: the hive's levels are.
+            level: level(worst(&tree)) as i32,
+            modules: tree.iter().map(to_proto).collect(),
             readiness: Some(readiness(&tree, self.datapath.as_deref())),
             notes: self.notes.iter().filter_map(|n| n.text()).collect(),
         }
@@ -63,9 +59,10 @@ impl Agent for AgentService {
     }
 }
 
-/// Judges the tree: new pods can be set up only when every module is OK (any other level,
-/// present or future, says no); running pods are affected when a cause lies in a datapath
-/// module.
+/// Judges the tree: new pods can be set up unless a module is Degraded or Stopped; running pods
+/// are affected when such a cause lies in a datapath module. `Unknown` (started, no report yet:
+/// a timer before its first run) does not keep pods out: nothing is known to be wrong, and the
+/// API answering at all means the endpoints are restored.
 fn readiness(tree: &[HealthNode], datapath: Option<&DatapathModules>) -> Readiness {
     let mut causes = Vec::new();
     for root in tree {
@@ -92,7 +89,7 @@ fn readiness(tree: &[HealthNode], datapath: Option<&DatapathModules>) -> Readine
 /// cause itself.
 fn collect_causes<'a>(node: &'a HealthNode, out: &mut Vec<&'a HealthNode>) {
     let level = node.status.level;
-    if level == Level::Ok {
+    if matches!(level, Level::Ok | Level::Unknown) {
         return;
     }
     let explaining: Vec<&HealthNode> = node
@@ -108,12 +105,12 @@ fn collect_causes<'a>(node: &'a HealthNode, out: &mut Vec<&'a HealthNode>) {
     }
 }
 
-/// The proto's levels are ordered by severity, so `max` over them is "the worst".
 fn level(level: Level) -> HealthLevel {
     match level {
         Level::Ok => HealthLevel::Ok,
         Level::Degraded => HealthLevel::Degraded,
         Level::Stopped => HealthLevel::Stopped,
+        Level::Unknown => HealthLevel::Unknown,
     }
 }
 
@@ -134,9 +131,13 @@ fn to_proto(node: &HealthNode) -> v1::HealthNode {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use cellium_hive::Status as NodeStatus;
+    use std::sync::Mutex;
     use std::time::SystemTime;
+
+    use cellium_hive::Status as NodeStatus;
+    use cellium_hive::{Hive, Module, Reporter};
+
+    use super::*;
 
     fn node(id: &str, level: Level, children: Vec<HealthNode>) -> HealthNode {
         HealthNode {
@@ -151,12 +152,19 @@ mod tests {
     }
 
     #[test]
-    fn all_ok_serves_add() {
-        let tree = [node(
-            "ipam",
-            Level::Ok,
-            vec![node("ipam.sync", Level::Ok, vec![])],
-        )];
+    fn ok_and_not_yet_reported_serve_add() {
+        let tree = [
+            node(
+                "ipam",
+                Level::Ok,
+                vec![node("ipam.sync", Level::Ok, vec![])],
+            ),
+            node(
+                "loader",
+                Level::Unknown,
+                vec![node("loader.conntrack-gc", Level::Unknown, vec![])],
+            ),
+        ];
         let r = readiness(&tree, Some(&DatapathModules::new(["loader"])));
         assert!(r.serves_add);
         assert!(!r.running_pods_affected);
@@ -200,5 +208,49 @@ mod tests {
     fn without_a_declaration_every_module_counts_as_datapath() {
         let tree = [node("ipam", Level::Degraded, vec![])];
         assert!(readiness(&tree, None).running_pods_affected);
+    }
+
+    async fn status(health: &Health) -> StatusResponse {
+        AgentService::new(health.clone(), Vec::new(), None)
+            .status(Request::new(StatusRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    #[tokio::test]
+    async fn a_module_that_has_not_reported_makes_the_agent_unknown_and_a_problem_degraded() {
+        let slot: Arc<Mutex<Option<Reporter>>> = Arc::default();
+        let s = slot.clone();
+        let mut hive = Hive::new([
+            Module::new("statedir", "x").into(),
+            Module::new("ipam", "x")
+                .invoke(move |r: Reporter| *s.lock().unwrap() = Some(r))
+                .into(),
+        ]);
+        hive.start().await.unwrap();
+        let health = hive.health();
+        let answer = status(&health).await;
+        assert_eq!(answer.level(), HealthLevel::Unknown);
+        let levels: Vec<_> = answer
+            .modules
+            .iter()
+            .map(|m| (m.id.as_str(), m.level()))
+            .collect();
+        assert_eq!(
+            levels,
+            [
+                ("statedir", HealthLevel::Ok),
+                ("ipam", HealthLevel::Unknown)
+            ]
+        );
+        let reporter = slot.lock().unwrap().clone().unwrap();
+        reporter.degraded("state record unreadable");
+        assert_eq!(status(&health).await.level(), HealthLevel::Degraded);
+        reporter.ok("1 pool");
+        assert_eq!(status(&health).await.level(), HealthLevel::Ok);
+        hive.stop().await.unwrap();
+        // Stopped is the least severe level, though its number is the highest but one.
+        assert_eq!(status(&health).await.level(), HealthLevel::Stopped);
     }
 }

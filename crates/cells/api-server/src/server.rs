@@ -91,6 +91,7 @@ fn serve(
             let listener =
                 listener.ok_or("the API listener is gone; it is not re-bound on retry")?;
             reporter.ok("serving");
+            ctx.reporter().ok("serving");
             Server::builder()
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(

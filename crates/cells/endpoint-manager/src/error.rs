@@ -191,8 +191,13 @@ fn ipam_reason(e: &cellium_ipam::Error) -> Reason {
         I::InUse { .. } => Reason::AddressInUse,
         I::NotInPool { .. } | I::Reserved { .. } => Reason::AddressOutsidePools,
         I::NoPool { .. } => Reason::NoPool,
+        I::Quarantined { .. } => Reason::AddressQuarantined,
+        I::DuplicateRequest { .. } => Reason::InvalidRequest,
+        I::Record { .. } => Reason::StateWriteFailed,
         // Configuration errors of the pools themselves; a request cannot cause them.
-        I::PoolTooSmall { .. } | I::Overlap { .. } => Reason::Internal,
+        I::PoolTooSmall { .. } | I::Overlap { .. } | I::PodCidr { .. } | I::Unusable { .. } => {
+            Reason::Internal
+        }
     }
 }
 
@@ -220,9 +225,19 @@ mod tests {
             source: cellium_ipam::Error::Exhausted {
                 cidr: "10.0.0.0/30".parse().unwrap(),
                 capacity: 1,
+                quarantined: 0,
             },
         };
         assert_eq!(exhausted.reason(), Reason::PoolExhausted);
+        let quarantined = Error::Ipam {
+            owner: "endpoint 1".into(),
+            source: cellium_ipam::Error::Quarantined {
+                ip: "10.0.0.2".parse().unwrap(),
+                released: None,
+                until: std::time::SystemTime::now(),
+            },
+        };
+        assert_eq!(quarantined.reason(), Reason::AddressQuarantined);
         let identities = Error::Identity {
             endpoint: "endpoint 1".into(),
             source: cellium_identity::Error::NoLabels,

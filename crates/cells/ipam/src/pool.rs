@@ -19,7 +19,9 @@ pub const ROUTER_OWNER: &str = "router";
 /// of IPv4 prefixes shorter than /31 and offset 0 of IPv6 prefixes (the subnet-router anycast
 /// address) are never handed out; the first usable address is the router's. Allocation goes
 /// round-robin from the last address handed out, so a released address is not reused at once
-/// (a new pod would inherit conntrack entries and peers' caches of the old one).
+/// (a new pod would inherit conntrack entries and peers' caches of the old one); the
+/// [`Ipam`](crate::Ipam) adds a quarantine of released addresses and keeps the cursor across
+/// restarts.
 #[derive(Debug, Clone)]
 pub struct Pool {
     cidr: IpNet,
@@ -32,8 +34,13 @@ pub struct Pool {
 
 impl Pool {
     /// A pool over `cidr` (host bits are cleared), fed by `source`, with its router reserved.
+    /// A CIDR that cannot serve pods (see [`cidr`](crate::cidr)) or holds no room for a
+    /// router and a pod is refused.
     pub fn new(cidr: IpNet, source: impl Into<String>) -> Result<Pool> {
         let cidr = cidr.trunc();
+        if let Some(reason) = crate::cidr::unusable(cidr) {
+            return Err(Error::Unusable { cidr, reason });
+        }
         let host_bits = u32::from(cidr.max_prefix_len() - cidr.prefix_len());
         let size_minus_one = if host_bits == 128 {
             u128::MAX
@@ -108,11 +115,25 @@ impl Pool {
 
     /// Hands out the next free address to `owner`.
     pub fn allocate_next(&mut self, owner: &str) -> Result<IpAddr> {
-        if self.used() >= self.capacity() {
-            return Err(Error::Exhausted {
-                cidr: self.cidr,
-                capacity: self.capacity(),
-            });
+        self.allocate_next_where(owner, |_| false, 0)
+    }
+
+    /// Hands out the next free address to `owner`, skipping those `held_back` says no to;
+    /// `held_back_count` is how many free addresses of the pool it refuses (to fail at once,
+    /// and to say so, when nothing is left).
+    pub(crate) fn allocate_next_where(
+        &mut self,
+        owner: &str,
+        held_back: impl Fn(IpAddr) -> bool,
+        held_back_count: u64,
+    ) -> Result<IpAddr> {
+        let exhausted = Error::Exhausted {
+            cidr: self.cidr,
+            capacity: self.capacity(),
+            quarantined: held_back_count,
+        };
+        if self.used().saturating_add(held_back_count) >= self.capacity() {
+            return Err(exhausted);
         }
         let start = self.cursor;
         let mut offset = start;
@@ -122,20 +143,34 @@ impl Pool {
             } else {
                 offset + 1
             };
-            if !self.allocated.contains_key(&offset) {
+            if !self.allocated.contains_key(&offset) && !held_back(self.address(offset)) {
                 break;
             }
-            // Unreachable while used < capacity; kept so a bug cannot loop forever.
+            // Reached only if the count was wrong; kept so that a bug cannot loop forever.
             if offset == start {
-                return Err(Error::Exhausted {
-                    cidr: self.cidr,
-                    capacity: self.capacity(),
-                });
+                return Err(exhausted);
             }
         }
         self.allocated.insert(offset, owner.to_string());
         self.cursor = offset;
         Ok(self.address(offset))
+    }
+
+    /// The last address handed out by [`allocate_next`](Pool::allocate_next) (the router's
+    /// before the first).
+    pub fn cursor(&self) -> IpAddr {
+        self.address(self.cursor)
+    }
+
+    /// Continues round-robin allocation after `ip`, as a restarted allocator does from its
+    /// record; an address outside the usable range is ignored.
+    pub fn set_cursor(&mut self, ip: IpAddr) {
+        if let Some(offset) = self
+            .offset(ip)
+            .filter(|o| (self.first..=self.last).contains(o))
+        {
+            self.cursor = offset;
+        }
     }
 
     /// Hands `ip` to `owner`. Asking again for an address one already holds succeeds, so a
@@ -222,7 +257,17 @@ mod tests {
         assert_eq!(got.first(), Some(&ip("10.0.0.2")));
         assert_eq!(got.last(), Some(&ip("10.0.0.6")));
         let err = p.allocate_next("pod").unwrap_err();
-        assert!(matches!(err, Error::Exhausted { capacity: 5, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                Error::Exhausted {
+                    capacity: 5,
+                    quarantined: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("10.0.0.0/29"), "{err}");
     }
 
@@ -276,11 +321,61 @@ mod tests {
     }
 
     #[test]
+    fn cidrs_that_cannot_serve_pods_are_refused() {
+        for cidr in ["0.0.0.0/0", "127.0.0.0/24", "fe80::/64", "224.0.0.0/24"] {
+            let err = Pool::new(cidr.parse().unwrap(), "config").unwrap_err();
+            assert!(matches!(err, Error::Unusable { .. }), "{cidr}: {err}");
+            assert!(err.to_string().contains(cidr), "{cidr}: {err}");
+        }
+    }
+
+    #[test]
     fn the_router_cannot_be_released() {
         let mut p = pool("10.0.0.0/30");
         assert_eq!(p.release(ip("10.0.0.1")), None);
         assert_eq!(p.owner(ip("10.0.0.1")), Some(ROUTER_OWNER));
         assert_eq!(p.capacity(), 1);
+    }
+
+    #[test]
+    fn held_back_addresses_are_skipped_and_counted_in_the_exhaustion() {
+        let mut p = pool("10.0.0.0/29");
+        let six = ip("10.0.0.6");
+        let two = ip("10.0.0.2");
+        let held_back = |a: IpAddr| a == two || a == six;
+        assert_eq!(
+            p.allocate_next_where("a", held_back, 2).unwrap(),
+            ip("10.0.0.3")
+        );
+        assert_eq!(
+            p.allocate_next_where("b", held_back, 2).unwrap(),
+            ip("10.0.0.4")
+        );
+        assert_eq!(
+            p.allocate_next_where("c", held_back, 2).unwrap(),
+            ip("10.0.0.5")
+        );
+        let err = p.allocate_next_where("d", held_back, 2).unwrap_err();
+        assert!(
+            matches!(err, Error::Exhausted { quarantined: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("2 released too recently"), "{err}");
+        // A wrong count cannot make it loop or hand out a held-back address.
+        assert!(p.allocate_next_where("d", held_back, 0).is_err());
+        assert_eq!(p.allocate_next("d").unwrap(), six);
+    }
+
+    #[test]
+    fn the_cursor_can_be_set_back_after_a_restart() {
+        let mut p = pool("10.0.0.0/24");
+        assert_eq!(p.cursor(), p.router());
+        p.set_cursor(ip("10.0.0.40"));
+        assert_eq!(p.allocate_next("a").unwrap(), ip("10.0.0.41"));
+        for outside in ["10.0.1.1", "10.0.0.255", "10.0.0.0"] {
+            p.set_cursor(ip(outside));
+            assert_eq!(p.cursor(), ip("10.0.0.41"), "{outside}");
+        }
     }
 
     #[test]

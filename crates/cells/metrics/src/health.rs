@@ -27,10 +27,11 @@ pub(crate) struct HealthMetrics {
     changed: Family<ModuleLabels, Gauge<f64, AtomicU64>>,
 }
 
-const LEVELS: [(Level, &str); 3] = [
+const LEVELS: [(Level, &str); 4] = [
     (Level::Ok, "ok"),
     (Level::Degraded, "degraded"),
     (Level::Stopped, "stopped"),
+    (Level::Unknown, "unknown"),
 ];
 
 impl HealthMetrics {
@@ -74,5 +75,38 @@ impl HealthMetrics {
                 .set(since);
             stack.extend(node.children);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cellium_hive::{Hive, Module, Reporter};
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_level_is_exported_unknown_included() {
+        let mut hive = Hive::new([
+            Module::new("statedir", "x").into(),
+            // Takes a reporter and never reports: Unknown once started.
+            Module::new("ipam", "x").invoke(|_: Reporter| {}).into(),
+        ]);
+        hive.start().await.unwrap();
+        let metrics = HealthMetrics::default();
+        let mut registry = Registry::with_prefix("cellium");
+        metrics.register(&mut registry);
+        metrics.refresh(&hive.health());
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for line in [
+            "cellium_module_health{module=\"ipam\",level=\"unknown\"} 1",
+            "cellium_module_health{module=\"ipam\",level=\"ok\"} 0",
+            "cellium_module_health{module=\"statedir\",level=\"ok\"} 1",
+            "cellium_module_health{module=\"statedir\",level=\"unknown\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        hive.stop().await.unwrap();
     }
 }

@@ -5,7 +5,8 @@
 //! - **Provides** `Arc<Metrics>`: other cells register their metrics into it at construction.
 //!   It invokes itself, so the endpoint is served whatever else the agent holds.
 //! - **Depends on** the hive's `Health`, exported as `cellium_module_health{module,level}` (1 for
-//!   the module's current level, 0 for the others) and
+//!   the module's current level, 0 for the others; levels `ok`, `degraded`, `stopped`,
+//!   `unknown`) and
 //!   `cellium_module_health_changed_timestamp_seconds{module}`.
 //! - **Config keys:** `metrics-addr` (default `127.0.0.1:9962`).
 //! - **Degraded** when serving a scrape fails; failing to bind the address fails the start.

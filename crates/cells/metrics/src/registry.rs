@@ -47,6 +47,7 @@ impl Metrics {
             let local = listener.local_addr()?;
             *this.bound.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
             tracing::info!(%local, "serving metrics");
+            reporter.ok(format!("serving on {local}"));
             server::serve(&jobs, listener, this, reporter);
             Ok(())
         }));

@@ -20,6 +20,7 @@ pub(crate) fn serve(jobs: &Jobs, listener: TcpListener, metrics: Arc<Metrics>, r
     jobs.one_shot("serve", move |ctx| {
         let (listener, metrics, reporter) = (listener.clone(), metrics.clone(), reporter.clone());
         async move {
+            ctx.reporter().ok("accepting scrapes");
             loop {
                 let (stream, _) = tokio::select! {
                     _ = ctx.cancelled() => return Ok(()),

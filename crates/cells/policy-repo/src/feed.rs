@@ -76,6 +76,8 @@ async fn feed(
     repo.sync_resources(&res);
     repo.sync_named_ports();
     repo.report_now();
+    ctx.reporter()
+        .ok("following policies, pods, namespaces and identities");
     loop {
         tokio::select! {
             _ = ctx.cancelled() => return Ok(()),

@@ -9,10 +9,19 @@
 //! start run at once. At stop every job's context is cancelled and the hive
 //! waits for all of them (under `stop-timeout`).
 //!
-//! Each job has a health node `<module>.<job-name>`: OK while running fine or
-//! after a successful run, Degraded with the error while retrying or after a
-//! failure, Stopped when it ended. A one-shot that succeeded removes its node, so
-//! finished jobs do not pile up (cf. hive#20).
+//! Each job has a health node `<module>.<job-name>`: Unknown until its first run
+//! has ended (or the job reported through [`JobContext::reporter`]), OK after a
+//! successful run, Degraded with the error while retrying or after a failure,
+//! Stopped when it ended. A one-shot that succeeded removes its node, so finished
+//! jobs do not pile up (cf. hive#20). What the first run is depends on the kind:
+//!
+//! - a one-shot's only run: a job that runs for the life of the hive (a server,
+//!   a watch loop) stays Unknown until it reports OK itself, once it serves;
+//! - a timer's first run, at start (a zero-interval timer: at its first trigger); a timer
+//!   with a zero interval runs only when triggered, so while no trigger is
+//!   pending it has nothing due and is OK ("waiting for a trigger");
+//! - an observer has no first run: it is OK while it waits for items, and each
+//!   item's outcome sets its level.
 
 mod observer;
 mod oneshot;
@@ -400,7 +409,12 @@ mod tests {
         assert_eq!(health.node("m.work").unwrap().status.message, "not started");
         hive.start().await.unwrap();
         eventually("the job runs", || log.lock().unwrap().len() == 2).await;
-        assert_eq!(health.node("m.work").unwrap().status.level, Level::Ok);
+        let work = health.node("m.work").unwrap();
+        assert_eq!(
+            (work.status.level, work.status.message.as_str()),
+            (Level::Unknown, "running"),
+            "a one-shot that has not returned nor reported is not known to work"
+        );
         hive.stop().await.unwrap();
         assert_eq!(
             *log.lock().unwrap(),

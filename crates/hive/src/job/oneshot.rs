@@ -72,7 +72,8 @@ impl OneShot {
             Box::new(move |ctx| {
                 Box::pin(async move {
                     let r = ctx.reporter().clone();
-                    r.set_internal(Level::Ok, "running");
+                    // Not known to work until it returns or says so itself.
+                    r.set_internal(Level::Unknown, "running");
                     let mut retries = 0u32;
                     loop {
                         let err = match f(ctx.clone()).await {
@@ -183,6 +184,37 @@ mod tests {
             "{seen}"
         );
         assert_eq!(health.node("m").unwrap().status.level, Level::Ok);
+        hive.stop().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_running_job_is_unknown_until_it_reports() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut hive = Hive::new([Module::new("api", "x")
+            .invoke(move |jobs: Jobs| {
+                let tx = tx.clone();
+                jobs.one_shot("serve", move |ctx| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(());
+                        // Binding, loading...: then it serves until cancelled.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        ctx.reporter().ok("serving");
+                        ctx.cancelled().await;
+                        Ok(())
+                    }
+                })
+                .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        rx.recv().await.unwrap();
+        let level = |id: &str| health.node(id).unwrap().status.level;
+        assert_eq!(level("api.serve"), Level::Unknown);
+        assert_eq!(level("api"), Level::Unknown, "the module shows it");
+        eventually("it reports", || level("api.serve") == Level::Ok).await;
+        assert_eq!(level("api"), Level::Ok);
         hive.stop().await.unwrap();
     }
 

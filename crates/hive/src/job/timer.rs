@@ -61,6 +61,11 @@ impl Trigger {
         }
     }
 
+    /// Whether a run was requested and has not started yet.
+    fn is_pending(&self) -> bool {
+        self.inner.pending.load(Ordering::SeqCst)
+    }
+
     /// Marks pending triggers as served by the run that is starting.
     fn consume(&self) {
         self.inner.pending.store(false, Ordering::SeqCst);
@@ -69,10 +74,14 @@ impl Trigger {
 
 /// A timer job being built; call [`add`](Timer::add) to add it.
 ///
-/// The first run comes one interval after start (or at a trigger); the interval
-/// is counted from the start of the last run, so a run longer than the interval
-/// is followed at once by the next. An interval of zero means "only when
-/// triggered". A failed run turns the job Degraded until a run succeeds.
+/// The first run comes at start, so that what the job keeps (collected
+/// garbage, a resynchronised map) holds from the start and its health is known
+/// at once rather than an interval later; then every interval (or at a
+/// trigger). The interval is counted from the start of the last run, so a run
+/// longer than the interval is followed at once by the next. An interval of
+/// zero means "only when triggered". The job is Unknown until its first run ends
+/// (a zero-interval timer with no trigger pending is OK: nothing is due); a
+/// failed run turns it Degraded until a run succeeds.
 #[must_use = "a job runs only once `.add()` is called"]
 pub struct Timer {
     jobs: Jobs,
@@ -120,8 +129,13 @@ impl Timer {
             Box::new(move |ctx| {
                 Box::pin(async move {
                     let r = ctx.reporter().clone();
-                    r.set_internal(Level::Ok, "waiting for the first run");
-                    let mut next = (!interval.is_zero()).then(|| Instant::now() + interval);
+                    let pending = trigger.as_ref().is_some_and(Trigger::is_pending);
+                    if interval.is_zero() && !pending {
+                        r.set_internal(Level::Ok, "waiting for a trigger");
+                    } else {
+                        r.set_internal(Level::Unknown, "waiting for the first run");
+                    }
+                    let mut next = (!interval.is_zero()).then(Instant::now);
                     loop {
                         let tick = async {
                             match next {
@@ -208,14 +222,16 @@ mod tests {
         let health = hive.health();
         hive.start().await.unwrap();
         let start = Instant::now();
+        eventually("the first run, at start", || {
+            runs.load(Ordering::SeqCst) == 1
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(
             runs.load(Ordering::SeqCst),
-            0,
-            "the first run waits an interval"
+            1,
+            "the next run waits an interval"
         );
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert!(
             health
                 .node("m.gc")
@@ -244,7 +260,7 @@ mod tests {
             "counted from the triggered run"
         );
         eventually("the next interval", || runs.load(Ordering::SeqCst) == 3).await;
-        assert!(start.elapsed() >= Duration::from_secs(20));
+        assert!(start.elapsed() >= Duration::from_secs(15));
         assert_eq!(health.node("m.gc").unwrap().status.level, Level::Ok);
         hive.stop().await.unwrap();
         assert_eq!(health.node("m.gc").unwrap().status.level, Level::Stopped);
@@ -268,12 +284,53 @@ mod tests {
                 .add();
             })
             .into()]);
+        let health = hive.health();
         hive.start().await.unwrap();
         eventually("the early trigger is served", || *runs.lock().unwrap() == 1).await;
+        eventually("ok after its first run", || {
+            health.node("m.resync").unwrap().status.level == Level::Ok
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert_eq!(*runs.lock().unwrap(), 1);
         trigger.trigger();
         eventually("a second run", || *runs.lock().unwrap() == 2).await;
+        hive.stop().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_interval_timer_with_no_trigger_pending_has_nothing_due() {
+        let mut hive = Hive::new([Module::new("m", "x")
+            .invoke(|jobs: Jobs| {
+                jobs.timer("regenerate", Duration::ZERO, |_| async { Ok(()) })
+                    .trigger(Trigger::new())
+                    .add();
+                jobs.timer("gc", Duration::from_secs(30), |_| async {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    Ok(())
+                })
+                .add();
+            })
+            .into()]);
+        let health = hive.health();
+        hive.start().await.unwrap();
+        eventually("both jobs run", || {
+            health.node("m.gc").unwrap().status.message != "not started"
+                && health.node("m.regenerate").unwrap().status.message != "not started"
+        })
+        .await;
+        let regenerate = health.node("m.regenerate").unwrap();
+        assert_eq!(
+            (regenerate.status.level, regenerate.status.message.as_str()),
+            (Level::Ok, "waiting for a trigger")
+        );
+        assert_eq!(
+            health.node("m").unwrap().status.level,
+            Level::Unknown,
+            "gc's first run has not ended"
+        );
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(health.node("m").unwrap().status.level, Level::Ok);
         hive.stop().await.unwrap();
     }
 }

@@ -87,34 +87,23 @@ impl EndpointManager {
         })
     }
 
-    /// The requested addresses, or one of each configured family.
+    /// The requested addresses, or one of each configured family: all or none (IPAM refuses a
+    /// request naming an address twice, and a refusal allocates nothing and quarantines
+    /// nothing).
     fn allocate(&self, ep: &mut Endpoint, requested: &[IpAddr]) -> Result<()> {
         let owner = ep.describe();
-        let results = if requested.is_empty() {
-            self.ipam
-                .families()
-                .into_iter()
-                .map(|f| self.ipam.allocate_next(f, &owner))
-                .collect::<Vec<_>>()
-        } else {
-            requested
-                .iter()
-                .map(|ip| self.ipam.allocate(*ip, &owner))
-                .collect()
-        };
-        for result in results {
-            match result {
-                Ok(a) => ep.addresses.push(Address {
-                    ip: a.ip,
-                    pool: a.cidr,
-                    gateway: a.router,
-                }),
-                Err(source) => {
-                    self.release_addresses(ep);
-                    return Err(Error::Ipam { owner, source });
-                }
-            }
-        }
+        let allocated = self
+            .ipam
+            .allocate_many(requested, &owner)
+            .map_err(|source| Error::Ipam {
+                owner: owner.clone(),
+                source,
+            })?;
+        ep.addresses.extend(allocated.into_iter().map(|a| Address {
+            ip: a.ip,
+            pool: a.cidr,
+            gateway: a.router,
+        }));
         if ep.addresses.is_empty() {
             return Err(Error::Ipam {
                 owner,

@@ -169,7 +169,9 @@ impl EndpointManager {
         let owner = ep.describe();
         let mut taken = Vec::new();
         for addr in &ep.addresses {
-            let refusal = match self.ipam.allocate(addr.ip, &owner) {
+            // Restored, not allocated: the address was never released, so a quarantine (all
+            // free addresses are in one when IPAM's record could not be read) does not apply.
+            let refusal = match self.ipam.restore(addr.ip, &owner) {
                 Ok(_) => {
                     taken.push(addr.ip);
                     continue;

@@ -145,7 +145,8 @@ impl EndpointManager {
         for (ip, owner) in held {
             // Refused when already held (by the same leftover, or a restored endpoint) or
             // outside the pools (then never handed out anyway): nothing to keep in either case.
-            if self.ipam.allocate(ip, &owner).is_ok() {
+            // Restored, not allocated: these addresses were never released.
+            if self.ipam.restore(ip, &owner).is_ok() {
                 kept.addresses.insert(ip);
             }
         }
