@@ -42,6 +42,7 @@ impl PolicyRepository {
             r.sync_identities(&snapshot);
             r.sync_resources(&res);
             r.sync_named_ports();
+            r.set_policy_gaps(res.policy_gaps().borrow().clone());
             r.report_now();
             Ok(())
         }));
@@ -70,11 +71,13 @@ async fn feed(
         .snapshot_and_subscribe();
     // Subscribed before the first read below, so no change falls between.
     let mut named_ports = ipcache.named_port_changes();
+    let mut gaps = res.policy_gaps();
     let (snapshot, mut id_events) = ids.snapshot_and_subscribe();
     // Identities before rules, so the first revision already resolves selectors fully.
     repo.sync_identities(&snapshot);
     repo.sync_resources(&res);
     repo.sync_named_ports();
+    repo.set_policy_gaps(gaps.borrow_and_update().clone());
     repo.report_now();
     ctx.reporter()
         .ok("following policies, pods, namespaces and identities");
@@ -98,6 +101,10 @@ async fn feed(
             changed = named_ports.changed() => match changed {
                 Ok(()) => repo.sync_named_ports(),
                 Err(_) => return Err("the ipcache's named port changes ended".into()),
+            },
+            changed = gaps.changed() => match changed {
+                Ok(()) => repo.set_policy_gaps(gaps.borrow_and_update().clone()),
+                Err(_) => return Err("the records' policy gaps ended".into()),
             },
         }
     }

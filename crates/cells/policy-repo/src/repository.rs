@@ -70,6 +70,9 @@ struct State {
     pod_prefixes: BTreeSet<IpNet>,
     /// The named ports of the pods behind each identity, as the ipcache last had them.
     peer_ports: PeerPorts,
+    /// Recorded objects policy depends on that are not in force (`Resources::policy_gaps`):
+    /// while there are any, every endpoint enforces both directions (lockdown).
+    gaps: Vec<String>,
     revision: u64,
     resolved: HashMap<ResolveKey, Arc<EndpointPolicy>>,
 }
@@ -163,6 +166,7 @@ impl PolicyRepository {
             &st.cache,
             &st.peer_ports,
             st.revision,
+            !st.gaps.is_empty(),
         ));
         st.resolved.insert(key, policy.clone());
         policy
@@ -276,6 +280,26 @@ impl PolicyRepository {
         if st.sets.values().any(|s| s.uses_peer_named_ports()) {
             Self::bump(&mut st, &self.revision);
         }
+    }
+
+    /// Takes in the recorded objects policy depends on that are not in force
+    /// (`Resources::policy_gaps`). While there are any, the repository cannot tell which
+    /// endpoints their policies would restrict, nor how: it fails closed, and every endpoint
+    /// enforces both directions, allowing only what the policies in force allow it (and, for
+    /// ingress, the node). The revision increases when the gaps appear or go.
+    pub fn set_policy_gaps(&self, gaps: Vec<String>) {
+        let mut st = self.lock();
+        if st.gaps == gaps {
+            return;
+        }
+        if gaps.is_empty() {
+            tracing::info!("every recorded policy is in force again: lockdown lifted");
+        } else {
+            tracing::error!(gaps = ?gaps, "recorded objects policy depends on are not in force: every endpoint is locked down");
+        }
+        st.gaps = gaps;
+        Self::bump(&mut st, &self.revision);
+        self.report(&st);
     }
 
     /// Every rule and default deny, with its origin.
@@ -496,9 +520,15 @@ impl PolicyRepository {
 }
 
 fn problems(st: &State) -> Vec<String> {
-    st.problems
-        .values()
-        .cloned()
+    let lockdown = (!st.gaps.is_empty()).then(|| {
+        format!(
+            "every endpoint is locked down (default deny both ways, but for what the policies in force allow) until these records are applied again or deleted: {}",
+            st.gaps.join(", ")
+        )
+    });
+    lockdown
+        .into_iter()
+        .chain(st.problems.values().cloned())
         .chain(st.cidr_problems.iter().cloned())
         .collect()
 }

@@ -88,13 +88,16 @@ type RuleKey = (
 /// `Ipcache::named_ports`): identities without any are absent.
 pub type PeerPorts = BTreeMap<u32, Vec<NamedPort>>;
 
-/// Resolves the policy of `subject` from every rule set.
+/// Resolves the policy of `subject` from every rule set. With `lockdown` (a recorded policy,
+/// or labels policy selects by, not in force), both directions are enforced whatever the sets
+/// say, and nothing is allowed but what their allow rules allow (and the node, for ingress).
 pub fn resolve<'a>(
     subject: &Subject<'_>,
     sets: impl Iterator<Item = &'a RuleSet>,
     cache: &SelectorCache,
     peer_ports: &PeerPorts,
     revision: u64,
+    lockdown: bool,
 ) -> EndpointPolicy {
     let mut matched: HashMap<&Selector, bool> = HashMap::new();
     let mut selects = |s: &'a Selector| {
@@ -165,8 +168,8 @@ pub fn resolve<'a>(
     let mut enforced = [false; 2];
     for d in Direction::ALL {
         let i = dir_index(d);
-        enforced[i] = default_deny[i] || has_rules[i];
-        if has_rules[i] && !default_deny[i] {
+        enforced[i] = lockdown || default_deny[i] || has_rules[i];
+        if has_rules[i] && !default_deny[i] && !lockdown {
             // Rules without default deny (Cilium's `enableDefaultDeny: false`): everything
             // the deny rules leave is allowed.
             out.insert((0, d, None, None, Verdict::Allow));
@@ -317,7 +320,14 @@ mod tests {
             labels: &labels,
             named_ports: &ports,
         };
-        let p = resolve(&subject, [&set].into_iter(), &cache, &PeerPorts::new(), 7);
+        let p = resolve(
+            &subject,
+            [&set].into_iter(),
+            &cache,
+            &PeerPorts::new(),
+            7,
+            false,
+        );
         assert!(p.ingress_enforced && !p.egress_enforced);
         assert_eq!(p.revision, 7);
         assert_eq!(
@@ -352,7 +362,32 @@ mod tests {
             &cache,
             &PeerPorts::new(),
             7,
+            false,
         );
         assert!(!p.ingress_enforced && p.rules.is_empty());
+        // Locked down, a pod no policy selects allows nothing but the node's ingress.
+        let p = resolve(
+            &Subject {
+                identity: 300,
+                labels: &other,
+                named_ports: &[],
+            },
+            [&set].into_iter(),
+            &cache,
+            &PeerPorts::new(),
+            8,
+            true,
+        );
+        assert!(p.ingress_enforced && p.egress_enforced);
+        assert_eq!(
+            p.rules,
+            [PolicyRule {
+                identity: Reserved::Host.id(),
+                direction: Direction::Ingress,
+                protocol: None,
+                ports: None,
+                verdict: Verdict::Allow
+            }]
+        );
     }
 }

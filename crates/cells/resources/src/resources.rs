@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use cellium_statedir::StateDir;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ResourcesConfig;
@@ -105,7 +106,32 @@ pub(crate) struct State {
     pub(crate) merge_error: Option<String>,
     /// Why the last change could not be recorded (and so was refused), until one is.
     pub(crate) record_error: Option<String>,
+    /// The stranded records that may leave an endpoint less restricted than its policy says
+    /// ([`Resources::policy_gaps`]).
+    gaps: watch::Sender<Vec<String>>,
     reporter: Option<Reporter>,
+}
+
+/// The kinds whose records, when not in force, can leave an endpoint less restricted than the
+/// policy recorded for it: the policies themselves, and the pods' and namespaces' labels they
+/// select by. (A Service or an EndpointSlice not in force closes something, never opens.)
+const POLICY_KINDS: [&str; 5] = [
+    "NetworkPolicy",
+    "CiliumNetworkPolicy",
+    "CiliumClusterwideNetworkPolicy",
+    "Pod",
+    "Namespace",
+];
+
+/// Whether the stranded record at `path` may hold what policy depends on: one of
+/// [`POLICY_KINDS`], or a record whose kind cannot be told (the directory or the journal
+/// itself, a file named in no known way).
+fn policy_relevant(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    match Record::parse_file_name(name) {
+        Some((kind, _)) => POLICY_KINDS.contains(&kind),
+        None => true,
+    }
 }
 
 /// Where applied objects are recorded.
@@ -199,10 +225,20 @@ impl Resources {
                 stranded: BTreeMap::new(),
                 merge_error: None,
                 record_error: None,
+                gaps: watch::channel(Vec::new()).0,
                 reporter,
             }),
             abandoned: AtomicU64::new(0),
         }
+    }
+
+    /// The recorded objects not in force that policy depends on (`<file>: <why>`): policies,
+    /// or the labels of pods and namespaces they select by, whose records no longer load. An
+    /// endpoint could then be less restricted than the policy recorded for it, so the policy
+    /// repository locks every endpoint down while this is not empty. It empties as applies or
+    /// deletes of those objects replace or remove their records.
+    pub fn policy_gaps(&self) -> watch::Receiver<Vec<String>> {
+        self.lock().gaps.subscribe()
     }
 
     /// The range cluster IPs are allocated from.
@@ -396,6 +432,17 @@ impl State {
     /// Reports the module's health: OK, or Degraded with every record not in force, a merge
     /// that failed and a change that could not be recorded.
     pub(crate) fn report(&self) {
+        let gaps: Vec<String> = self
+            .stranded
+            .iter()
+            .filter(|(path, _)| policy_relevant(path))
+            .map(|(path, reason)| format!("{path}: {reason}"))
+            .collect();
+        self.gaps.send_if_modified(|old| {
+            let changed = *old != gaps;
+            *old = gaps;
+            changed
+        });
         let Some(reporter) = &self.reporter else {
             return;
         };
@@ -769,6 +816,9 @@ spec:
             );
         }
         assert!(records.join("Pod~gone~p.yaml").exists(), "kept on disk");
+        // Pods' labels are what policy selects by: both are gaps in it.
+        let gaps = second.policy_gaps();
+        assert_eq!(gaps.borrow().len(), 2, "{:?}", *gaps.borrow());
         // Deleting the objects removes their records; applying a good one replaces it.
         let out = second
             .delete(
@@ -782,6 +832,25 @@ spec:
             .apply("x.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: shop}\nspec: {containers: [{name: c}]}\n")
             .unwrap();
         assert!(second.lock().stranded.is_empty());
+        assert!(gaps.borrow().is_empty(), "{:?}", *gaps.borrow());
+    }
+
+    #[test]
+    fn only_records_policy_depends_on_are_gaps_in_it() {
+        for (path, gap) in [
+            ("resources/NetworkPolicy~shop~db.yaml", true),
+            ("resources/CiliumClusterwideNetworkPolicy~~all.yaml", true),
+            ("resources/Namespace~~shop.yaml", true),
+            ("resources/Pod~shop~web.yaml", true),
+            ("resources/Service~shop~web.yaml", false),
+            ("resources/EndpointSlice~shop~web-1.yaml", false),
+            // Whatever cannot be told apart may hold a policy.
+            ("resources/", true),
+            ("resources/journal", true),
+            ("resources/strange name", true),
+        ] {
+            assert_eq!(policy_relevant(path), gap, "{path}");
+        }
     }
 
     #[test]
