@@ -213,7 +213,7 @@ fn a_client_that_passes_no_namespace_is_refused_by_create_and_served_by_the_rest
 }
 
 #[test]
-fn a_socket_path_that_is_a_file_is_a_configuration_error() {
+fn a_socket_path_that_is_a_file_is_an_io_failure() {
     let _serial = serial();
     let agent = Agent::start_new(AgentOptions::default()).unwrap();
     let pod = NetNs::new().unwrap();
@@ -226,6 +226,6 @@ fn a_socket_path_that_is_a_file_is_a_configuration_error() {
         .netns(pod.path())
         .conf(&conf);
     let (code, msg) = failure(&agent, &call);
-    assert_eq!(code, 7, "{msg}");
+    assert_eq!(code, 5, "{msg}");
     assert!(msg.contains("a regular file, not a unix socket"), "{msg}");
 }

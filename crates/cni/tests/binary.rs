@@ -242,7 +242,7 @@ fn a_netns_that_does_not_exist_is_code_102_before_the_agent_is_asked() {
 }
 
 #[test]
-fn a_socket_that_is_not_a_socket_is_code_7_naming_the_key() {
+fn a_socket_that_is_not_a_socket_is_code_5_naming_the_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("agent.sock");
     std::fs::write(&file, "").expect("write");
@@ -251,7 +251,7 @@ fn a_socket_that_is_not_a_socket_is_code_7_naming_the_key() {
         (dir.path().to_path_buf(), "a directory"),
     ] {
         for verb in ["ADD", "DEL"] {
-            let msg = run(&attachment_env(verb), &config("1.0.0", &path)).error(7);
+            let msg = run(&attachment_env(verb), &config("1.0.0", &path)).error(5);
             assert!(msg.contains("\"socket\""), "{msg}");
             assert!(msg.contains(found), "{msg}");
             assert!(msg.contains(&path.display().to_string()), "{msg}");

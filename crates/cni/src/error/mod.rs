@@ -395,15 +395,19 @@ impl Error {
             | Error::InvalidIfname { .. }
             | Error::MalformedArgs { .. }
             | Error::InvalidArg { .. } => INVALID_ENVIRONMENT,
-            Error::ReadStdin { .. } | Error::AgentConnect { .. } => IO_FAILURE,
+            // The socket is found to be something else only when the plugin connects to it:
+            // an I/O failure of that connection, not a value it could have checked, and not a
+            // reason to retry (11) either.
+            Error::ReadStdin { .. } | Error::AgentConnect { .. } | Error::NotASocket { .. } => {
+                IO_FAILURE
+            }
             Error::MalformedConfig { .. }
             | Error::ConfigNotObject { .. }
             | Error::InvalidPrevResult { .. } => DECODING_FAILURE,
             Error::MissingName
             | Error::InvalidConfig { .. }
             | Error::MissingPrevResult { .. }
-            | Error::MissingValidAttachments { .. }
-            | Error::NotASocket { .. } => INVALID_CONFIG,
+            | Error::MissingValidAttachments { .. } => INVALID_CONFIG,
             Error::AgentNotRunning { .. }
             | Error::AgentTimeout { .. }
             | Error::AgentGone { .. } => TRY_AGAIN_LATER,
@@ -657,12 +661,12 @@ mod tests {
     }
 
     #[test]
-    fn a_socket_that_is_a_file_is_a_configuration_error() {
+    fn a_socket_that_is_not_a_socket_is_an_io_failure() {
         let e = Error::from_connect(cellium_api::ConnectError::NotASocket {
             socket: "/etc/cni/net.d".into(),
             found: "a directory",
         });
-        assert_eq!(e.code(), INVALID_CONFIG);
+        assert_eq!(e.code(), IO_FAILURE);
         let msg = e.to_string();
         assert!(msg.contains("\"socket\""), "{msg}");
         assert!(
