@@ -59,6 +59,11 @@ fn a_released_address_stays_in_quarantine_for_requests_and_across_a_restart() {
         pods[2].ip(&["link", "show", "eth0"]).is_err(),
         "a refused ADD left an interface"
     );
+    // `cellium ipam list` shows it held back, with until when.
+    let pools = agent.pools().expect("ipam list");
+    let held_back = &pools[0]["quarantined"];
+    assert_eq!(held_back[0]["ip"], "10.244.0.3", "{pools:?}");
+    assert!(held_back[0]["until"].as_str().is_some(), "{pools:?}");
 
     let (status, _) = agent.stop().expect("stop");
     assert!(status.success());

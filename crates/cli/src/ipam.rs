@@ -26,6 +26,13 @@ struct PoolView {
     capacity: u64,
     used: u64,
     allocations: Vec<AllocationView>,
+    quarantined: Vec<QuarantinedView>,
+}
+
+#[derive(Debug, Serialize)]
+struct QuarantinedView {
+    ip: String,
+    until: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -59,6 +66,14 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                     owner: a.owner,
                 })
                 .collect(),
+            quarantined: p
+                .quarantined
+                .into_iter()
+                .map(|q| QuarantinedView {
+                    ip: q.ip,
+                    until: output::rfc3339_ms(q.until_unix_ms),
+                })
+                .collect(),
         })
         .collect();
     match output {
@@ -66,16 +81,25 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
         Format::Table => {
             for pool in &views {
                 println!(
-                    "Pool {} ({}): {} of {} used, router {}",
-                    pool.cidr, pool.source, pool.used, pool.capacity, pool.router
+                    "Pool {} ({}): {} of {} used, {} in quarantine, router {}",
+                    pool.cidr,
+                    pool.source,
+                    pool.used,
+                    pool.capacity,
+                    pool.quarantined.len(),
+                    pool.router
                 );
             }
             println!();
-            let rows: Vec<Vec<String>> = views
+            let held = views
                 .iter()
                 .flat_map(|p| &p.allocations)
-                .map(|a| vec![a.ip.clone(), a.owner.clone()])
-                .collect();
+                .map(|a| vec![a.ip.clone(), a.owner.clone()]);
+            let quarantined = views
+                .iter()
+                .flat_map(|p| &p.quarantined)
+                .map(|q| vec![q.ip.clone(), format!("(quarantined until {})", q.until)]);
+            let rows: Vec<Vec<String>> = held.chain(quarantined).collect();
             output::print_table(&["IP", "OWNER"], &rows);
             Ok(())
         }

@@ -70,7 +70,7 @@ pub enum Error {
         source: cellium_ipam::Error,
     },
     /// No identity could be given to the endpoint's labels.
-    #[error("identity of endpoint {endpoint}")]
+    #[error("identity of {endpoint}")]
     Identity {
         /// The endpoint.
         endpoint: String,
@@ -79,7 +79,7 @@ pub enum Error {
         source: cellium_identity::Error,
     },
     /// Setting up or checking the interfaces failed.
-    #[error("interfaces of endpoint {endpoint}")]
+    #[error("interfaces of {endpoint}")]
     Plumbing {
         /// The endpoint.
         endpoint: String,
@@ -88,7 +88,7 @@ pub enum Error {
         source: crate::plumbing::Error,
     },
     /// The datapath could not be programmed for the endpoint.
-    #[error("datapath of endpoint {endpoint}")]
+    #[error("datapath of {endpoint}")]
     Datapath {
         /// The endpoint.
         endpoint: String,
@@ -100,7 +100,7 @@ pub enum Error {
     #[error(transparent)]
     Loader(#[from] cellium_loader::Error),
     /// The endpoint record could not be written or read.
-    #[error("state of endpoint {endpoint}")]
+    #[error("state of {endpoint}")]
     State {
         /// The endpoint.
         endpoint: String,
@@ -121,6 +121,17 @@ pub enum Error {
         /// The endpoint.
         endpoint: String,
         /// Each step that failed or was held back, with why (`datapath: ...`).
+        failures: Vec<String>,
+    },
+    /// GC could not delete some of the stale endpoints (it deleted the others).
+    #[error(
+        "GC removed endpoints {removed:?} but not all: {}",
+        .failures.join("; ")
+    )]
+    Gc {
+        /// The endpoints it removed.
+        removed: Vec<u16>,
+        /// Each endpoint it could not delete, with why.
         failures: Vec<String>,
     },
     /// Restored endpoints hold addresses that the configured pod CIDRs no longer cover; the
@@ -165,7 +176,7 @@ impl Error {
             Error::Datapath { .. } => Reason::DatapathFailed,
             Error::Loader(_) | Error::NotStarted => Reason::NotReady,
             Error::State { .. } => Reason::StateWriteFailed,
-            Error::Teardown { .. } => Reason::TeardownIncomplete,
+            Error::Teardown { .. } | Error::Gc { .. } => Reason::TeardownIncomplete,
             // Only ever a start failure, never an answer to a request.
             Error::OutsidePodCidr { .. } => Reason::Internal,
         }

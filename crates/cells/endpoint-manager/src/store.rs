@@ -44,7 +44,7 @@ impl Store {
     /// be listed.
     pub fn load(&self) -> Result<Loaded> {
         let names = self.0.list(DIR).map_err(|source| Error::State {
-            endpoint: "records".into(),
+            endpoint: "the endpoint records".into(),
             source,
         })?;
         let mut loaded = Loaded::default();

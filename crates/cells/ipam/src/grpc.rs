@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use cellium_api::ApiService;
 use cellium_api::v1::ipam_server::{Ipam as IpamApi, IpamServer};
-use cellium_api::v1::{IpAllocation, IpPool, ListIpamRequest, ListIpamResponse};
+use std::time::UNIX_EPOCH;
+
+use cellium_api::v1::{IpAllocation, IpPool, IpQuarantined, ListIpamRequest, ListIpamResponse};
 use tonic::{Request, Response, Status};
 
 use crate::ipam::Ipam;
@@ -26,11 +28,22 @@ impl IpamApi for IpamService {
         &self,
         _: Request<ListIpamRequest>,
     ) -> Result<Response<ListIpamResponse>, Status> {
+        let quarantined = self.0.quarantined();
         let pools = self
             .0
             .pools()
             .into_iter()
             .map(|p| IpPool {
+                quarantined: quarantined
+                    .iter()
+                    .filter(|(ip, _)| p.cidr.contains(ip))
+                    .map(|(ip, until)| IpQuarantined {
+                        ip: ip.to_string(),
+                        until_unix_ms: until
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as i64),
+                    })
+                    .collect(),
                 cidr: p.cidr.to_string(),
                 source: p.source,
                 capacity: p.capacity,

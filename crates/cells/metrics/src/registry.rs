@@ -48,7 +48,7 @@ impl Metrics {
             *this.bound.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
             tracing::info!(%local, "serving metrics");
             reporter.ok(format!("serving on {local}"));
-            server::serve(&jobs, listener, this, reporter);
+            server::serve(&jobs, listener, this);
             Ok(())
         }));
         metrics

@@ -12,7 +12,7 @@
 //! `Agent.Status`), not the plugin's: the plugin judges no module by its name.
 
 use cellium_api::v1::ListIpamRequest;
-use cellium_api::v1::{ListIpamResponse, Readiness, StatusRequest, StatusResponse};
+use cellium_api::v1::{IpPool, ListIpamResponse, Readiness, StatusRequest, StatusResponse};
 
 use super::Reply;
 use crate::agent::Agent;
@@ -112,18 +112,32 @@ fn free_address(pools: &ListIpamResponse) -> Result<()> {
             reason: "the agent has no address pool: give the node a pod CIDR (the agent's ipam configuration, or the Node's podCIDR in Kubernetes)".into(),
         });
     }
-    if pools.pools.iter().any(|p| p.used < p.capacity) {
+    // An address in quarantine (released a moment ago) cannot be handed out either.
+    let taken = |p: &IpPool| p.used + p.quarantined.len() as u64;
+    if pools.pools.iter().any(|p| taken(p) < p.capacity) {
         return Ok(());
     }
     let full: Vec<String> = pools
         .pools
         .iter()
-        .map(|p| format!("{} {}/{} used", p.cidr, p.used, p.capacity))
+        .map(|p| match p.quarantined.len() {
+            0 => format!("{} {}/{} used", p.cidr, p.used, p.capacity),
+            q => format!(
+                "{} {}/{} used, {q} in quarantine after their release",
+                p.cidr, p.used, p.capacity
+            ),
+        })
         .collect();
+    let quarantine = pools.pools.iter().any(|p| !p.quarantined.is_empty());
     Err(Error::NotAvailable {
         reason: format!(
-            "every address pool is exhausted ({}): delete unused pods or give the node a larger pod CIDR",
-            full.join(", ")
+            "every address pool is exhausted ({}): {}",
+            full.join(", "),
+            if quarantine {
+                "addresses in quarantine come free within ipam-release-quarantine; otherwise delete unused pods or give the node a larger pod CIDR"
+            } else {
+                "delete unused pods or give the node a larger pod CIDR"
+            }
         ),
     })
 }
@@ -131,7 +145,7 @@ fn free_address(pools: &ListIpamResponse) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellium_api::v1::{HealthLevel, HealthNode, IpPool};
+    use cellium_api::v1::{HealthLevel, HealthNode, IpQuarantined};
 
     fn cause(id: &str, level: HealthLevel) -> HealthNode {
         HealthNode {
@@ -207,7 +221,23 @@ mod tests {
             used,
             router: String::new(),
             allocations: vec![],
+            quarantined: vec![],
         }
+    }
+
+    #[test]
+    fn addresses_in_quarantine_are_not_free() {
+        let mut p = pool("10.0.0.0/29", 3, 5);
+        p.quarantined = ["10.0.0.5", "10.0.0.6"]
+            .into_iter()
+            .map(|ip| IpQuarantined {
+                ip: ip.into(),
+                until_unix_ms: 0,
+            })
+            .collect();
+        let err = free_address(&ListIpamResponse { pools: vec![p] }).unwrap_err();
+        assert_eq!(err.code(), 50);
+        assert!(err.to_string().contains("2 in quarantine"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use super::create::network;
 use super::{Backends, EndpointManager};
 use crate::endpoint::{Endpoint, State};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, chain};
 use crate::plumbing::{self, PodNetns};
 
 impl EndpointManager {
@@ -104,17 +104,24 @@ impl EndpointManager {
     }
 
     /// Deletes the endpoints of `network` whose (container id, interface) is not in `valid`.
+    /// Every stale endpoint is tried, whatever happens to the others; the error, if any, lists
+    /// each that could not be deleted (they stay recorded, for the next GC or DEL).
     pub async fn gc(&self, network: &str, valid: &HashSet<(String, String)>) -> Result<Vec<u16>> {
         let stale: Vec<Endpoint> = self
             .list()
             .into_iter()
             .filter(|ep| ep.network == network && !valid.contains(&ep.key()))
             .collect();
-        let mut removed = Vec::new();
+        let (mut removed, mut failures) = (Vec::new(), Vec::new());
         for ep in stale {
-            if self.delete(&ep.container_id, &ep.ifname).await? {
-                removed.push(ep.id);
+            match self.delete(&ep.container_id, &ep.ifname).await {
+                Ok(true) => removed.push(ep.id),
+                Ok(false) => {}
+                Err(e) => failures.push(chain(&e)),
             }
+        }
+        if !failures.is_empty() {
+            return Err(Error::Gc { removed, failures });
         }
         Ok(removed)
     }
@@ -219,6 +226,34 @@ mod tests {
         assert!(h.datapath.entries().is_empty() && h.datapath.policy_ids().is_empty());
         assert_eq!(h.owner("10.244.0.2"), None);
         assert!(h.manager.list().is_empty());
+    }
+
+    #[tokio::test]
+    async fn gc_tries_every_stale_endpoint_and_names_each_it_could_not_delete() {
+        let h = Harness::new();
+        h.start().await.unwrap();
+        for c in ["a", "b", "c"] {
+            h.manager.create(h.request(c)).await.unwrap();
+        }
+        let valid: HashSet<(String, String)> = [("b".to_string(), "eth0".to_string())].into();
+        // The first teardown fails; GC goes on with the next stale endpoint.
+        h.faults.fail("teardown_pod", 1);
+        let err = h.manager.gc("cellium", &valid).await.unwrap_err();
+        let Error::Gc { removed, failures } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!((removed.len(), failures.len()), (1, 1), "{err}");
+        let left: Vec<String> = h
+            .manager
+            .list()
+            .into_iter()
+            .map(|e| e.container_id)
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.contains(&"b".to_string()), "{left:?}");
+        // The next GC finishes the job.
+        assert_eq!(h.manager.gc("cellium", &valid).await.unwrap().len(), 1);
+        assert_eq!(h.manager.list().len(), 1);
     }
 
     #[tokio::test]

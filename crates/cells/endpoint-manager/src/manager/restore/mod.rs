@@ -26,7 +26,7 @@ impl EndpointManager {
     /// is made; from then on the manager serves requests.
     pub(super) async fn start(&self, loader: &Loader) -> Result<(), BoxError> {
         let node_error = |source| Error::Plumbing {
-            endpoint: "(node setup)".into(),
+            endpoint: "the node (its set-up)".into(),
             source,
         };
         let node = Netlink::node().map_err(node_error)?;
