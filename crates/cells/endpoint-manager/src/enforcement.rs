@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cellium_datapath_bpf::{PolicyEntry, Verdict, compile_policy};
 use cellium_ipcache::{Ipcache, Source};
 use cellium_policy_repo::{EndpointPolicy, PolicyRepository, Subject};
-use cellium_resources::Resources;
+use cellium_resources::{NamedPort, Resources};
 use ipnet::IpNet;
 
 use crate::datapath::EndpointDatapath;
@@ -91,14 +91,9 @@ impl Enforcement {
     /// only then does a direction that becomes enforced take effect (its allow entries are
     /// in place by then, so allowed traffic never meets a default deny).
     pub(crate) fn enforce(&self, dp: &dyn EndpointDatapath, ep: &Endpoint) -> Result<u64> {
-        let ports = labels::named_ports(ep, &self.resources);
-        // Other endpoints' egress rules name this pod's ports: its addresses carry them in the
-        // ipcache (read fresh here, at every regeneration, so a change of the pod's ports
-        // reaches them even when its identity stays).
-        for addr in &ep.addresses {
-            self.ipcache
-                .set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
-        }
+        // Read fresh at every regeneration, so a change of the pod's ports reaches the
+        // endpoints that name them even when its identity stays.
+        let ports = self.publish_named_ports(ep);
         let policy = self.policy.resolve(&Subject {
             identity: ep.identity,
             labels: &ep.labels,
@@ -171,6 +166,25 @@ impl Enforcement {
             },
         );
         Ok(revision)
+    }
+
+    /// Publishes the named ports of the endpoint's pod on its addresses in the ipcache, where
+    /// other endpoints' egress rules that name a port find them (the addresses must be
+    /// claimed first); returns them.
+    pub(crate) fn publish_named_ports(&self, ep: &Endpoint) -> Vec<NamedPort> {
+        let ports = labels::named_ports(ep, &self.resources);
+        for addr in &ep.addresses {
+            self.ipcache
+                .set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
+        }
+        ports
+    }
+
+    /// Hands the named ports published so far to the policy repository at once, rather than
+    /// when its feed gets to the ipcache's announcement: policies resolved from now on see
+    /// them.
+    pub(crate) fn take_named_ports(&self) {
+        self.policy.sync_named_ports();
     }
 
     /// Takes what the datapath already enforces for a restored endpoint as the starting

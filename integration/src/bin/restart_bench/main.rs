@@ -151,6 +151,7 @@ fn main() -> Result<()> {
                 sample.traffic.refused,
                 sample.traffic.connects
             );
+            eprintln!("  restore: {}", sample.timeline.phases);
             check_after(&node, &runtime)?;
             samples.push(sample);
         }

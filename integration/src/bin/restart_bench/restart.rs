@@ -48,6 +48,8 @@ pub struct Timeline {
     pub ready: Duration,
     /// The new process's start hooks, as its log reports them: (module, hook, elapsed).
     pub hooks: Vec<(String, String, Duration)>,
+    /// The phases of the endpoints' restore, as its log reports them (`plan 12.1ms, ...`).
+    pub phases: String,
 }
 
 /// Ends the agent as `ending` says, executes it again and waits until its `endpoints`
@@ -74,11 +76,13 @@ pub fn restart(
     agent.launch()?;
     let (api, ready) = runtime.block_on(wait_restored(agent, launched, endpoints))?;
     let log = agent.log();
+    let log = log.get(log_before..).unwrap_or_default();
     Ok(Timeline {
         stop,
         api: api - launched,
         ready: ready - launched,
-        hooks: start_hooks(log.get(log_before..).unwrap_or_default()),
+        hooks: start_hooks(log),
+        phases: restore_phases(log),
     })
 }
 
@@ -152,6 +156,15 @@ fn start_hooks(log: &str) -> Vec<(String, String, Duration)> {
             Some((field("module")?, field("hook")?, elapsed))
         })
         .collect()
+}
+
+/// The `took` field of the endpoint manager's `endpoints restored` line (empty without one).
+fn restore_phases(log: &str) -> String {
+    log.lines()
+        .filter(|l| l.contains("endpoints restored"))
+        .find_map(|l| l.split_once(" took="))
+        .map(|(_, rest)| rest.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Parses a `Duration`'s `Debug` text (`1.234ms`, `56.7µs`, `2.1s`, `890ns`).

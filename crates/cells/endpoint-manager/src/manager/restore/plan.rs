@@ -1,5 +1,7 @@
 //! Deciding what the restore does with each record, before anything is changed.
 
+use std::collections::BTreeSet;
+
 use cellium_ipam::ROUTER_OWNER;
 
 use crate::endpoint::{Endpoint, State};
@@ -14,6 +16,9 @@ pub(crate) struct Plan {
     /// Endpoints to bring back, with their host end's index and MAC as found now, and their
     /// addresses reserved again.
     pub(crate) restore: Vec<Endpoint>,
+    /// Those of them whose host end was found at another index or MAC than recorded: their
+    /// records are to be written again.
+    pub(crate) moved: BTreeSet<u16>,
     /// Endpoints to remove, each with why.
     pub(crate) remove: Vec<(Endpoint, String)>,
     /// Records that could not be read.
@@ -102,9 +107,12 @@ impl EndpointManager {
             match verdict(&ep, netns_exists, host.as_ref()) {
                 Some(why) => plan.remove.push((ep, why)),
                 None => {
-                    if let Some(link) = host {
+                    if let Some(link) = host
+                        && (link.index, link.mac) != (ep.host_ifindex, ep.host_mac)
+                    {
                         ep.host_ifindex = link.index;
                         ep.host_mac = link.mac;
+                        plan.moved.insert(ep.id);
                     }
                     plan.restore.push(ep);
                 }
