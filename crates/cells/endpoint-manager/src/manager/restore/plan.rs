@@ -1,6 +1,6 @@
 //! Deciding what the restore does with each record, before anything is changed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use cellium_ipam::ROUTER_OWNER;
 
@@ -91,16 +91,24 @@ impl EndpointManager {
         for u in &plan.unreadable {
             tracing::error!(file = %u.file, reason = %u.reason, "unreadable endpoint record");
         }
+        // One listing of the host ends for every record.
+        let links: HashMap<String, Link> = if loaded.records.is_empty() {
+            HashMap::new()
+        } else {
+            b.interfaces
+                .host_links()
+                .await
+                .map_err(|source| Error::Plumbing {
+                    endpoint: "(host ends of the records)".into(),
+                    source,
+                })?
+                .into_iter()
+                .collect()
+        };
         for mut ep in loaded.records {
             let netns_exists = b.interfaces.netns_exists(&ep.netns);
             let host = if ep.state == State::Ready && netns_exists {
-                b.interfaces
-                    .find_link(&ep.host_ifname)
-                    .await
-                    .map_err(|source| Error::Plumbing {
-                        endpoint: ep.describe(),
-                        source,
-                    })?
+                links.get(&ep.host_ifname).cloned()
             } else {
                 None
             };
