@@ -18,6 +18,7 @@
 //! The last line is `RESULT restart ready_1000_ms=<median of the slower way>
 //! lost_packets=<over every restart>`.
 
+mod counters;
 mod restart;
 mod traffic;
 
@@ -30,6 +31,7 @@ use cellium_integration::bench::{self, Api, BenchPod, Shape, median, ms, watch_s
 use cellium_integration::{Agent, AgentOptions, NetNs};
 use clap::Parser;
 
+use crate::counters::TcpCounters;
 use crate::restart::{Ending, Timeline, restart};
 use crate::traffic::{Roles, Traffic, Window};
 
@@ -61,6 +63,8 @@ struct Sample {
     timeline: Timeline,
     baseline: Timeline,
     retransmits: u64,
+    /// What the TCP counters of the stream's pods that grew say, per pod.
+    why: Vec<String>,
     drops: u64,
     traffic: Window,
 }
@@ -79,13 +83,12 @@ struct Node {
 }
 
 impl Node {
-    /// TCP segments retransmitted so far in the sender's and the receiver's namespaces.
-    fn retransmits(&self) -> Result<u64> {
-        let mut total = 0;
-        for i in [self.roles.sender, self.roles.receiver] {
-            total += self.pods[i].netns.snmp("Tcp", "RetransSegs")?;
-        }
-        Ok(total)
+    /// The TCP counters of the sender's and the receiver's namespaces.
+    fn tcp(&self) -> Result<[TcpCounters; 2]> {
+        Ok([
+            TcpCounters::read(&self.pods[self.roles.sender].netns)?,
+            TcpCounters::read(&self.pods[self.roles.receiver].netns)?,
+        ])
     }
 }
 
@@ -126,15 +129,28 @@ fn main() -> Result<()> {
         for ending in [Ending::Term, Ending::Kill] {
             bench::interrupted()?;
             let base = restart(&mut baseline, ending, 0, &runtime)?;
-            let (retrans, drops) = (node.retransmits()?, node.agent.datapath_drops()?);
+            let (tcp, drops) = (node.tcp()?, node.agent.datapath_drops()?);
             let from = flows.now();
             let timeline = restart(&mut node.agent, ending, shape.pods, &runtime)?;
             std::thread::sleep(Duration::from_millis(cli.after_ms));
             let window = flows.window(from, flows.now());
+            let after = node.tcp()?;
+            let mut why = Vec::new();
+            for (pod, (now, then)) in ["sender", "receiver"].iter().zip(after.iter().zip(&tcp)) {
+                let grown = now.grown_since(then);
+                if !grown.is_empty() {
+                    why.push(format!("{pod}: {}", grown.join(", ")));
+                }
+            }
             let sample = Sample {
                 ending,
                 baseline: base,
-                retransmits: node.retransmits()? - retrans,
+                retransmits: after
+                    .iter()
+                    .zip(&tcp)
+                    .map(|(now, then)| now.retransmitted().saturating_sub(then.retransmitted()))
+                    .sum(),
+                why,
                 drops: node.agent.datapath_drops()?.saturating_sub(drops),
                 traffic: window,
                 timeline,
@@ -152,6 +168,9 @@ fn main() -> Result<()> {
                 sample.traffic.connects
             );
             eprintln!("  restore: {}", sample.timeline.phases);
+            if !sample.why.is_empty() {
+                eprintln!("  TCP counters: {}", sample.why.join("; "));
+            }
             check_after(&node, &runtime)?;
             samples.push(sample);
         }
