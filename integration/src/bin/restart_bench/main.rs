@@ -83,11 +83,17 @@ struct Node {
 }
 
 impl Node {
-    /// The TCP counters of the sender's and the receiver's namespaces.
-    fn tcp(&self) -> Result<[TcpCounters; 2]> {
+    /// The TCP counters of the namespaces of the stream's sender and receiver (what is
+    /// counted as lost), then of the prober and its target (shown, not counted: their
+    /// connections are opened and closed all the time).
+    fn tcp(&self) -> Result<[TcpCounters; 4]> {
+        let r = self.roles;
+        let read = |i: usize| TcpCounters::read(&self.pods[i].netns);
         Ok([
-            TcpCounters::read(&self.pods[self.roles.sender].netns)?,
-            TcpCounters::read(&self.pods[self.roles.receiver].netns)?,
+            read(r.sender)?,
+            read(r.receiver)?,
+            read(r.prober)?,
+            read(r.target)?,
         ])
     }
 }
@@ -107,16 +113,19 @@ fn main() -> Result<()> {
     let mut baseline = Agent::start_new(AgentOptions::default()).context("the baseline agent")?;
     let mut node = cluster(shape, &runtime)?;
     let roles = node.roles;
+    let pod = |i: usize| &node.pods[i];
     eprintln!(
-        "stream {} -> {}, new connections from {}",
-        node.pods[roles.sender].key, node.pods[roles.receiver].key, node.pods[roles.prober].key
+        "stream {} -> {}, new connections {} -> {}",
+        pod(roles.sender).key,
+        pod(roles.receiver).key,
+        pod(roles.prober).key,
+        pod(roles.target).key
     );
-    let receiver = SocketAddrV4::new(node.pods[roles.receiver].ip, traffic::PORT);
+    let at = |i: usize| SocketAddrV4::new(pod(i).ip, traffic::PORT);
     let flows = Traffic::start(
-        &node.pods[roles.sender].netns,
-        &node.pods[roles.prober].netns,
-        &node.pods[roles.receiver].netns,
-        receiver,
+        (&pod(roles.sender).netns, at(roles.receiver)),
+        (&pod(roles.prober).netns, at(roles.target)),
+        (&pod(roles.receiver).netns, &pod(roles.target).netns),
     )?;
     std::thread::sleep(Duration::from_secs(1));
     let warm = flows.window(Duration::ZERO, flows.now());
@@ -136,7 +145,13 @@ fn main() -> Result<()> {
             let window = flows.window(from, flows.now());
             let after = node.tcp()?;
             let mut why = Vec::new();
-            for (pod, (now, then)) in ["sender", "receiver"].iter().zip(after.iter().zip(&tcp)) {
+            let pods = [
+                "sender",
+                "receiver",
+                "prober (not counted)",
+                "target (not counted)",
+            ];
+            for (pod, (now, then)) in pods.iter().zip(after.iter().zip(&tcp)) {
                 let grown = now.grown_since(then);
                 if !grown.is_empty() {
                     why.push(format!("{pod}: {}", grown.join(", ")));
@@ -145,9 +160,9 @@ fn main() -> Result<()> {
             let sample = Sample {
                 ending,
                 baseline: base,
-                retransmits: after
+                retransmits: after[..2]
                     .iter()
-                    .zip(&tcp)
+                    .zip(&tcp[..2])
                     .map(|(now, then)| now.retransmitted().saturating_sub(then.retransmitted()))
                     .sum(),
                 why,

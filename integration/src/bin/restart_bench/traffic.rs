@@ -5,13 +5,14 @@
 //!   receiver checks the sequence and notes when each record arrived. A record that is late
 //!   shows as its delay; a gap in the sequence would be a record lost for good (TCP does not
 //!   let that happen on a connection that stays up, so it is checked, not assumed);
-//! - **new connections to a named port**: another pod connects to the receiver's port
-//!   `stream` every 10 ms (100 ms timeout), as a client opening connections through the
-//!   restart would, and each attempt's outcome is noted.
+//! - **new connections to a named port**: a third pod connects to a fourth pod's port `stream`
+//!   every 10 ms (100 ms timeout), as a client opening connections through the restart would,
+//!   and each attempt's outcome is noted. Pods of their own, so that the kernel's TCP counters
+//!   of the stream's two pods count the stream alone.
 //!
-//! The sender and the prober reach the receiver only through an egress rule that names the
-//! port (`stream`), which resolves against the receiver's named ports in the ipcache, so what
-//! the restore does with named ports shows in the prober's refusals.
+//! Both reach their destination only through an egress rule that names the port (`stream`),
+//! which resolves against the destinations' named ports in the ipcache, so what the restore
+//! does with named ports shows in the refusals.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -37,18 +38,20 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Which pods of the cluster the traffic runs between (indexes of the shape's pods).
 ///
-/// The receiver's ingress is enforced (a NetworkPolicy of its namespace selects it and admits
-/// every pod of `ns-0`); the sender and the prober, pods of `ns-0`, may send only to ports
-/// named `stream`. Their records come before the receiver's in the order the restore reads
-/// them, so that they are restored before it.
+/// The destinations' ingress is enforced (a NetworkPolicy of their namespace selects them and
+/// admits every pod of `ns-0`); the sender and the prober, pods of `ns-0`, may send only to
+/// ports named `stream`. Their records come before the destinations' in the order the restore
+/// reads them, so that they are restored first.
 #[derive(Debug, Clone, Copy)]
 pub struct Roles {
     /// The stream's sender.
     pub sender: usize,
+    /// The stream's receiver, serving `stream` (7000/TCP).
+    pub receiver: usize,
     /// The pod opening new connections.
     pub prober: usize,
-    /// The receiver, serving `stream` (7000/TCP).
-    pub receiver: usize,
+    /// The pod it opens them to, serving `stream` (7000/TCP).
+    pub target: usize,
     /// A pod whose connections the receiver's policy refuses (checked after each restart).
     pub denied: usize,
 }
@@ -56,8 +59,8 @@ pub struct Roles {
 impl Roles {
     /// The roles in a cluster of `shape` whose pod `i` has its record restored as the
     /// `order(i)`-th: the sender and the prober are the two pods of `ns-0` restored first, the
-    /// receiver the pod restored last of those a policy admitting `ns-0` selects; pod 1, of
-    /// `ns-1`, is one the receiver's policy refuses.
+    /// receiver and the target the two restored last of those a policy admitting `ns-0`
+    /// selects; pod 1, of `ns-1`, is one the receiver's policy refuses.
     pub fn choose(shape: Shape, order: impl Fn(usize) -> usize) -> Result<Roles> {
         let n = shape.namespaces;
         if n < 10 || shape.pods < 2 * n || shape.policies < n.min(100) {
@@ -65,42 +68,57 @@ impl Roles {
                 "the traffic needs at least 10 namespaces, 2 pods per namespace and a policy per namespace"
             );
         }
-        let mut senders: Vec<usize> = (0..shape.pods).filter(|i| i % n == 0).collect();
-        senders.sort_by_key(|&i| order(i));
+        let mut sources: Vec<usize> = (0..shape.pods).filter(|i| i % n == 0).collect();
+        sources.sort_by_key(|&i| order(i));
         // Pod i is in ns-(i % n), group g-(i / n % 10); policy j < 100 of ns-j selects group
         // g-(j % 10) and admits ns-0 and ns-j: pod i is selected by policy i % n when
         // (i / n) % 10 == (i % n) % 10.
-        let receiver = (0..shape.pods)
+        let mut destinations: Vec<usize> = (0..shape.pods)
             .filter(|i| i % n > 1 && i % n < 100 && (i / n) % 10 == (i % n) % 10)
-            .max_by_key(|&i| order(i))
-            .context("no pod of the cluster is selected by a policy that admits ns-0")?;
-        if order(senders[1]) > order(receiver) {
-            bail!("no receiver is restored after two pods of ns-0");
+            .collect();
+        destinations.sort_by_key(|&i| std::cmp::Reverse(order(i)));
+        let (Some(&sender), Some(&prober), Some(&receiver), Some(&target)) = (
+            sources.first(),
+            sources.get(1),
+            destinations.first(),
+            destinations.get(1),
+        ) else {
+            bail!("the cluster has too few pods of ns-0 or selected by a policy admitting it");
+        };
+        if order(prober) > order(target) {
+            bail!("no two pods a policy admitting ns-0 selects are restored after two of ns-0");
         }
         Ok(Roles {
-            sender: senders[0],
-            prober: senders[1],
+            sender,
             receiver,
+            prober,
+            target,
             denied: 1,
         })
     }
 
-    /// The objects the traffic needs on top of the cluster: the receiver's pod again, with its
-    /// container port named `stream`, and the egress policy of the sender and the prober.
+    /// The objects the traffic needs on top of the cluster: the destinations' pods again,
+    /// with their container port named `stream`, and the egress policy of the sources.
     pub fn yaml(&self, shape: Shape) -> String {
-        let labels: Vec<String> = shape
-            .pod_labels(self.receiver)
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
-        let key = shape.pod_key(self.receiver);
-        let (ns, name) = key.split_once('/').unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name}, namespace: {ns}, labels: {{ {} }} }}\nspec: {{ containers: [ {{ name: c, ports: [ {{ name: {PORT_NAME}, containerPort: {PORT} }} ] }} ] }}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: stream-out, namespace: ns-0 }}\nspec:\n  podSelector: {{ matchExpressions: [ {{ key: app, operator: In, values: [ app-{}, app-{} ] }} ] }}\n  policyTypes: [ Egress ]\n  egress:\n  - ports: [ {{ port: {PORT_NAME} }} ]\n",
-            labels.join(", "),
-            self.sender,
-            self.prober
-        )
+        let mut out = String::new();
+        for i in [self.receiver, self.target] {
+            let labels: Vec<String> = shape
+                .pod_labels(i)
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let key = shape.pod_key(i);
+            let (ns, name) = key.split_once('/').unwrap_or_default();
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name}, namespace: {ns}, labels: {{ {} }} }}\nspec: {{ containers: [ {{ name: c, ports: [ {{ name: {PORT_NAME}, containerPort: {PORT} }} ] }} ] }}\n---\n",
+                labels.join(", ")
+            ));
+        }
+        out.push_str(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: stream-out, namespace: ns-0 }}\nspec:\n  podSelector: {{ matchExpressions: [ {{ key: app, operator: In, values: [ app-{}, app-{} ] }} ] }}\n  policyTypes: [ Egress ]\n  egress:\n  - ports: [ {{ port: {PORT_NAME} }} ]\n",
+            self.sender, self.prober
+        ));
+        out
     }
 }
 
@@ -145,23 +163,27 @@ pub struct Window {
 }
 
 impl Traffic {
-    /// Listens in the receiver's namespace, connects the stream from the sender's and starts
-    /// the records and the prober.
+    /// Listens in the receiver's and the target's namespaces, connects the stream from the
+    /// sender's and starts the records and the prober.
     pub fn start(
-        sender: &NetNs,
-        prober: &NetNs,
-        receiver: &NetNs,
-        to: SocketAddrV4,
+        (sender, receiver): (&NetNs, SocketAddrV4),
+        (prober, target): (&NetNs, SocketAddrV4),
+        (receiver_ns, target_ns): (&NetNs, &NetNs),
     ) -> Result<Traffic> {
-        let listener = receiver
-            .run(move || TcpListener::bind(to))?
-            .with_context(|| format!("listening on {to}"))?;
+        let listener = receiver_ns
+            .run(move || TcpListener::bind(receiver))?
+            .with_context(|| format!("listening on {receiver}"))?;
         let stream = sender
-            .run(move || TcpStream::connect_timeout(&SocketAddr::V4(to), Duration::from_secs(2)))?
-            .with_context(|| format!("connecting the stream to {to}"))?;
+            .run(move || {
+                TcpStream::connect_timeout(&SocketAddr::V4(receiver), Duration::from_secs(2))
+            })?
+            .with_context(|| format!("connecting the stream to {receiver}"))?;
         stream.set_nodelay(true)?;
         let (inbound, _) = listener.accept().context("accepting the stream")?;
-        listener.set_nonblocking(true)?;
+        let probed = target_ns
+            .run(move || TcpListener::bind(target))?
+            .with_context(|| format!("listening on {target}"))?;
+        probed.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
@@ -174,9 +196,9 @@ impl Traffic {
         let s = shared.clone();
         let receive = std::thread::spawn(move || receive(inbound, &s));
         let s = shared.clone();
-        let accept = std::thread::spawn(move || accept(listener, &s));
+        let accept = std::thread::spawn(move || accept(probed, &s));
         let s = shared.clone();
-        let probe = prober.run(move || std::thread::spawn(move || probe(to, &s)))?;
+        let probe = prober.run(move || std::thread::spawn(move || probe(target, &s)))?;
         Ok(Traffic {
             shared,
             threads: vec![send, receive, accept, probe],
@@ -294,7 +316,7 @@ fn receive(mut stream: TcpStream, s: &Shared) -> Result<()> {
     }
 }
 
-/// Accepts the prober's connections and closes them.
+/// Accepts the prober's connections (at the target) and closes them.
 fn accept(listener: TcpListener, s: &Shared) -> Result<()> {
     while !s.stop.load(Ordering::Relaxed) {
         match listener.accept() {
