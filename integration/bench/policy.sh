@@ -23,6 +23,7 @@ POLICIES=${POLICIES:-250}
 ROUNDS=${ROUNDS:-5}
 SAMPLES=${SAMPLES:-50}
 root=$(cd "$(dirname "$0")/../.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "policy.sh: run as root (it creates network namespaces and runs the agent)" >&2
@@ -37,7 +38,7 @@ cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
 
 # The benchmark removes everything it created when it ends, also when it is told to stop
 # (SIGINT or SIGTERM, which this script passes on).
-"$root/target/release/cellium-policy-bench" \
+"$target/release/cellium-policy-bench" \
   --pods "$PODS" --policies "$POLICIES" --rounds "$ROUNDS" --samples "$SAMPLES" &
 bench_pid=$!
 trap 'kill -TERM "$bench_pid" 2>/dev/null || true' INT TERM

@@ -180,6 +180,13 @@ impl Agent {
     /// Starts the agent (again) on the same node, state and BPF root, and waits until its API
     /// answers. Fails, with the agent's log, if it exits first or does not answer in time.
     pub fn start(&mut self) -> Result<()> {
+        self.launch()?;
+        self.wait_ready()
+    }
+
+    /// Starts the agent (again) on the same node, state and BPF root, without waiting for it:
+    /// for a caller that times the start itself ([`Agent::wait_ready`] waits as `start` does).
+    pub fn launch(&mut self) -> Result<()> {
         if self.is_running() {
             return Err(Error::Agent {
                 what: "is already running".into(),
@@ -227,7 +234,7 @@ impl Agent {
             source,
         })?;
         self.child = Some(child);
-        self.wait_ready()
+        Ok(())
     }
 
     /// Kills the agent with SIGKILL, as a crash would, and reaps it.
@@ -516,7 +523,9 @@ impl Agent {
             .sum())
     }
 
-    fn wait_ready(&mut self) -> Result<()> {
+    /// Waits until the launched agent answers on its API; fails, with its log, if it exits
+    /// first or does not answer in time.
+    pub fn wait_ready(&mut self) -> Result<()> {
         let began = Instant::now();
         loop {
             let exited = match &mut self.child {

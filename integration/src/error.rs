@@ -101,6 +101,17 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A call of the agent's gRPC API failed (or the API could not be reached).
+    #[error("{call} failed: {reason}")]
+    Api {
+        /// The call (`Endpoints.List`, `connect`, ...).
+        call: &'static str,
+        /// Why, as the client reported it.
+        reason: String,
+    },
+    /// A benchmark was told to stop (SIGINT or SIGTERM).
+    #[error("interrupted")]
+    Interrupted,
     /// Unexpected output from a tool or peer.
     #[error("unexpected {what}: {detail}")]
     Unexpected {

@@ -3,14 +3,16 @@
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
 //! traffic probes ([`probe`]), hand-made frames sent as they are ([`frame`]), and a running
 //! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), reachability probes that tell a
-//! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), and a
-//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]).
+//! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), a
+//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]), and what the
+//! benchmarks that run an agent at scale share ([`bench`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
 //! through the guards even when an assertion fails.
 
 pub mod agent;
+pub mod bench;
 pub mod bpffs;
 pub mod cmd;
 pub mod cni;

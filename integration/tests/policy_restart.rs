@@ -234,3 +234,85 @@ fn sigkill_and_start_keep_identities_and_policy_with_no_window_of_open_access() 
     let _serial = serial();
     restart_keeps_policy_without_a_window(true);
 }
+
+/// shop/web may open connections only to ports named `dns-tcp`, which only the pod of
+/// ops/dns names (53/TCP); ops/dns is the last endpoint restored (the restore reads the
+/// records in the order of their ids).
+const NAMED_EGRESS: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-out, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  policyTypes: [ Egress ]
+  egress: [ { ports: [ { port: dns-tcp } ] } ]
+"#;
+
+/// New connections that an egress rule allows by the name of the peer's port are never
+/// refused across a restart: every endpoint publishes its pod's named ports before any is
+/// enforced, so one restored early does not close the port of one restored later.
+fn restart_keeps_named_ports_open(kill: bool) {
+    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    lab.apply_policy(NAMED_EGRESS).unwrap();
+    let ids: Vec<u64> = ["shop/web", "ops/dns"]
+        .iter()
+        .map(|p| lab.endpoints().unwrap()[*p]["id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        ids[0].to_string() < ids[1].to_string(),
+        "ops/dns is restored after shop/web: {ids:?}"
+    );
+    lab.check("before the restart", &[Tcp(53), Tcp(8080)], |f| {
+        !f.from.is("shop/web") || (f.to.is("ops/dns") && f.probe == Tcp(53))
+    });
+
+    // A new connection every millisecond, each of which must get through.
+    let hammer = lab.hammer("shop/web", "ops/dns", Tcp(53)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    if kill {
+        lab.agent_mut().kill().unwrap();
+    } else {
+        let (status, _) = lab.agent_mut().stop().unwrap();
+        assert!(status.success(), "{status}");
+    }
+    let starting = Instant::now();
+    lab.agent_mut().start().expect("restart");
+    lab.settle().unwrap();
+    let settled = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let log = hammer.finish().unwrap();
+
+    let through: std::collections::HashSet<Instant> = log.breaches.iter().map(|b| b.0).collect();
+    let refused: Vec<Instant> = log
+        .attempts
+        .iter()
+        .copied()
+        .filter(|t| !through.contains(t))
+        .collect();
+    assert!(
+        log.attempts_between(starting, settled) > 0,
+        "no attempt while the agent started"
+    );
+    assert!(
+        refused.is_empty(),
+        "{} of {} new connections refused, the first {:?} after the start began",
+        refused.len(),
+        log.attempts.len(),
+        refused[0].saturating_duration_since(starting)
+    );
+    lab.check("after the restart", &[Tcp(53), Tcp(8080)], |f| {
+        !f.from.is("shop/web") || (f.to.is("ops/dns") && f.probe == Tcp(53))
+    });
+}
+
+#[test]
+fn sigterm_and_start_keep_a_port_allowed_by_name_open() {
+    let _serial = serial();
+    restart_keeps_named_ports_open(false);
+}
+
+#[test]
+fn sigkill_and_start_keep_a_port_allowed_by_name_open() {
+    let _serial = serial();
+    restart_keeps_named_ports_open(true);
+}

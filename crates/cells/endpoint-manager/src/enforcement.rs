@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cellium_datapath_bpf::{PolicyEntry, Verdict, compile_policy};
 use cellium_ipcache::{Ipcache, Source};
 use cellium_policy_repo::{EndpointPolicy, PolicyRepository, Subject};
-use cellium_resources::Resources;
+use cellium_resources::{NamedPort, Resources};
 use ipnet::IpNet;
 
 use crate::datapath::EndpointDatapath;
@@ -97,15 +97,9 @@ impl Enforcement {
     /// only then does a direction that becomes enforced take effect (its allow entries are
     /// in place by then, so allowed traffic never meets a default deny).
     pub(crate) fn enforce(&self, dp: &dyn EndpointDatapath, ep: &Endpoint) -> Result<u64> {
-        let ports = labels::named_ports(ep, self.resources.as_deref());
-        // Other endpoints' egress rules name this pod's ports: its addresses carry them in the
-        // ipcache (read fresh here, at every regeneration, so a change of the pod's ports
-        // reaches them even when its identity stays).
-        if let Some(ipcache) = &self.ipcache {
-            for addr in &ep.addresses {
-                ipcache.set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
-            }
-        }
+        // Read fresh at every regeneration, so a change of the pod's ports reaches the
+        // endpoints that name them even when its identity stays.
+        let ports = self.publish_named_ports(ep);
         let policy = match &self.policy {
             Some(repo) => repo.resolve(&Subject {
                 identity: ep.identity,
@@ -189,6 +183,28 @@ impl Enforcement {
             },
         );
         Ok(revision)
+    }
+
+    /// Publishes the named ports of the endpoint's pod on its addresses in the ipcache, where
+    /// other endpoints' egress rules that name a port find them (the addresses must be
+    /// claimed first); returns them.
+    pub(crate) fn publish_named_ports(&self, ep: &Endpoint) -> Vec<NamedPort> {
+        let ports = labels::named_ports(ep, self.resources.as_deref());
+        if let Some(ipcache) = &self.ipcache {
+            for addr in &ep.addresses {
+                ipcache.set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
+            }
+        }
+        ports
+    }
+
+    /// Hands the named ports published so far to the policy repository at once, rather than
+    /// when its feed gets to the ipcache's announcement: policies resolved from now on see
+    /// them.
+    pub(crate) fn take_named_ports(&self) {
+        if let Some(repo) = &self.policy {
+            repo.sync_named_ports();
+        }
     }
 
     /// Takes what the datapath already enforces for a restored endpoint as the starting

@@ -32,12 +32,8 @@ pub(crate) trait Interfaces: Send + Sync {
         net: &'a PodNetwork,
     ) -> BoxFuture<'a, Result<()>>;
 
-    /// The node's link named `name`. For a restored endpoint's host end, its existence is what
-    /// proves the pod's network namespace still exists (see [`plumbing::restorable_host_end`]).
-    fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Link>>>;
-
-    /// Every link of the node named like a host end, as (name, index).
-    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>>;
+    /// Every link of the node named like a host end, with its name.
+    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, Link)>>>;
 
     /// Every route of the node to a single address through an interface, as (address,
     /// interface index).
@@ -65,11 +61,7 @@ impl Interfaces for Netlink {
         Box::pin(plumbing::check_pod(self, netns, net))
     }
 
-    fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Link>>> {
-        Box::pin(plumbing::find_link(&self.handle, name))
-    }
-
-    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, u32)>>> {
+    fn host_links(&self) -> BoxFuture<'_, Result<Vec<(String, Link)>>> {
         Box::pin(plumbing::host_links(&self.handle))
     }
 

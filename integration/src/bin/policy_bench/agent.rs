@@ -2,22 +2,12 @@
 //! `cellium-cni`, the policies applied through the API, and the time from an Apply call to
 //! the moment `Endpoints.List` reports every endpoint at the new revision.
 
-use std::collections::VecDeque;
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use cellium_api::v1::endpoints_client::EndpointsClient;
-use cellium_api::v1::policy_client::PolicyClient;
-use cellium_api::v1::resources_client::ResourcesClient;
-use cellium_api::v1::{ApplyRequest, GetPolicyRequest, ListEndpointsRequest};
-use cellium_integration::{Agent, AgentOptions, CniCall, CniProcess, NetNs};
-use tonic::transport::Channel;
-
-use crate::workload::Shape;
-
-/// How many CNI ADDs run at once while the pods are created.
-const PARALLEL_ADDS: usize = 8;
+use cellium_api::v1::ApplyRequest;
+use cellium_integration::bench::{Api, Shape, create_pods, interrupted, pods::wait_add, rss_kib};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
 
 /// What was measured.
 #[derive(Debug, Default)]
@@ -41,87 +31,30 @@ pub struct Figures {
     pub rss_loaded_kib: u64,
 }
 
-/// The API clients the measurement polls with.
-struct Api {
-    endpoints: EndpointsClient<Channel>,
-    policy: PolicyClient<Channel>,
-    resources: ResourcesClient<Channel>,
-}
-
-impl Api {
-    async fn revision(&mut self) -> Result<u64> {
-        Ok(self
-            .policy
-            .get(GetPolicyRequest {})
-            .await?
-            .into_inner()
-            .revision)
+/// Applies (or deletes) `yaml` and returns the time until every endpoint enforces it.
+async fn timed(api: &mut Api, yaml: &str, delete: bool) -> Result<Duration> {
+    // Nothing may be in flight when the clock starts.
+    let before = api.revision().await?;
+    let seen = api.enforced().await?;
+    if seen.lowest != before || seen.highest != before {
+        bail!(
+            "endpoints at revisions {}..={}, the repository at {before}",
+            seen.lowest,
+            seen.highest
+        );
     }
-
-    /// The lowest and highest revision the endpoints report, and how many there are.
-    async fn enforced(&mut self) -> Result<(u64, u64, usize)> {
-        let eps = self
-            .endpoints
-            .list(ListEndpointsRequest {})
-            .await?
-            .into_inner()
-            .endpoints;
-        let lowest = eps.iter().map(|e| e.policy_revision).min().unwrap_or(0);
-        let highest = eps.iter().map(|e| e.policy_revision).max().unwrap_or(0);
-        Ok((lowest, highest, eps.len()))
+    let request = ApplyRequest {
+        source: "bench.yaml".into(),
+        yaml: yaml.into(),
+    };
+    let began = Instant::now();
+    if delete {
+        api.resources.delete(request).await?;
+    } else {
+        api.resources.apply(request).await?;
     }
-
-    /// Waits until every endpoint reports one revision past `before` that is the repository's
-    /// own, and returns the moment the endpoints first all reported it. Only `Endpoints.List`
-    /// is polled while waiting (what a user would watch); the repository's revision is read
-    /// once they agree, and if it has moved on meanwhile, the wait goes on.
-    async fn settled_after(&mut self, before: u64) -> Result<Instant> {
-        let began = Instant::now();
-        loop {
-            crate::interrupted()?;
-            let (lowest, highest, _) = self.enforced().await?;
-            let at = Instant::now();
-            if lowest > before && lowest == highest && self.revision().await? == lowest {
-                return Ok(at);
-            }
-            if began.elapsed() > Duration::from_secs(120) {
-                bail!("endpoints did not reach a revision past {before} within 2 minutes");
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Applies (or deletes) `yaml` and returns the time until every endpoint enforces it.
-    async fn timed(&mut self, yaml: &str, delete: bool) -> Result<Duration> {
-        // Nothing may be in flight when the clock starts.
-        let before = self.revision().await?;
-        let (lowest, highest, _) = self.enforced().await?;
-        if lowest != before || highest != before {
-            bail!("endpoints at revisions {lowest}..={highest}, the repository at {before}");
-        }
-        let request = ApplyRequest {
-            source: "bench.yaml".into(),
-            yaml: yaml.into(),
-        };
-        let began = Instant::now();
-        if delete {
-            self.resources.delete(request).await?;
-        } else {
-            self.resources.apply(request).await?;
-        }
-        let done = self.settled_after(before).await?;
-        Ok(done - began)
-    }
-}
-
-/// The resident memory of process `pid` (KiB).
-pub fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS in /proc/<pid>/status")
+    let done = api.settled_after(before).await?;
+    Ok(done - began)
 }
 
 /// Starts an agent, creates the cluster of `shape`, and measures `rounds` applies and deletes
@@ -158,13 +91,8 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let channel = cellium_api::connect(agent.socket()).await?;
-        let mut api = Api {
-            endpoints: EndpointsClient::new(channel.clone()),
-            policy: PolicyClient::new(channel.clone()),
-            resources: ResourcesClient::new(channel),
-        };
-        let (_, _, n) = api.enforced().await?;
+        let mut api = Api::connect(&agent.socket()).await?;
+        let n = api.enforced().await?.endpoints;
         figures.endpoints = n;
         if n != shape.pods {
             bail!("{n} endpoints for {} pods", shape.pods);
@@ -175,13 +103,13 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
             figures.list.push(began.elapsed());
         }
         for round in 0..rounds {
-            crate::interrupted()?;
+            interrupted()?;
             for (yaml, out) in [
                 (Shape::change_none_yaml(), &mut figures.change_none),
                 (Shape::change_all_yaml(), &mut figures.change_all),
             ] {
-                let apply = api.timed(yaml, false).await?;
-                let delete = api.timed(yaml, true).await?;
+                let apply = timed(&mut api, yaml, false).await?;
+                let delete = timed(&mut api, yaml, true).await?;
                 out.extend([apply, delete]);
             }
             eprintln!(
@@ -193,7 +121,7 @@ pub fn measure(shape: Shape, rounds: usize) -> Result<Figures> {
             );
         }
         for round in 0..rounds {
-            crate::interrupted()?;
+            interrupted()?;
             let timed = new_pod(&agent, &mut api, round).await?;
             eprintln!("new pod {round}: {:?} (ADD {:?})", timed.0, timed.1);
             figures.new_pod.push(timed);
@@ -236,41 +164,4 @@ async fn new_pod(agent: &Agent, api: &mut Api, round: usize) -> Result<(Duration
     api.resources.delete(request()).await?;
     api.settled_after(before).await?;
     Ok((done - began, added))
-}
-
-/// One network namespace per pod and a CNI ADD for each, a few at a time, as a kubelet
-/// starting many pods would.
-fn create_pods(agent: &Agent, shape: Shape) -> Result<Vec<NetNs>> {
-    let mut netns = Vec::with_capacity(shape.pods);
-    for _ in 0..shape.pods {
-        crate::interrupted()?;
-        netns.push(NetNs::new()?);
-    }
-    let mut running: VecDeque<CniProcess> = VecDeque::new();
-    for (i, ns) in netns.iter().enumerate() {
-        let key = shape.pod_key(i);
-        let (pod_ns, name) = key.split_once('/').context("pod key")?;
-        let call = CniCall::new("ADD", &format!("bench{i}x{}", std::process::id()))
-            .netns(ns.path())
-            .args(&format!("K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name}"));
-        crate::interrupted()?;
-        if running.len() >= PARALLEL_ADDS
-            && let Some(p) = running.pop_front()
-        {
-            wait_add(p)?;
-        }
-        running.push_back(agent.spawn_cni(&call)?);
-    }
-    for p in running {
-        wait_add(p)?;
-    }
-    Ok(netns)
-}
-
-fn wait_add(p: CniProcess) -> Result<Ipv4Addr> {
-    let (status, out) = p.wait()?;
-    if !status.success() {
-        bail!("CNI ADD failed ({status}): {out}");
-    }
-    cellium_integration::cni::result_ipv4(&out).context("no address in the ADD result")
 }

@@ -16,15 +16,12 @@
 
 mod agent;
 mod selectors;
-mod workload;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+use cellium_integration::bench::{Shape, median, ms, us, watch_signals};
 use clap::Parser;
-
-use crate::workload::Shape;
 
 /// Measures policy at scale.
 #[derive(Debug, Parser)]
@@ -48,58 +45,6 @@ struct Cli {
     /// Only the in-process identity measurement (no root, no agent).
     #[arg(long)]
     identities_only: bool,
-}
-
-/// Set when SIGINT or SIGTERM arrives: the benchmark stops at its next step and removes what
-/// it created (the agent, the pods' namespaces) on the way out, which dying by the signal
-/// would not.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// Fails once the benchmark has been told to stop.
-pub fn interrupted() -> Result<()> {
-    if STOP.load(Ordering::Relaxed) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// Sets [`STOP`] on the first SIGINT or SIGTERM, from a thread of its own.
-fn watch_signals() -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (mut term, mut int) = runtime.block_on(async {
-        anyhow::Ok((
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::interrupt())?,
-        ))
-    })?;
-    std::thread::spawn(move || {
-        runtime.block_on(async {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        });
-        eprintln!("stopping: removing what the benchmark created");
-        STOP.store(true, Ordering::Relaxed);
-    });
-    Ok(())
-}
-
-fn median(v: &[Duration]) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 fn main() -> Result<()> {

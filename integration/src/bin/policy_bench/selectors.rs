@@ -14,7 +14,7 @@ use cellium_labels::{Labels, Selector};
 use cellium_policy_repo::{PolicyRepository, Subject};
 use cellium_resources::{ObjectKey, Resources};
 
-use crate::workload::Shape;
+use cellium_integration::bench::{Shape, interrupted};
 
 /// What was measured.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ pub fn measure(shape: Shape, samples: usize) -> Result<IdentityAdd> {
         resolve_all: Vec::new(),
     };
     for k in 0..samples {
-        crate::interrupted()?;
+        interrupted()?;
         // Every endpoint's policy resolved, as in a running agent: the new revision drops them.
         let began = Instant::now();
         for (id, labels) in &subjects {

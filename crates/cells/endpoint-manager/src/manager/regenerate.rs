@@ -244,22 +244,32 @@ impl EndpointManager {
     /// earlier attempt left owing (its programs, its record). Idempotent: a retry resumes
     /// where the failure stopped.
     pub(crate) fn regenerate(&self, b: &Backends, ep: &Arc<Endpoint>) -> Result<()> {
-        let relabelled = ep.identity == 0 || self.identity.labels(ep) != ep.labels;
-        let ep = if relabelled {
-            let mut ep = Endpoint::clone(ep);
-            if self.identity.identify(&mut ep)? {
-                // The table follows what is claimed before anything else can fail: a retry
-                // must start from the identity now held, or it would give the old one back
-                // twice.
-                self.endpoints.insert(ep.clone());
-                self.regeneration.needs_save(ep.id);
-                tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
-            }
-            Arc::new(ep)
-        } else {
-            ep.clone()
-        };
-        self.enforcement.enforce(&*b.datapath, &ep)?;
+        let ep = self.relabel(ep)?;
+        self.enforce_and_settle(b, &ep)
+    }
+
+    /// Derives the endpoint's labels again and, when they changed (or it has no identity
+    /// yet), gives it the identity of the new labels; returns the endpoint as it is now.
+    fn relabel(&self, ep: &Arc<Endpoint>) -> Result<Arc<Endpoint>> {
+        if ep.identity != 0 && self.identity.labels(ep) == ep.labels {
+            return Ok(ep.clone());
+        }
+        let mut ep = Endpoint::clone(ep);
+        if self.identity.identify(&mut ep)? {
+            // The table follows what is claimed before anything else can fail: a retry
+            // must start from the identity now held, or it would give the old one back
+            // twice.
+            self.endpoints.insert(ep.clone());
+            self.regeneration.needs_save(ep.id);
+            tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
+        }
+        Ok(Arc::new(ep))
+    }
+
+    /// Makes the datapath enforce the endpoint's policy at the current revision, then
+    /// settles what an earlier attempt left owing: its programs attached, its record written.
+    pub(crate) fn enforce_and_settle(&self, b: &Backends, ep: &Endpoint) -> Result<()> {
+        self.enforcement.enforce(&*b.datapath, ep)?;
         if lock(&self.regeneration.unattached).contains(&ep.id) {
             // Replaces the previous agent's programs atomically: never a moment without.
             b.datapath
@@ -271,7 +281,7 @@ impl EndpointManager {
             lock(&self.regeneration.unattached).remove(&ep.id);
         }
         if lock(&self.regeneration.unsaved).contains(&ep.id) {
-            self.store.save(&ep)?;
+            self.store.save(ep)?;
             lock(&self.regeneration.unsaved).remove(&ep.id);
         }
         Ok(())

@@ -2,7 +2,7 @@
 
 use futures::TryStreamExt;
 use rtnetlink::Handle;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 
 use crate::plumbing::error::{Result, errno, netlink};
 
@@ -28,6 +28,10 @@ pub async fn find_link(handle: &Handle, name: &str) -> Result<Option<Link>> {
         Err(e) if errno(&e) == Some(libc_enodev()) => return Ok(None),
         Err(e) => return Err(netlink(format!("look up interface {name}"))(e)),
     };
+    Ok(Some(link_of(msg)))
+}
+
+fn link_of(msg: LinkMessage) -> Link {
     let mut link = Link {
         index: msg.header.index,
         mac: [0; 6],
@@ -41,20 +45,21 @@ pub async fn find_link(handle: &Handle, name: &str) -> Result<Option<Link>> {
             _ => {}
         }
     }
-    Ok(Some(link))
+    link
 }
 
-/// Every link whose name looks like a host end made by [`host_ifname`], as (name, index).
-pub async fn host_links(handle: &Handle) -> Result<Vec<(String, u32)>> {
+/// Every link whose name looks like a host end made by [`host_ifname`], by name: one dump,
+/// where looking each up by name would cost a request apiece.
+pub async fn host_links(handle: &Handle) -> Result<Vec<(String, Link)>> {
     let mut links = handle.link().get().execute();
     let mut found = Vec::new();
     while let Some(msg) = links.try_next().await.map_err(netlink("list interfaces"))? {
-        for attr in &msg.attributes {
-            if let LinkAttribute::IfName(name) = attr
-                && is_host_ifname(name)
-            {
-                found.push((name.clone(), msg.header.index));
-            }
+        let name = msg.attributes.iter().find_map(|attr| match attr {
+            LinkAttribute::IfName(name) if is_host_ifname(name) => Some(name.clone()),
+            _ => None,
+        });
+        if let Some(name) = name {
+            found.push((name, link_of(msg)));
         }
     }
     Ok(found)

@@ -17,6 +17,6 @@ mod sysctl;
 pub use error::{Error, Result};
 pub use host::{HOST_DEVICE, setup_host};
 pub use links::{Link, find_link, host_ifname, host_links};
-pub use netns::{Netlink, PodNetns, Refusal, restorable_host_end};
+pub use netns::{Netlink, PodNetns, Refusal};
 pub use pod::{PodInterface, PodNetwork, check_pod, setup_pod, teardown_pod};
 pub use routes::host_routes;

@@ -9,7 +9,6 @@ use nix::sched::{CloneFlags, setns};
 use rtnetlink::Handle;
 
 use crate::plumbing::error::{Error, Result};
-use crate::plumbing::links::{Link, find_link};
 
 /// The agent's own network namespace, as the kernel names it to this process.
 const OWN_NETNS: &str = "/proc/self/ns/net";
@@ -208,17 +207,6 @@ impl PartialEq for PodNetns {
 }
 
 impl Eq for PodNetns {}
-
-/// The host end of a restored endpoint's veth pair, if it is still there: what proves, after
-/// a restart, that the pod's network namespace still exists.
-///
-/// The agent cannot reopen the namespace (no descriptor survives a restart, and the recorded
-/// path may be one only the runtime can see), but a veth pair lives exactly as long as both of
-/// its namespaces: when the pod's namespace goes, the kernel deletes its end and with it the
-/// host end.
-pub async fn restorable_host_end(node: &Netlink, host_ifname: &str) -> Result<Option<Link>> {
-    find_link(&node.handle, host_ifname).await
-}
 
 /// A netlink connection bound to one network namespace.
 ///

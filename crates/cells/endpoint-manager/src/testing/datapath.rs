@@ -62,6 +62,15 @@ impl FakeDatapath {
             .collect()
     }
 
+    /// The policy entries, read without recording a call.
+    pub(crate) fn policy(&self) -> Vec<(PolicyEntry, Verdict)> {
+        lock(&self.state)
+            .policy
+            .iter()
+            .map(|(e, v)| (*e, *v))
+            .collect()
+    }
+
     /// The interfaces with programs.
     pub(crate) fn attachments(&self) -> BTreeSet<u32> {
         lock(&self.state).attached.clone()

@@ -78,7 +78,11 @@ impl Harness {
         let ipcache = Ipcache::in_memory();
         let resources = Resources::new();
         let state_dir = Arc::new(StateDir::open_at(dir.path()).expect("a state directory"));
-        let policy = Arc::new(PolicyRepository::with_parts(identities.clone(), None, None));
+        let policy = Arc::new(PolicyRepository::with_parts(
+            identities.clone(),
+            Some(ipcache.clone()),
+            None,
+        ));
         Harness {
             manager: Arc::new(EndpointManager::with_parts(Parts {
                 cfg: Config::new(cfg.clone()),
@@ -150,7 +154,7 @@ impl Harness {
         self.ipcache = Ipcache::in_memory();
         self.policy = Arc::new(PolicyRepository::with_parts(
             self.identities.clone(),
-            None,
+            Some(self.ipcache.clone()),
             None,
         ));
         self.rebuild();

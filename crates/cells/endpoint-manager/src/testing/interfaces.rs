@@ -159,20 +159,13 @@ impl Interfaces for FakeInterfaces {
         })
     }
 
-    fn find_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, plumbing::Result<Option<Link>>> {
-        Box::pin(async move {
-            self.fault("find_link", name)?;
-            Ok(lock(&self.state).links.get(name).cloned())
-        })
-    }
-
-    fn host_links(&self) -> BoxFuture<'_, plumbing::Result<Vec<(String, u32)>>> {
+    fn host_links(&self) -> BoxFuture<'_, plumbing::Result<Vec<(String, Link)>>> {
         Box::pin(async move {
             self.fault("host_links", "")?;
             Ok(lock(&self.state)
                 .links
                 .iter()
-                .map(|(n, l)| (n.clone(), l.index))
+                .map(|(n, l)| (n.clone(), l.clone()))
                 .collect())
         })
     }

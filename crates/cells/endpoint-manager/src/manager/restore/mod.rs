@@ -9,6 +9,7 @@ mod sweep;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::{PolicyEntry, Verdict};
 use cellium_hive::BoxError;
@@ -54,18 +55,35 @@ impl EndpointManager {
         b: Backends,
         setup_node: impl Future<Output = Result<()>>,
     ) -> Result<String> {
+        let mut took = Phases::default();
         let mut plan = self.plan(&b).await?;
+        took.mark("plan");
         setup_node.await?;
         // The router addresses just added are the node's: classified as host from now on.
         self.identity.sync_host_addresses().await;
         let _ = self.backends.set(b.clone());
+        took.mark("node");
 
         let mut previous = enforced_entries(&*b.datapath);
         let restored = plan.restore.len();
-        for ep in std::mem::take(&mut plan.restore) {
-            let entries = previous.remove(&ep.id).unwrap_or_default();
-            self.bring_back(&b, ep, entries);
+        // Every endpoint is identified before any is enforced: an egress rule that names a
+        // port resolves against the ports the peers' pods publish on their addresses, and an
+        // endpoint enforced before its peers were back would close, until they were, what
+        // the previous agent's entries allow.
+        let identified: Vec<Arc<Endpoint>> = std::mem::take(&mut plan.restore)
+            .into_iter()
+            .filter_map(|ep| {
+                let entries = previous.remove(&ep.id).unwrap_or_default();
+                let moved = plan.moved.contains(&ep.id);
+                self.identify_restored(&b, ep, entries, moved)
+            })
+            .collect();
+        self.enforcement.take_named_ports();
+        took.mark("identify");
+        for ep in &identified {
+            self.enforce_restored(&b, ep);
         }
+        took.mark("enforce");
         let mut removed = 0;
         for (mut ep, why) in std::mem::take(&mut plan.remove) {
             tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
@@ -95,6 +113,7 @@ impl EndpointManager {
                 Err(_) => {}
             }
         }
+        took.mark("remove");
         let (leftovers, mut problems) = self.leftovers(&b).await;
         let last = match plan.unknown() {
             // What no readable record accounts for may be an unreadable one's: nothing is
@@ -126,6 +145,9 @@ impl EndpointManager {
                 format!("{} leftovers swept", swept.removed)
             }
         };
+        took.mark("sweep");
+        // Where a restart's time goes, for whoever wonders why it was slow.
+        tracing::info!(restored, removed, took = %took, "endpoints restored");
         let restore = self.reporter.child("restore");
         if problems.is_empty() {
             restore.ok("every record read, every leftover removed");
@@ -141,29 +163,91 @@ impl EndpointManager {
         ))
     }
 
-    /// Restores one endpoint whose addresses are reserved again. `previous` is what the
-    /// policy map holds for it from the previous run.
+    /// The first half of restoring an endpoint whose addresses are reserved again: takes what
+    /// the policy map holds for it from the previous run (`previous`) as what it enforces,
+    /// gives it its identity, claims its addresses in the ipcache and publishes its pod's
+    /// named ports there. Returns it, or `None` when its identity could not be taken (the
+    /// `regenerate` job retries it; meanwhile the previous agent's programs and entries keep
+    /// enforcing its old policy).
     ///
-    /// It is restored whatever fails from here on: its pod exists, and the previous agent's
-    /// programs and entries keep enforcing its old policy. What fails (its identity, policy,
-    /// programs or record) is retried by the `regenerate` job until it succeeds, and named on
-    /// the module's health meanwhile.
-    fn bring_back(&self, b: &Backends, mut ep: Endpoint, previous: Vec<(PolicyEntry, Verdict)>) {
-        // Claimed again by its regeneration: the same labels give the same identity as
-        // before, since the identity table was restored.
+    /// Its record is written again (by [`EndpointManager::enforce_restored`]) only if what it
+    /// says changed: the host end (`moved`), the labels or the identity.
+    fn identify_restored(
+        &self,
+        b: &Backends,
+        mut ep: Endpoint,
+        previous: Vec<(PolicyEntry, Verdict)>,
+        moved: bool,
+    ) -> Option<Arc<Endpoint>> {
+        let recorded = (ep.identity, ep.labels.clone());
+        // Claimed again now: the same labels give the same identity as before, since the
+        // identity table was restored.
         ep.identity = 0;
         self.enforcement
             .adopt(ep.id, previous, b.datapath.read_enforcement(&ep));
         // Attaching replaces the programs of the old agent's links atomically: traffic is
         // enforced by the old programs until the new ones take over, never by none.
         self.regeneration.needs_attach(ep.id);
-        self.regeneration.needs_save(ep.id);
-        let ep = Arc::new(ep);
-        self.endpoints.insert(Endpoint::clone(&ep));
-        if let Err(e) = self.regenerate(b, &ep) {
+        let identified = self.identity.identify(&mut ep);
+        if moved || (identified.is_ok() && (ep.identity, &ep.labels) != (recorded.0, &recorded.1)) {
+            self.regeneration.needs_save(ep.id);
+        }
+        self.endpoints.insert(ep.clone());
+        if let Err(e) = identified {
+            tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "restored endpoint not identified yet; retrying");
+            self.regeneration.trigger.trigger();
+            return None;
+        }
+        self.enforcement.publish_named_ports(&ep);
+        Some(Arc::new(ep))
+    }
+
+    /// The second half: makes the datapath enforce the identified endpoint's policy, attaches
+    /// its programs and writes its record if it changed. It is restored whatever fails here:
+    /// its pod exists, and the previous agent's programs and entries keep enforcing its old
+    /// policy; what failed is retried by the `regenerate` job until it succeeds, and named on
+    /// the module's health meanwhile.
+    fn enforce_restored(&self, b: &Backends, ep: &Endpoint) {
+        if let Err(e) = self.enforce_and_settle(b, ep) {
             tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "restored endpoint not regenerated yet; retrying");
             self.regeneration.trigger.trigger();
         }
+    }
+}
+
+/// How long each phase of the restore took.
+#[derive(Debug)]
+struct Phases {
+    last: Instant,
+    took: Vec<(&'static str, Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases {
+            last: Instant::now(),
+            took: Vec::new(),
+        }
+    }
+}
+
+impl Phases {
+    /// Ends phase `name` now.
+    fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.took.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    /// `plan 12.1ms, node 0.3ms, ...`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, d)) in self.took.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{name} {d:.1?}")?;
+        }
+        Ok(())
     }
 }
 
@@ -220,6 +304,101 @@ mod tests {
         assert_eq!((h.record_state(2), h.record_state(3)), (None, None));
         assert_eq!((h.owner("10.244.0.3"), h.owner("10.244.0.4")), (None, None));
         assert_eq!(h.datapath.entries().len(), 1);
+    }
+
+    /// Whether endpoint `id`'s policy entries allow egress to `peer` on TCP `port`.
+    fn allows_egress(h: &Harness, id: u16, peer: u32, port: u16) -> bool {
+        h.datapath.policy().iter().any(|(e, v)| {
+            e.endpoint_id == id
+                && e.direction == cellium_datapath_bpf::Direction::Egress
+                && e.identity == peer
+                && e.l4.matches(cellium_datapath_bpf::Protocol::Tcp, port)
+                && *v == Verdict::Allow
+        })
+    }
+
+    #[tokio::test]
+    async fn an_egress_rule_naming_a_port_of_an_endpoint_restored_later_stays_open() {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        // The client may send only to ports named `http`; the server's pod names 8080 so.
+        h.resources
+            .apply(
+                "test.yaml",
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: out, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: client}}\n  policyTypes: [Egress]\n  egress: [{ports: [{port: http}]}]\n",
+            )
+            .unwrap();
+        h.policy.sync_resources(&h.resources);
+        let client = h
+            .manager
+            .create(h.pod_request("c", "client", "client"))
+            .await
+            .unwrap();
+        let request = h.pod_request("s", "server", "server");
+        h.resources
+            .apply(
+                "test.yaml",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: server, namespace: default, labels: {app: server}}\nspec: {containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}\n",
+            )
+            .unwrap();
+        let server = h.manager.create(request).await.unwrap();
+        // What the repository's feed does when the ipcache announces new named ports.
+        h.policy.sync_named_ports();
+        assert!(h.manager.regenerate_all().await.failed.is_empty());
+        assert!(allows_egress(&h, client.id, server.identity, 8080));
+
+        // The client's record is read first at the restart.
+        assert!(client.id < server.id);
+        h.restart(&["10.244.0.0/24"]);
+        h.policy.sync_resources(&h.resources);
+        let (datapath, server_identity) = (h.datapath.clone(), server.identity);
+        h.journal.observe(move || {
+            let open = datapath.policy().iter().any(|(e, v)| {
+                e.endpoint_id == 1
+                    && e.identity == server_identity
+                    && e.l4.matches(cellium_datapath_bpf::Protocol::Tcp, 8080)
+                    && *v == Verdict::Allow
+            });
+            format!("open={open}")
+        });
+        let summary = h.start().await.unwrap();
+        assert!(summary.starts_with("2 endpoints restored"), "{summary}");
+        assert_eq!(h.manager.get(server.id).unwrap().identity, server.identity);
+        let closed: Vec<String> = h
+            .journal
+            .calls()
+            .into_iter()
+            .filter(|c| c.contains("open=false"))
+            .collect();
+        assert!(closed.is_empty(), "closed during the restore: {closed:?}");
+        assert!(allows_egress(&h, client.id, server.identity, 8080));
+    }
+
+    #[tokio::test]
+    async fn unchanged_records_are_not_written_again_and_moved_ones_are() {
+        let mut h = Harness::new();
+        h.start().await.unwrap();
+        let a = h.manager.create(h.request("a")).await.unwrap();
+        let b = h.manager.create(h.request("b")).await.unwrap();
+        h.restart(&["10.244.0.0/24"]);
+        // b's host end is found at another index than its record says.
+        h.interfaces.add_link(&b.host_ifname, 77);
+        let record = |id: u16| std::fs::read(h.dir.path().join(format!("endpoints/{id}.json")));
+        let (a_before, b_before) = (record(a.id).unwrap(), record(b.id).unwrap());
+        // A record written again would be replaced by a new file.
+        let inode = |id: u16| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(h.dir.path().join(format!("endpoints/{id}.json")))
+                .unwrap()
+                .ino()
+        };
+        let (a_inode, b_inode) = (inode(a.id), inode(b.id));
+        h.start().await.unwrap();
+        assert_eq!(record(a.id).unwrap(), a_before);
+        assert_eq!(inode(a.id), a_inode, "a's record was written again");
+        assert_ne!(inode(b.id), b_inode, "b's record was not written again");
+        assert_ne!(record(b.id).unwrap(), b_before);
+        assert_eq!(h.manager.get(b.id).unwrap().host_ifindex, 77);
     }
 
     #[tokio::test]

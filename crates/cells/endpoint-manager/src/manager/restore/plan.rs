@@ -1,5 +1,7 @@
 //! Deciding what the restore does with each record, before anything is changed.
 
+use std::collections::{BTreeSet, HashMap};
+
 use cellium_ipam::ROUTER_OWNER;
 
 use crate::endpoint::{Endpoint, State};
@@ -14,6 +16,9 @@ pub(crate) struct Plan {
     /// Endpoints to bring back, with their host end's index and MAC as found now, and their
     /// addresses reserved again.
     pub(crate) restore: Vec<Endpoint>,
+    /// Those of them whose host end was found at another index or MAC than recorded: their
+    /// records are to be written again.
+    pub(crate) moved: BTreeSet<u16>,
     /// Endpoints to remove, each with why.
     pub(crate) remove: Vec<(Endpoint, String)>,
     /// Records that could not be read.
@@ -88,24 +93,38 @@ impl EndpointManager {
         for u in &plan.unreadable {
             tracing::error!(file = %u.file, reason = %u.reason, "unreadable endpoint record");
         }
+        // One listing of the host ends for every record. A host end still there is what proves
+        // that the pod's network namespace still exists: the agent cannot reopen the namespace
+        // (no descriptor survives a restart, and the recorded path may be one only the runtime
+        // can see), but a veth pair lives exactly as long as both of its namespaces.
+        let links: HashMap<String, Link> = if loaded.records.is_empty() {
+            HashMap::new()
+        } else {
+            b.interfaces
+                .host_links()
+                .await
+                .map_err(|source| Error::Plumbing {
+                    endpoint: "(host ends of the records)".into(),
+                    source,
+                })?
+                .into_iter()
+                .collect()
+        };
         for mut ep in loaded.records {
             let host = if ep.state == State::Ready {
-                b.interfaces
-                    .find_link(&ep.host_ifname)
-                    .await
-                    .map_err(|source| Error::Plumbing {
-                        endpoint: ep.describe(),
-                        source,
-                    })?
+                links.get(&ep.host_ifname).cloned()
             } else {
                 None
             };
             match verdict(&ep, host.as_ref()) {
                 Some(why) => plan.remove.push((ep, why)),
                 None => {
-                    if let Some(link) = host {
+                    if let Some(link) = host
+                        && (link.index, link.mac) != (ep.host_ifindex, ep.host_mac)
+                    {
                         ep.host_ifindex = link.index;
                         ep.host_mac = link.mac;
+                        plan.moved.insert(ep.id);
                     }
                     plan.restore.push(ep);
                 }

@@ -160,10 +160,13 @@ impl EndpointManager {
         let mut fail = |what: &str, e: &dyn std::error::Error| {
             failures.push(format!("listing {what}: {}", chain(e)));
         };
-        let links = b.interfaces.host_links().await.unwrap_or_else(|e| {
-            fail("interfaces", &e);
-            Vec::new()
-        });
+        let links = b.interfaces.host_links().await.map_or_else(
+            |e| {
+                fail("interfaces", &e);
+                Vec::new()
+            },
+            |links| links.into_iter().map(|(n, l)| (n, l.index)).collect(),
+        );
         let entries = b.datapath.endpoint_entries().unwrap_or_else(|e| {
             fail("endpoint-map entries", &e);
             Vec::new()
