@@ -4,12 +4,14 @@
  * the host-side veth of a pod; everything endpoint-specific comes from maps.
  *
  *   cel_from_container  TC ingress: packets the pod sends.
- *     source check -> service DNAT (backend chosen, nothing written) ->
- *     conntrack -> (new: egress policy of the source, ingress policy of a
- *     local destination) -> service entry recorded -> reverse NAT of
- *     replies -> redirect into a local pod, or up the node's stack.
+ *     source check -> later fragments take their first's ports ->
+ *     service DNAT (backend chosen, nothing written) -> conntrack ->
+ *     (new: egress policy of the source, ingress policy of a local
+ *     destination) -> service entry recorded -> reverse NAT of replies ->
+ *     redirect into a local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
- *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
+ *     later fragments take their first's ports -> conntrack -> (new:
+ *     ingress policy) -> reverse NAT of replies.
  *
  * IPv6 cannot be enforced yet and fails closed wherever policy applies
  * (lib/ipv6.h); non-IP frames (ARP) pass untouched.
@@ -21,6 +23,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/frag.h"
 #include "lib/ipv6.h"
 #include "lib/lb.h"
 #include "lib/lookup.h"
@@ -77,6 +80,9 @@ int cel_from_container(struct __sk_buff *skb)
 		return drop(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
 	t.endpoint_id = src->id;
 	t.src_identity = src->identity;
+	ret = frag4_track(&p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
 
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, &p, cfg, now, &lb);
@@ -152,6 +158,9 @@ int cel_to_container(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	t.endpoint_id = dst->id;
 	t.dst_identity = dst->identity;
+	ret = frag4_track(&p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
 
 	now = bpf_ktime_get_ns();
 	ct_key_from_pkt(&key, &p, 0);

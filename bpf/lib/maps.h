@@ -16,6 +16,7 @@
 #include <cellium/conntrack.h>
 #include <cellium/endpoint.h>
 #include <cellium/events.h>
+#include <cellium/frag.h>
 #include <cellium/ipcache.h>
 #include <cellium/lb.h>
 #include <cellium/metrics.h>
@@ -51,6 +52,15 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(max_entries, 131072);
 } cel_ct4 SEC(".maps");
+
+/* Datagrams in flight are few and short-lived: LRU eviction only loses the
+ * oldest, whose fragments have long arrived or will be reassembled nowhere. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag4_key);
+	__type(value, struct frag_ports);
+	__uint(max_entries, 8192);
+} cel_frag4 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

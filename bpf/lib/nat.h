@@ -39,6 +39,19 @@ static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, in
 		return CEL_REASON_NAT_FAILED;
 	}
 
+	/* A later fragment carries no L4 header: its first fragment's checksum
+	 * already covers the translated addresses and port. */
+	if (p->frag == CEL_FRAG_LATER) {
+		if (old_addr != addr) {
+			if (bpf_l3_csum_replace(skb,
+						ETH_HLEN + __builtin_offsetof(struct iphdr, check),
+						old_addr, addr, sizeof(addr)) < 0)
+				return CEL_REASON_NAT_FAILED;
+			if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0) < 0)
+				return CEL_REASON_NAT_FAILED;
+		}
+		goto done;
+	}
 	if (old_addr != addr) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
 					BPF_F_PSEUDO_HDR | mangled | sizeof(addr)) < 0)
@@ -56,6 +69,7 @@ static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, in
 			return CEL_REASON_NAT_FAILED;
 	}
 
+done:
 	if (which == NAT_DST) {
 		p->daddr = addr;
 		p->dport = port;

@@ -40,12 +40,17 @@
 #define CEL_REASON_POLICY_DEFAULT_DENY 3
 #define CEL_REASON_NO_SERVICE_BACKEND 4
 #define CEL_REASON_MALFORMED 5
-#define CEL_REASON_FRAGMENT_UNSUPPORTED 6
+/* 6 was FRAGMENT_UNSUPPORTED, before fragments were tracked: never emitted. */
 #define CEL_REASON_CT_FULL 7
 #define CEL_REASON_NAT_FAILED 8
 /* IPv6 where policy applies: the datapath cannot enforce IPv6 policy yet and
  * fails closed (see lib/ipv6.h for what still passes). */
 #define CEL_REASON_IPV6_NOT_ENFORCED 9
+/* A later fragment whose first fragment was never seen (or was forgotten):
+ * nothing says which ports, policy or translation it belongs to. */
+#define CEL_REASON_FRAGMENT_NOT_FOUND 10
+/* A first fragment whose ports could not be recorded for the later ones. */
+#define CEL_REASON_FRAGMENT_TABLE_FULL 11
 #define CEL_REASON_SLOTS 256
 
 /* IP protocol numbers used in keys (IPPROTO_* without pulling libc in). */

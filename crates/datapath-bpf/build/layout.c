@@ -12,6 +12,7 @@
 #include <cellium/conntrack.h>
 #include <cellium/endpoint.h>
 #include <cellium/events.h>
+#include <cellium/frag.h>
 #include <cellium/ipcache.h>
 #include <cellium/lb.h>
 #include <cellium/metrics.h>
@@ -72,6 +73,15 @@ int main(void)
 	OFF(ct_entry, tcp_flags);
 	OFF(ct_entry, state);
 	OFF(ct_entry, flags);
+
+	SIZE(frag4_key);
+	OFF(frag4_key, saddr);
+	OFF(frag4_key, daddr);
+	OFF(frag4_key, id);
+	OFF(frag4_key, protocol);
+	SIZE(frag_ports);
+	OFF(frag_ports, sport);
+	OFF(frag_ports, dport);
 
 	SIZE(lb4_key);
 	OFF(lb4_key, vip);
@@ -136,10 +146,11 @@ int main(void)
 	CONST(CEL_REASON_POLICY_DEFAULT_DENY);
 	CONST(CEL_REASON_NO_SERVICE_BACKEND);
 	CONST(CEL_REASON_MALFORMED);
-	CONST(CEL_REASON_FRAGMENT_UNSUPPORTED);
 	CONST(CEL_REASON_CT_FULL);
 	CONST(CEL_REASON_NAT_FAILED);
 	CONST(CEL_REASON_IPV6_NOT_ENFORCED);
+	CONST(CEL_REASON_FRAGMENT_NOT_FOUND);
+	CONST(CEL_REASON_FRAGMENT_TABLE_FULL);
 	CONST(CEL_EP_F_ENFORCE_INGRESS);
 	CONST(CEL_EP_F_ENFORCE_EGRESS);
 	CONST(CEL_CT_F_SERVICE);

@@ -362,6 +362,40 @@ plain!(CtEntry {
     pad2
 });
 
+/// `struct frag4_key`: one IPv4 datagram being fragmented.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Frag4Key {
+    /// Source, network order.
+    pub saddr: u32,
+    /// Destination, network order.
+    pub daddr: u32,
+    /// The IP identification, network order.
+    pub id: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: u8,
+}
+plain!(Frag4Key {
+    saddr,
+    daddr,
+    id,
+    protocol,
+    pad
+});
+
+/// `struct frag_ports`: the ports a datagram's first fragment carried.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FragPorts {
+    /// Source port (ICMP echo request: identifier), network order.
+    pub sport: u16,
+    /// Destination port (ICMP echo reply: identifier), network order.
+    pub dport: u16,
+}
+plain!(FragPorts { sport, dport });
+
 /// `struct lb4_key`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -626,6 +660,10 @@ mod tests {
             backend_id => backend_id, rev_nat_id => rev_nat_id, tcp_flags => tcp_flags,
             state => state, flags => flags,
         });
+        check!(Frag4Key, frag4_key {
+            saddr => saddr, daddr => daddr, id => id, protocol => protocol,
+        });
+        check!(FragPorts, frag_ports { sport => sport, dport => dport });
         check!(Lb4Key, lb4_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,

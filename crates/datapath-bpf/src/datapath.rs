@@ -19,6 +19,7 @@ use crate::maps::TypedMap;
 use crate::maps::config::ConfigMap;
 use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
+use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
 use crate::maps::lb::Services;
 use crate::maps::metrics::Metrics;
@@ -69,6 +70,7 @@ pub struct Datapath {
     ipcache: Ipcache,
     policy: PolicyMap,
     conntrack: Conntrack,
+    fragments: Fragments,
     services: Services,
     config: ConfigMap,
     metrics: Metrics,
@@ -167,6 +169,7 @@ impl Datapath {
             ipcache: Ipcache::new(typed("cel_ipcache", &m.cel_ipcache)?),
             policy: PolicyMap::new(typed("cel_policy", &m.cel_policy)?),
             conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?),
+            fragments: Fragments::new(typed("cel_frag4", &m.cel_frag4)?),
             services: Services::new(
                 typed("cel_lb4_services", &m.cel_lb4_services)?,
                 typed("cel_lb4_backends", &m.cel_lb4_backends)?,
@@ -218,6 +221,11 @@ impl Datapath {
     /// Connection tracking.
     pub fn conntrack(&self) -> &Conntrack {
         &self.conntrack
+    }
+
+    /// Datagrams being fragmented, with their first fragment's ports.
+    pub fn fragments(&self) -> &Fragments {
+        &self.fragments
     }
 
     /// ClusterIP services, backends and reverse NAT.

@@ -1,0 +1,347 @@
+//! Fragmented datagrams through the datapath: delivered wherever their first fragment is
+//! allowed (policy, conntrack and service translation included), and a fragment whose first
+//! never was is dropped and counted, never let through on its own.
+//!
+//! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
+//! `cargo test -p cellium-integration --test fragments -- --test-threads=1`.
+//!
+//! Every test makes its own agent, node and pod namespaces through the real `cellium-cni` and
+//! removes them (guards), and sends traffic only to addresses inside them and to cluster IPs
+//! that exist only in the node's datapath. The pods' links have an MTU of 1,500: a UDP payload
+//! of 1,472 bytes is the largest that fits one IPv4 packet, and ICMP echo data of 3,000 bytes
+//! takes three fragments.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use cellium_integration::cni::result_ipv4;
+use cellium_integration::frame::{self, Ipv4Packet, UDP};
+use cellium_integration::probe::{self, UdpServer};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use libbpf_rs::{MapCore, MapHandle};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(3);
+const SHORT: Duration = Duration::from_millis(700);
+const POD_CIDR4: &str = "10.244.0.0/24";
+
+/// UDP payloads: the largest unfragmented one, the smallest fragmented one, a large one.
+const SIZES: [usize; 3] = [1472, 1473, 8000];
+
+/// Tests share two cores and each runs an agent: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A pod made through the plugin.
+struct Pod {
+    ns: NetNs,
+    v4: Ipv4Addr,
+}
+
+fn agent() -> Agent {
+    Agent::start_new(AgentOptions {
+        pod_cidrs: vec![POD_CIDR4.into()],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent")
+}
+
+/// Applies Pod objects `default/<name>` with `app: <name>` and makes the pods.
+fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
+    let objects: String = names
+        .iter()
+        .map(|n| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {n}, labels: {{ app: {n} }} }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\n"
+            )
+        })
+        .collect();
+    agent.objects("apply", &objects).expect("apply pods");
+    names.map(|name| {
+        let ns = NetNs::new().expect("pod netns");
+        let call = CniCall::new("ADD", &format!("frag{name}x{}", std::process::id()))
+            .netns(ns.path())
+            .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+        let (status, result) = agent.cni(&call).expect("run the plugin");
+        assert!(status.success(), "ADD {name}: {result}");
+        let v4 = result_ipv4(&result).unwrap_or_else(|| panic!("no IPv4 in {result}"));
+        Pod { ns, v4 }
+    })
+}
+
+/// Polls `f` for up to 10 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let began = Instant::now();
+    while !f() {
+        assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Applies `yaml` and waits until every endpoint enforces the resulting policy revision.
+fn apply_policy(agent: &Agent, yaml: &str) {
+    let revision = || {
+        agent.cli_json(&["policy", "get"]).expect("policy get")["revision"]
+            .as_u64()
+            .expect("revision")
+    };
+    let before = revision();
+    agent.objects("apply", yaml).expect("apply the policy");
+    eventually("the repository takes the policy in", || revision() > before);
+    let now = revision();
+    eventually("every endpoint enforces it", || {
+        agent
+            .endpoints()
+            .expect("endpoint list")
+            .iter()
+            .all(|e| e["state"] == "ready" && e["policy_revision"].as_u64().unwrap_or(0) >= now)
+    });
+}
+
+fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {
+    agent.datapath_packets(direction, reason).expect("metrics")
+}
+
+/// A payload of `n` bytes that no truncation or reordering leaves intact.
+fn payload(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+/// Sends a datagram of `size` bytes from `from` to `to` (a [`UdpServer`]); the server's banner
+/// if the whole datagram and its whole answer arrived.
+fn exchange(from: &NetNs, to: SocketAddr, size: usize) -> Option<String> {
+    probe::udp_exchange(from, to, &payload(size), SHORT)
+        .ok()
+        .map(|r| r.banner)
+}
+
+/// How many datagrams the agent's pinned fragment table holds for `dst`.
+fn recorded(agent: &Agent, dst: IpAddr) -> usize {
+    let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_frag4"))
+        .expect("open the pinned fragment map");
+    map.keys()
+        .filter(|k| {
+            k.get(4..8)
+                .is_some_and(|d| IpAddr::from([d[0], d[1], d[2], d[3]]) == dst)
+        })
+        .count()
+}
+
+#[test]
+fn fragmented_datagrams_between_pods_arrive_without_policy() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b] = pods(&agent, ["a", "b"]);
+    let to_b = SocketAddr::new(b.v4.into(), 5000);
+    let _udp = UdpServer::start(&b.ns, to_b, "b").expect("udp server");
+
+    for size in SIZES {
+        assert_eq!(
+            exchange(&a.ns, to_b, size).as_deref(),
+            Some("b"),
+            "a -> b, UDP with {size} bytes, and the answer of as many"
+        );
+    }
+    assert!(
+        probe::ping_size(&a.ns, b.v4, 2, 3000).expect("ping"),
+        "a -> b, ping -s 3000"
+    );
+    assert!(
+        probe::ping_size(agent.node(), a.v4, 2, 3000).expect("ping"),
+        "the node -> a, ping -s 3000 (fragments through cel_to_container)"
+    );
+    // The first fragments left their ports for the later ones.
+    assert!(
+        recorded(&agent, b.v4.into()) > 0,
+        "no datagram to b recorded"
+    );
+    assert_eq!(
+        agent.datapath_drops().expect("metrics"),
+        0,
+        "{}",
+        agent.metrics().expect("metrics")
+    );
+}
+
+#[test]
+fn an_l4_policy_admits_fragments_only_where_the_first_fragment_is_allowed() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b, c] = pods(&agent, ["a", "b", "c"]);
+    let allowed = SocketAddr::new(b.v4.into(), 5000);
+    let other = SocketAddr::new(b.v4.into(), 5001);
+    let _s1 = UdpServer::start(&b.ns, allowed, "b").expect("udp server");
+    let _s2 = UdpServer::start(&b.ns, other, "b").expect("udp server");
+    apply_policy(
+        &agent,
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: b-udp-5000-from-a, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: b } }
+  policyTypes: [ Ingress ]
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ], ports: [ { port: 5000, protocol: UDP } ] } ]
+"#,
+    );
+    for size in SIZES {
+        assert_eq!(
+            exchange(&a.ns, allowed, size).as_deref(),
+            Some("b"),
+            "a -> b:5000 with {size} bytes"
+        );
+    }
+    let denied = counter(&agent, "ingress", "policy default deny");
+    let orphans = counter(&agent, "ingress", "first fragment not seen")
+        + counter(&agent, "egress", "first fragment not seen");
+    assert_eq!(exchange(&a.ns, other, 8000), None, "a -> b:5001");
+    assert_eq!(exchange(&c.ns, allowed, 8000), None, "c -> b:5000");
+    assert!(
+        !probe::ping_size(&a.ns, b.v4, 1, 3000).expect("ping"),
+        "a -> b, ping -s 3000"
+    );
+    // Every fragment of the denied datagrams met the policy with its first's ports: 8,008
+    // bytes of UDP take six fragments, 3,008 of ICMP three.
+    let now = counter(&agent, "ingress", "policy default deny");
+    assert!(now >= denied + 6 + 6 + 3, "{denied} -> {now}");
+    assert_eq!(
+        counter(&agent, "ingress", "first fragment not seen")
+            + counter(&agent, "egress", "first fragment not seen"),
+        orphans
+    );
+}
+
+#[test]
+fn fragmented_datagrams_reach_a_cluster_ip_and_its_answers_come_from_it() {
+    let _serial = serial();
+    let agent = agent();
+    let [client, web] = pods(&agent, ["client", "web"]);
+    let _udp =
+        UdpServer::start(&web.ns, SocketAddr::new(web.v4.into(), 5353), "web").expect("udp server");
+    agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec: { selector: { app: web }, ports: [ { port: 53, targetPort: 5353, protocol: UDP } ] }\n",
+        )
+        .expect("apply the service");
+    let mut vip = None;
+    eventually("the service has its backend", || {
+        let list = agent.cli_json(&["service", "list"]).expect("service list");
+        vip = list.as_array().into_iter().flatten().find_map(|f: &Value| {
+            let ip: IpAddr = f["vip"].as_str()?.parse().ok()?;
+            (f["backends"].as_array()?.len() == 1).then_some(ip)
+        });
+        vip.is_some()
+    });
+    let vip = SocketAddr::new(vip.expect("a cluster IP"), 53);
+    for size in SIZES {
+        let reply = probe::udp_exchange(&client.ns, vip, &payload(size), TIMEOUT)
+            .unwrap_or_else(|e| panic!("client -> {vip} with {size} bytes: {e}"));
+        assert_eq!(reply.banner, "web");
+        assert_eq!(reply.from, vip, "the answer comes from the cluster IP");
+    }
+    assert_eq!(agent.datapath_drops().expect("metrics"), 0);
+}
+
+/// A pod's interface as the datapath sees it: the host end's name and both MACs.
+struct Link {
+    host_ifname: String,
+    host_mac: [u8; 6],
+    pod_mac: [u8; 6],
+}
+
+fn link_of(agent: &Agent, ip: IpAddr) -> Link {
+    let eps = agent.endpoints().expect("endpoint list");
+    let ep = eps
+        .iter()
+        .find(|e| {
+            e["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}/"))))
+        })
+        .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
+    let text = |k: &str| {
+        ep[k]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {k} in {ep}"))
+            .to_string()
+    };
+    let mac = |k: &str| {
+        let mut out = [0u8; 6];
+        for (b, part) in out.iter_mut().zip(text(k).split(':')) {
+            *b = u8::from_str_radix(part, 16).expect("mac");
+        }
+        out
+    };
+    Link {
+        host_ifname: text("host_ifname"),
+        host_mac: mac("host_mac"),
+        pod_mac: mac("pod_mac"),
+    }
+}
+
+#[test]
+fn a_fragment_whose_first_was_never_seen_is_dropped_and_counted() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b] = pods(&agent, ["a", "b"]);
+    let (la, lb) = (link_of(&agent, a.v4.into()), link_of(&agent, b.v4.into()));
+    let fragment = |src, dst, id, offset, more, payload: Vec<u8>| Ipv4Packet {
+        src,
+        dst,
+        protocol: UDP,
+        id,
+        offset,
+        more,
+        payload,
+    };
+    let (egress, ingress, reason) = ("egress", "ingress", "first fragment not seen");
+
+    // From a pod: a last fragment (offset 1,480 bytes) of a datagram nobody began.
+    let before = counter(&agent, egress, reason);
+    let lone = fragment(a.v4, b.v4, 0x4242, 185, false, vec![0x5a; 64]);
+    frame::send(&a.ns, "eth0", lone.frame(la.pod_mac, la.host_mac)).expect("send");
+    eventually("the lone fragment is counted", || {
+        counter(&agent, egress, reason) == before + 1
+    });
+    // Its first fragment (a UDP header to b:5000 and eight bytes), then the same last one:
+    // it follows its first now.
+    let mut first = vec![0x30, 0x39, 0x13, 0x88, 0, 80, 0, 0];
+    first.extend_from_slice(&[0x5a; 8]);
+    let forwarded = counter(&agent, egress, "forwarded");
+    for packet in [
+        fragment(a.v4, b.v4, 0x4343, 0, true, first),
+        fragment(a.v4, b.v4, 0x4343, 2, false, vec![0x5a; 56]),
+    ] {
+        frame::send(&a.ns, "eth0", packet.frame(la.pod_mac, la.host_mac)).expect("send");
+    }
+    eventually("both fragments are forwarded", || {
+        counter(&agent, egress, "forwarded") >= forwarded + 2
+    });
+    assert_eq!(counter(&agent, egress, reason), before + 1);
+
+    // From the node, into a pod (cel_to_container): the same.
+    let before = counter(&agent, ingress, reason);
+    let lone = fragment(
+        Ipv4Addr::new(10, 99, 0, 10),
+        b.v4,
+        0x4444,
+        185,
+        false,
+        vec![0; 64],
+    );
+    frame::send(
+        agent.node(),
+        &lb.host_ifname,
+        lone.frame(lb.host_mac, lb.pod_mac),
+    )
+    .expect("send");
+    eventually("the lone fragment to b is counted", || {
+        counter(&agent, ingress, reason) == before + 1
+    });
+}
