@@ -13,6 +13,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "ipv6.h"
 #include "maps.h"
 #include "packet.h"
 
@@ -31,7 +32,9 @@ static __always_inline int frag4_track(struct pkt *p)
 	key.id = p->frag_id;
 	key.protocol = p->protocol;
 	if (p->frag == CEL_FRAG_FIRST) {
-		struct frag_ports ports = { .sport = p->sport, .dport = p->dport };
+		struct frag_ports ports = {
+			.sport = p->sport, .dport = p->dport, .protocol = p->protocol
+		};
 
 		if (bpf_map_update_elem(&cel_frag4, &key, &ports, BPF_ANY) < 0)
 			return CEL_REASON_FRAGMENT_TABLE_FULL;
@@ -40,6 +43,38 @@ static __always_inline int frag4_track(struct pkt *p)
 	found = bpf_map_lookup_elem(&cel_frag4, &key);
 	if (!found)
 		return CEL_REASON_FRAGMENT_NOT_FOUND;
+	p->sport = found->sport;
+	p->dport = found->dport;
+	return 0;
+}
+
+/* frag4_track for IPv6: keyed on the fragment header's identification and
+ * next header; a later fragment also takes the upper-layer protocol, which
+ * further extension headers may hide behind its fragment header. */
+static __always_inline int frag6_track(struct pkt6 *p)
+{
+	struct frag6_key key = {};
+	struct frag_ports *found;
+
+	if (p->frag == CEL_FRAG_NONE)
+		return 0;
+	__builtin_memcpy(key.saddr, p->saddr, 16);
+	__builtin_memcpy(key.daddr, p->daddr, 16);
+	key.id = p->frag_id;
+	key.protocol = p->frag_proto;
+	if (p->frag == CEL_FRAG_FIRST) {
+		struct frag_ports ports = {
+			.sport = p->sport, .dport = p->dport, .protocol = p->protocol
+		};
+
+		if (bpf_map_update_elem(&cel_frag6, &key, &ports, BPF_ANY) < 0)
+			return CEL_REASON_FRAGMENT_TABLE_FULL;
+		return 0;
+	}
+	found = bpf_map_lookup_elem(&cel_frag6, &key);
+	if (!found)
+		return CEL_REASON_FRAGMENT_NOT_FOUND;
+	p->protocol = found->protocol;
 	p->sport = found->sport;
 	p->dport = found->dport;
 	return 0;

@@ -45,6 +45,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	struct lb4_key key = {};
 	struct lb4_service *svc, *slot;
 	struct lb4_backend *be = NULL;
+	struct ct_pkt cp = ct_pkt4(p);
 	struct ct_entry *se;
 	__u32 id = 0;
 	__u16 count, rnat;
@@ -64,11 +65,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 
 	ct_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
 	se = bpf_map_lookup_elem(&cel_ct4, &c->skey);
-	if (se && se->expires_ns > now && !ct_is_reopen(se, p)) {
+	if (se && se->expires_ns > now && !ct_is_reopen(se, &cp)) {
 		id = se->backend_id;
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 		if (be)
-			ct_account(se, CEL_CT_FORWARD, p, cfg, now);
+			ct_account(se, CEL_CT_FORWARD, &cp, cfg, now);
 	}
 	/* New connection, or its backend was removed: choose (again). */
 	if (!be) {
@@ -132,8 +133,11 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt *p, __u
 	skey.protocol = p->protocol;
 	skey.flags = CEL_CT_F_SERVICE;
 	se = bpf_map_lookup_elem(&cel_ct4, &skey);
-	if (se)
-		ct_account(se, CEL_CT_REPLY, p, cfg, now);
+	if (se) {
+		struct ct_pkt cp = ct_pkt4(p);
+
+		ct_account(se, CEL_CT_REPLY, &cp, cfg, now);
+	}
 
 	return nat4_rewrite(skb, p, NAT_SRC, vip, port);
 }

@@ -53,6 +53,13 @@ struct {
 	__uint(max_entries, 131072);
 } cel_ct4 SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 131072);
+} cel_ct6 SEC(".maps");
+
 /* Datagrams in flight are few and short-lived: LRU eviction only loses the
  * oldest, whose fragments have long arrived or will be reassembled nowhere. */
 struct {
@@ -61,6 +68,13 @@ struct {
 	__type(value, struct frag_ports);
 	__uint(max_entries, 8192);
 } cel_frag4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag6_key);
+	__type(value, struct frag_ports);
+	__uint(max_entries, 8192);
+} cel_frag6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

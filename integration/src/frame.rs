@@ -27,6 +27,12 @@ use crate::netns::NetNs;
 pub const HOPOPTS: u8 = 0;
 /// Next-header number of destination options.
 pub const DSTOPTS: u8 = 60;
+/// Next-header number of the routing header.
+pub const ROUTING: u8 = 43;
+/// Next-header number of the fragment header.
+pub const FRAGMENT: u8 = 44;
+/// Next-header number of the mobility header, an extension header the datapath does not parse.
+pub const MOBILITY: u8 = 135;
 /// Next-header number of ICMPv6.
 pub const ICMPV6: u8 = 58;
 /// Next-header number of UDP.
@@ -103,14 +109,31 @@ impl Ipv6Packet {
         } else {
             [1, 4, 0, 0, 0, 0]
         };
+        self.behind_header(header, options)
+    }
+
+    /// The same packet with an 8-octet extension header of type `kind` inserted right after
+    /// the fixed header: the next header, a length of 0, then `body` (for `ROUTING`: the
+    /// routing type, the segments left and four reserved bytes).
+    pub fn behind_header(self, kind: u8, body: [u8; 6]) -> Ipv6Packet {
         let mut rest = vec![self.next, 0];
-        rest.extend_from_slice(&options);
+        rest.extend_from_slice(&body);
         rest.extend_from_slice(&self.rest);
         Ipv6Packet {
-            next: header,
+            next: kind,
             rest,
             ..self
         }
+    }
+
+    /// The same packet as the fragment at `offset` (in 8-octet units) of datagram `id`: a
+    /// fragment header inserted right after the fixed header, what followed it as the
+    /// fragment's data.
+    pub fn fragment(self, id: u32, offset: u16, more: bool) -> Ipv6Packet {
+        let field = (offset << 3) | u16::from(more);
+        let [a, b] = field.to_be_bytes();
+        let [c, d, e, f] = id.to_be_bytes();
+        self.behind_header(FRAGMENT, [a, b, c, d, e, f])
     }
 
     /// The Ethernet frame carrying it from `src_mac` to `dst_mac`.
@@ -288,6 +311,9 @@ mod tests {
             0,
             "the header checksums to zero"
         );
+        let frag = Ipv6Packet::udp(src, src).fragment(0x0102_0304, 185, true);
+        assert_eq!(frag.next, FRAGMENT);
+        assert_eq!(&frag.rest[..8], &[UDP, 0, 0x05, 0xc9, 1, 2, 3, 4]);
         let r = Ipv6Packet::listener_report(src);
         assert_eq!(
             (r.next, r.hop_limit, r.rest[0], r.rest[8]),

@@ -564,9 +564,9 @@ fn flushing_addresses_removes_every_entry_that_names_them() {
         Ipv4Addr::new(10, 244, 0, 7),
         Ipv4Addr::new(10, 96, 0, 10),
     );
-    let tuple = |saddr, daddr, service| CtTuple {
-        saddr,
-        daddr,
+    let tuple = |saddr: Ipv4Addr, daddr: Ipv4Addr, service| CtTuple {
+        saddr: saddr.into(),
+        daddr: daddr.into(),
         sport: 40000,
         dport: 80,
         protocol: Protocol::Tcp,
@@ -582,9 +582,17 @@ fn flushing_addresses_removes_every_entry_that_names_them() {
     for t in &tuples {
         dp.conntrack().put(t, &Default::default()).unwrap();
     }
+    // An IPv6 connection of a's IPv6 address, in the other family's table.
     let v6: std::net::IpAddr = "fd00::5".parse().unwrap();
-    assert_eq!(dp.conntrack().flush_addresses(&[v6]).unwrap(), 0);
-    assert_eq!(dp.conntrack().flush_addresses(&[a.into(), v6]).unwrap(), 3);
+    let t6 = CtTuple {
+        saddr: v6,
+        daddr: "fd00::6".parse().unwrap(),
+        ..tuples[0]
+    };
+    dp.conntrack().put(&t6, &Default::default()).unwrap();
+    assert_eq!(dp.conntrack().flush_addresses(&[v6]).unwrap(), 1);
+    dp.conntrack().put(&t6, &Default::default()).unwrap();
+    assert_eq!(dp.conntrack().flush_addresses(&[a.into(), v6]).unwrap(), 4);
     let left: Vec<CtTuple> = dp
         .conntrack()
         .entries()

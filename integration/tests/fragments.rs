@@ -7,15 +7,16 @@
 //!
 //! Every test makes its own agent, node and pod namespaces through the real `cellium-cni` and
 //! removes them (guards), and sends traffic only to addresses inside them and to cluster IPs
-//! that exist only in the node's datapath. The pods' links have an MTU of 1,500: a UDP payload
-//! of 1,472 bytes is the largest that fits one IPv4 packet, and ICMP echo data of 3,000 bytes
-//! takes three fragments.
+//! that exist only in the node's datapath. The pods are dual-stack and every test runs in both
+//! families. Their links have an MTU of 1,500: a UDP payload of 1,472 bytes is the largest
+//! that fits one IPv4 packet (1,452 for IPv6), and ICMP echo data of 3,000 bytes takes three
+//! fragments.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use cellium_integration::cni::result_ipv4;
-use cellium_integration::frame::{self, Ipv4Packet, UDP};
+use cellium_integration::cni::{result_ipv4, result_ipv6};
+use cellium_integration::frame::{self, Ipv4Packet, Ipv6Packet, UDP};
 use cellium_integration::probe::{self, UdpServer};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
 use libbpf_rs::{MapCore, MapHandle};
@@ -24,9 +25,16 @@ use serde_json::Value;
 const TIMEOUT: Duration = Duration::from_secs(3);
 const SHORT: Duration = Duration::from_millis(700);
 const POD_CIDR4: &str = "10.244.0.0/24";
+const POD_CIDR6: &str = "fd00:10:244::/112";
 
-/// UDP payloads: the largest unfragmented one, the smallest fragmented one, a large one.
-const SIZES: [usize; 3] = [1472, 1473, 8000];
+/// The UDP payloads of a family: the largest unfragmented one, the smallest fragmented one,
+/// a large one.
+fn sizes(ip: IpAddr) -> [usize; 3] {
+    match ip {
+        IpAddr::V4(_) => [1472, 1473, 8000],
+        IpAddr::V6(_) => [1452, 1453, 8000],
+    }
+}
 
 /// Tests share two cores and each runs an agent: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -35,15 +43,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A pod made through the plugin.
+/// A dual-stack pod made through the plugin.
 struct Pod {
     ns: NetNs,
     v4: Ipv4Addr,
+    v6: Ipv6Addr,
+}
+
+impl Pod {
+    /// Its addresses, IPv4 first.
+    fn ips(&self) -> [IpAddr; 2] {
+        [self.v4.into(), self.v6.into()]
+    }
 }
 
 fn agent() -> Agent {
     Agent::start_new(AgentOptions {
-        pod_cidrs: vec![POD_CIDR4.into()],
+        pod_cidrs: vec![POD_CIDR4.into(), POD_CIDR6.into()],
         ..AgentOptions::default()
     })
     .expect("start the agent")
@@ -68,7 +84,8 @@ fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
         let (status, result) = agent.cni(&call).expect("run the plugin");
         assert!(status.success(), "ADD {name}: {result}");
         let v4 = result_ipv4(&result).unwrap_or_else(|| panic!("no IPv4 in {result}"));
-        Pod { ns, v4 }
+        let v6 = result_ipv6(&result).unwrap_or_else(|| panic!("no IPv6 in {result}"));
+        Pod { ns, v4, v6 }
     })
 }
 
@@ -118,15 +135,20 @@ fn exchange(from: &NetNs, to: SocketAddr, size: usize) -> Option<String> {
         .map(|r| r.banner)
 }
 
-/// How many datagrams the agent's pinned fragment table holds for `dst`.
+/// How many datagrams the agent's pinned fragment table of `dst`'s family holds for `dst`.
 fn recorded(agent: &Agent, dst: IpAddr) -> usize {
-    let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_frag4"))
+    let (map, daddr) = match dst {
+        IpAddr::V4(_) => ("maps/cel_frag4", 4..8),
+        IpAddr::V6(_) => ("maps/cel_frag6", 16..32),
+    };
+    let map = MapHandle::from_pinned_path(agent.bpf_root().join(map))
         .expect("open the pinned fragment map");
+    let ip = |bytes: &[u8]| match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
+        _ => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
+    };
     map.keys()
-        .filter(|k| {
-            k.get(4..8)
-                .is_some_and(|d| IpAddr::from([d[0], d[1], d[2], d[3]]) == dst)
-        })
+        .filter(|k| k.get(daddr.clone()).and_then(ip) == Some(dst))
         .count()
 }
 
@@ -135,29 +157,31 @@ fn fragmented_datagrams_between_pods_arrive_without_policy() {
     let _serial = serial();
     let agent = agent();
     let [a, b] = pods(&agent, ["a", "b"]);
-    let to_b = SocketAddr::new(b.v4.into(), 5000);
-    let _udp = UdpServer::start(&b.ns, to_b, "b").expect("udp server");
-
-    for size in SIZES {
-        assert_eq!(
-            exchange(&a.ns, to_b, size).as_deref(),
-            Some("b"),
-            "a -> b, UDP with {size} bytes, and the answer of as many"
+    let servers: Vec<UdpServer> = b
+        .ips()
+        .map(|ip| UdpServer::start(&b.ns, SocketAddr::new(ip, 5000), "b").expect("udp server"))
+        .into();
+    for (ip, from_a) in b.ips().into_iter().zip(a.ips()) {
+        let to_b = SocketAddr::new(ip, 5000);
+        for size in sizes(ip) {
+            assert_eq!(
+                exchange(&a.ns, to_b, size).as_deref(),
+                Some("b"),
+                "a -> {to_b}, UDP with {size} bytes, and the answer of as many"
+            );
+        }
+        assert!(
+            probe::ping_size(&a.ns, ip, 2, 3000).expect("ping"),
+            "a -> {ip}, ping -s 3000"
         );
+        assert!(
+            probe::ping_size(agent.node(), from_a, 2, 3000).expect("ping"),
+            "the node -> {from_a}, ping -s 3000 (fragments through cel_to_container)"
+        );
+        // The first fragments left their ports for the later ones.
+        assert!(recorded(&agent, ip) > 0, "no datagram to {ip} recorded");
     }
-    assert!(
-        probe::ping_size(&a.ns, b.v4, 2, 3000).expect("ping"),
-        "a -> b, ping -s 3000"
-    );
-    assert!(
-        probe::ping_size(agent.node(), a.v4, 2, 3000).expect("ping"),
-        "the node -> a, ping -s 3000 (fragments through cel_to_container)"
-    );
-    // The first fragments left their ports for the later ones.
-    assert!(
-        recorded(&agent, b.v4.into()) > 0,
-        "no datagram to b recorded"
-    );
+    drop(servers);
     assert_eq!(
         agent.datapath_drops().expect("metrics"),
         0,
@@ -171,10 +195,12 @@ fn an_l4_policy_admits_fragments_only_where_the_first_fragment_is_allowed() {
     let _serial = serial();
     let agent = agent();
     let [a, b, c] = pods(&agent, ["a", "b", "c"]);
-    let allowed = SocketAddr::new(b.v4.into(), 5000);
-    let other = SocketAddr::new(b.v4.into(), 5001);
-    let _s1 = UdpServer::start(&b.ns, allowed, "b").expect("udp server");
-    let _s2 = UdpServer::start(&b.ns, other, "b").expect("udp server");
+    let _servers: Vec<UdpServer> = b
+        .ips()
+        .into_iter()
+        .flat_map(|ip| [5000, 5001].map(|port| SocketAddr::new(ip, port)))
+        .map(|to| UdpServer::start(&b.ns, to, "b").expect("udp server"))
+        .collect();
     apply_policy(
         &agent,
         r#"
@@ -187,31 +213,33 @@ spec:
   ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ], ports: [ { port: 5000, protocol: UDP } ] } ]
 "#,
     );
-    for size in SIZES {
-        assert_eq!(
-            exchange(&a.ns, allowed, size).as_deref(),
-            Some("b"),
-            "a -> b:5000 with {size} bytes"
-        );
-    }
-    let denied = counter(&agent, "ingress", "policy default deny");
-    let orphans = counter(&agent, "ingress", "first fragment not seen")
-        + counter(&agent, "egress", "first fragment not seen");
-    assert_eq!(exchange(&a.ns, other, 8000), None, "a -> b:5001");
-    assert_eq!(exchange(&c.ns, allowed, 8000), None, "c -> b:5000");
-    assert!(
-        !probe::ping_size(&a.ns, b.v4, 1, 3000).expect("ping"),
-        "a -> b, ping -s 3000"
-    );
-    // Every fragment of the denied datagrams met the policy with its first's ports: 8,008
-    // bytes of UDP take six fragments, 3,008 of ICMP three.
-    let now = counter(&agent, "ingress", "policy default deny");
-    assert!(now >= denied + 6 + 6 + 3, "{denied} -> {now}");
-    assert_eq!(
+    let orphans = || {
         counter(&agent, "ingress", "first fragment not seen")
-            + counter(&agent, "egress", "first fragment not seen"),
-        orphans
-    );
+            + counter(&agent, "egress", "first fragment not seen")
+    };
+    let before = orphans();
+    for ip in b.ips() {
+        let (allowed, other) = (SocketAddr::new(ip, 5000), SocketAddr::new(ip, 5001));
+        for size in sizes(ip) {
+            assert_eq!(
+                exchange(&a.ns, allowed, size).as_deref(),
+                Some("b"),
+                "a -> {allowed} with {size} bytes"
+            );
+        }
+        let denied = counter(&agent, "ingress", "policy default deny");
+        assert_eq!(exchange(&a.ns, other, 8000), None, "a -> {other}");
+        assert_eq!(exchange(&c.ns, allowed, 8000), None, "c -> {allowed}");
+        assert!(
+            !probe::ping_size(&a.ns, ip, 1, 3000).expect("ping"),
+            "a -> {ip}, ping -s 3000"
+        );
+        // Every fragment of the denied datagrams met the policy with its first's ports:
+        // 8,008 bytes of UDP take six fragments, 3,008 of ICMP three.
+        let now = counter(&agent, "ingress", "policy default deny");
+        assert!(now >= denied + 6 + 6 + 3, "{ip}: {denied} -> {now}");
+    }
+    assert_eq!(orphans(), before, "a fragment lost its first");
 }
 
 #[test]
@@ -237,7 +265,7 @@ fn fragmented_datagrams_reach_a_cluster_ip_and_its_answers_come_from_it() {
         vip.is_some()
     });
     let vip = SocketAddr::new(vip.expect("a cluster IP"), 53);
-    for size in SIZES {
+    for size in sizes(vip.ip()) {
         let reply = probe::udp_exchange(&client.ns, vip, &payload(size), TIMEOUT)
             .unwrap_or_else(|e| panic!("client -> {vip} with {size} bytes: {e}"));
         assert_eq!(reply.banner, "web");
@@ -342,6 +370,39 @@ fn a_fragment_whose_first_was_never_seen_is_dropped_and_counted() {
     )
     .expect("send");
     eventually("the lone fragment to b is counted", || {
+        counter(&agent, ingress, reason) == before + 1
+    });
+
+    // IPv6: a lone last fragment, then a first and its last; from the node too.
+    let before = counter(&agent, egress, reason);
+    let udp = || Ipv6Packet::udp(a.v6, b.v6);
+    let lone = udp().fragment(0x4242_4242, 185, false);
+    frame::send(&a.ns, "eth0", lone.frame(la.pod_mac, la.host_mac)).expect("send");
+    eventually("the lone IPv6 fragment is counted", || {
+        counter(&agent, egress, reason) == before + 1
+    });
+    let forwarded = counter(&agent, egress, "forwarded");
+    let mut last = udp();
+    last.rest = vec![0x5a; 56];
+    for packet in [
+        udp().fragment(0x4343_4343, 0, true),
+        last.fragment(0x4343_4343, 1, false),
+    ] {
+        frame::send(&a.ns, "eth0", packet.frame(la.pod_mac, la.host_mac)).expect("send");
+    }
+    eventually("both IPv6 fragments are forwarded", || {
+        counter(&agent, egress, "forwarded") >= forwarded + 2
+    });
+    assert_eq!(counter(&agent, egress, reason), before + 1);
+    let before = counter(&agent, ingress, reason);
+    let lone = Ipv6Packet::udp("fd00:99::10".parse().unwrap(), b.v6).fragment(7, 185, false);
+    frame::send(
+        agent.node(),
+        &lb.host_ifname,
+        lone.frame(lb.host_mac, lb.pod_mac),
+    )
+    .expect("send");
+    eventually("the lone IPv6 fragment to b is counted", || {
         counter(&agent, ingress, reason) == before + 1
     });
 }

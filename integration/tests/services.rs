@@ -438,8 +438,8 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
         .expect("manual's status");
     let rev_nat = manual.rev_nat_id;
     let tuple = CtTuple {
-        saddr: Ipv4Addr::new(10, 244, 0, 12),
-        daddr: Ipv4Addr::new(10, 1, 0, 1),
+        saddr: Ipv4Addr::new(10, 244, 0, 12).into(),
+        daddr: Ipv4Addr::new(10, 1, 0, 1).into(),
         sport: 40000,
         dport: 5353,
         protocol: Protocol::Udp,

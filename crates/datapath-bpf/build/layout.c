@@ -63,6 +63,13 @@ int main(void)
 	OFF(ct_key, dport);
 	OFF(ct_key, protocol);
 	OFF(ct_key, flags);
+	SIZE(ct6_key);
+	OFF(ct6_key, saddr);
+	OFF(ct6_key, daddr);
+	OFF(ct6_key, sport);
+	OFF(ct6_key, dport);
+	OFF(ct6_key, protocol);
+	OFF(ct6_key, flags);
 	SIZE(ct_entry);
 	OFF(ct_entry, expires_ns);
 	OFF(ct_entry, created_ns);
@@ -79,9 +86,15 @@ int main(void)
 	OFF(frag4_key, daddr);
 	OFF(frag4_key, id);
 	OFF(frag4_key, protocol);
+	SIZE(frag6_key);
+	OFF(frag6_key, saddr);
+	OFF(frag6_key, daddr);
+	OFF(frag6_key, id);
+	OFF(frag6_key, protocol);
 	SIZE(frag_ports);
 	OFF(frag_ports, sport);
 	OFF(frag_ports, dport);
+	OFF(frag_ports, protocol);
 
 	SIZE(lb4_key);
 	OFF(lb4_key, vip);
@@ -148,9 +161,13 @@ int main(void)
 	CONST(CEL_REASON_MALFORMED);
 	CONST(CEL_REASON_CT_FULL);
 	CONST(CEL_REASON_NAT_FAILED);
-	CONST(CEL_REASON_IPV6_NOT_ENFORCED);
 	CONST(CEL_REASON_FRAGMENT_NOT_FOUND);
 	CONST(CEL_REASON_FRAGMENT_TABLE_FULL);
+	CONST(CEL_REASON_EXTENSION_HEADER);
+	CONST(CEL_IDENTITY_WORLD);
+	CONST(CEL_IDENTITY_WORLD_IPV4);
+	CONST(CEL_IDENTITY_WORLD_IPV6);
+	CONST(CEL_CFG_F_WORLD_PER_FAMILY);
 	CONST(CEL_EP_F_ENFORCE_INGRESS);
 	CONST(CEL_EP_F_ENFORCE_EGRESS);
 	CONST(CEL_CT_F_SERVICE);

@@ -321,6 +321,35 @@ plain!(CtKey {
     pad
 });
 
+/// `struct ct6_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ct6Key {
+    /// Source address bytes.
+    pub saddr: [u8; 16],
+    /// Destination address bytes.
+    pub daddr: [u8; 16],
+    /// Source port (ICMPv6 echo request: identifier), network order.
+    pub sport: u16,
+    /// Destination port (ICMPv6 echo reply: identifier), network order.
+    pub dport: u16,
+    /// The upper-layer protocol number.
+    pub protocol: u8,
+    /// `CEL_CT_F_SERVICE` for client -> VIP entries.
+    pub flags: u8,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Ct6Key {
+    saddr,
+    daddr,
+    sport,
+    dport,
+    protocol,
+    flags,
+    pad
+});
+
 /// `struct ct_entry`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -385,7 +414,31 @@ plain!(Frag4Key {
     pad
 });
 
-/// `struct frag_ports`: the ports a datagram's first fragment carried.
+/// `struct frag6_key`: one IPv6 datagram being fragmented.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Frag6Key {
+    /// Source address bytes.
+    pub saddr: [u8; 16],
+    /// Destination address bytes.
+    pub daddr: [u8; 16],
+    /// The fragment header's identification, network order.
+    pub id: u32,
+    /// The fragment header's next header.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+plain!(Frag6Key {
+    saddr,
+    daddr,
+    id,
+    protocol,
+    pad
+});
+
+/// `struct frag_ports`: the upper-layer protocol and ports a datagram's first fragment
+/// carried.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct FragPorts {
@@ -393,8 +446,17 @@ pub struct FragPorts {
     pub sport: u16,
     /// Destination port (ICMP echo reply: identifier), network order.
     pub dport: u16,
+    /// The upper-layer protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
 }
-plain!(FragPorts { sport, dport });
+plain!(FragPorts {
+    sport,
+    dport,
+    protocol,
+    pad
+});
 
 /// `struct lb4_key`.
 #[repr(C)]
@@ -510,6 +572,9 @@ plain!(DatapathConfig {
 impl DatapathConfig {
     /// Emit a policy-verdict event for every new connection.
     pub const POLICY_VERDICT_EVENTS: u32 = 1 << 0;
+    /// The node has pods of both families: an address outside the ipcache is world-ipv4 (9)
+    /// or world-ipv6 (10), as in Cilium's dual-stack mode, instead of world (2).
+    pub const WORLD_PER_FAMILY: u32 = 1 << 1;
 }
 
 impl Default for DatapathConfig {
@@ -663,7 +728,14 @@ mod tests {
         check!(Frag4Key, frag4_key {
             saddr => saddr, daddr => daddr, id => id, protocol => protocol,
         });
-        check!(FragPorts, frag_ports { sport => sport, dport => dport });
+        check!(Frag6Key, frag6_key {
+            saddr => saddr, daddr => daddr, id => id, protocol => protocol,
+        });
+        check!(FragPorts, frag_ports { sport => sport, dport => dport, protocol => protocol });
+        check!(Ct6Key, ct6_key {
+            saddr => saddr, daddr => daddr, sport => sport, dport => dport,
+            protocol => protocol, flags => flags,
+        });
         check!(Lb4Key, lb4_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,
@@ -691,6 +763,10 @@ mod tests {
         assert_eq!(
             u64::from(DatapathConfig::POLICY_VERDICT_EVENTS),
             c::CEL_CFG_F_POLICY_VERDICT_EVENTS
+        );
+        assert_eq!(
+            u64::from(DatapathConfig::WORLD_PER_FAMILY),
+            c::CEL_CFG_F_WORLD_PER_FAMILY
         );
         let d = DatapathConfig::default();
         assert_eq!(u64::from(d.ct_tcp_syn), c::CEL_CT_DEFAULT_TCP_SYN);

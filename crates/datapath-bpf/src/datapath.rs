@@ -144,6 +144,7 @@ impl Datapath {
                 "cel_ipcache" => handle("cel_ipcache", &m.cel_ipcache)?,
                 "cel_policy" => handle("cel_policy", &m.cel_policy)?,
                 "cel_ct4" => handle("cel_ct4", &m.cel_ct4)?,
+                "cel_ct6" => handle("cel_ct6", &m.cel_ct6)?,
                 "cel_lb4_services" => handle("cel_lb4_services", &m.cel_lb4_services)?,
                 "cel_lb4_backends" => handle("cel_lb4_backends", &m.cel_lb4_backends)?,
                 "cel_lb4_revnat" => handle("cel_lb4_revnat", &m.cel_lb4_revnat)?,
@@ -168,8 +169,11 @@ impl Datapath {
             endpoints: Endpoints::new(typed("cel_endpoints", &m.cel_endpoints)?),
             ipcache: Ipcache::new(typed("cel_ipcache", &m.cel_ipcache)?),
             policy: PolicyMap::new(typed("cel_policy", &m.cel_policy)?),
-            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?),
-            fragments: Fragments::new(typed("cel_frag4", &m.cel_frag4)?),
+            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?, typed("cel_ct6", &m.cel_ct6)?),
+            fragments: Fragments::new(
+                typed("cel_frag4", &m.cel_frag4)?,
+                typed("cel_frag6", &m.cel_frag6)?,
+            ),
             services: Services::new(
                 typed("cel_lb4_services", &m.cel_lb4_services)?,
                 typed("cel_lb4_backends", &m.cel_lb4_backends)?,

@@ -30,14 +30,14 @@ pub enum Reason {
     CtFull,
     /// Rewriting addresses or checksums failed.
     NatFailed,
-    /// IPv6 where policy applies (or that no endpoint's policy can decide): the datapath
-    /// cannot enforce IPv6 policy yet and fails closed.
-    Ipv6NotEnforced,
     /// A later fragment whose first fragment was never seen: nothing says which ports,
     /// policy or translation it belongs to.
     FragmentNotFound,
     /// A first fragment whose ports could not be recorded for the later ones.
     FragmentTableFull,
+    /// An IPv6 extension-header chain the datapath does not parse (an unknown extension
+    /// header, a routing header with segments left, too many headers): never passed unchecked.
+    ExtensionHeader,
     /// A number this version does not know.
     Unknown(u8),
 }
@@ -53,9 +53,9 @@ impl Reason {
         Reason::Malformed,
         Reason::CtFull,
         Reason::NatFailed,
-        Reason::Ipv6NotEnforced,
         Reason::FragmentNotFound,
         Reason::FragmentTableFull,
+        Reason::ExtensionHeader,
     ];
 
     /// The reason's number.
@@ -70,9 +70,10 @@ impl Reason {
             // 6 was "fragment not supported", before fragments were tracked.
             Reason::CtFull => 7,
             Reason::NatFailed => 8,
-            Reason::Ipv6NotEnforced => 9,
+            // 9 was "ipv6 not enforced", before IPv6 was.
             Reason::FragmentNotFound => 10,
             Reason::FragmentTableFull => 11,
+            Reason::ExtensionHeader => 12,
             Reason::Unknown(n) => n,
         }
     }
@@ -104,9 +105,9 @@ impl fmt::Display for Reason {
             Reason::Malformed => f.write_str("malformed packet"),
             Reason::CtFull => f.write_str("conntrack table full"),
             Reason::NatFailed => f.write_str("nat failed"),
-            Reason::Ipv6NotEnforced => f.write_str("ipv6 not enforced"),
             Reason::FragmentNotFound => f.write_str("first fragment not seen"),
             Reason::FragmentTableFull => f.write_str("fragment table full"),
+            Reason::ExtensionHeader => f.write_str("unsupported extension header"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -233,9 +234,9 @@ mod tests {
             (Reason::Malformed, c::CEL_REASON_MALFORMED),
             (Reason::CtFull, c::CEL_REASON_CT_FULL),
             (Reason::NatFailed, c::CEL_REASON_NAT_FAILED),
-            (Reason::Ipv6NotEnforced, c::CEL_REASON_IPV6_NOT_ENFORCED),
             (Reason::FragmentNotFound, c::CEL_REASON_FRAGMENT_NOT_FOUND),
             (Reason::FragmentTableFull, c::CEL_REASON_FRAGMENT_TABLE_FULL),
+            (Reason::ExtensionHeader, c::CEL_REASON_EXTENSION_HEADER),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");
@@ -243,6 +244,7 @@ mod tests {
         }
         assert_eq!(Reason::from(200), Reason::Unknown(200));
         assert_eq!(Reason::from(6), Reason::Unknown(6), "retired");
+        assert_eq!(Reason::from(9), Reason::Unknown(9), "retired");
         assert_eq!(
             u64::from(EndpointFlags::ENFORCE_INGRESS.0),
             c::CEL_EP_F_ENFORCE_INGRESS
