@@ -64,6 +64,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 {
 	struct trace t = { .direction = CEL_DIR_EGRESS };
 	struct endpoint_info *src, *dst;
+	struct lb6_choice lb = {};
 	struct ct_entry *ce = NULL;
 	struct ct6_key key = {};
 	struct pkt6 p = {};
@@ -103,6 +104,11 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 		return drop6(skb, &p, &t, ret);
 
 	now = bpf_ktime_get_ns();
+	ret = lb6_dnat(skb, &p, cfg, now, &lb);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	/* After DNAT: the destination is the backend. */
 	dst = endpoint_lookup6(p.daddr);
 	ct6_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup6(&key, &p, cfg, now, &ce);
@@ -120,10 +126,22 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 			if (ret)
 				return drop6(skb, &p, &it, ret);
 		}
-		ret = ct_create6(&key, &p, cfg, now, 0, 0);
+		ret = ct_create6(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb6_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop6(skb, &p, &t, ret);
+		}
 	}
+	/* Past policy: the connection may now remember its backend. */
+	ret = lb6_commit(&lb, &p, cfg, now);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
 
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
@@ -181,6 +199,14 @@ static __always_inline int to_container6(struct __sk_buff *skb, const struct dat
 		ret = ct_create6(&key, &p, cfg, now, 0, 0);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb6_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop6(skb, &p, &t, ret);
+		}
 	}
 
 	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);

@@ -98,6 +98,27 @@ struct {
 } cel_lb4_revnat SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb4_service); /* the same slots as IPv4's */
+	__uint(max_entries, 65536);
+} cel_lb6_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, 65536);
+} cel_lb6_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb6_reverse_nat);
+	__uint(max_entries, 65536);
+} cel_lb6_revnat SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct datapath_config);

@@ -331,7 +331,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         1,
         &Backend {
-            addr: p2.ip,
+            addr: p2.ip.into(),
             port: 8080,
             protocol: Protocol::Tcp,
         },
@@ -340,7 +340,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         2,
         &Backend {
-            addr: p3.ip,
+            addr: p3.ip.into(),
             port: 8080,
             protocol: Protocol::Tcp,
         },
@@ -349,7 +349,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         3,
         &Backend {
-            addr: p2.ip,
+            addr: p2.ip.into(),
             port: 5353,
             protocol: Protocol::Udp,
         },
@@ -358,19 +358,19 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         4,
         &Backend {
-            addr: p3.ip,
+            addr: p3.ip.into(),
             port: 5353,
             protocol: Protocol::Udp,
         },
     )
     .unwrap();
     let tcp_fe = Frontend {
-        vip,
+        vip: vip.into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
     let udp_fe = Frontend {
-        vip,
+        vip: vip.into(),
         port: 53,
         protocol: Protocol::Udp,
     };
@@ -413,13 +413,14 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
         && [1, 2].contains(&e.backend_id)));
 
     // A frontend without backends drops with its own reason.
+    let empty_vip = Ipv4Addr::new(10, 96, 0, 11);
     let empty = Frontend {
-        vip: Ipv4Addr::new(10, 96, 0, 11),
+        vip: empty_vip.into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
     svc.put_service(&empty, 3, &[]).unwrap();
-    assert!(probe::tcp_connect(&p1.ns, addr(empty.vip, 80), SHORT).is_err());
+    assert!(probe::tcp_connect(&p1.ns, addr(empty_vip, 80), SHORT).is_err());
     assert!(
         env.dp
             .metrics()

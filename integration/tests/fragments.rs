@@ -57,9 +57,14 @@ impl Pod {
     }
 }
 
+/// An agent with dual-stack pods and a service range per family.
 fn agent() -> Agent {
     Agent::start_new(AgentOptions {
         pod_cidrs: vec![POD_CIDR4.into(), POD_CIDR6.into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
         ..AgentOptions::default()
     })
     .expect("start the agent")
@@ -247,29 +252,37 @@ fn fragmented_datagrams_reach_a_cluster_ip_and_its_answers_come_from_it() {
     let _serial = serial();
     let agent = agent();
     let [client, web] = pods(&agent, ["client", "web"]);
-    let _udp =
-        UdpServer::start(&web.ns, SocketAddr::new(web.v4.into(), 5353), "web").expect("udp server");
+    let _servers: Vec<UdpServer> = web
+        .ips()
+        .map(|ip| UdpServer::start(&web.ns, SocketAddr::new(ip, 5353), "web").expect("udp server"))
+        .into();
     agent
         .objects(
             "apply",
-            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec: { selector: { app: web }, ports: [ { port: 53, targetPort: 5353, protocol: UDP } ] }\n",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec: { ipFamilyPolicy: RequireDualStack, selector: { app: web }, ports: [ { port: 53, targetPort: 5353, protocol: UDP } ] }\n",
         )
         .expect("apply the service");
-    let mut vip = None;
-    eventually("the service has its backend", || {
+    let mut vips = Vec::new();
+    eventually("both frontends have their backend", || {
         let list = agent.cli_json(&["service", "list"]).expect("service list");
-        vip = list.as_array().into_iter().flatten().find_map(|f: &Value| {
-            let ip: IpAddr = f["vip"].as_str()?.parse().ok()?;
-            (f["backends"].as_array()?.len() == 1).then_some(ip)
-        });
-        vip.is_some()
+        vips = list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f: &Value| {
+                let ip: IpAddr = f["vip"].as_str()?.parse().ok()?;
+                (f["backends"].as_array()?.len() == 1).then_some(ip)
+            })
+            .collect();
+        vips.len() == 2
     });
-    let vip = SocketAddr::new(vip.expect("a cluster IP"), 53);
-    for size in sizes(vip.ip()) {
-        let reply = probe::udp_exchange(&client.ns, vip, &payload(size), TIMEOUT)
-            .unwrap_or_else(|e| panic!("client -> {vip} with {size} bytes: {e}"));
-        assert_eq!(reply.banner, "web");
-        assert_eq!(reply.from, vip, "the answer comes from the cluster IP");
+    for vip in vips.iter().map(|ip| SocketAddr::new(*ip, 53)) {
+        for size in sizes(vip.ip()) {
+            let reply = probe::udp_exchange(&client.ns, vip, &payload(size), TIMEOUT)
+                .unwrap_or_else(|e| panic!("client -> {vip} with {size} bytes: {e}"));
+            assert_eq!(reply.banner, "web");
+            assert_eq!(reply.from, vip, "the answer comes from the cluster IP");
+        }
     }
     assert_eq!(agent.datapath_drops().expect("metrics"), 0);
 }

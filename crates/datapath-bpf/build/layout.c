@@ -115,6 +115,20 @@ int main(void)
 	OFF(lb4_reverse_nat, vip);
 	OFF(lb4_reverse_nat, port);
 
+	SIZE(lb6_key);
+	OFF(lb6_key, vip);
+	OFF(lb6_key, dport);
+	OFF(lb6_key, slot);
+	OFF(lb6_key, protocol);
+	SIZE(lb6_backend);
+	OFF(lb6_backend, addr);
+	OFF(lb6_backend, port);
+	OFF(lb6_backend, protocol);
+	OFF(lb6_backend, flags);
+	SIZE(lb6_reverse_nat);
+	OFF(lb6_reverse_nat, vip);
+	OFF(lb6_reverse_nat, port);
+
 	SIZE(datapath_config);
 	OFF(datapath_config, layout_version);
 	OFF(datapath_config, flags);

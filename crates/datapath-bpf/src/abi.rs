@@ -537,6 +537,62 @@ pub struct Lb4ReverseNat {
 }
 plain!(Lb4ReverseNat { vip, port, pad });
 
+/// `struct lb6_key` (its slots hold [`Lb4Service`] values, as IPv4's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6Key {
+    /// Frontend address bytes.
+    pub vip: [u8; 16],
+    /// Frontend port, network order.
+    pub dport: u16,
+    /// 0 = the service, 1..=count = backend slots.
+    pub slot: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+plain!(Lb6Key {
+    vip,
+    dport,
+    slot,
+    protocol,
+    pad
+});
+
+/// `struct lb6_backend`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6Backend {
+    /// Address bytes.
+    pub addr: [u8; 16],
+    /// Port, network order.
+    pub port: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Reserved.
+    pub flags: u8,
+}
+plain!(Lb6Backend {
+    addr,
+    port,
+    protocol,
+    flags
+});
+
+/// `struct lb6_reverse_nat`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6ReverseNat {
+    /// Frontend address bytes.
+    pub vip: [u8; 16],
+    /// Frontend port, network order.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Lb6ReverseNat { vip, port, pad });
+
 /// `struct datapath_config`: datapath-wide settings (timeouts in seconds).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -742,6 +798,9 @@ mod tests {
         });
         check!(Lb4Backend, lb4_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb4ReverseNat, lb4_reverse_nat { vip => vip, port => port });
+        check!(Lb6Key, lb6_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
+        check!(Lb6Backend, lb6_backend { addr => addr, port => port, protocol => protocol, flags => flags });
+        check!(Lb6ReverseNat, lb6_reverse_nat { vip => vip, port => port });
         check!(DatapathConfig, datapath_config {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,

@@ -21,7 +21,7 @@ use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
 use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
-use crate::maps::lb::Services;
+use crate::maps::lb::{FamilyMaps, Services};
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
@@ -148,6 +148,9 @@ impl Datapath {
                 "cel_lb4_services" => handle("cel_lb4_services", &m.cel_lb4_services)?,
                 "cel_lb4_backends" => handle("cel_lb4_backends", &m.cel_lb4_backends)?,
                 "cel_lb4_revnat" => handle("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                "cel_lb6_services" => handle("cel_lb6_services", &m.cel_lb6_services)?,
+                "cel_lb6_backends" => handle("cel_lb6_backends", &m.cel_lb6_backends)?,
+                "cel_lb6_revnat" => handle("cel_lb6_revnat", &m.cel_lb6_revnat)?,
                 "cel_config" => handle("cel_config", &m.cel_config)?,
                 _ => continue,
             };
@@ -175,9 +178,16 @@ impl Datapath {
                 typed("cel_frag6", &m.cel_frag6)?,
             ),
             services: Services::new(
-                typed("cel_lb4_services", &m.cel_lb4_services)?,
-                typed("cel_lb4_backends", &m.cel_lb4_backends)?,
-                typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                FamilyMaps {
+                    services: typed("cel_lb4_services", &m.cel_lb4_services)?,
+                    backends: typed("cel_lb4_backends", &m.cel_lb4_backends)?,
+                    revnat: typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                },
+                FamilyMaps {
+                    services: typed("cel_lb6_services", &m.cel_lb6_services)?,
+                    backends: typed("cel_lb6_backends", &m.cel_lb6_backends)?,
+                    revnat: typed("cel_lb6_revnat", &m.cel_lb6_revnat)?,
+                },
             ),
             config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
             metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
