@@ -584,6 +584,90 @@ spec:
     assert!(ping(&b.ns, c.v6), "b -> c, and the reply back in");
 }
 
+#[test]
+fn the_cli_shows_ipv6_as_it_shows_ipv4() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec![POD_CIDR4.into(), POD_CIDR6.into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    let [a] = pods(&agent, ["a"]);
+    let gw6 = router6(&agent);
+    apply_policy(
+        &agent,
+        r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: a-out, namespace: default }
+spec:
+  endpointSelector: { matchLabels: { app: a } }
+  egress: [ { toCIDR: [ "fd00:99::/64" ], toPorts: [ { ports: [ { port: "443", protocol: TCP } ] } ] } ]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: web }
+spec: { ipFamilyPolicy: PreferDualStack, selector: { app: a }, ports: [ { port: 80 } ] }
+"#,
+    );
+    let id = agent.endpoints().expect("endpoints")[0]["id"]
+        .as_u64()
+        .expect("an id")
+        .to_string();
+    // endpoint get: both addresses and both gateways, the IPv6 CIDR peer with its port.
+    let ep = agent.cli(&["endpoint", "get", &id]).expect("endpoint get");
+    for text in [
+        format!("{}/32, {}/128", a.v4(), a.v6),
+        format!(", {gw6}"),
+        "cidr:fd00-99--0/64".into(),
+        "443/tcp".into(),
+    ] {
+        assert!(ep.contains(&text), "no {text:?} in:\n{ep}");
+    }
+    // ipcache: the pod's /128 from its endpoint, the node's router address, the rule's prefix;
+    // an address outside every prefix is the world of its family on a dual-stack node.
+    let list = agent.cli(&["ipcache", "list"]).expect("ipcache list");
+    let identity = agent.endpoints().expect("endpoints")[0]["identity"].to_string();
+    for (prefix, who, source) in [
+        (format!("{}/128", a.v6), identity.as_str(), "endpoint"),
+        (format!("{gw6}/128"), "1", "host"),
+        ("fd00:99::/64".to_string(), "16777216", "policy"),
+    ] {
+        let row = [prefix.as_str(), who, source];
+        assert!(
+            list.lines().any(|l| l.split_whitespace().take(3).eq(row)),
+            "no {row:?} in:\n{list}"
+        );
+    }
+    let got = agent
+        .cli_json(&["ipcache", "get", &a.v6.to_string()])
+        .expect("ipcache get");
+    assert_eq!(got["prefix"], format!("{}/128", a.v6));
+    for (ip, world) in [("fd00:77::1", 10), ("10.77.0.1", 9)] {
+        let text = agent.cli(&["ipcache", "get", ip]).expect("ipcache get");
+        assert!(
+            text.contains(&format!("world (identity {world})")),
+            "{ip}: {text}"
+        );
+    }
+    // policy get: the rule with its IPv6 CIDR selector and the identity behind it.
+    let policy = agent.cli_json(&["policy", "get"]).expect("policy get");
+    let peers = policy["rules"].to_string();
+    assert!(peers.contains("cidr:fd00-99--0/64"), "{policy}");
+    // service list: a frontend per family, IPv6 ones bracketed.
+    let services = agent.cli(&["service", "list"]).expect("service list");
+    assert!(
+        services.contains(&format!("[{}]:80", a.v6))
+            && services.contains(&format!("{}:80", a.v4())),
+        "{services}"
+    );
+    assert!(services.contains("[fd00:10:96::"), "{services}");
+}
+
 /// A pod's interface as the datapath sees it: the host end's name and both MACs.
 struct Link {
     host_ifname: String,
