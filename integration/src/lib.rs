@@ -4,7 +4,8 @@
 //! traffic probes ([`probe`]), hand-made frames sent as they are ([`frame`]), and a running
 //! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), reachability probes that tell a
 //! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), and a
-//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]).
+//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]), and a TCP
+//! ping-pong of both families for latency benchmarks ([`pingpong`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -18,6 +19,7 @@ mod error;
 pub mod frame;
 pub mod lab;
 pub mod netns;
+pub mod pingpong;
 pub mod probe;
 pub mod reach;
 pub mod readonly;
