@@ -571,4 +571,41 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
         assert_eq!(third.restore(), (6, 0));
         assert_eq!(vip(&third, "web"), web);
     }
+
+    #[test]
+    fn a_dual_stack_service_survives_a_restart_and_the_loss_of_its_second_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let dual = || {
+            ServiceRanges::new(&[
+                "10.96.0.0/16".parse().unwrap(),
+                "fd00:96::/108".parse().unwrap(),
+            ])
+            .unwrap()
+        };
+        let first_state = state();
+        let first = persisted(&first_state, dual());
+        first.apply("app.yaml", APP).unwrap();
+        first
+            .apply(
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {ipFamilyPolicy: RequireDualStack, ports: [{port: 80}]}\n",
+            )
+            .unwrap();
+        let key = ObjectKey::namespaced("shop", "web");
+        let before = first.services.get(&key).unwrap();
+        assert_eq!(before.cluster_ips.len(), 2);
+        drop((first, first_state));
+
+        for ranges in [dual(), default_range()] {
+            let next_state = state();
+            let next = persisted(&next_state, ranges);
+            assert_eq!(next.restore(), (3, 0));
+            let after = next.services.get(&key).unwrap();
+            assert_eq!(after.cluster_ips, before.cluster_ips);
+            assert_eq!(after.ip_families, before.ip_families);
+            assert_eq!(after.ip_family_policy, before.ip_family_policy);
+            drop((next, next_state));
+        }
+    }
 }

@@ -66,7 +66,8 @@ impl Resources {
                 policy: s.ip_family_policy,
             })
         });
-        let (families, policy) = default_families(draft, current.as_ref(), &self.service_ranges)?;
+        let (families, policy) =
+            default_families(draft, current.as_ref(), &self.service_ranges, restoring)?;
         // Headless as asked, or as it is when the document leaves the address out.
         let headless = match (&draft.requested, &current) {
             (RequestedIp::Headless, _) => true,
@@ -239,11 +240,14 @@ fn immutable(field: &str, current: ClusterIp) -> FieldError {
 }
 
 /// The service's families and policy, defaulted as the API server does (see the module
-/// docs); on an update what the document leaves out is the current service's.
+/// docs); on an update what the document leaves out is the current service's. `restoring`
+/// keeps a recorded family the ranges no longer have (`service-cidr` changed since), with a
+/// warning, as the API server keeps stored services, rather than losing the service.
 pub(crate) fn default_families(
     draft: &ServiceDraft,
     current: Option<&Settled>,
     ranges: &ServiceRanges,
+    restoring: bool,
 ) -> Result<(Vec<IpFamily>, IpFamilyPolicy), FieldError> {
     let given: &[IpAddr] = match &draft.requested {
         RequestedIp::Addresses(list) => list,
@@ -311,7 +315,10 @@ pub(crate) fn default_families(
             "must be PreferDualStack or RequireDualStack when two families or addresses are given",
         ));
     }
-    if policy == IpFamilyPolicy::RequireDualStack && !ranges.dual_stack() {
+    let key = draft.service.key();
+    if policy == IpFamilyPolicy::RequireDualStack && !ranges.dual_stack() && restoring {
+        tracing::warn!(service = %key, "a recorded dual-stack service on a cluster with one service range; kept");
+    } else if policy == IpFamilyPolicy::RequireDualStack && !ranges.dual_stack() {
         return Err(FieldError::new(
             "spec.ipFamilyPolicy",
             format!(
@@ -329,7 +336,9 @@ pub(crate) fn default_families(
         families.push(families[0].other());
     }
     for (i, family) in families.iter().enumerate() {
-        if ranges.get(*family).is_none() {
+        if ranges.get(*family).is_none() && restoring {
+            tracing::warn!(service = %key, %family, "a recorded service of a family service-cidr no longer has; kept");
+        } else if ranges.get(*family).is_none() {
             return Err(FieldError::new(
                 format!("spec.ipFamilies[{i}]"),
                 format!(
