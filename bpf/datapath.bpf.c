@@ -4,15 +4,19 @@
  * the host-side veth of a pod; everything endpoint-specific comes from maps.
  *
  *   cel_from_container  TC ingress: packets the pod sends.
- *     source check -> service DNAT (backend chosen, nothing written) ->
- *     conntrack -> (new: egress policy of the source, ingress policy of a
- *     local destination) -> service entry recorded -> reverse NAT of
- *     replies -> redirect into a local pod, or up the node's stack.
+ *     source check -> later fragments take their first's ports ->
+ *     service DNAT (backend chosen, nothing written) -> conntrack ->
+ *     (new: egress policy of the source, ingress policy of a local
+ *     destination) -> service entry recorded -> reverse NAT of replies ->
+ *     redirect into a local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
- *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
+ *     later fragments take their first's ports -> conntrack -> (new:
+ *     ingress policy) -> reverse NAT of replies.
  *
- * IPv6 cannot be enforced yet and fails closed wherever policy applies
- * (lib/ipv6.h); non-IP frames (ARP) pass untouched.
+ * IPv4 and IPv6 take the same steps over maps of their own family
+ * (conntrack, fragments, services); IPv6 also lets the link-local control
+ * both stacks need pass whatever the policy, and answers a pod's neighbour
+ * solicitations for the node (lib/nd.h). Non-IP frames (ARP) pass untouched.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -21,11 +25,13 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/frag.h"
 #include "lib/ipv6.h"
 #include "lib/lb.h"
 #include "lib/lookup.h"
 #include "lib/maps.h"
 #include "lib/nat.h"
+#include "lib/nd.h"
 #include "lib/notify.h"
 #include "lib/packet.h"
 #include "lib/policy.h"
@@ -33,9 +39,9 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Hands the frame to a local pod's eth0, skipping the node's stack (and
- * therefore that pod's cel_to_container, whose checks were done here). */
-static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
-						const struct trace *t,
+ * therefore that pod's cel_to_container, whose checks were done here).
+ * Returns the verdict, or -1 if the MACs could not be rewritten. */
+static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, __u8 direction,
 						const struct endpoint_info *dst)
 {
 	__u8 macs[12];
@@ -44,9 +50,167 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, const str
 	__builtin_memcpy(&macs[0], dst->pod_mac, 6);
 	__builtin_memcpy(&macs[6], dst->host_mac, 6);
 	if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0)
-		return drop(skb, p, t, CEL_REASON_NAT_FAILED);
-	count(t->direction, CEL_REASON_FORWARDED, skb->len);
+		return -1;
+	count(direction, CEL_REASON_FORWARDED, skb->len);
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* IPv6 a pod sends: as cel_from_container does for IPv4, after link-local
+ * control (which passes whatever the policy, to the link only, from the
+ * pod's own, a link-local or the unspecified address) and the neighbour
+ * solicitations the datapath answers for the node. */
+static __always_inline int from_container6(struct __sk_buff *skb,
+					   const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_EGRESS };
+	struct endpoint_info *src, *dst;
+	struct lb6_choice lb = {};
+	struct ct_entry *ce = NULL;
+	struct ct6_key key = {};
+	struct pkt6 p = {};
+	__u64 now;
+	int ret, ct;
+
+	ret = parse_ipv6(skb, &p);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	/* The source counts as the pod's only if its entry names this very
+	 * interface: another pod's address is as spoofed as a made-up one. */
+	src = endpoint_lookup6(p.saddr);
+	if (src && src->ifindex != skb->ifindex)
+		src = NULL;
+	if (src) {
+		t.endpoint_id = src->id;
+		t.src_identity = src->identity;
+	}
+	if (ipv6_link_control(&p)) {
+		ret = nd_answer(skb, &p, src, cfg);
+		if (ret >= 0)
+			return ret;
+		/* A pod's own ND and MLD: from the unspecified address (DAD),
+		 * its link-local address (which it may choose freely, so it
+		 * is not in the endpoint map) or one of its own; to the link. */
+		if (ipv6_link_scope(p.daddr) &&
+		    (src || ipv6_unspecified(p.saddr) || ipv6_link_local(p.saddr))) {
+			count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+			return TC_ACT_OK;
+		}
+	}
+	if (!src)
+		return drop6(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
+	ret = frag6_track(&p);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	now = bpf_ktime_get_ns();
+	ret = lb6_dnat(skb, &p, cfg, now, &lb);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	/* After DNAT: the destination is the backend. */
+	dst = endpoint_lookup6(p.daddr);
+	ct6_key_from_pkt(&key, &p, 0);
+	ct = ct_lookup6(&key, &p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		t.dst_identity = dst ? dst->identity : ipcache_identity6(cfg, p.daddr);
+		ret = policy_check6(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg);
+		if (ret)
+			return drop6(skb, &p, &t, ret);
+		if (dst) {
+			struct trace it = t;
+
+			it.direction = CEL_DIR_INGRESS;
+			it.endpoint_id = dst->id;
+			ret = policy_check6(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+			if (ret)
+				return drop6(skb, &p, &it, ret);
+		}
+		ret = ct_create6(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
+		if (ret)
+			return drop6(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb6_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop6(skb, &p, &t, ret);
+		}
+	}
+	/* Past policy: the connection may now remember its backend. */
+	ret = lb6_commit(&lb, &p, cfg, now);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	if (dst) {
+		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
+		return ret < 0 ? drop6(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return TC_ACT_OK;
+}
+
+/* IPv6 the node's stack sends the pod: as cel_to_container does for IPv4,
+ * after the node's link-local control (from the unspecified or a link-local
+ * address, to the link or to the pod's own address). */
+static __always_inline int to_container6(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_INGRESS };
+	struct endpoint_info *dst;
+	struct ct_entry *ce = NULL;
+	struct ct6_key key = {};
+	struct pkt6 p = {};
+	__u64 now;
+	int ret, ct;
+
+	ret = parse_ipv6(skb, &p);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	dst = endpoint_lookup6(p.daddr);
+	if (dst && dst->ifindex != skb->ifindex)
+		dst = NULL;
+	if (ipv6_link_control(&p) && (dst || ipv6_link_scope(p.daddr)) &&
+	    (ipv6_unspecified(p.saddr) || ipv6_link_local(p.saddr))) {
+		count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+		return TC_ACT_OK;
+	}
+	/* As for IPv4, only packets for the endpoint behind this interface
+	 * are ours: the node routes nothing else here, and what it sends
+	 * on the link itself (to link-local and multicast addresses) comes
+	 * from the node, which every endpoint admits (allow-localhost). */
+	if (!dst)
+		return TC_ACT_OK;
+	t.endpoint_id = dst->id;
+	t.dst_identity = dst->identity;
+	ret = frag6_track(&p);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+
+	now = bpf_ktime_get_ns();
+	ct6_key_from_pkt(&key, &p, 0);
+	ct = ct_lookup6(&key, &p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		t.src_identity = identity_of6(cfg, p.saddr);
+		ret = policy_check6(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+		if (ret)
+			return drop6(skb, &p, &t, ret);
+		ret = ct_create6(&key, &p, cfg, now, 0, 0);
+		if (ret)
+			return drop6(skb, &p, &t, ret);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id) {
+			ret = lb6_rev_nat(skb, &p, id, cfg, now);
+			if (ret)
+				return drop6(skb, &p, &t, ret);
+		}
+	}
+
+	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+	return TC_ACT_OK;
 }
 
 SEC("tc")
@@ -63,7 +227,7 @@ int cel_from_container(struct __sk_buff *skb)
 	int ret, ct;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return ipv6_from_container(skb);
+		return from_container6(skb, cfg);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);
@@ -77,6 +241,9 @@ int cel_from_container(struct __sk_buff *skb)
 		return drop(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
 	t.endpoint_id = src->id;
 	t.src_identity = src->identity;
+	ret = frag4_track(&p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
 
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, &p, cfg, now, &lb);
@@ -88,7 +255,7 @@ int cel_from_container(struct __sk_buff *skb)
 	ct_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup4(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
-		t.dst_identity = dst ? dst->identity : ipcache_identity4(p.daddr);
+		t.dst_identity = dst ? dst->identity : ipcache_identity4(cfg, p.daddr);
 		ret = policy_check(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg);
 		if (ret)
 			return drop(skb, &p, &t, ret);
@@ -120,8 +287,10 @@ int cel_from_container(struct __sk_buff *skb)
 	if (ret)
 		return drop(skb, &p, &t, ret);
 
-	if (dst)
-		return redirect_to_endpoint(skb, &p, &t, dst);
+	if (dst) {
+		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
+		return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 	return TC_ACT_OK;
 }
@@ -139,7 +308,7 @@ int cel_to_container(struct __sk_buff *skb)
 	int ret, ct;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return ipv6_to_container(skb);
+		return to_container6(skb, cfg);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	ret = parse_ipv4(skb, &p);
@@ -152,12 +321,15 @@ int cel_to_container(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	t.endpoint_id = dst->id;
 	t.dst_identity = dst->identity;
+	ret = frag4_track(&p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
 
 	now = bpf_ktime_get_ns();
 	ct_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup4(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
-		t.src_identity = identity_of4(p.saddr);
+		t.src_identity = identity_of4(cfg, p.saddr);
 		ret = policy_check(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
 		if (ret)
 			return drop(skb, &p, &t, ret);

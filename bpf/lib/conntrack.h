@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * Connection tracking over cel_ct4. An entry is keyed on the tuple of the
- * connection's first packet; a packet whose tuple is found is ESTABLISHED
- * (forward), one whose reversed tuple is found is a REPLY, anything else is
- * NEW and goes through policy before ct_create records it.
+ * Connection tracking over cel_ct4 and cel_ct6. An entry is keyed on the
+ * tuple of the connection's first packet; a packet whose tuple is found is
+ * ESTABLISHED (forward), one whose reversed tuple is found is a REPLY,
+ * anything else is NEW and goes through policy before ct_create records it.
+ * Entries are the same for both families; only the keys differ.
  */
 #ifndef CELLIUM_LIB_CONNTRACK_H
 #define CELLIUM_LIB_CONNTRACK_H
@@ -11,6 +12,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "ipv6.h"
 #include "maps.h"
 #include "packet.h"
 
@@ -20,6 +22,8 @@ enum ct_status {
 	CT_NEW = 0,
 	CT_ESTABLISHED = 1,
 	CT_REPLY = 2,
+	/* Internal to the lookups: a new connection reusing a closing tuple. */
+	CT_REOPEN = 3,
 };
 
 static __always_inline void ct_key_from_pkt(struct ct_key *key, const struct pkt *p, __u8 flags)
@@ -57,6 +61,7 @@ static __always_inline __u64 ct_timeout(const struct datapath_config *cfg, __u8 
 	case CEL_PROTO_SCTP:
 		return pick(cfg->ct_udp, CEL_CT_DEFAULT_UDP);
 	case CEL_PROTO_ICMP:
+	case CEL_PROTO_ICMPV6:
 		return pick(cfg->ct_icmp, CEL_CT_DEFAULT_ICMP);
 	default:
 		return pick(cfg->ct_other, CEL_CT_DEFAULT_OTHER);
@@ -75,7 +80,14 @@ static __always_inline __u8 ct_tcp_state(__u8 fwd, __u8 rev, __u8 current)
 	return current;
 }
 
-static __always_inline void ct_account(struct ct_entry *e, int dir, const struct pkt *p,
+/* What conntrack reads of a packet, whatever its family. */
+struct ct_pkt {
+	__u32 len;
+	__u8 protocol;
+	__u8 tcp_flags;
+};
+
+static __always_inline void ct_account(struct ct_entry *e, int dir, const struct ct_pkt *p,
 				       const struct datapath_config *cfg, __u64 now)
 {
 	__u8 state = e->state;
@@ -118,10 +130,62 @@ static __always_inline void ct_account(struct ct_entry *e, int dir, const struct
 }
 
 /* A SYN alone on a closing entry is a new connection reusing the tuple. */
-static __always_inline int ct_is_reopen(const struct ct_entry *e, const struct pkt *p)
+static __always_inline int ct_is_reopen(const struct ct_entry *e, const struct ct_pkt *p)
 {
 	return p->protocol == CEL_PROTO_TCP && e->state == CEL_CT_STATE_CLOSING &&
 	       (p->tcp_flags & (CEL_TCP_SYN | CEL_TCP_ACK)) == CEL_TCP_SYN;
+}
+
+static __always_inline struct ct_pkt ct_pkt4(const struct pkt *p)
+{
+	struct ct_pkt c = { .len = p->len, .protocol = p->protocol, .tcp_flags = p->tcp_flags };
+
+	return c;
+}
+
+static __always_inline struct ct_pkt ct_pkt6(const struct pkt6 *p)
+{
+	struct ct_pkt c = { .len = p->len, .protocol = p->protocol, .tcp_flags = p->tcp_flags };
+
+	return c;
+}
+
+/* A found entry's status for this packet, accounting for it; CT_NEW if the
+ * entry is missing or expired, CT_REOPEN if the packet starts a new
+ * connection on a closing one. */
+static __always_inline int ct_found(struct ct_entry *e, int dir, const struct ct_pkt *p,
+				    const struct datapath_config *cfg, __u64 now,
+				    struct ct_entry **out)
+{
+	if (!e || e->expires_ns <= now)
+		return CT_NEW;
+	if (dir == CEL_CT_FORWARD && ct_is_reopen(e, p))
+		return CT_REOPEN;
+	ct_account(e, dir, p, cfg, now);
+	*out = e;
+	return dir == CEL_CT_FORWARD ? CT_ESTABLISHED : CT_REPLY;
+}
+
+/* A new connection's entry. */
+static __always_inline void ct_entry_init(struct ct_entry *e, const struct ct_pkt *p,
+					  const struct datapath_config *cfg, __u64 now,
+					  __u16 rev_nat_id, __u32 backend_id)
+{
+	e->created_ns = now;
+	e->packets[CEL_CT_FORWARD] = 1;
+	e->bytes[CEL_CT_FORWARD] = p->len;
+	e->rev_nat_id = rev_nat_id;
+	e->backend_id = backend_id;
+	e->state = CEL_CT_STATE_ESTABLISHED;
+	if (p->protocol == CEL_PROTO_TCP) {
+		e->tcp_flags[CEL_CT_FORWARD] = p->tcp_flags;
+		/* Mid-stream packets (no SYN) of an unknown connection, e.g.
+		 * after the table was flushed, resume as established. */
+		if ((p->tcp_flags & (CEL_TCP_SYN | CEL_TCP_ACK)) == CEL_TCP_SYN)
+			e->state = CEL_CT_STATE_SYN;
+		e->state = ct_tcp_state(e->tcp_flags[CEL_CT_FORWARD], 0, e->state);
+	}
+	e->expires_ns = now + ct_timeout(cfg, p->protocol, e->state) * CEL_NSEC_PER_SEC;
 }
 
 /* Looks up `key` (built from the packet) forward, then reversed. */
@@ -129,31 +193,20 @@ static __always_inline int ct_lookup4(const struct ct_key *key, const struct pkt
 				      const struct datapath_config *cfg, __u64 now,
 				      struct ct_entry **out)
 {
+	struct ct_pkt c = ct_pkt4(p);
 	struct ct_key rev = {};
-	struct ct_entry *e;
+	int ret;
 
-	e = bpf_map_lookup_elem(&cel_ct4, key);
-	if (e && e->expires_ns > now) {
-		if (ct_is_reopen(e, p))
-			return CT_NEW;
-		ct_account(e, CEL_CT_FORWARD, p, cfg, now);
-		*out = e;
-		return CT_ESTABLISHED;
-	}
-
+	ret = ct_found(bpf_map_lookup_elem(&cel_ct4, key), CEL_CT_FORWARD, &c, cfg, now, out);
+	if (ret != CT_NEW)
+		return ret == CT_REOPEN ? CT_NEW : ret;
 	rev.saddr = key->daddr;
 	rev.daddr = key->saddr;
 	rev.sport = key->dport;
 	rev.dport = key->sport;
 	rev.protocol = key->protocol;
 	rev.flags = key->flags;
-	e = bpf_map_lookup_elem(&cel_ct4, &rev);
-	if (e && e->expires_ns > now) {
-		ct_account(e, CEL_CT_REPLY, p, cfg, now);
-		*out = e;
-		return CT_REPLY;
-	}
-	return CT_NEW;
+	return ct_found(bpf_map_lookup_elem(&cel_ct4, &rev), CEL_CT_REPLY, &c, cfg, now, out);
 }
 
 /* Records a new connection; returns 0 or CEL_REASON_CT_FULL. */
@@ -161,24 +214,55 @@ static __always_inline int ct_create4(const struct ct_key *key, const struct pkt
 				      const struct datapath_config *cfg, __u64 now,
 				      __u16 rev_nat_id, __u32 backend_id)
 {
+	struct ct_pkt c = ct_pkt4(p);
 	struct ct_entry e = {};
 
-	e.created_ns = now;
-	e.packets[CEL_CT_FORWARD] = 1;
-	e.bytes[CEL_CT_FORWARD] = p->len;
-	e.rev_nat_id = rev_nat_id;
-	e.backend_id = backend_id;
-	e.state = CEL_CT_STATE_ESTABLISHED;
-	if (p->protocol == CEL_PROTO_TCP) {
-		e.tcp_flags[CEL_CT_FORWARD] = p->tcp_flags;
-		/* Mid-stream packets (no SYN) of an unknown connection, e.g.
-		 * after the table was flushed, resume as established. */
-		if ((p->tcp_flags & (CEL_TCP_SYN | CEL_TCP_ACK)) == CEL_TCP_SYN)
-			e.state = CEL_CT_STATE_SYN;
-		e.state = ct_tcp_state(e.tcp_flags[CEL_CT_FORWARD], 0, e.state);
-	}
-	e.expires_ns = now + ct_timeout(cfg, p->protocol, e.state) * CEL_NSEC_PER_SEC;
+	ct_entry_init(&e, &c, cfg, now, rev_nat_id, backend_id);
 	if (bpf_map_update_elem(&cel_ct4, key, &e, BPF_ANY) < 0)
+		return CEL_REASON_CT_FULL;
+	return 0;
+}
+
+static __always_inline void ct6_key_from_pkt(struct ct6_key *key, const struct pkt6 *p, __u8 flags)
+{
+	__builtin_memcpy(key->saddr, p->saddr, 16);
+	__builtin_memcpy(key->daddr, p->daddr, 16);
+	key->sport = p->sport;
+	key->dport = p->dport;
+	key->protocol = p->protocol;
+	key->flags = flags;
+	key->pad = 0;
+}
+
+static __always_inline int ct_lookup6(const struct ct6_key *key, const struct pkt6 *p,
+				      const struct datapath_config *cfg, __u64 now,
+				      struct ct_entry **out)
+{
+	struct ct_pkt c = ct_pkt6(p);
+	struct ct6_key rev = {};
+	int ret;
+
+	ret = ct_found(bpf_map_lookup_elem(&cel_ct6, key), CEL_CT_FORWARD, &c, cfg, now, out);
+	if (ret != CT_NEW)
+		return ret == CT_REOPEN ? CT_NEW : ret;
+	__builtin_memcpy(rev.saddr, key->daddr, 16);
+	__builtin_memcpy(rev.daddr, key->saddr, 16);
+	rev.sport = key->dport;
+	rev.dport = key->sport;
+	rev.protocol = key->protocol;
+	rev.flags = key->flags;
+	return ct_found(bpf_map_lookup_elem(&cel_ct6, &rev), CEL_CT_REPLY, &c, cfg, now, out);
+}
+
+static __always_inline int ct_create6(const struct ct6_key *key, const struct pkt6 *p,
+				      const struct datapath_config *cfg, __u64 now,
+				      __u16 rev_nat_id, __u32 backend_id)
+{
+	struct ct_pkt c = ct_pkt6(p);
+	struct ct_entry e = {};
+
+	ct_entry_init(&e, &c, cfg, now, rev_nat_id, backend_id);
+	if (bpf_map_update_elem(&cel_ct6, key, &e, BPF_ANY) < 0)
 		return CEL_REASON_CT_FULL;
 	return 0;
 }

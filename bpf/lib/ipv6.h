@@ -1,25 +1,19 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * IPv6, until the datapath can enforce policy on it: fail closed.
+ * Parsing an IPv6 packet into the facts every later step needs: its
+ * addresses, its extension-header chain walked to the upper layer (or to a
+ * fragment header whose offset says that no upper layer follows), the L4
+ * ports, and what link-local control needs to know.
  *
- * Neither conntrack, services nor policy know IPv6 yet, so IPv6 may only
- * pass where no policy applies, and never from an address the pod does not
- * own. From a pod (cel_from_container), a packet passes when its source is
- * an IPv6 address of the endpoint behind this interface, that endpoint does
- * not enforce egress, and the destination, if a local endpoint, does not
- * enforce ingress. To a pod (cel_to_container), a packet passes when its
- * destination is an IPv6 address of the endpoint behind this interface and
- * that endpoint does not enforce ingress. Everything else is dropped:
- * INVALID_SOURCE for a source the pod does not own, IPV6_NOT_ENFORCED for
- * the rest.
- *
- * The exception is link-local control that no router ever forwards, which
- * both stacks need whatever the policy (ipv6_link_control): the node
- * resolving a pod's address and the pod answering, duplicate address
- * detection, multicast listener reports. Anything it cannot classify (an
- * extension header other than the one hop-by-hop header MLD carries, a
- * message it cannot read) is not control, so it falls under the rules
- * above: dropped wherever policy applies.
+ * The chain: hop-by-hop options (first only), destination options, routing
+ * (with no segments left: otherwise the destination is not the one policy
+ * would decide for), authentication and fragment headers are walked, at most
+ * CEL_IPV6_MAX_EXT_HDRS of them. Any other extension header the IANA lists
+ * (mobility, HIP, shim6, the experimental ones), a second fragment header, a
+ * hop-by-hop header elsewhere than first, or a longer chain is
+ * CEL_REASON_EXTENSION_HEADER: dropped, never passed unchecked. Anything
+ * else is the upper-layer protocol, as for IPv4 (ESP and "no next header"
+ * included: policy decides them by protocol).
  */
 #ifndef CELLIUM_LIB_IPV6_H
 #define CELLIUM_LIB_IPV6_H
@@ -27,16 +21,28 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ipv6.h>
-#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
-#include "lookup.h"
-#include "maps.h"
-#include "notify.h"
+#include <cellium/common.h>
 
-#define CEL_PROTO_HOPOPTS 0
-#define CEL_PROTO_ICMPV6 58
+#include "packet.h"
 
+#define CEL_IPV6_HOPOPTS 0
+#define CEL_IPV6_ROUTING 43
+#define CEL_IPV6_FRAGMENT 44
+#define CEL_IPV6_AUTH 51
+#define CEL_IPV6_DSTOPTS 60
+#define CEL_IPV6_MOBILITY 135
+#define CEL_IPV6_HIP 139
+#define CEL_IPV6_SHIM6 140
+#define CEL_IPV6_EXPERIMENT1 253
+#define CEL_IPV6_EXPERIMENT2 254
+
+#define CEL_IPV6_MAX_EXT_HDRS 8
+
+#define CEL_ICMP6_ECHO_REQUEST 128
+#define CEL_ICMP6_ECHO_REPLY 129
 #define CEL_ICMP6_MLD_QUERY 130
 #define CEL_ICMP6_MLD_REPORT 131
 #define CEL_ICMP6_MLD_DONE 132
@@ -49,26 +55,87 @@
 #define CEL_ND_HOP_LIMIT 255
 #define CEL_MLD_HOP_LIMIT 1
 
+/* The fragment header's offset field (8-octet units, in its upper 13 bits)
+ * and its "more fragments" flag. */
+#define CEL_IP6_OFFSET 0xfff8
+#define CEL_IP6_MF 0x0001
+
 struct pkt6 {
 	__u32 len;
 	__u8 saddr[16];
 	__u8 daddr[16];
-	__be16 sport; /* TCP, UDP, SCTP right after the fixed header: for events */
-	__be16 dport;
-	__u8 nexthdr; /* of the fixed header */
+	__be16 sport; /* ICMPv6 echo request: identifier */
+	__be16 dport; /* ICMPv6 echo reply: identifier */
+	__u8 protocol; /* the upper layer (a later fragment: its fragment
+			* header's next header until frag6_track) */
+	__u8 tcp_flags;
+	__u16 l4_off;
+	__be32 frag_id;  /* the fragment header's identification */
+	__u8 frag;       /* CEL_FRAG_* */
+	__u8 frag_proto; /* the fragment header's next header */
 	__u8 hop_limit;
-	__u8 icmp_type; /* valid when is_icmp */
-	__u8 is_icmp;   /* an ICMPv6 message follows the fixed header, or hbh */
-	__u8 hbh;       /* ... after exactly one hop-by-hop options header */
+	__u8 first_hdr;  /* the fixed header's next header */
+	__u8 ext_hdrs;   /* extension headers before the upper layer */
+	__u8 icmp_type;  /* valid when protocol is ICMPv6 and not a later fragment */
+	__u8 pad[2];
 };
 
-/* Returns 0 or CEL_REASON_MALFORMED. */
+/* Reads the upper layer's ports (ICMPv6: type and echo identifier). A first
+ * fragment too short to hold the whole header is malformed (RFC 7112: the
+ * first fragment carries the whole header chain). */
+static __always_inline int parse_l4_6(struct __sk_buff *skb, struct pkt6 *p)
+{
+	switch (p->protocol) {
+	case CEL_PROTO_TCP: {
+		__u8 hdr[14];
+
+		if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)) < 0)
+			return CEL_REASON_MALFORMED;
+		__builtin_memcpy(&p->sport, &hdr[0], 2);
+		__builtin_memcpy(&p->dport, &hdr[2], 2);
+		p->tcp_flags = hdr[13];
+		break;
+	}
+	case CEL_PROTO_UDP:
+	case CEL_PROTO_SCTP: {
+		__be16 ports[2];
+
+		if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
+			return CEL_REASON_MALFORMED;
+		p->sport = ports[0];
+		p->dport = ports[1];
+		break;
+	}
+	case CEL_PROTO_ICMPV6: {
+		__u8 hdr[8];
+		__be16 id;
+
+		if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)) < 0)
+			return CEL_REASON_MALFORMED;
+		p->icmp_type = hdr[0];
+		__builtin_memcpy(&id, &hdr[4], 2);
+		/* As for ICMP: the echo identifier plays the port. */
+		if (hdr[0] == CEL_ICMP6_ECHO_REQUEST)
+			p->sport = id;
+		else if (hdr[0] == CEL_ICMP6_ECHO_REPLY)
+			p->dport = id;
+		break;
+	}
+	default:
+		break;
+	}
+	return 0;
+}
+
+/* Returns 0 or a CEL_REASON_* drop reason. */
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	__u32 off = ETH_HLEN + sizeof(struct ipv6hdr);
 	struct ipv6hdr *ip;
+	__u8 nh;
+	int i;
 
 	p->len = skb->len;
 	if (data + off > data_end) {
@@ -85,41 +152,73 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 		return CEL_REASON_MALFORMED;
 	__builtin_memcpy(p->saddr, &ip->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip->daddr, 16);
-	p->nexthdr = ip->nexthdr;
 	p->hop_limit = ip->hop_limit;
+	nh = ip->nexthdr;
+	p->first_hdr = nh;
 
-	switch (p->nexthdr) {
-	case CEL_PROTO_ICMPV6:
-		if (bpf_skb_load_bytes(skb, off, &p->icmp_type, 1) == 0)
-			p->is_icmp = 1;
-		break;
-	case CEL_PROTO_HOPOPTS: {
-		/* Next header, then length in 8-octet units past the first 8. */
-		__u8 h[2];
+#pragma unroll
+	for (i = 0; i < CEL_IPV6_MAX_EXT_HDRS; i++) {
+		__u8 h[8];
 
-		if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) < 0 || h[0] != CEL_PROTO_ICMPV6)
+		switch (nh) {
+		case CEL_IPV6_HOPOPTS:
+			if (i != 0)
+				return CEL_REASON_EXTENSION_HEADER;
+			/* fallthrough */
+		case CEL_IPV6_DSTOPTS:
+		case CEL_IPV6_ROUTING:
+		case CEL_IPV6_AUTH:
+			/* Next header, length, and for routing the type and
+			 * the segments left. */
+			if (bpf_skb_load_bytes(skb, off, h, 4) < 0)
+				return CEL_REASON_MALFORMED;
+			if (nh == CEL_IPV6_ROUTING && h[3] != 0)
+				return CEL_REASON_EXTENSION_HEADER;
+			/* Lengths in 8-octet units past the first 8, the
+			 * authentication header's in 4-octet units past 8. */
+			off += nh == CEL_IPV6_AUTH ? ((__u32)h[1] + 2) * 4 : ((__u32)h[1] + 1) * 8;
+			nh = h[0];
+			p->ext_hdrs++;
 			break;
-		if (bpf_skb_load_bytes(skb, off + ((__u32)h[1] + 1) * 8, &p->icmp_type, 1) == 0) {
-			p->is_icmp = 1;
-			p->hbh = 1;
-		}
-		break;
-	}
-	case CEL_PROTO_TCP:
-	case CEL_PROTO_UDP:
-	case CEL_PROTO_SCTP: {
-		__be16 ports[2];
+		case CEL_IPV6_FRAGMENT: {
+			__be16 fo;
 
-		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) == 0) {
-			p->sport = ports[0];
-			p->dport = ports[1];
+			if (p->frag != CEL_FRAG_NONE)
+				return CEL_REASON_EXTENSION_HEADER;
+			if (bpf_skb_load_bytes(skb, off, h, 8) < 0)
+				return CEL_REASON_MALFORMED;
+			__builtin_memcpy(&fo, &h[2], 2);
+			__builtin_memcpy(&p->frag_id, &h[4], 4);
+			off += 8;
+			nh = h[0];
+			p->ext_hdrs++;
+			p->frag_proto = nh;
+			if (fo & bpf_htons(CEL_IP6_OFFSET)) {
+				/* What follows is data: the upper layer and
+				 * its ports come from the first fragment. */
+				p->frag = CEL_FRAG_LATER;
+				p->protocol = nh;
+				return 0;
+			}
+			/* Offset 0 and no more fragments is an atomic
+			 * fragment (RFC 6946): a whole datagram. */
+			if (fo & bpf_htons(CEL_IP6_MF))
+				p->frag = CEL_FRAG_FIRST;
+			break;
 		}
-		break;
+		case CEL_IPV6_MOBILITY:
+		case CEL_IPV6_HIP:
+		case CEL_IPV6_SHIM6:
+		case CEL_IPV6_EXPERIMENT1:
+		case CEL_IPV6_EXPERIMENT2:
+			return CEL_REASON_EXTENSION_HEADER;
+		default:
+			p->protocol = nh;
+			p->l4_off = off;
+			return parse_l4_6(skb, p);
+		}
 	}
-	default:
-		break;
-	}
-	return 0;
+	return CEL_REASON_EXTENSION_HEADER;
 }
 
 static __always_inline int ipv6_unspecified(const __u8 *a)
@@ -158,127 +257,22 @@ static __always_inline int ipv6_link_scope(const __u8 *a)
  */
 static __always_inline int ipv6_link_control(const struct pkt6 *p)
 {
-	if (!p->is_icmp)
+	if (p->protocol != CEL_PROTO_ICMPV6 || p->frag == CEL_FRAG_LATER)
 		return 0;
 	switch (p->icmp_type) {
 	case CEL_ICMP6_ROUTER_SOLICIT:
 	case CEL_ICMP6_NEIGH_SOLICIT:
 	case CEL_ICMP6_NEIGH_ADVERT:
-		return !p->hbh && p->hop_limit == CEL_ND_HOP_LIMIT;
+		return p->ext_hdrs == 0 && p->hop_limit == CEL_ND_HOP_LIMIT;
 	case CEL_ICMP6_MLD_QUERY:
 	case CEL_ICMP6_MLD_REPORT:
 	case CEL_ICMP6_MLD_DONE:
 	case CEL_ICMP6_MLD2_REPORT:
-		return p->hbh && p->hop_limit == CEL_MLD_HOP_LIMIT;
+		return p->ext_hdrs == 1 && p->first_hdr == CEL_IPV6_HOPOPTS &&
+		       p->hop_limit == CEL_MLD_HOP_LIMIT;
 	default:
 		return 0;
 	}
-}
-
-static __always_inline int drop6(struct __sk_buff *skb, const struct pkt6 *p,
-				 const struct trace *t, __u8 reason)
-{
-	struct event *e;
-
-	count(t->direction, reason, skb->len);
-	e = event_start(skb, t, CEL_EVENT_DROP, reason, CEL_VERDICT_DENIED);
-	if (e) {
-		e->family = CEL_FAMILY_IPV6;
-		e->protocol = p->nexthdr;
-		__builtin_memcpy(e->saddr, p->saddr, 16);
-		__builtin_memcpy(e->daddr, p->daddr, 16);
-		e->sport = p->sport;
-		e->dport = p->dport;
-		e->len = p->len;
-		bpf_ringbuf_submit(e, 0);
-	}
-	return TC_ACT_SHOT;
-}
-
-static __always_inline int pass6(struct __sk_buff *skb, __u8 direction)
-{
-	count(direction, CEL_REASON_FORWARDED, skb->len);
-	return TC_ACT_OK;
-}
-
-/* TC ingress of a pod's host veth: IPv6 the pod sends. */
-static __always_inline int ipv6_from_container(struct __sk_buff *skb)
-{
-	struct trace t = { .direction = CEL_DIR_EGRESS };
-	struct endpoint_info *src, *dst;
-	struct pkt6 p = {};
-	int ret;
-
-	ret = parse_ipv6(skb, &p);
-	if (ret)
-		return drop6(skb, &p, &t, ret);
-
-	/* The source counts as the pod's only if its entry names this very
-	 * interface: another pod's address is as spoofed as a made-up one. */
-	src = endpoint_lookup6(p.saddr);
-	if (src && src->ifindex != skb->ifindex)
-		src = NULL;
-	if (src) {
-		t.endpoint_id = src->id;
-		t.src_identity = src->identity;
-	}
-	/* A pod's own ND and MLD: from the unspecified address (DAD), its
-	 * link-local address (which it may choose freely, so it is not in the
-	 * endpoint map) or one of its own; to the link only. */
-	if (ipv6_link_control(&p) && ipv6_link_scope(p.daddr) &&
-	    (src || ipv6_unspecified(p.saddr) || ipv6_link_local(p.saddr)))
-		return pass6(skb, CEL_DIR_EGRESS);
-	if (!src)
-		return drop6(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
-
-	dst = endpoint_lookup6(p.daddr);
-	t.dst_identity = dst ? dst->identity : ipcache_identity6(p.daddr);
-	if (src->flags & CEL_EP_F_ENFORCE_EGRESS)
-		return drop6(skb, &p, &t, CEL_REASON_IPV6_NOT_ENFORCED);
-	if (dst && (dst->flags & CEL_EP_F_ENFORCE_INGRESS)) {
-		struct trace it = t;
-
-		it.direction = CEL_DIR_INGRESS;
-		it.endpoint_id = dst->id;
-		return drop6(skb, &p, &it, CEL_REASON_IPV6_NOT_ENFORCED);
-	}
-	/* No redirect: the node's stack forwards it, so a local destination's
-	 * cel_to_container sees it too. */
-	return pass6(skb, CEL_DIR_EGRESS);
-}
-
-/* TC egress of a pod's host veth: IPv6 the node's stack sends the pod. */
-static __always_inline int ipv6_to_container(struct __sk_buff *skb)
-{
-	struct trace t = { .direction = CEL_DIR_INGRESS };
-	struct endpoint_info *dst;
-	struct pkt6 p = {};
-	int ret;
-
-	ret = parse_ipv6(skb, &p);
-	if (ret)
-		return drop6(skb, &p, &t, ret);
-
-	dst = endpoint_lookup6(p.daddr);
-	if (dst && dst->ifindex != skb->ifindex)
-		dst = NULL;
-	if (dst) {
-		t.endpoint_id = dst->id;
-		t.dst_identity = dst->identity;
-	}
-	/* The node's ND and MLD on this link: from the unspecified address or
-	 * its link-local one, to the link or to the pod's own address (a
-	 * unicast neighbour solicitation confirming it is still there). */
-	if (ipv6_link_control(&p) && (dst || ipv6_link_scope(p.daddr)) &&
-	    (ipv6_unspecified(p.saddr) || ipv6_link_local(p.saddr)))
-		return pass6(skb, CEL_DIR_INGRESS);
-
-	t.src_identity = identity_of6(p.saddr);
-	/* Not for one of the pod's own addresses (link-local or multicast
-	 * traffic): no endpoint to decide for, so nothing decides it in. */
-	if (!dst || (dst->flags & CEL_EP_F_ENFORCE_INGRESS))
-		return drop6(skb, &p, &t, CEL_REASON_IPV6_NOT_ENFORCED);
-	return pass6(skb, CEL_DIR_INGRESS);
 }
 
 #endif /* CELLIUM_LIB_IPV6_H */

@@ -45,6 +45,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	struct lb4_key key = {};
 	struct lb4_service *svc, *slot;
 	struct lb4_backend *be = NULL;
+	struct ct_pkt cp = ct_pkt4(p);
 	struct ct_entry *se;
 	__u32 id = 0;
 	__u16 count, rnat;
@@ -64,11 +65,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 
 	ct_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
 	se = bpf_map_lookup_elem(&cel_ct4, &c->skey);
-	if (se && se->expires_ns > now && !ct_is_reopen(se, p)) {
+	if (se && se->expires_ns > now && !ct_is_reopen(se, &cp)) {
 		id = se->backend_id;
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 		if (be)
-			ct_account(se, CEL_CT_FORWARD, p, cfg, now);
+			ct_account(se, CEL_CT_FORWARD, &cp, cfg, now);
 	}
 	/* New connection, or its backend was removed: choose (again). */
 	if (!be) {
@@ -132,10 +133,115 @@ static __always_inline int lb4_rev_nat(struct __sk_buff *skb, struct pkt *p, __u
 	skey.protocol = p->protocol;
 	skey.flags = CEL_CT_F_SERVICE;
 	se = bpf_map_lookup_elem(&cel_ct4, &skey);
-	if (se)
-		ct_account(se, CEL_CT_REPLY, p, cfg, now);
+	if (se) {
+		struct ct_pkt cp = ct_pkt4(p);
+
+		ct_account(se, CEL_CT_REPLY, &cp, cfg, now);
+	}
 
 	return nat4_rewrite(skb, p, NAT_SRC, vip, port);
+}
+
+/* lb4_choice for IPv6. */
+struct lb6_choice {
+	struct ct6_key skey; /* client -> frontend, CEL_CT_F_SERVICE */
+	__u32 backend_id;    /* 0: not a frontend */
+	__u16 rev_nat_id;
+	__u8 commit;
+	__u8 pad;
+};
+
+/* lb4_dnat for IPv6 frontends (cel_lb6_*, conntrack in cel_ct6). */
+static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
+				    const struct datapath_config *cfg, __u64 now,
+				    struct lb6_choice *c)
+{
+	struct lb6_key key = {};
+	struct lb4_service *svc, *slot;
+	struct lb6_backend *be = NULL;
+	struct ct_pkt cp = ct_pkt6(p);
+	struct ct_entry *se;
+	__u8 addr[16];
+	__u32 id = 0;
+	__u16 count, rnat;
+	__be16 port;
+
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+		return 0;
+	__builtin_memcpy(key.vip, p->daddr, 16);
+	key.dport = p->dport;
+	key.protocol = p->protocol;
+	svc = bpf_map_lookup_elem(&cel_lb6_services, &key);
+	if (!svc)
+		return 0;
+	count = svc->count;
+	rnat = svc->rev_nat_id;
+
+	ct6_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
+	se = bpf_map_lookup_elem(&cel_ct6, &c->skey);
+	if (se && se->expires_ns > now && !ct_is_reopen(se, &cp)) {
+		id = se->backend_id;
+		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
+		if (be)
+			ct_account(se, CEL_CT_FORWARD, &cp, cfg, now);
+	}
+	if (!be) {
+		if (count == 0)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		key.slot = (bpf_get_prandom_u32() % count) + 1;
+		slot = bpf_map_lookup_elem(&cel_lb6_services, &key);
+		if (!slot)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		id = slot->backend_id;
+		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
+		if (!be)
+			return CEL_REASON_NO_SERVICE_BACKEND;
+		c->commit = 1;
+	}
+
+	__builtin_memcpy(addr, be->addr, 16);
+	port = be->port;
+	c->rev_nat_id = rnat;
+	c->backend_id = id;
+	return nat6_rewrite(skb, p, NAT_DST, addr, port);
+}
+
+static __always_inline int lb6_commit(const struct lb6_choice *c, const struct pkt6 *p,
+				      const struct datapath_config *cfg, __u64 now)
+{
+	if (!c->commit)
+		return 0;
+	return ct_create6(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+}
+
+static __always_inline int lb6_rev_nat(struct __sk_buff *skb, struct pkt6 *p, __u16 rev_nat_id,
+				       const struct datapath_config *cfg, __u64 now)
+{
+	struct lb6_reverse_nat *rn = bpf_map_lookup_elem(&cel_lb6_revnat, &rev_nat_id);
+	struct ct6_key skey = {};
+	struct ct_entry *se;
+	__u8 vip[16];
+	__be16 port;
+
+	if (!rn)
+		return 0;
+	__builtin_memcpy(vip, rn->vip, 16);
+	port = rn->port;
+
+	__builtin_memcpy(skey.saddr, p->daddr, 16);
+	__builtin_memcpy(skey.daddr, vip, 16);
+	skey.sport = p->dport;
+	skey.dport = port;
+	skey.protocol = p->protocol;
+	skey.flags = CEL_CT_F_SERVICE;
+	se = bpf_map_lookup_elem(&cel_ct6, &skey);
+	if (se) {
+		struct ct_pkt cp = ct_pkt6(p);
+
+		ct_account(se, CEL_CT_REPLY, &cp, cfg, now);
+	}
+
+	return nat6_rewrite(skb, p, NAT_SRC, vip, port);
 }
 
 #endif /* CELLIUM_LIB_LB_H */

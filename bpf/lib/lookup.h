@@ -28,8 +28,17 @@ static __always_inline struct endpoint_info *endpoint_lookup6(const __u8 *addr)
 	return bpf_map_lookup_elem(&cel_endpoints, &key);
 }
 
+/* The identity of an address outside the ipcache: the world, split by
+ * family on a node with pods of both (CEL_CFG_F_WORLD_PER_FAMILY). */
+static __always_inline __u32 world_identity(const struct datapath_config *cfg, __u8 family)
+{
+	if (cfg && (cfg->flags & CEL_CFG_F_WORLD_PER_FAMILY))
+		return family == CEL_FAMILY_IPV6 ? CEL_IDENTITY_WORLD_IPV6 : CEL_IDENTITY_WORLD_IPV4;
+	return CEL_IDENTITY_WORLD;
+}
+
 /* The identity of a non-local address; a miss is the world. */
-static __always_inline __u32 ipcache_identity4(__be32 addr)
+static __always_inline __u32 ipcache_identity4(const struct datapath_config *cfg, __be32 addr)
 {
 	struct ipcache_key key = {};
 	struct ipcache_value *v;
@@ -38,10 +47,11 @@ static __always_inline __u32 ipcache_identity4(__be32 addr)
 	key.family = CEL_FAMILY_IPV4;
 	__builtin_memcpy(key.addr, &addr, 4);
 	v = bpf_map_lookup_elem(&cel_ipcache, &key);
-	return v ? v->identity : CEL_IDENTITY_WORLD;
+	return v ? v->identity : world_identity(cfg, CEL_FAMILY_IPV4);
 }
 
-static __always_inline __u32 ipcache_identity6(const __u8 *addr)
+static __always_inline __u32 ipcache_identity6(const struct datapath_config *cfg,
+					       const __u8 *addr)
 {
 	struct ipcache_key key = {};
 	struct ipcache_value *v;
@@ -50,22 +60,22 @@ static __always_inline __u32 ipcache_identity6(const __u8 *addr)
 	key.family = CEL_FAMILY_IPV6;
 	__builtin_memcpy(key.addr, addr, 16);
 	v = bpf_map_lookup_elem(&cel_ipcache, &key);
-	return v ? v->identity : CEL_IDENTITY_WORLD;
+	return v ? v->identity : world_identity(cfg, CEL_FAMILY_IPV6);
 }
 
 /* Local endpoints are authoritative for their own addresses. */
-static __always_inline __u32 identity_of4(__be32 addr)
+static __always_inline __u32 identity_of4(const struct datapath_config *cfg, __be32 addr)
 {
 	struct endpoint_info *ep = endpoint_lookup4(addr);
 
-	return ep ? ep->identity : ipcache_identity4(addr);
+	return ep ? ep->identity : ipcache_identity4(cfg, addr);
 }
 
-static __always_inline __u32 identity_of6(const __u8 *addr)
+static __always_inline __u32 identity_of6(const struct datapath_config *cfg, const __u8 *addr)
 {
 	struct endpoint_info *ep = endpoint_lookup6(addr);
 
-	return ep ? ep->identity : ipcache_identity6(addr);
+	return ep ? ep->identity : ipcache_identity6(cfg, addr);
 }
 
 static __always_inline struct datapath_config *config_get(void)

@@ -16,6 +16,7 @@
 #include <cellium/conntrack.h>
 #include <cellium/endpoint.h>
 #include <cellium/events.h>
+#include <cellium/frag.h>
 #include <cellium/ipcache.h>
 #include <cellium/lb.h>
 #include <cellium/metrics.h>
@@ -53,6 +54,29 @@ struct {
 } cel_ct4 SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 131072);
+} cel_ct6 SEC(".maps");
+
+/* Datagrams in flight are few and short-lived: LRU eviction only loses the
+ * oldest, whose fragments have long arrived or will be reassembled nowhere. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag4_key);
+	__type(value, struct frag_ports);
+	__uint(max_entries, 8192);
+} cel_frag4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag6_key);
+	__type(value, struct frag_ports);
+	__uint(max_entries, 8192);
+} cel_frag6 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb4_key);
 	__type(value, struct lb4_service);
@@ -72,6 +96,27 @@ struct {
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, 65536);
 } cel_lb4_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb4_service); /* the same slots as IPv4's */
+	__uint(max_entries, 65536);
+} cel_lb6_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, 65536);
+} cel_lb6_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb6_reverse_nat);
+	__uint(max_entries, 65536);
+} cel_lb6_revnat SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

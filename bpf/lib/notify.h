@@ -11,6 +11,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
+#include "ipv6.h"
 #include "maps.h"
 #include "packet.h"
 
@@ -84,6 +85,32 @@ static __always_inline int drop(struct __sk_buff *skb, const struct pkt *p,
 {
 	count(t->direction, reason, skb->len);
 	emit_event(skb, p, t, CEL_EVENT_DROP, reason, CEL_VERDICT_DENIED);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline void emit_event6(struct __sk_buff *skb, const struct pkt6 *p,
+					const struct trace *t, __u8 type, __u8 reason,
+					__u8 verdict)
+{
+	struct event *e = event_start(skb, t, type, reason, verdict);
+
+	if (!e)
+		return;
+	e->family = CEL_FAMILY_IPV6;
+	e->protocol = p->protocol;
+	__builtin_memcpy(e->saddr, p->saddr, 16);
+	__builtin_memcpy(e->daddr, p->daddr, 16);
+	e->sport = p->sport;
+	e->dport = p->dport;
+	e->len = p->len;
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int drop6(struct __sk_buff *skb, const struct pkt6 *p,
+				 const struct trace *t, __u8 reason)
+{
+	count(t->direction, reason, skb->len);
+	emit_event6(skb, p, t, CEL_EVENT_DROP, reason, CEL_VERDICT_DENIED);
 	return TC_ACT_SHOT;
 }
 

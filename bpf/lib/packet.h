@@ -26,6 +26,13 @@
 #define CEL_IP_MF 0x2000
 #define CEL_IP_OFFSET 0x1fff
 
+/* Where a packet stands in its datagram (struct pkt's frag). */
+#define CEL_FRAG_NONE 0
+/* Offset 0 with more to come: carries the L4 header for the whole datagram. */
+#define CEL_FRAG_FIRST 1
+/* Offset > 0: no L4 header; its ports come from the first (lib/frag.h). */
+#define CEL_FRAG_LATER 2
+
 struct pkt {
 	__u32 len;
 	__be32 saddr;
@@ -35,6 +42,9 @@ struct pkt {
 	__u8 protocol;
 	__u8 tcp_flags;
 	__u16 l4_off;
+	__be16 frag_id; /* the IP identification of a fragment */
+	__u8 frag;      /* CEL_FRAG_* */
+	__u8 pad;
 };
 
 /* Returns 0 or a CEL_REASON_* drop reason. */
@@ -56,10 +66,6 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 	ip = data + ETH_HLEN;
 	if (ip->version != 4 || ip->ihl < 5)
 		return CEL_REASON_MALFORMED;
-	/* Only the first fragment carries ports; without fragment tracking
-	 * the others could not be matched against conntrack or policy. */
-	if (ip->frag_off & bpf_htons(CEL_IP_MF | CEL_IP_OFFSET))
-		return CEL_REASON_FRAGMENT_UNSUPPORTED;
 
 	p->len = skb->len;
 	p->saddr = ip->saddr;
@@ -69,6 +75,17 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 	p->sport = 0;
 	p->dport = 0;
 	p->tcp_flags = 0;
+	p->frag = CEL_FRAG_NONE;
+	p->frag_id = ip->id;
+	/* A later fragment has no L4 header to read: frag4_track gives it its
+	 * first fragment's ports. A first fragment too short to hold the
+	 * whole header (RFC 1858's tiny fragment) fails to parse below. */
+	if (ip->frag_off & bpf_htons(CEL_IP_OFFSET)) {
+		p->frag = CEL_FRAG_LATER;
+		return 0;
+	}
+	if (ip->frag_off & bpf_htons(CEL_IP_MF))
+		p->frag = CEL_FRAG_FIRST;
 
 	switch (p->protocol) {
 	case CEL_PROTO_TCP: {

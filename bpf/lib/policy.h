@@ -11,6 +11,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "ipv6.h"
 #include "maps.h"
 #include "notify.h"
 #include "packet.h"
@@ -50,6 +51,39 @@ static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u3
 	return CEL_REASON_POLICY_DEFAULT_DENY;
 }
 
+/* Whether endpoint `ep` lets a new connection through in `direction`:
+ * CEL_REASON_FORWARDED (0) or the drop reason. */
+static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 direction,
+					  __u32 peer_identity, __u8 protocol, __be16 dport)
+{
+	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
+						     : CEL_EP_F_ENFORCE_EGRESS;
+
+	if (!(ep->flags & enforce))
+		return CEL_REASON_FORWARDED;
+	/* ICMP has no port; its policy entries are protocol-wide. */
+	if (protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6)
+		dport = 0;
+	return policy_lookup(ep->id, direction, peer_identity, protocol, dport);
+}
+
+static __always_inline int verdict_events(const struct datapath_config *cfg)
+{
+	return cfg && (cfg->flags & CEL_CFG_F_POLICY_VERDICT_EVENTS);
+}
+
+/* The trace of a verdict: about `ep`, in `direction`. */
+static __always_inline struct trace verdict_trace(const struct trace *t,
+						  const struct endpoint_info *ep,
+						  __u8 direction)
+{
+	struct trace vt = *t;
+
+	vt.direction = direction;
+	vt.endpoint_id = ep->id;
+	return vt;
+}
+
 /*
  * Decides one direction for endpoint `ep` and reports the verdict when the
  * configuration asks for it. `peer_identity` is the other side's identity.
@@ -59,22 +93,29 @@ static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt 
 					const struct endpoint_info *ep, __u8 direction,
 					__u32 peer_identity, const struct datapath_config *cfg)
 {
-	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
-						     : CEL_EP_F_ENFORCE_EGRESS;
-	/* ICMP has no port; its policy entries are protocol-wide. */
-	__be16 dport = p->protocol == CEL_PROTO_ICMP ? 0 : p->dport;
-	int reason = CEL_REASON_FORWARDED;
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport);
 
-	if (ep->flags & enforce)
-		reason = policy_lookup(ep->id, direction, peer_identity, p->protocol, dport);
+	if (verdict_events(cfg)) {
+		struct trace vt = verdict_trace(t, ep, direction);
 
-	if (cfg && (cfg->flags & CEL_CFG_F_POLICY_VERDICT_EVENTS)) {
-		struct trace vt = *t;
-
-		vt.direction = direction;
-		vt.endpoint_id = ep->id;
 		emit_event(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
 			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
+	}
+	return reason;
+}
+
+static __always_inline int policy_check6(struct __sk_buff *skb, const struct pkt6 *p,
+					 const struct trace *t,
+					 const struct endpoint_info *ep, __u8 direction,
+					 __u32 peer_identity, const struct datapath_config *cfg)
+{
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport);
+
+	if (verdict_events(cfg)) {
+		struct trace vt = verdict_trace(t, ep, direction);
+
+		emit_event6(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
+			    reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
 	}
 	return reason;
 }

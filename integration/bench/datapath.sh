@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Datapath benchmark: two pods on one node, measured in the same run
+# Datapath benchmark: two dual-stack pods on one node, measured in the same run
 #   (a) plain kernel routing between the veths, no BPF attached, and
 #   (b) through the Cellium datapath: programs on both host veths, policy
-#       enforced in both directions with an allow policy, conntrack on.
-# Throughput: iperf3, one TCP stream. Latency: sockperf TCP ping-pong p50.
+#       enforced in both directions with an allow policy, conntrack on,
+# in IPv4 and in IPv6.
+# Throughput: iperf3, one TCP stream. Latency: TCP ping-pong p50 of 64-byte
+# messages (sockperf for IPv4; cellium-testbed's own ping-pong for IPv6, which
+# the sockperf of Debian 12 does not speak).
 # Each mode runs ROUNDS times, interleaved (a, b, a, b, ...) so that drift
-# of the machine hits both alike; the medians are compared.
+# of the machine hits both alike; the medians are compared within a family.
 #
 # Usage (root): integration/bench/datapath.sh
 #   DURATION=4 ROUNDS=5 integration/bench/datapath.sh
 # Last line: RESULT datapath throughput_ratio=<b/a> latency_ratio=<b/a>
+#            throughput_ratio_v6=<b/a> latency_ratio_v6=<b/a>
 set -euo pipefail
 
 DURATION=${DURATION:-4}
@@ -20,7 +24,9 @@ bpf_root="/run/cellium-bench-$$"
 pod1="cel-$name-pod1"
 pod2="cel-$name-pod2"
 server_ip=10.244.0.12
+server_ip6=fd00:10:244::12
 sockperf_pid=""
+pingpong_pid=""
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "datapath.sh: run as root (it creates network namespaces and loads BPF)" >&2
@@ -31,57 +37,66 @@ for tool in iperf3 sockperf; do
 done
 
 cargo build --quiet --release -p cellium-integration --bin cellium-testbed --manifest-path "$root/Cargo.toml"
-testbed="$root/target/release/cellium-testbed"
+testbed="${CARGO_TARGET_DIR:-$root/target}/release/cellium-testbed"
 
 cleanup() {
   [ -n "$sockperf_pid" ] && kill "$sockperf_pid" 2>/dev/null || true
+  [ -n "$pingpong_pid" ] && kill "$pingpong_pid" 2>/dev/null || true
   "$testbed" down --name "$name" --pods 2 || true
   if mountpoint -q "$bpf_root"; then umount -l "$bpf_root"; fi
   rmdir "$bpf_root" 2>/dev/null || true
 }
 trap cleanup EXIT
 
-"$testbed" up --name "$name" --pods 2 >/dev/null
+"$testbed" up --name "$name" --pods 2 --ipv6 >/dev/null
 
-# Mbit/s of one iperf3 TCP stream pod1 -> pod2.
+# Mbit/s of one iperf3 TCP stream pod1 -> pod2 at address $1.
 throughput() {
-  ip netns exec "$pod2" iperf3 -s -1 -D -B "$server_ip" -p 5201 >/dev/null
+  ip netns exec "$pod2" iperf3 -s -1 -D -B "$1" -p 5201 >/dev/null
   sleep 0.3
-  ip netns exec "$pod1" iperf3 -c "$server_ip" -p 5201 -t "$DURATION" -f m \
+  ip netns exec "$pod1" iperf3 -c "$1" -p 5201 -t "$DURATION" -f m \
     | awk '/receiver/ { print $7 }'
 }
 
-# p50 latency in microseconds of TCP ping-pong pod1 -> pod2.
+# p50 latency in microseconds of TCP ping-pong pod1 -> pod2 over IPv4.
 latency() {
   ip netns exec "$pod1" sockperf ping-pong --tcp -i "$server_ip" -p 11111 -t "$DURATION" -m 64 2>&1 \
     | sed 's/\x1b\[[0-9;]*m//g' | awk '/percentile 50.000/ { print $NF }'
+}
+
+# The same over IPv6.
+latency6() {
+  ip netns exec "$pod1" "$testbed" pingpong --addr "[$server_ip6]:11112" --duration "$DURATION" --size 64
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 ip netns exec "$pod2" sockperf server --tcp -i "$server_ip" -p 11111 >/dev/null 2>&1 &
 sockperf_pid=$!
+ip netns exec "$pod2" "$testbed" pingpong-server --addr "[$server_ip6]:11112" >/dev/null 2>&1 &
+pingpong_pid=$!
 sleep 0.5
 
-declare -a tput_a tput_b lat_a lat_b
+declare -a tput_a tput_b lat_a lat_b tput6_a tput6_b lat6_a lat6_b
 for round in $(seq 1 "$ROUNDS"); do
   # (a) plain routing: nothing attached.
   "$testbed" detach --name "$name" --pods 2 --bpf-root "$bpf_root" >/dev/null 2>&1 || true
-  t=$(throughput); l=$(latency)
-  tput_a+=("$t"); lat_a+=("$l")
-  echo "round $round routing:  throughput ${t} Mbit/s  latency p50 ${l} us"
+  t=$(throughput "$server_ip"); l=$(latency)
+  t6=$(throughput "$server_ip6"); l6=$(latency6)
+  tput_a+=("$t"); lat_a+=("$l"); tput6_a+=("$t6"); lat6_a+=("$l6")
+  echo "round $round routing:  IPv4 throughput ${t} Mbit/s latency p50 ${l} us  IPv6 throughput ${t6} Mbit/s latency p50 ${l6} us"
   # (b) the datapath with conntrack and an allow policy in both directions.
   "$testbed" attach --name "$name" --pods 2 --bpf-root "$bpf_root" --policy allow >/dev/null
-  t=$(throughput); l=$(latency)
-  tput_b+=("$t"); lat_b+=("$l")
-  echo "round $round datapath: throughput ${t} Mbit/s  latency p50 ${l} us"
+  t=$(throughput "$server_ip"); l=$(latency)
+  t6=$(throughput "$server_ip6"); l6=$(latency6)
+  tput_b+=("$t"); lat_b+=("$l"); tput6_b+=("$t6"); lat6_b+=("$l6")
+  echo "round $round datapath: IPv4 throughput ${t} Mbit/s latency p50 ${l} us  IPv6 throughput ${t6} Mbit/s latency p50 ${l6} us"
 done
 
-ta=$(printf '%s\n' "${tput_a[@]}" | median)
-tb=$(printf '%s\n' "${tput_b[@]}" | median)
-la=$(printf '%s\n' "${lat_a[@]}" | median)
-lb=$(printf '%s\n' "${lat_b[@]}" | median)
-echo "median routing:  throughput ${ta} Mbit/s  latency p50 ${la} us"
-echo "median datapath: throughput ${tb} Mbit/s  latency p50 ${lb} us"
-awk -v ta="$ta" -v tb="$tb" -v la="$la" -v lb="$lb" \
-  'BEGIN { printf "RESULT datapath throughput_ratio=%.3f latency_ratio=%.3f\n", tb / ta, lb / la }'
+m() { printf '%s\n' "$@" | median; }
+ta=$(m "${tput_a[@]}"); tb=$(m "${tput_b[@]}"); la=$(m "${lat_a[@]}"); lb=$(m "${lat_b[@]}")
+t6a=$(m "${tput6_a[@]}"); t6b=$(m "${tput6_b[@]}"); l6a=$(m "${lat6_a[@]}"); l6b=$(m "${lat6_b[@]}")
+echo "median routing:  IPv4 throughput ${ta} Mbit/s latency p50 ${la} us  IPv6 throughput ${t6a} Mbit/s latency p50 ${l6a} us"
+echo "median datapath: IPv4 throughput ${tb} Mbit/s latency p50 ${lb} us  IPv6 throughput ${t6b} Mbit/s latency p50 ${l6b} us"
+awk -v ta="$ta" -v tb="$tb" -v la="$la" -v lb="$lb" -v t6a="$t6a" -v t6b="$t6b" -v l6a="$l6a" -v l6b="$l6b" \
+  'BEGIN { printf "RESULT datapath throughput_ratio=%.3f latency_ratio=%.3f throughput_ratio_v6=%.3f latency_ratio_v6=%.3f\n", tb / ta, lb / la, t6b / t6a, l6b / l6a }'

@@ -523,6 +523,18 @@ impl Agent {
             .sum())
     }
 
+    /// The datapath's packet counter for (direction, reason), with the labels the metrics give
+    /// them (`"egress"`, `"first fragment not seen"`, ...).
+    pub fn datapath_packets(&self, direction: &str, reason: &str) -> Result<u64> {
+        let labels = format!("direction=\"{direction}\",reason=\"{reason}\"");
+        Ok(self
+            .metrics()?
+            .lines()
+            .filter(|l| l.starts_with("cellium_datapath_packets") && l.contains(&labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum())
+    }
+
     /// Waits until the launched agent answers on its API; fails, with its log, if it exits
     /// first or does not answer in time.
     pub fn wait_ready(&mut self) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Hand-made frames sent through a packet socket, for tests that must show what the datapath
 //! does with headers no socket API produces: a hop limit of 254 on a neighbour solicitation,
-//! an extension header in front of it, a source address the sender does not own.
+//! an extension header in front of it, a source address the sender does not own, a fragment
+//! whose first fragment never was.
 //!
 //! ```no_run
 //! use cellium_integration::frame::{self, Ipv6Packet, DSTOPTS};
@@ -26,6 +27,12 @@ use crate::netns::NetNs;
 pub const HOPOPTS: u8 = 0;
 /// Next-header number of destination options.
 pub const DSTOPTS: u8 = 60;
+/// Next-header number of the routing header.
+pub const ROUTING: u8 = 43;
+/// Next-header number of the fragment header.
+pub const FRAGMENT: u8 = 44;
+/// Next-header number of the mobility header, an extension header the datapath does not parse.
+pub const MOBILITY: u8 = 135;
 /// Next-header number of ICMPv6.
 pub const ICMPV6: u8 = 58;
 /// Next-header number of UDP.
@@ -102,14 +109,31 @@ impl Ipv6Packet {
         } else {
             [1, 4, 0, 0, 0, 0]
         };
+        self.behind_header(header, options)
+    }
+
+    /// The same packet with an 8-octet extension header of type `kind` inserted right after
+    /// the fixed header: the next header, a length of 0, then `body` (for `ROUTING`: the
+    /// routing type, the segments left and four reserved bytes).
+    pub fn behind_header(self, kind: u8, body: [u8; 6]) -> Ipv6Packet {
         let mut rest = vec![self.next, 0];
-        rest.extend_from_slice(&options);
+        rest.extend_from_slice(&body);
         rest.extend_from_slice(&self.rest);
         Ipv6Packet {
-            next: header,
+            next: kind,
             rest,
             ..self
         }
+    }
+
+    /// The same packet as the fragment at `offset` (in 8-octet units) of datagram `id`: a
+    /// fragment header inserted right after the fixed header, what followed it as the
+    /// fragment's data.
+    pub fn fragment(self, id: u32, offset: u16, more: bool) -> Ipv6Packet {
+        let field = (offset << 3) | u16::from(more);
+        let [a, b] = field.to_be_bytes();
+        let [c, d, e, f] = id.to_be_bytes();
+        self.behind_header(FRAGMENT, [a, b, c, d, e, f])
     }
 
     /// The Ethernet frame carrying it from `src_mac` to `dst_mac`.
@@ -128,6 +152,62 @@ impl Ipv6Packet {
     }
 }
 
+/// One IPv4 packet, fragment fields included: what a test needs to send a fragment whose
+/// first fragment never was (the header checksum is computed; the payload is sent as given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv4Packet {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// The protocol number.
+    pub protocol: u8,
+    /// The identification.
+    pub id: u16,
+    /// The fragment offset in units of 8 octets (0: the first or only fragment).
+    pub offset: u16,
+    /// Whether more fragments follow.
+    pub more: bool,
+    /// What follows the header.
+    pub payload: Vec<u8>,
+}
+
+impl Ipv4Packet {
+    /// The Ethernet frame carrying it from `src_mac` to `dst_mac`.
+    pub fn frame(&self, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
+        let total = u16::try_from(20 + self.payload.len()).unwrap_or(u16::MAX);
+        let frag = (self.offset & 0x1fff) | if self.more { 0x2000 } else { 0 };
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&total.to_be_bytes());
+        ip.extend_from_slice(&self.id.to_be_bytes());
+        ip.extend_from_slice(&frag.to_be_bytes());
+        ip.extend_from_slice(&[64, self.protocol, 0, 0]);
+        ip.extend_from_slice(&self.src.octets());
+        ip.extend_from_slice(&self.dst.octets());
+        let checksum = internet_checksum(&ip);
+        ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+        let mut f = Vec::with_capacity(34 + self.payload.len());
+        f.extend_from_slice(&dst_mac);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&self.payload);
+        f
+    }
+}
+
+/// The one's complement of the one's complement sum of `bytes` as 16-bit words.
+pub fn internet_checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// A broadcast ARP request from `src_mac` (`sender`) for `target`.
 pub fn arp_request(src_mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
     let mut f = Vec::with_capacity(42);
@@ -141,7 +221,8 @@ pub fn arp_request(src_mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<
     f
 }
 
-/// Sends `frame` as it is on `ifname` inside `ns`.
+/// Sends `frame` as it is on `ifname` inside `ns`. The packet's protocol is the frame's
+/// EtherType (what a program on the interface's own egress sees as `skb->protocol`).
 ///
 /// Trap: a frame that a program on the interface's own egress drops (`cel_to_container` on a
 /// host veth) is reported to the sender as ENOBUFS; that is a verdict, not a failure, and
@@ -156,7 +237,10 @@ pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
             SockFlag::empty(),
             None,
         )?;
-        let to = link_addr(ifindex)?;
+        let ethertype = frame
+            .get(12..14)
+            .map_or(0, |t| u16::from_be_bytes([t[0], t[1]]));
+        let to = link_addr(ifindex, ethertype)?;
         sendto(fd.as_raw_fd(), &frame, &to, MsgFlags::empty())
     })?;
     match sent {
@@ -169,12 +253,13 @@ pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
     }
 }
 
-/// The packet-socket address of interface `ifindex` (nix has no safe constructor for it).
+/// The packet-socket address of interface `ifindex` for frames of `ethertype` (nix has no
+/// safe constructor for it).
 #[allow(unsafe_code)]
-fn link_addr(ifindex: u32) -> nix::Result<LinkAddr> {
+fn link_addr(ifindex: u32, ethertype: u16) -> nix::Result<LinkAddr> {
     let ll = nix::libc::sockaddr_ll {
         sll_family: nix::libc::AF_PACKET as u16,
-        sll_protocol: 0x86dd_u16.to_be(),
+        sll_protocol: ethertype.to_be(),
         sll_ifindex: i32::try_from(ifindex).map_err(|_| nix::errno::Errno::EINVAL)?,
         sll_hatype: 0,
         sll_pkttype: 0,
@@ -208,6 +293,27 @@ mod tests {
         assert_eq!(&f[22..38], &src.octets());
         assert_eq!((f[54], f[55]), (ICMPV6, 0));
         assert_eq!(f[62], 135);
+        let v4 = Ipv4Packet {
+            src: Ipv4Addr::new(10, 0, 0, 1),
+            dst: Ipv4Addr::new(10, 0, 0, 2),
+            protocol: UDP,
+            id: 0x1234,
+            offset: 185,
+            more: false,
+            payload: vec![0; 16],
+        }
+        .frame([1; 6], [2; 6]);
+        assert_eq!(&v4[12..14], &[0x08, 0x00]);
+        assert_eq!(u16::from_be_bytes([v4[16], v4[17]]), 36);
+        assert_eq!(u16::from_be_bytes([v4[20], v4[21]]), 185);
+        assert_eq!(
+            internet_checksum(&v4[14..34]),
+            0,
+            "the header checksums to zero"
+        );
+        let frag = Ipv6Packet::udp(src, src).fragment(0x0102_0304, 185, true);
+        assert_eq!(frag.next, FRAGMENT);
+        assert_eq!(&frag.rest[..8], &[UDP, 0, 0x05, 0xc9, 1, 2, 3, 4]);
         let r = Ipv6Packet::listener_report(src);
         assert_eq!(
             (r.next, r.hop_limit, r.rest[0], r.rest[8]),

@@ -4,8 +4,9 @@
 //! traffic probes ([`probe`]), hand-made frames sent as they are ([`frame`]), and a running
 //! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), reachability probes that tell a
 //! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), a
-//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]), and what the
-//! benchmarks that run an agent at scale share ([`bench`]).
+//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]), a TCP ping-pong
+//! of both families for latency benchmarks ([`pingpong`]), and what the benchmarks that run
+//! an agent at scale share ([`bench`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -20,6 +21,7 @@ mod error;
 pub mod frame;
 pub mod lab;
 pub mod netns;
+pub mod pingpong;
 pub mod probe;
 pub mod reach;
 pub mod readonly;

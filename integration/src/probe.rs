@@ -24,6 +24,12 @@ fn probe_err(probe: &'static str, target: impl ToString) -> impl FnOnce(std::io:
 
 /// Pings `dst` (IPv4 or IPv6) from `ns` `count` times; true if every echo was answered.
 pub fn ping(ns: &NetNs, dst: impl Into<IpAddr>, count: u32) -> Result<bool> {
+    ping_size(ns, dst, count, 56)
+}
+
+/// [`ping`] with `size` bytes of echo data (`ping -s`): more than the path's MTU holds makes
+/// every request and reply a fragmented datagram.
+pub fn ping_size(ns: &NetNs, dst: impl Into<IpAddr>, count: u32, size: u32) -> Result<bool> {
     let dst = dst.into();
     let out = crate::cmd::output(
         "ip",
@@ -40,6 +46,8 @@ pub fn ping(ns: &NetNs, dst: impl Into<IpAddr>, count: u32) -> Result<bool> {
             "0.2",
             "-W",
             "1",
+            "-s",
+            &size.to_string(),
             &dst.to_string(),
         ],
     )?;
@@ -188,7 +196,8 @@ pub fn tcp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) ->
     })
 }
 
-/// A UDP server in a namespace: answers each datagram with `<banner>:<payload>`.
+/// A UDP server in a namespace: answers each datagram with `<banner>:<payload>` (payloads up
+/// to the largest datagram, so large ones come back fragmented as they went).
 #[derive(Debug)]
 pub struct UdpServer {
     stop: Arc<AtomicBool>,
@@ -207,7 +216,7 @@ impl UdpServer {
         let stop = Arc::new(AtomicBool::new(false));
         let (s, banner) = (stop.clone(), banner.to_owned());
         let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
+            let mut buf = vec![0u8; 65536];
             while !s.load(Ordering::Relaxed) {
                 if let Ok((n, from)) = sock.recv_from(&mut buf) {
                     let mut reply = format!("{banner}:").into_bytes();
@@ -243,6 +252,17 @@ pub struct UdpReply {
 
 /// Sends one datagram from inside `ns` and waits for the answer.
 pub fn udp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) -> Result<UdpReply> {
+    udp_exchange(ns, dst, b"ping", timeout)
+}
+
+/// Sends `payload` in one datagram from inside `ns` to a [`UdpServer`] and waits for the
+/// answer, which must carry the same payload back.
+pub fn udp_exchange(
+    ns: &NetNs,
+    dst: impl Into<SocketAddr>,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<UdpReply> {
     let dst = dst.into();
     let any: IpAddr = match dst {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
@@ -254,21 +274,29 @@ pub fn udp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) ->
         .map_err(probe_err("udp bind", local))?;
     sock.set_read_timeout(Some(timeout))
         .map_err(probe_err("udp request", dst))?;
-    sock.send_to(b"ping", dst)
+    sock.send_to(payload, dst)
         .map_err(probe_err("udp send", dst))?;
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; 65536];
     let (n, from) = sock
         .recv_from(&mut buf)
         .map_err(probe_err("udp reply", dst))?;
-    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let banner = text
-        .strip_suffix(":ping")
+    let reply = &buf[..n];
+    let banner = reply
+        .strip_suffix(payload)
+        .and_then(|b| b.strip_suffix(b":"))
         .ok_or_else(|| Error::Unexpected {
             what: "udp reply",
-            detail: text.clone(),
-        })?
-        .to_owned();
-    Ok(UdpReply { banner, from })
+            detail: format!(
+                "{} bytes, not <banner>:<the {} bytes sent>: {:?}",
+                n,
+                payload.len(),
+                String::from_utf8_lossy(&reply[..n.min(64)])
+            ),
+        })?;
+    Ok(UdpReply {
+        banner: String::from_utf8_lossy(banner).into_owned(),
+        from,
+    })
 }
 
 /// A client that keeps a [`TcpServer`] connection busy in lock-step rounds (16 KiB out, the

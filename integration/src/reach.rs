@@ -1,6 +1,6 @@
 //! Reachability probes that tell a policy drop from every other outcome: one TCP connection,
-//! one UDP datagram or one ICMP echo, from inside a namespace, optionally from a chosen source
-//! address, with a deadline.
+//! one UDP datagram or one ICMP (ICMPv6) echo, over IPv4 or IPv6, from inside a namespace,
+//! optionally from a chosen source address, with a deadline.
 //!
 //! A policy drop is silent: the SYN, the datagram or the echo request simply vanishes, so the
 //! probe ends in [`Outcome::Dropped`] at its deadline. A refusal (a TCP reset, an ICMP port
@@ -16,15 +16,17 @@
 
 use std::fmt;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpStream, UdpSocket,
+};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, bind, connect, recv,
-    recvfrom, sendto, setsockopt, socket, sockopt,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6,
+    SockaddrStorage, bind, connect, recv, recvfrom, sendto, setsockopt, socket, sockopt,
 };
 use nix::sys::time::TimeVal;
 
@@ -95,24 +97,34 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// Runs one probe from inside `ns` to `dst`, from `src` when given (an address of `ns`), and
-/// waits at most `timeout` for each step.
+/// Runs one probe from inside `ns` to `dst`, from `src` when given (an address of `ns`, of
+/// `dst`'s family), and waits at most `timeout` for each step.
 pub fn probe(
     ns: &NetNs,
-    src: Option<Ipv4Addr>,
-    dst: Ipv4Addr,
+    src: Option<IpAddr>,
+    dst: impl Into<IpAddr>,
     what: Probe,
     timeout: Duration,
 ) -> Result<Outcome> {
+    let dst = dst.into();
     ns.run(move || probe_here(src, dst, what, timeout))
 }
 
 /// [`probe`] from the network namespace of the calling thread.
-pub fn probe_here(src: Option<Ipv4Addr>, dst: Ipv4Addr, what: Probe, timeout: Duration) -> Outcome {
-    match what {
-        Probe::Tcp(port) => tcp(src, SocketAddrV4::new(dst, port), timeout),
-        Probe::Udp(port) => udp(src, SocketAddrV4::new(dst, port), timeout),
-        Probe::Icmp => icmp(src, dst, timeout),
+pub fn probe_here(src: Option<IpAddr>, dst: IpAddr, what: Probe, timeout: Duration) -> Outcome {
+    match (what, dst) {
+        (Probe::Tcp(port), _) => tcp(src, SocketAddr::new(dst, port), timeout),
+        (Probe::Udp(port), _) => udp(src, SocketAddr::new(dst, port), timeout),
+        (Probe::Icmp, IpAddr::V4(dst)) => match src {
+            Some(IpAddr::V6(s)) => failed("source", format!("{s} is not of {dst}'s family")),
+            Some(IpAddr::V4(s)) => icmp(Some(s), dst, timeout),
+            None => icmp(None, dst, timeout),
+        },
+        (Probe::Icmp, IpAddr::V6(dst)) => match src {
+            Some(IpAddr::V4(s)) => failed("source", format!("{s} is not of {dst}'s family")),
+            Some(IpAddr::V6(s)) => icmp6(Some(s), dst, timeout),
+            None => icmp6(None, dst, timeout),
+        },
     }
 }
 
@@ -124,9 +136,16 @@ fn timeval(d: Duration) -> TimeVal {
     TimeVal::new(d.as_secs() as _, d.subsec_micros() as _)
 }
 
-fn tcp(src: Option<Ipv4Addr>, dst: SocketAddrV4, timeout: Duration) -> Outcome {
+fn family_of(dst: SocketAddr) -> AddressFamily {
+    match dst {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+fn tcp(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
     let fd = match socket(
-        AddressFamily::Inet,
+        family_of(dst),
         SockType::Stream,
         SockFlag::SOCK_CLOEXEC,
         None,
@@ -139,11 +158,14 @@ fn tcp(src: Option<Ipv4Addr>, dst: SocketAddrV4, timeout: Duration) -> Outcome {
         return failed("SO_SNDTIMEO", e);
     }
     if let Some(ip) = src
-        && let Err(e) = bind(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(ip, 0)))
+        && let Err(e) = bind(
+            fd.as_raw_fd(),
+            &SockaddrStorage::from(SocketAddr::new(ip, 0)),
+        )
     {
         return failed("bind", e);
     }
-    match connect(fd.as_raw_fd(), &SockaddrIn::from(dst)) {
+    match connect(fd.as_raw_fd(), &SockaddrStorage::from(dst)) {
         Ok(()) => {}
         Err(Errno::ECONNREFUSED) => return Outcome::Refused,
         Err(Errno::EINPROGRESS | Errno::EAGAIN | Errno::ETIMEDOUT) => return Outcome::Dropped,
@@ -174,8 +196,12 @@ fn exchange(stream: TcpStream, timeout: Duration) -> Outcome {
     }
 }
 
-fn udp(src: Option<Ipv4Addr>, dst: SocketAddrV4, timeout: Duration) -> Outcome {
-    let local = SocketAddrV4::new(src.unwrap_or(Ipv4Addr::UNSPECIFIED), 0);
+fn udp(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
+    let any = match dst {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let local = SocketAddr::new(src.unwrap_or(any), 0);
     let sock = match UdpSocket::bind(local) {
         Ok(s) => s,
         Err(e) => return failed("bind", e),
@@ -335,6 +361,92 @@ fn icmp(src: Option<Ipv4Addr>, dst: Ipv4Addr, timeout: Duration) -> Outcome {
         Ok(None) => Outcome::Dropped,
         Err(e) => failed("recv", e),
     }
+}
+
+/// A raw ICMPv6 socket (root), bound to `src` when given, with a receive timeout. The kernel
+/// computes ICMPv6 checksums on such sockets and strips the IPv6 header from what they read.
+pub fn icmp6_socket(src: Option<Ipv6Addr>, timeout: Duration) -> nix::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::IcmpV6,
+    )?;
+    setsockopt(&fd, sockopt::ReceiveTimeout, &timeval(timeout))?;
+    if let Some(ip) = src {
+        bind(
+            fd.as_raw_fd(),
+            &SockaddrIn6::from(SocketAddrV6::new(ip, 0, 0, 0)),
+        )?;
+    }
+    Ok(fd)
+}
+
+/// An ICMPv6 echo request (type 128); its checksum is the kernel's.
+fn echo6_request(id: u16, seq: u16) -> Vec<u8> {
+    let mut pkt = vec![128, 0, 0, 0];
+    pkt.extend_from_slice(&id.to_be_bytes());
+    pkt.extend_from_slice(&seq.to_be_bytes());
+    pkt.extend_from_slice(b"cellium policy probe");
+    pkt
+}
+
+/// Sends ICMPv6 echo request (`id`, `seq`) to `dst` on `fd`.
+pub fn send_echo6(fd: &OwnedFd, dst: Ipv6Addr, id: u16, seq: u16) -> nix::Result<()> {
+    let to = SockaddrIn6::from(SocketAddrV6::new(dst, 0, 0, 0));
+    sendto(
+        fd.as_raw_fd(),
+        &echo6_request(id, seq),
+        &to,
+        MsgFlags::empty(),
+    )
+    .map(|_| ())
+}
+
+/// The sequence number of `message` (an ICMPv6 message from `src`, as a raw socket reads it)
+/// if it is an echo reply from `from` with identifier `id`.
+fn echo6_reply(message: &[u8], src: Option<Ipv6Addr>, from: Ipv6Addr, id: u16) -> Option<u16> {
+    let is_reply = *message.first()? == 129 && *message.get(1)? == 0;
+    let got_id = u16::from_be_bytes([*message.get(4)?, *message.get(5)?]);
+    (is_reply && src == Some(from) && got_id == id)
+        .then(|| u16::from_be_bytes([message[6], message[7]]))
+}
+
+/// The sequence numbers of the ICMPv6 echo replies from `from` with identifier `id` that have
+/// arrived on `fd` so far, without waiting.
+pub fn drain_echo6_replies(fd: &OwnedFd, from: Ipv6Addr, id: u16) -> Vec<u16> {
+    let mut buf = [0u8; 1500];
+    let mut out = Vec::new();
+    while let Ok((n, src)) = nix::sys::socket::recvfrom::<SockaddrIn6>(fd.as_raw_fd(), &mut buf) {
+        if let Some(seq) = echo6_reply(&buf[..n], src.map(|s| s.ip()), from, id) {
+            out.push(seq);
+        }
+    }
+    out
+}
+
+fn icmp6(src: Option<Ipv6Addr>, dst: Ipv6Addr, timeout: Duration) -> Outcome {
+    let fd = match icmp6_socket(src, Duration::from_millis(100)) {
+        Ok(fd) => fd,
+        Err(e) => return failed("socket", e),
+    };
+    let id = echo_id();
+    if let Err(e) = send_echo6(&fd, dst, id, 1) {
+        return failed("send", e);
+    }
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 1500];
+    while Instant::now() < deadline {
+        let (n, from) = match recvfrom::<SockaddrIn6>(fd.as_raw_fd(), &mut buf) {
+            Ok(got) => got,
+            Err(Errno::EAGAIN | Errno::EINTR) => continue,
+            Err(e) => return failed("recv", e),
+        };
+        if echo6_reply(&buf[..n], from.map(|f| f.ip()), dst, id).is_some() {
+            return Outcome::Answered;
+        }
+    }
+    Outcome::Dropped
 }
 
 #[cfg(test)]

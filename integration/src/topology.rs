@@ -9,9 +9,11 @@
 //!   the pod.
 //!
 //! MACs are fixed per pod index so a datapath loaded by another process can
-//! be told them without asking the kernel.
+//! be told them without asking the kernel. IPv6 is off unless
+//! [`Topology::enable_ipv6`] adds the same shape in IPv6 (`<ip6>/128`, the
+//! gateway `fd00:10:244::1`, permanent neighbour entries both ways).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use cellium_datapath_bpf::{EndpointFlags, EndpointInfo, MacAddr};
 
@@ -24,6 +26,14 @@ pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 /// The address of pod `index` (1-based).
 pub fn pod_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 0, 10 + index)
+}
+
+/// The IPv6 gateway, once [`Topology::enable_ipv6`] ran.
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 1);
+
+/// The IPv6 address of pod `index` (1-based), once [`Topology::enable_ipv6`] ran.
+pub fn pod_ip6(index: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0x10 + u16::from(index))
 }
 
 /// The host-side veth MAC of pod `index`.
@@ -146,6 +156,84 @@ impl Topology {
     /// Pod `index` (1-based).
     pub fn pod(&self, index: u8) -> &Pod {
         &self.pods[usize::from(index) - 1]
+    }
+
+    /// Gives the node and every pod IPv6 in the topology's shape: the gateway [`GATEWAY6`] on
+    /// the node's `lo`, each pod [`pod_ip6`] on `eth0` (without duplicate address detection),
+    /// its routes through the gateway, and permanent neighbour entries both ways, so neither
+    /// side ever solicits the other.
+    pub fn enable_ipv6(&self) -> Result<()> {
+        let n = &self.node;
+        n.sysctl("net.ipv6.conf.all.disable_ipv6", "0")?;
+        n.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        n.ip(&["-6", "addr", "add", &format!("{GATEWAY6}/128"), "dev", "lo"])?;
+        for pod in &self.pods {
+            let ip6 = pod_ip6(pod.index);
+            n.sysctl(&format!("net.ipv6.conf.{}.disable_ipv6", pod.host_if), "0")?;
+            n.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("{ip6}/128"),
+                "dev",
+                &pod.host_if,
+            ])?;
+            n.ip(&[
+                "-6",
+                "neigh",
+                "replace",
+                &ip6.to_string(),
+                "lladdr",
+                &pod.pod_mac.to_string(),
+                "dev",
+                &pod.host_if,
+                "nud",
+                "permanent",
+            ])?;
+            let ns = &pod.ns;
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "0")?;
+            ns.sysctl("net.ipv6.conf.eth0.disable_ipv6", "0")?;
+            ns.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{ip6}/128"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+            ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("{GATEWAY6}/128"),
+                "dev",
+                "eth0",
+            ])?;
+            ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &GATEWAY6.to_string(),
+                "dev",
+                "eth0",
+            ])?;
+            ns.ip(&[
+                "-6",
+                "neigh",
+                "replace",
+                &GATEWAY6.to_string(),
+                "lladdr",
+                &pod.host_mac.to_string(),
+                "dev",
+                "eth0",
+                "nud",
+                "permanent",
+            ])?;
+        }
+        Ok(())
     }
 
     fn setup_node(&mut self) -> Result<()> {

@@ -331,7 +331,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         1,
         &Backend {
-            addr: p2.ip,
+            addr: p2.ip.into(),
             port: 8080,
             protocol: Protocol::Tcp,
         },
@@ -340,7 +340,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         2,
         &Backend {
-            addr: p3.ip,
+            addr: p3.ip.into(),
             port: 8080,
             protocol: Protocol::Tcp,
         },
@@ -349,7 +349,7 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         3,
         &Backend {
-            addr: p2.ip,
+            addr: p2.ip.into(),
             port: 5353,
             protocol: Protocol::Udp,
         },
@@ -358,19 +358,19 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
     svc.put_backend(
         4,
         &Backend {
-            addr: p3.ip,
+            addr: p3.ip.into(),
             port: 5353,
             protocol: Protocol::Udp,
         },
     )
     .unwrap();
     let tcp_fe = Frontend {
-        vip,
+        vip: vip.into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
     let udp_fe = Frontend {
-        vip,
+        vip: vip.into(),
         port: 53,
         protocol: Protocol::Udp,
     };
@@ -413,13 +413,14 @@ fn cluster_ip_balances_over_two_backends_and_replies_carry_the_vip() {
         && [1, 2].contains(&e.backend_id)));
 
     // A frontend without backends drops with its own reason.
+    let empty_vip = Ipv4Addr::new(10, 96, 0, 11);
     let empty = Frontend {
-        vip: Ipv4Addr::new(10, 96, 0, 11),
+        vip: empty_vip.into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
     svc.put_service(&empty, 3, &[]).unwrap();
-    assert!(probe::tcp_connect(&p1.ns, addr(empty.vip, 80), SHORT).is_err());
+    assert!(probe::tcp_connect(&p1.ns, addr(empty_vip, 80), SHORT).is_err());
     assert!(
         env.dp
             .metrics()
@@ -564,9 +565,9 @@ fn flushing_addresses_removes_every_entry_that_names_them() {
         Ipv4Addr::new(10, 244, 0, 7),
         Ipv4Addr::new(10, 96, 0, 10),
     );
-    let tuple = |saddr, daddr, service| CtTuple {
-        saddr,
-        daddr,
+    let tuple = |saddr: Ipv4Addr, daddr: Ipv4Addr, service| CtTuple {
+        saddr: saddr.into(),
+        daddr: daddr.into(),
         sport: 40000,
         dport: 80,
         protocol: Protocol::Tcp,
@@ -582,9 +583,17 @@ fn flushing_addresses_removes_every_entry_that_names_them() {
     for t in &tuples {
         dp.conntrack().put(t, &Default::default()).unwrap();
     }
+    // An IPv6 connection of a's IPv6 address, in the other family's table.
     let v6: std::net::IpAddr = "fd00::5".parse().unwrap();
-    assert_eq!(dp.conntrack().flush_addresses(&[v6]).unwrap(), 0);
-    assert_eq!(dp.conntrack().flush_addresses(&[a.into(), v6]).unwrap(), 3);
+    let t6 = CtTuple {
+        saddr: v6,
+        daddr: "fd00::6".parse().unwrap(),
+        ..tuples[0]
+    };
+    dp.conntrack().put(&t6, &Default::default()).unwrap();
+    assert_eq!(dp.conntrack().flush_addresses(&[v6]).unwrap(), 1);
+    dp.conntrack().put(&t6, &Default::default()).unwrap();
+    assert_eq!(dp.conntrack().flush_addresses(&[a.into(), v6]).unwrap(), 4);
     let left: Vec<CtTuple> = dp
         .conntrack()
         .entries()

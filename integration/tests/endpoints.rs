@@ -297,7 +297,7 @@ fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds()
     let a_to_b = || {
         reach::probe(
             &pods[0],
-            Some(ip_a),
+            Some(ip_a.into()),
             ip_b,
             Probe::Tcp(8080),
             Duration::from_millis(500),

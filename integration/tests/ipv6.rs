@@ -1,6 +1,8 @@
-//! IPv6 before the IPv6 datapath: dual-stack pods through the real `cellium-cni`, and a
-//! datapath that lets IPv6 through only where no policy applies, never from an address the pod
-//! does not own, and the link-local control both stacks need everywhere.
+//! IPv6 at parity with IPv4: dual-stack and IPv6-only pods through the real `cellium-cni`,
+//! policy (identities, CIDR rules and ipBlocks per family, the world split by family, deny
+//! rules) enforced on IPv6 as on IPv4, conntrack, source anti-spoofing, the link-local control
+//! both stacks need, neighbour discovery of the pods' gateway answered by the datapath, and
+//! extension-header chains the datapath does not parse dropped and counted.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test ipv6 -- --test-threads=1`.
@@ -8,13 +10,17 @@
 //! Every test makes its own agent, node, pod and external namespaces and removes them
 //! (guards), and sends traffic only to addresses inside them.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use cellium_integration::cni::{result_ipv4, result_ipv6};
-use cellium_integration::frame::{self, DSTOPTS, ECHO_REQUEST, HOPOPTS, Ipv6Packet, MLD2_REPORT};
+use cellium_integration::frame::{
+    self, DSTOPTS, ECHO_REQUEST, HOPOPTS, Ipv6Packet, MLD2_REPORT, MOBILITY, ROUTING,
+};
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use libbpf_rs::{MapCore, MapHandle};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 const SHORT: Duration = Duration::from_millis(700);
@@ -28,35 +34,47 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A dual-stack pod made through the plugin.
+/// A pod made through the plugin: dual-stack, or IPv6 only (`v4` unset).
 struct Pod {
     ns: NetNs,
-    v4: Ipv4Addr,
+    v4: Option<Ipv4Addr>,
     v6: Ipv6Addr,
 }
 
-fn agent() -> Agent {
+impl Pod {
+    fn v4(&self) -> Ipv4Addr {
+        self.v4.expect("a dual-stack pod")
+    }
+}
+
+fn agent_with(pod_cidrs: &[&str]) -> Agent {
     Agent::start_new(AgentOptions {
-        pod_cidrs: vec![POD_CIDR4.into(), POD_CIDR6.into()],
+        pod_cidrs: pod_cidrs.iter().map(|c| c.to_string()).collect(),
         ..AgentOptions::default()
     })
     .expect("start the agent")
 }
 
-/// The Pod objects `default/<name>` with `app: <name>`.
-fn pod_objects(names: &[&str]) -> String {
-    names
+fn agent() -> Agent {
+    agent_with(&[POD_CIDR4, POD_CIDR6])
+}
+
+/// Applies the Pod objects `default/<name>` with `app: <name>` and makes the pods, checking
+/// right away, before anything else can happen, that each IPv6 address is usable (not
+/// `tentative`).
+fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
+    let objects: String = names
         .iter()
         .map(|n| {
             format!(
                 "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {n}, labels: {{ app: {n} }} }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\n"
             )
         })
-        .collect()
+        .collect();
+    agent.objects("apply", &objects).expect("apply pods");
+    names.map(|name| add(agent, name))
 }
 
-/// ADD of pod `default/<name>` as a kubelet makes it; checks right away, before anything else
-/// can happen, that its IPv6 address is usable (not `tentative`).
 fn add(agent: &Agent, name: &str) -> Pod {
     let ns = NetNs::new().expect("pod netns");
     let call = CniCall::new("ADD", &format!("v6{name}x{}", std::process::id()))
@@ -73,33 +91,28 @@ fn add(agent: &Agent, name: &str) -> Pod {
         !shown.contains("tentative"),
         "{v6} is not usable when ADD returns: {shown}"
     );
-    let v4 = result_ipv4(&result).unwrap_or_else(|| panic!("no IPv4 in {result}"));
-    Pod { ns, v4, v6 }
-}
-
-/// The pools' router addresses: the pods' gateways, on the node.
-fn routers(agent: &Agent) -> (Ipv4Addr, Ipv6Addr) {
-    let pools = agent.pools().expect("ipam list");
-    let router = |i: usize| pools[i]["router"].as_str().map(str::to_string);
-    let (a, b) = (router(0).expect("router"), router(1).expect("router"));
-    let (a, b): (IpAddr, IpAddr) = (a.parse().expect("ip"), b.parse().expect("ip"));
-    match (a, b) {
-        (IpAddr::V4(v4), IpAddr::V6(v6)) | (IpAddr::V6(v6), IpAddr::V4(v4)) => (v4, v6),
-        _ => panic!("not one router per family: {pools:?}"),
+    Pod {
+        ns,
+        v4: result_ipv4(&result),
+        v6,
     }
 }
 
-/// The datapath's packet counter for (direction, reason) from the agent's metrics; reasons as
-/// the metrics name them ("forwarded", "invalid source", "ipv6 not enforced", ...).
-fn packets(agent: &Agent, direction: &str, reason: &str) -> u64 {
-    let labels = format!("direction=\"{direction}\",reason=\"{reason}\"");
-    agent
-        .metrics()
-        .expect("metrics")
-        .lines()
-        .filter(|l| l.starts_with("cellium_datapath_packets") && l.contains(&labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+/// The IPv6 pool's router address: the pods' IPv6 gateway, on the node.
+fn router6(agent: &Agent) -> Ipv6Addr {
+    let pools = agent.pools().expect("ipam list");
+    pools
+        .iter()
+        .filter_map(|p| p["router"].as_str()?.parse().ok())
+        .find_map(|ip: IpAddr| match ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        })
+        .unwrap_or_else(|| panic!("no IPv6 router in {pools:?}"))
+}
+
+fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {
+    agent.datapath_packets(direction, reason).expect("metrics")
 }
 
 fn ping(from: &NetNs, to: impl Into<IpAddr>) -> bool {
@@ -113,53 +126,6 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-#[test]
-fn dual_stack_pods_reach_each_other_and_the_node_over_ipv6_without_policy() {
-    let _serial = serial();
-    let agent = agent();
-    agent
-        .objects("apply", &pod_objects(&["a", "b", "c"]))
-        .expect("apply pods");
-    let (a, b, c) = (add(&agent, "a"), add(&agent, "b"), add(&agent, "c"));
-    let (_, gw6) = routers(&agent);
-    assert!(
-        agent.log().contains("IPv6 is not enforced"),
-        "no warning at start: {}",
-        agent.log()
-    );
-    let status = agent.cli(&["status"]).expect("cellium status");
-    assert!(
-        status.contains("IPv6 is not enforced"),
-        "cellium status does not say so:\n{status}"
-    );
-    let notes = &agent.cli_json(&["status"]).expect("cellium status -o json")["notes"];
-    assert!(
-        notes.to_string().contains("IPv6 is not enforced"),
-        "not in the JSON notes: {notes}"
-    );
-
-    assert!(ping(&a.ns, b.v6), "a -> b over IPv6");
-    assert!(ping(&b.ns, c.v6), "b -> c over IPv6");
-    assert!(ping(&a.ns, gw6), "a -> the node ({gw6})");
-    assert!(ping(agent.node(), c.v6), "the node -> c");
-    let _tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
-    let reply = probe::tcp_request(&a.ns, SocketAddr::new(b.v6.into(), 8080), TIMEOUT).unwrap();
-    assert_eq!(reply.banner, "b");
-    let _udp = UdpServer::start(&c.ns, SocketAddr::new(c.v6.into(), 5353), "c").unwrap();
-    let reply = probe::udp_request(&a.ns, SocketAddr::new(c.v6.into(), 5353), TIMEOUT).unwrap();
-    assert_eq!(reply.banner, "c");
-    // IPv4 as before.
-    assert!(ping(&a.ns, b.v4), "a -> b over IPv4");
-    // Neighbour discovery, duplicate address detection and listener reports of every pod and
-    // of the node all passed: nothing was dropped.
-    assert_eq!(
-        agent.datapath_drops().unwrap(),
-        0,
-        "{}",
-        agent.metrics().unwrap()
-    );
 }
 
 /// Applies `yaml` and waits until every endpoint enforces the resulting policy revision.
@@ -182,22 +148,65 @@ fn apply_policy(agent: &Agent, yaml: &str) {
     });
 }
 
+/// The sources of the agent's pinned IPv6 connection table, read as another process would.
+fn ct6_sources(agent: &Agent) -> Vec<Ipv6Addr> {
+    let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_ct6"))
+        .expect("open the pinned IPv6 conntrack map");
+    map.keys()
+        .filter_map(|k| Some(Ipv6Addr::from(<[u8; 16]>::try_from(k.get(..16)?).ok()?)))
+        .collect()
+}
+
 #[test]
-fn default_deny_ingress_drops_all_ipv6_to_the_pod_while_ipv4_follows_the_policy() {
+fn dual_stack_pods_reach_each_other_the_node_and_the_outside_over_ipv6_without_policy() {
     let _serial = serial();
     let agent = agent();
-    agent
-        .objects("apply", &pod_objects(&["a", "b", "c"]))
-        .expect("apply pods");
-    let (a, b, c) = (add(&agent, "a"), add(&agent, "b"), add(&agent, "c"));
-    let _tcp4 = TcpServer::start(&b.ns, SocketAddr::new(b.v4.into(), 8080), "b").unwrap();
-    let _tcp6 = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b6").unwrap();
-    let b6 = SocketAddr::new(b.v6.into(), 8080);
+    let [a, b, c] = pods(&agent, ["a", "b", "c"]);
+    let ext = External::attach(&agent);
+    let gw6 = router6(&agent);
+    let notes = &agent.cli_json(&["status"]).expect("cellium status -o json")["notes"];
     assert!(
-        probe::tcp_request(&a.ns, b6, TIMEOUT).is_ok(),
-        "a -> b over IPv6 before"
+        notes.as_array().is_none_or(Vec::is_empty),
+        "nothing left to warn about: {notes}"
     );
 
+    assert!(ping(&a.ns, b.v6), "a -> b over IPv6");
+    assert!(ping(&b.ns, c.v6), "b -> c over IPv6");
+    assert!(ping(&a.ns, gw6), "a -> the node ({gw6})");
+    assert!(ping(agent.node(), c.v6), "the node -> c");
+    eventually("a -> the outside over IPv6", || ping(&a.ns, ext.v6[0]));
+    assert!(ping(&ext.ns, c.v6), "the outside -> c over IPv6");
+    let _tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
+    let reply = probe::tcp_request(&a.ns, SocketAddr::new(b.v6.into(), 8080), TIMEOUT).unwrap();
+    assert_eq!(reply.banner, "b");
+    let _udp = UdpServer::start(&c.ns, SocketAddr::new(c.v6.into(), 5353), "c").unwrap();
+    let reply = probe::udp_request(&a.ns, SocketAddr::new(c.v6.into(), 5353), TIMEOUT).unwrap();
+    assert_eq!(reply.banner, "c");
+    assert!(ping(&a.ns, b.v4()), "a -> b over IPv4");
+    // Conntrack of IPv6, in its own table.
+    assert!(
+        ct6_sources(&agent).contains(&a.v6),
+        "no IPv6 connection from a"
+    );
+    // Neighbour discovery, duplicate address detection and listener reports of every pod and
+    // of the node all passed: nothing was dropped.
+    assert_eq!(
+        agent.datapath_drops().unwrap(),
+        0,
+        "{}",
+        agent.metrics().unwrap()
+    );
+}
+
+#[test]
+fn ipv6_follows_the_policy_as_ipv4_does() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b, c] = pods(&agent, ["a", "b", "c"]);
+    let servers: Vec<TcpServer> = [IpAddr::from(b.v4()), b.v6.into()]
+        .into_iter()
+        .map(|ip| TcpServer::start(&b.ns, SocketAddr::new(ip, 8080), "b").unwrap())
+        .collect();
     apply_policy(
         &agent,
         r#"
@@ -210,91 +219,119 @@ spec:
   ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ], ports: [ { port: 8080, protocol: TCP } ] } ]
 "#,
     );
-    let not_enforced = packets(&agent, "ingress", "ipv6 not enforced");
-    // IPv4 follows the policy.
-    let b4 = SocketAddr::new(b.v4.into(), 8080);
-    assert_eq!(probe::tcp_request(&a.ns, b4, TIMEOUT).unwrap().banner, "b");
+    let denied = counter(&agent, "ingress", "policy default deny");
+    for server in &servers {
+        let to = server.addr();
+        assert_eq!(
+            probe::tcp_request(&a.ns, to, TIMEOUT).unwrap().banner,
+            "b",
+            "a -> {to}"
+        );
+        assert!(probe::tcp_connect(&c.ns, to, SHORT).is_err(), "c -> {to}");
+        assert!(!ping(&a.ns, to.ip()), "a pings {}", to.ip());
+        // allow-localhost, and replies to b's own requests.
+        assert!(ping(agent.node(), to.ip()), "the node -> {}", to.ip());
+    }
+    assert!(ping(&b.ns, a.v6), "b -> a over IPv6 (the reply enters b)");
+    assert!(ping(&b.ns, a.v4()), "b -> a over IPv4");
+    assert!(ping(&a.ns, c.v6), "a -> c, whom no policy selects");
     assert!(
-        probe::tcp_connect(&c.ns, b4, SHORT).is_err(),
-        "c -> b over IPv4"
-    );
-    // IPv6 to b is dropped whatever the policy says, from pods and from the node alike; and
-    // without IPv6 conntrack, replies to b's own IPv6 requests too.
-    assert!(
-        probe::tcp_connect(&a.ns, b6, SHORT).is_err(),
-        "a -> b over IPv6"
-    );
-    assert!(!ping(&c.ns, b.v6), "c -> b over IPv6");
-    assert!(!ping(agent.node(), b.v6), "the node -> b over IPv6");
-    assert!(
-        !ping(&b.ns, a.v6),
-        "b -> a over IPv6 (the reply is dropped)"
-    );
-    assert!(
-        packets(&agent, "ingress", "ipv6 not enforced") >= not_enforced + 4,
+        counter(&agent, "ingress", "policy default deny") >= denied + 4,
         "{}",
         agent.metrics().unwrap()
     );
-    // Pods whose policy does not restrict IPv6 keep it.
-    assert!(ping(&a.ns, c.v6), "a -> c over IPv6");
 }
 
-/// An IPv6 network outside the cluster, routed through the node, holding `fd00:99::10` and
-/// `fd00:99::20`: external addresses for CIDR rules. Dropping it removes it (and the node's
-/// end of its link).
-fn external6(agent: &Agent) -> NetNs {
-    let node = agent.node();
-    let ext = NetNs::new().expect("external netns");
-    node.ip(&[
-        "link",
-        "add",
-        "celx6",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        ext.name(),
-    ])
-    .expect("veth");
-    // Link-local addresses usable at once: the node resolves the external side from its own.
-    node.sysctl("net.ipv6.conf.celx6.accept_dad", "0")
-        .expect("sysctl");
-    ext.sysctl("net.ipv6.conf.eth0.accept_dad", "0")
-        .expect("sysctl");
-    node.ip(&["addr", "add", "fd00:98::1/64", "dev", "celx6", "nodad"])
-        .expect("addr");
-    ext.ip(&["addr", "add", "fd00:98::2/64", "dev", "eth0", "nodad"])
-        .expect("addr");
-    for ip in ["fd00:99::10/128", "fd00:99::20/128"] {
-        ext.ip(&["addr", "add", ip, "dev", "eth0", "nodad"])
+/// A network outside the cluster, routed through the node: `10.99.0.10`, `10.99.0.20`,
+/// `fd00:99::10` and `fd00:99::20`, external addresses for CIDR rules. Dropping it removes it
+/// (and the node's end of its link).
+struct External {
+    ns: NetNs,
+    v4: [Ipv4Addr; 2],
+    v6: [Ipv6Addr; 2],
+}
+
+impl External {
+    fn attach(agent: &Agent) -> External {
+        let node = agent.node();
+        let ns = NetNs::new().expect("external netns");
+        node.ip(&[
+            "link",
+            "add",
+            "celx6",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ])
+        .expect("veth");
+        // Link-local addresses usable at once: the node resolves the external side from its
+        // own.
+        node.sysctl("net.ipv6.conf.celx6.accept_dad", "0")
+            .expect("sysctl");
+        ns.sysctl("net.ipv6.conf.eth0.accept_dad", "0")
+            .expect("sysctl");
+        let ext = External {
+            ns,
+            v4: [Ipv4Addr::new(10, 99, 0, 10), Ipv4Addr::new(10, 99, 0, 20)],
+            v6: [
+                "fd00:99::10".parse().expect("ip"),
+                "fd00:99::20".parse().expect("ip"),
+            ],
+        };
+        node.ip(&["addr", "add", "10.98.0.1/30", "dev", "celx6"])
             .expect("addr");
+        node.ip(&["addr", "add", "fd00:98::1/64", "dev", "celx6", "nodad"])
+            .expect("addr");
+        ext.ns
+            .ip(&["addr", "add", "10.98.0.2/30", "dev", "eth0"])
+            .expect("addr");
+        ext.ns
+            .ip(&["addr", "add", "fd00:98::2/64", "dev", "eth0", "nodad"])
+            .expect("addr");
+        for ip in ext.v4.map(|ip| format!("{ip}/32")) {
+            ext.ns
+                .ip(&["addr", "add", &ip, "dev", "eth0"])
+                .expect("addr");
+        }
+        for ip in ext.v6.map(|ip| format!("{ip}/128")) {
+            ext.ns
+                .ip(&["addr", "add", &ip, "dev", "eth0", "nodad"])
+                .expect("addr");
+        }
+        node.ip(&["link", "set", "celx6", "up"]).expect("up");
+        ext.ns.ip(&["link", "set", "eth0", "up"]).expect("up");
+        node.ip(&["route", "add", "10.99.0.0/24", "via", "10.98.0.2"])
+            .expect("route");
+        node.ip(&["-6", "route", "add", "fd00:99::/64", "via", "fd00:98::2"])
+            .expect("route");
+        ext.ns
+            .ip(&["route", "add", POD_CIDR4, "via", "10.98.0.1"])
+            .expect("route");
+        ext.ns
+            .ip(&["-6", "route", "add", POD_CIDR6, "via", "fd00:98::1"])
+            .expect("route");
+        ext
     }
-    node.ip(&["link", "set", "celx6", "up"]).expect("up");
-    ext.ip(&["link", "set", "eth0", "up"]).expect("up");
-    node.ip(&["-6", "route", "add", "fd00:99::/64", "via", "fd00:98::2"])
-        .expect("route");
-    ext.ip(&["-6", "route", "add", POD_CIDR6, "via", "fd00:98::1"])
-        .expect("route");
-    ext
 }
 
 #[test]
-fn cilium_deny_rules_stop_ipv6_ingress_deny_and_egress_deny_to_an_ipv6_cidr() {
+fn cidr_rules_entities_and_deny_rules_apply_per_family() {
     let _serial = serial();
     let agent = agent();
-    agent
-        .objects("apply", &pod_objects(&["a", "b", "c"]))
-        .expect("apply pods");
-    let (a, b, c) = (add(&agent, "a"), add(&agent, "b"), add(&agent, "c"));
-    let _ext = external6(&agent);
-    let (x10, x20): (Ipv6Addr, Ipv6Addr) = (
-        "fd00:99::10".parse().unwrap(),
-        "fd00:99::20".parse().unwrap(),
+    let [a, b, c, d, e] = pods(&agent, ["a", "b", "c", "d", "e"]);
+    let ext = External::attach(&agent);
+    // The external side of the node's link: in no rule's prefix, so the world itself.
+    let (link4, link6) = (
+        Ipv4Addr::new(10, 98, 0, 2),
+        "fd00:98::2".parse::<Ipv6Addr>().unwrap(),
     );
-    eventually("a -> fd00:99::10 before any policy", || ping(&a.ns, x10));
-    assert!(ping(&b.ns, c.v6), "b -> c over IPv6 before any policy");
+    let ([x10, x20], [y10, y20]) = (ext.v4, ext.v6);
+    eventually("a -> fd00:99::10 before any policy", || ping(&a.ns, y10));
+    assert!(ping(&a.ns, x10), "a -> 10.99.0.10 before any policy");
 
     apply_policy(
         &agent,
@@ -309,40 +346,77 @@ spec:
 ---
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
-metadata: { name: a-not-to-x10, namespace: default }
+metadata: { name: a-not-to-y10, namespace: default }
 spec:
   endpointSelector: { matchLabels: { app: a } }
   egress: [ { toEntities: [ all ] } ]
   egressDeny: [ { toCIDR: [ "fd00:99::10/128" ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: b-to-the-ipv6-world, namespace: default }
+spec:
+  endpointSelector: { matchLabels: { app: b } }
+  egress: [ { toEntities: [ world-ipv6 ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: e-to-the-ipv4-world, namespace: default }
+spec:
+  endpointSelector: { matchLabels: { app: e } }
+  egress: [ { toEntities: [ world-ipv4 ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: d-to-an-ipv6-block, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: d } }
+  policyTypes: [ Egress ]
+  egress: [ { to: [ { ipBlock: { cidr: "fd00:99::/64", except: [ "fd00:99::20/128" ] } } ] } ]
 "#,
     );
-    let ingress = packets(&agent, "ingress", "ipv6 not enforced");
-    let egress = packets(&agent, "egress", "ipv6 not enforced");
-    // ingressDeny: IPv4 from a is denied, from b allowed; IPv6 to c stops from everyone.
-    assert!(!ping(&a.ns, c.v4), "a -> c over IPv4 (denied)");
-    assert!(ping(&b.ns, c.v4), "b -> c over IPv4 (what the deny leaves)");
+    // ingressDeny: from a, in both families; everyone else still gets in.
+    assert!(!ping(&a.ns, c.v4()), "a -> c over IPv4");
     assert!(!ping(&a.ns, c.v6), "a -> c over IPv6");
-    assert!(!ping(&b.ns, c.v6), "b -> c over IPv6");
-    // egressDeny toCIDR: a's IPv6 stops, to the denied CIDR and everywhere else; a's IPv4
-    // follows its allow-all rule; b's IPv6 is b's.
-    assert!(!ping(&a.ns, x10), "a -> fd00:99::10");
-    assert!(!ping(&a.ns, x20), "a -> fd00:99::20");
-    assert!(!ping(&a.ns, b.v6), "a -> b over IPv6");
-    assert!(ping(&a.ns, b.v4), "a -> b over IPv4");
-    assert!(ping(&b.ns, x10), "b -> fd00:99::10");
-    // a's IPv6 stops at a's own egress (to c too); b's to c at c's ingress.
-    assert!(packets(&agent, "ingress", "ipv6 not enforced") > ingress);
-    assert!(packets(&agent, "egress", "ipv6 not enforced") >= egress + 4);
+    assert!(ping(agent.node(), c.v6), "the node -> c over IPv6");
+    // egressDeny of one IPv6 address; the allow-all covers the rest, IPv4 included.
+    assert!(!ping(&a.ns, y10), "a -> fd00:99::10");
+    assert!(ping(&a.ns, y20), "a -> fd00:99::20");
+    assert!(ping(&a.ns, x10) && ping(&a.ns, x20), "a -> the IPv4 world");
+    assert!(ping(&a.ns, b.v6), "a -> b over IPv6");
+    // world-ipv6: the IPv6 world only (addresses outside every prefix are world-ipv6 on a
+    // dual-stack node, those inside IPv6 CIDR identities), neither the IPv4 world nor pods;
+    // world-ipv4 the other way round.
+    assert!(ping(&b.ns, y10) && ping(&b.ns, y20), "b -> the IPv6 CIDRs");
+    assert!(ping(&b.ns, link6), "b -> fd00:98::2, outside every prefix");
+    assert!(
+        !ping(&b.ns, x10) && !ping(&b.ns, link4),
+        "b -> the IPv4 world"
+    );
+    assert!(!ping(&b.ns, a.v6), "b -> a over IPv6");
+    assert!(
+        ping(&e.ns, x10) && ping(&e.ns, link4),
+        "e -> the IPv4 world"
+    );
+    assert!(
+        !ping(&e.ns, y10) && !ping(&e.ns, link6),
+        "e -> the IPv6 world"
+    );
+    assert!(!ping(&e.ns, a.v4()), "e -> a over IPv4");
+    // An IPv6 ipBlock selects IPv6 addresses only.
+    assert!(ping(&d.ns, y10), "d -> fd00:99::10");
+    assert!(!ping(&d.ns, y20), "d -> fd00:99::20 (the exception)");
+    assert!(!ping(&d.ns, x10), "d -> 10.99.0.10");
+    assert!(!ping(&d.ns, a.v6), "d -> a over IPv6");
+    // What the outside sends to pods meets their ingress: c denies only a.
+    assert!(ping(&ext.ns, c.v6), "fd00:98::2 -> c");
 }
 
 #[test]
 fn a_pod_cannot_send_from_an_ipv6_address_it_does_not_own() {
     let _serial = serial();
     let agent = agent();
-    agent
-        .objects("apply", &pod_objects(&["a", "b", "c"]))
-        .expect("apply pods");
-    let (a, b, c) = (add(&agent, "a"), add(&agent, "b"), add(&agent, "c"));
+    let [a, b, c] = pods(&agent, ["a", "b", "c"]);
     let receiver =
         c.ns.run(move || -> std::io::Result<UdpSocket> {
             let sock = UdpSocket::bind(SocketAddr::new(c.v6.into(), 7000))?;
@@ -385,7 +459,7 @@ fn a_pod_cannot_send_from_an_ipv6_address_it_does_not_own() {
         receiver.recv_from(&mut buf).is_ok()
     });
 
-    let before = packets(&agent, "egress", "invalid source");
+    let before = counter(&agent, "egress", "invalid source");
     let unallocated: Ipv6Addr = "fd00:10:244::99".parse().unwrap();
     assert_eq!(
         send_from(unallocated, 5),
@@ -397,12 +471,201 @@ fn a_pod_cannot_send_from_an_ipv6_address_it_does_not_own() {
         0,
         "c received from b's address, sent by a"
     );
-    let after = packets(&agent, "egress", "invalid source");
+    let after = counter(&agent, "egress", "invalid source");
     assert!(
         after >= before + 10,
         "{before} -> {after}: {}",
         agent.metrics().unwrap()
     );
+}
+
+#[test]
+fn the_datapath_answers_a_pods_neighbour_solicitation_for_its_gateway() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b] = pods(&agent, ["a", "b"]);
+    let gw6 = router6(&agent);
+    // a may send to b only: its solicitations are not traffic to anyone.
+    apply_policy(
+        &agent,
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: a-to-b, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: a } }
+  policyTypes: [ Egress ]
+  egress: [ { to: [ { podSelector: { matchLabels: { app: b } } } ] } ]
+"#,
+    );
+    let host_mac = link_of(&agent, a.v6).host_mac;
+    let gw = gw6.to_string();
+    // The permanent entry gone, a must solicit its gateway to reach anything.
+    a.ns.ip(&["-6", "neigh", "del", &gw, "dev", "eth0"])
+        .expect("neigh del");
+    assert!(
+        ping(&a.ns, b.v6),
+        "a -> b through a gateway it had to solicit"
+    );
+    let entry =
+        a.ns.ip(&["-6", "neigh", "show", &gw, "dev", "eth0"])
+            .expect("neigh show");
+    let mac = format_mac(host_mac);
+    assert!(
+        entry.contains(&mac) && !entry.contains("PERMANENT"),
+        "the gateway resolved to the host end's MAC {mac}: {entry}"
+    );
+    // Once stale, the entry is confirmed by a unicast solicitation, answered the same way.
+    a.ns.ip(&[
+        "-6", "neigh", "change", &gw, "dev", "eth0", "lladdr", &mac, "nud", "stale",
+    ])
+    .expect("neigh change");
+    assert!(ping(&a.ns, b.v6), "a -> b with a stale gateway entry");
+    // After the first probe delay (5 s), a unicast solicitation to the gateway's address;
+    // unanswered, the entry would fail.
+    let began = Instant::now();
+    loop {
+        let entry =
+            a.ns.ip(&["-6", "neigh", "show", &gw, "dev", "eth0"])
+                .expect("neigh show");
+        if entry.contains("REACHABLE") {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(15) && !entry.contains("FAILED"),
+            "the stale entry is never confirmed: {entry} (drops: {:?})",
+            drops(&agent)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        agent.datapath_drops().unwrap(),
+        0,
+        "{}",
+        agent.metrics().unwrap()
+    );
+}
+
+fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[test]
+fn ipv6_only_pods_reach_each_other_and_follow_policy() {
+    let _serial = serial();
+    let agent = agent_with(&[POD_CIDR6]);
+    let [a, b, c] = pods(&agent, ["a", "b", "c"]);
+    assert!(a.v4.is_none(), "an IPv6-only pod has no IPv4 address");
+    let gw6 = router6(&agent);
+    assert!(ping(&a.ns, b.v6), "a -> b");
+    assert!(ping(&a.ns, gw6), "a -> the node");
+    let _tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
+    apply_policy(
+        &agent,
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: b-from-a, namespace: default }
+spec:
+  podSelector: { matchLabels: { app: b } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ] } ]
+"#,
+    );
+    let to_b = SocketAddr::new(b.v6.into(), 8080);
+    assert_eq!(
+        probe::tcp_request(&a.ns, to_b, TIMEOUT).unwrap().banner,
+        "b"
+    );
+    assert!(probe::tcp_connect(&c.ns, to_b, SHORT).is_err(), "c -> b");
+    assert!(ping(agent.node(), b.v6), "the node -> b");
+    assert!(ping(&b.ns, c.v6), "b -> c, and the reply back in");
+}
+
+#[test]
+fn the_cli_shows_ipv6_as_it_shows_ipv4() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec![POD_CIDR4.into(), POD_CIDR6.into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    let [a] = pods(&agent, ["a"]);
+    let gw6 = router6(&agent);
+    apply_policy(
+        &agent,
+        r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: a-out, namespace: default }
+spec:
+  endpointSelector: { matchLabels: { app: a } }
+  egress: [ { toCIDR: [ "fd00:99::/64" ], toPorts: [ { ports: [ { port: "443", protocol: TCP } ] } ] } ]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: web }
+spec: { ipFamilyPolicy: PreferDualStack, selector: { app: a }, ports: [ { port: 80 } ] }
+"#,
+    );
+    let id = agent.endpoints().expect("endpoints")[0]["id"]
+        .as_u64()
+        .expect("an id")
+        .to_string();
+    // endpoint get: both addresses and both gateways, the IPv6 CIDR peer with its port.
+    let ep = agent.cli(&["endpoint", "get", &id]).expect("endpoint get");
+    for text in [
+        format!("{}/32, {}/128", a.v4(), a.v6),
+        format!(", {gw6}"),
+        "cidr:fd00-99--0/64".into(),
+        "443/tcp".into(),
+    ] {
+        assert!(ep.contains(&text), "no {text:?} in:\n{ep}");
+    }
+    // ipcache: the pod's /128 from its endpoint, the node's router address, the rule's prefix;
+    // an address outside every prefix is the world of its family on a dual-stack node.
+    let list = agent.cli(&["ipcache", "list"]).expect("ipcache list");
+    let identity = agent.endpoints().expect("endpoints")[0]["identity"].to_string();
+    for (prefix, who, source) in [
+        (format!("{}/128", a.v6), identity.as_str(), "endpoint"),
+        (format!("{gw6}/128"), "1", "host"),
+        ("fd00:99::/64".to_string(), "16777216", "policy"),
+    ] {
+        let row = [prefix.as_str(), who, source];
+        assert!(
+            list.lines().any(|l| l.split_whitespace().take(3).eq(row)),
+            "no {row:?} in:\n{list}"
+        );
+    }
+    let got = agent
+        .cli_json(&["ipcache", "get", &a.v6.to_string()])
+        .expect("ipcache get");
+    assert_eq!(got["prefix"], format!("{}/128", a.v6));
+    for (ip, world) in [("fd00:77::1", 10), ("10.77.0.1", 9)] {
+        let text = agent.cli(&["ipcache", "get", ip]).expect("ipcache get");
+        assert!(
+            text.contains(&format!("world (identity {world})")),
+            "{ip}: {text}"
+        );
+    }
+    // policy get: the rule with its IPv6 CIDR selector and the identity behind it.
+    let policy = agent.cli_json(&["policy", "get"]).expect("policy get");
+    let peers = policy["rules"].to_string();
+    assert!(peers.contains("cidr:fd00-99--0/64"), "{policy}");
+    // service list: a frontend per family, IPv6 ones bracketed.
+    let services = agent.cli(&["service", "list"]).expect("service list");
+    assert!(
+        services.contains(&format!("[{}]:80", a.v6))
+            && services.contains(&format!("{}:80", a.v4())),
+        "{services}"
+    );
+    assert!(services.contains("[fd00:10:96::"), "{services}");
 }
 
 /// A pod's interface as the datapath sees it: the host end's name and both MACs.
@@ -420,17 +683,18 @@ fn mac(text: &str) -> [u8; 6] {
     out
 }
 
-fn link_of(agent: &Agent, pod: &Pod) -> Link {
+fn link_of(agent: &Agent, ip: Ipv6Addr) -> Link {
     let eps = agent.endpoints().expect("endpoint list");
     let ep = eps
         .iter()
         .find(|e| {
-            e["addresses"].as_array().into_iter().flatten().any(|a| {
-                a.as_str()
-                    .is_some_and(|a| a.starts_with(&format!("{}/", pod.v6)))
-            })
+            e["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}/"))))
         })
-        .unwrap_or_else(|| panic!("no endpoint with {} in {eps:?}", pod.v6));
+        .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
     let text = |k: &str| {
         ep[k]
             .as_str()
@@ -445,7 +709,7 @@ fn link_of(agent: &Agent, pod: &Pod) -> Link {
 }
 
 /// Every drop counter of the agent's datapath, by its labels.
-fn drops(agent: &Agent) -> std::collections::BTreeMap<String, u64> {
+fn drops(agent: &Agent) -> BTreeMap<String, u64> {
     agent
         .metrics()
         .expect("metrics")
@@ -475,7 +739,7 @@ fn expect(
     verdict: Verdict,
 ) {
     let before = drops(agent);
-    let total = |m: &std::collections::BTreeMap<String, u64>| m.values().sum::<u64>();
+    let total = |m: &BTreeMap<String, u64>| m.values().sum::<u64>();
     frame::send(ns, ifname, bytes).expect("send the frame");
     match verdict {
         Verdict::Pass => {
@@ -506,14 +770,11 @@ fn expect(
 }
 
 #[test]
-fn only_unforwardable_link_local_control_passes_where_ipv6_is_not_enforced() {
+fn link_local_control_passes_and_everything_else_meets_policy_or_is_dropped() {
     use Verdict::{Drop, Pass};
     let _serial = serial();
     let agent = agent();
-    agent
-        .objects("apply", &pod_objects(&["locked", "open"]))
-        .expect("apply pods");
-    let (locked, open) = (add(&agent, "locked"), add(&agent, "open"));
+    let [locked, open] = pods(&agent, ["locked", "open"]);
     apply_policy(
         &agent,
         r#"
@@ -523,7 +784,7 @@ metadata: { name: lock, namespace: default }
 spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, Egress ] }
 "#,
     );
-    let (l, o) = (link_of(&agent, &locked), link_of(&agent, &open));
+    let (l, o) = (link_of(&agent, locked.v6), link_of(&agent, open.v6));
     // The node's link-local address on locked's link (what locked's neighbour unreachability
     // detection probes), a link-local address of locked's own choosing, one that no one has.
     let host_ll = link_local(&agent, &l.host_ifname);
@@ -532,7 +793,8 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
     let unspecified = Ipv6Addr::UNSPECIFIED;
     let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
     let (egress, ingress) = ("egress", "ingress");
-    let (spoofed, not_enforced) = ("invalid source", "ipv6 not enforced");
+    let (spoofed, denied) = ("invalid source", "policy default deny");
+    let chain = "unsupported extension header";
     let solicit = Ipv6Packet::solicitation;
 
     // From the pod whose egress is enforced.
@@ -553,6 +815,11 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
             Pass,
         ),
         ("listener report", Ipv6Packet::listener_report(ll), Pass),
+        (
+            "unicast solicitation for the gateway from link-local",
+            solicit(ll, router6(&agent), router6(&agent)),
+            Pass,
+        ),
         (
             "solicitation with hop limit 254",
             solicit(ll, solicited(host_ll), host_ll).hop_limit(254),
@@ -581,12 +848,46 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
         (
             "solicitation from its own address to a routable one",
             solicit(locked.v6, open.v6, open.v6),
-            Drop(egress, not_enforced),
+            Drop(egress, denied),
         ),
         (
             "echo behind hop-by-hop options",
             Ipv6Packet::icmp(locked.v6, open.v6, 64, &ECHO_REQUEST).behind(HOPOPTS),
-            Drop(egress, not_enforced),
+            Drop(egress, denied),
+        ),
+        (
+            "udp behind a routing header with segments left",
+            Ipv6Packet::udp(locked.v6, open.v6).behind_header(ROUTING, [4, 1, 0, 0, 0, 0]),
+            Drop(egress, chain),
+        ),
+        (
+            "udp behind a mobility header",
+            Ipv6Packet::udp(locked.v6, open.v6).behind_header(MOBILITY, [0; 6]),
+            Drop(egress, chain),
+        ),
+        (
+            "udp behind nine destination options headers",
+            (0..9).fold(Ipv6Packet::udp(locked.v6, open.v6), |p, _| {
+                p.behind(DSTOPTS)
+            }),
+            Drop(egress, chain),
+        ),
+        (
+            "udp behind a hop-by-hop header that is not first",
+            Ipv6Packet::udp(locked.v6, open.v6)
+                .behind(HOPOPTS)
+                .behind(DSTOPTS),
+            Drop(egress, chain),
+        ),
+        (
+            "udp behind a routing header with none left, to whom policy denies",
+            Ipv6Packet::udp(locked.v6, open.v6).behind_header(ROUTING, [4, 0, 0, 0, 0, 0]),
+            Drop(egress, denied),
+        ),
+        (
+            "a later fragment whose first was never seen",
+            Ipv6Packet::udp(locked.v6, open.v6).fragment(0x0bad_cafe, 185, false),
+            Drop(egress, "first fragment not seen"),
         ),
     ];
     for (case, packet, verdict) in cases {
@@ -615,7 +916,7 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
             case,
             (&open.ns, "eth0"),
             packet.frame(o.pod_mac, o.host_mac),
-            Drop(ingress, not_enforced),
+            Drop(ingress, denied),
         );
     }
     // From the node, on the pods' host veths.
@@ -643,19 +944,25 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
             "solicitation with hop limit 254",
             &l,
             solicit(nobody, locked.v6, locked.v6).hop_limit(254),
-            Drop(ingress, not_enforced),
+            Drop(ingress, denied),
         ),
         (
             "solicitation from a routable address",
             &l,
             solicit(open.v6, locked.v6, locked.v6),
-            Drop(ingress, not_enforced),
+            Drop(ingress, denied),
         ),
         (
-            "echo to all nodes",
+            "udp behind a mobility header",
+            &l,
+            Ipv6Packet::udp(nobody, locked.v6).behind_header(MOBILITY, [0; 6]),
+            Drop(ingress, chain),
+        ),
+        (
+            "echo to all nodes: the node's own, on the link",
             &o,
             Ipv6Packet::icmp(nobody, all_nodes, 64, &ECHO_REQUEST),
-            Drop(ingress, not_enforced),
+            Pass,
         ),
         (
             "echo to the open pod",
@@ -675,7 +982,7 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
         );
     }
     // Non-IP frames (ARP) are not the datapath's business.
-    let arp = frame::arp_request(l.pod_mac, locked.v4, Ipv4Addr::new(10, 244, 0, 1));
+    let arp = frame::arp_request(l.pod_mac, locked.v4(), Ipv4Addr::new(10, 244, 0, 1));
     expect(&agent, "ARP request", (&locked.ns, "eth0"), arp, Pass);
 }
 

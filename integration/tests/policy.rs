@@ -1,5 +1,6 @@
-//! Network policy, packet by packet: truth tables of real TCP, UDP and ICMP flows between pods
-//! in three Kubernetes namespaces, the node and an external network, one scenario per feature.
+//! Network policy, packet by packet: truth tables of real TCP, UDP and ICMP flows between
+//! dual-stack pods in three Kubernetes namespaces, the node and an external network, in IPv4
+//! and IPv6, one scenario per feature.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test policy -- --test-threads=1`.
@@ -12,10 +13,14 @@
 //! failure prints the whole table with every difference marked.
 //!
 //! The places: pods `shop/web`, `shop/db`, `dev/web`, `dev/tool`, `ops/dns`; `node` (the pods'
-//! gateway address in the node namespace); `ext-a` (10.99.0.10) and `ext-b` (10.99.0.20) in a
-//! namespace routed through the node, outside the cluster.
+//! gateway address in the node namespace); `ext-a` (10.99.0.10, fd00:99::10) and `ext-b`
+//! (10.99.0.20, fd00:99::20) in a namespace routed through the node, outside the cluster. Every
+//! flow is probed in both families (`f.v6()` says which); CIDR rules are per family, so the
+//! scenarios that have them give each family its own and expect each its own table. A pod's
+//! identity is one for all its addresses: an ipBlock covering one of a pod's addresses selects
+//! the pod in both families (the scenarios mirror their pod blocks in IPv6).
 
-use cellium_integration::lab::{Flow, Lab, fixture};
+use cellium_integration::lab::{Family, Flow, Lab, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 
 /// Tests share two cores and each runs an agent: one at a time even when the harness runs
@@ -26,9 +31,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A lab with the pods of [`fixture::BASE`] and no policy.
+/// A dual-stack lab with the pods of [`fixture::BASE`] and no policy.
 fn lab() -> Lab {
-    fixture::lab(Default::default()).expect("the lab")
+    fixture::lab(fixture::dual_stack()).expect("the lab")
 }
 
 const COMMON: [Probe; 4] = [Tcp(80), Tcp(5432), Udp(53), Icmp];
@@ -37,7 +42,14 @@ const COMMON: [Probe; 4] = [Tcp(80), Tcp(5432), Udp(53), Icmp];
 fn without_policy_everything_flows() {
     let _serial = serial();
     let mut lab = lab();
-    lab.check("no policy", &COMMON, |_| true);
+    let table = lab.table("no policy", &COMMON, |_| true).expect("probed");
+    table.assert();
+    // Every pair in both families: 5 pods with each other and with the node and the two
+    // external addresses, both ways: 5 * 4 + 5 * 3 * 2 = 50 pairs.
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let rows = table.rows.iter().filter(|r| r.family == family).count();
+        assert_eq!(rows, 50 * COMMON.len(), "{family}");
+    }
 }
 
 #[test]
@@ -158,8 +170,12 @@ spec:
   podSelector: { matchLabels: { app: web } }
   policyTypes: [ Egress ]
   egress:
-  - to: [ { ipBlock: { cidr: 10.244.0.16/28, except: [ 10.244.0.21/32 ] } } ]
-  - to: [ { ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] } } ]
+  - to:
+    - ipBlock: { cidr: 10.244.0.16/28, except: [ 10.244.0.21/32 ] }
+    - ipBlock: { cidr: "fd00:10:244::10/124", except: [ "fd00:10:244::15/128" ] }
+  - to:
+    - ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] }
+    - ipBlock: { cidr: "fd00:99::/64", except: [ "fd00:99::10/128" ] }
     ports: [ { port: 80 } ]
 ---
 apiVersion: networking.k8s.io/v1
@@ -170,21 +186,29 @@ spec:
   ingress:
   - from:
     - ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] }
+    - ipBlock: { cidr: "fd00:99::/64" }
     - ipBlock: { cidr: 10.244.0.8/29, except: [ 10.244.0.11/32 ] }
+    - ipBlock: { cidr: "fd00:10:244::8/125", except: [ "fd00:10:244::b/128" ] }
 "#,
     )
     .unwrap();
     lab.check("ipBlock", &COMMON, |f| {
         let egress = if f.from.is("shop/web") {
-            // 10.244.0.16/28 holds dev/web (.20) and ops/dns (.30), less dev/tool (.21);
-            // 10.99.0.0/24 on port 80 holds ext-a, less ext-b.
-            f.to.is("dev/web") || f.to.is("ops/dns") || (f.to.is("ext-a") && f.probe == Tcp(80))
+            // 10.244.0.16/28 (fd00:10:244::10/124) holds dev/web (.20) and ops/dns (.30), less
+            // dev/tool (.21); the external block on port 80 holds ext-a in IPv4 and ext-b in
+            // IPv6, where the exception is the other one.
+            let outside = if f.v6() { "ext-b" } else { "ext-a" };
+            f.to.is("dev/web") || f.to.is("ops/dns") || (f.to.is(outside) && f.probe == Tcp(80))
         } else {
             true
         };
         let ingress = if f.to.is("ops/dns") {
-            // ext-a, and 10.244.0.8/29 (shop/web at .10) less shop/db (.11).
-            f.from.is("ext-a") || f.from.is("shop/web") || f.from.is_node()
+            // ext-a (in IPv6 ext-b too: that block has no exception), and 10.244.0.8/29
+            // (shop/web at .10) less shop/db (.11).
+            f.from.is("ext-a")
+                || (f.v6() && f.from.is("ext-b"))
+                || f.from.is("shop/web")
+                || f.from.is_node()
         } else {
             true
         };
@@ -435,7 +459,7 @@ metadata: { name: ops-not-ext-b }
 spec:
   endpointSelector: { matchLabels: { k8s:io.kubernetes.pod.namespace: ops } }
   egress: [ { toEntities: [ all ] } ]
-  egressDeny: [ { toCIDR: [ 10.99.0.20/32 ] } ]
+  egressDeny: [ { toCIDR: [ 10.99.0.20/32, "fd00:99::10/128" ] } ]
 "#,
     )
     .unwrap();
@@ -446,7 +470,9 @@ spec:
         if f.from.is("dev/tool") && f.probe == Tcp(5432) {
             return false;
         }
-        !(f.from.in_ns("ops") && f.to.is("ext-b"))
+        // The denied CIDR is ext-b's in IPv4 and ext-a's in IPv6.
+        let denied = if f.v6() { "ext-a" } else { "ext-b" };
+        !(f.from.in_ns("ops") && f.to.is(denied))
     });
 }
 
@@ -558,8 +584,10 @@ metadata: { name: dns-from-cidrs, namespace: ops }
 spec:
   endpointSelector: { matchLabels: { app: dns } }
   ingress:
-  - fromCIDRSet: [ { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] } ]
-  - fromCIDR: [ 10.244.0.0/24 ]
+  - fromCIDRSet:
+    - { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] }
+    - { cidr: "fd00:99::/64", except: [ "fd00:99::10/128" ] }
+  - fromCIDR: [ 10.244.0.0/24, "fd00:10:244::/112" ]
 ---
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
@@ -587,9 +615,11 @@ spec:
     .unwrap();
     let probes = [Tcp(53), Udp(53), Tcp(80), Icmp];
     lab.check("Cilium CIDR rules", &probes, |f| {
-        // fromCIDR 10.244.0.0/24 holds every pod's address and selects none of them; the
-        // CIDR set selects ext-a, whose CIDR identity is still the world's.
-        let dns_in = !f.to.is("ops/dns") || f.from.is("ext-a") || f.from.is_node();
+        // fromCIDR of the pod CIDRs holds every pod's address and selects none of them; the
+        // CIDR set selects ext-a in IPv4 and ext-b in IPv6, whose CIDR identities are still
+        // the world's.
+        let outside = if f.v6() { "ext-b" } else { "ext-a" };
+        let dns_in = !f.to.is("ops/dns") || f.from.is(outside) || f.from.is_node();
         let web_out = !f.from.is("shop/web") || f.to.is_external();
         // A port without a protocol is TCP and UDP (and SCTP), to every peer.
         let tool_out = !f.from.is("dev/tool") || matches!(f.probe, Tcp(53) | Udp(53));

@@ -2,7 +2,7 @@
 //! written into the real `cel_policy` map, and for a sample of peer identities, protocols and
 //! ports, what the real programs decide about a new connection is what
 //! `cellium_policy::decide` says (allowed, denied by a deny entry, or denied because nothing
-//! matched), in both directions.
+//! matched), in both directions and both families.
 //!
 //! Root: `cargo test -p cellium-integration --test policy_model`.
 //!
@@ -10,11 +10,12 @@
 //! one-pod topology (the run's `ifindex` is the pod's host veth, so the source check passes):
 //! `cel_from_container` for egress (the pod sends to a peer address), `cel_to_container` for
 //! ingress (a peer address sends to the pod). Peer addresses resolve to identities through the
-//! ipcache map (a /16 per identity; outside them the world); every probe uses an address of
-//! its own, so each is a new connection to conntrack and gets a policy decision. The reason
-//! is read from the per-reason counters.
+//! ipcache map (an IPv4 /16 and an IPv6 /32 per identity; outside them the world); every
+//! probe uses an address of its own, so each is a new connection to conntrack and gets a
+//! policy decision. The reason is read from the per-reason counters. IPv6 probes carry ICMPv6
+//! where IPv4 ones carry ICMP: both are protocol-wide in policy.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::RangeInclusive;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -46,13 +47,23 @@ const PEERS: [(u32, Option<u8>); 7] = [
     (16_777_216, Some(104)),
 ];
 
-const PROTOCOLS: [Protocol; 5] = [
-    Protocol::Tcp,
-    Protocol::Udp,
-    Protocol::Sctp,
-    Protocol::Icmp,
-    Protocol::Other(47),
-];
+/// ICMPv6, to the policy model another protocol without ports.
+const ICMPV6: Protocol = Protocol::Other(58);
+
+/// The protocols probed in a family.
+fn protocols(v6: bool) -> [Protocol; 5] {
+    let icmp = if v6 { ICMPV6 } else { Protocol::Icmp };
+    [
+        Protocol::Tcp,
+        Protocol::Udp,
+        Protocol::Sctp,
+        icmp,
+        Protocol::Other(47),
+    ]
+}
+
+/// The pod's IPv6 address (the endpoint map's entry is all the programs need).
+const POD_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xaaaa, 0, 0, 0, 0, 0, 1);
 
 /// Runs a TC program once on a frame, as if it arrived on `ifindex`.
 #[allow(unsafe_code)]
@@ -87,9 +98,9 @@ mod prog_run {
     }
 }
 
-/// A frame of `protocol` from `src` to `dst` (a TCP SYN, a UDP or SCTP packet, an ICMP echo
-/// request, or four bytes of another protocol), to destination port `dport`.
-fn frame(src: Ipv4Addr, dst: Ipv4Addr, protocol: Protocol, dport: u16) -> Vec<u8> {
+/// A frame of `protocol` from `src` to `dst` (a TCP SYN, a UDP or SCTP packet, an ICMP or
+/// ICMPv6 echo request, or four bytes of another protocol), to destination port `dport`.
+fn frame(src: IpAddr, dst: IpAddr, protocol: Protocol, dport: u16) -> Vec<u8> {
     let sport: u16 = 40000;
     let l4: Vec<u8> = match protocol {
         Protocol::Tcp => {
@@ -114,32 +125,39 @@ fn frame(src: Ipv4Addr, dst: Ipv4Addr, protocol: Protocol, dport: u16) -> Vec<u8
             h[2..4].copy_from_slice(&dport.to_be_bytes());
             h
         }
-        Protocol::Icmp => {
-            let mut h = vec![8u8, 0, 0, 0, 0, 0, 0, 1];
+        Protocol::Icmp | ICMPV6 => {
+            let echo = if protocol == ICMPV6 { 128 } else { 8 };
+            let mut h = vec![echo, 0, 0, 0, 0, 0, 0, 1];
             h[4..6].copy_from_slice(&sport.to_be_bytes());
             h
         }
         Protocol::Other(_) => vec![0u8; 4],
     };
-    let total = 20 + l4.len();
-    let mut ip = vec![0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = protocol.number();
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let sum = ip
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum::<u32>();
-    let folded = (sum & 0xffff) + (sum >> 16);
-    let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
-    ip[10..12].copy_from_slice(&checksum.to_be_bytes());
-    let mut out = vec![
-        0x02, 0xce, 0, 0, 1, 0x01, 0x02, 0xce, 0, 0, 1, 0x02, 0x08, 0x00,
-    ];
-    out.extend(ip);
+    let mut out = vec![0x02, 0xce, 0, 0, 1, 0x01, 0x02, 0xce, 0, 0, 1, 0x02];
+    match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let total = 20 + l4.len();
+            let mut ip = vec![0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            ip[8] = 64;
+            ip[9] = protocol.number();
+            ip[12..16].copy_from_slice(&src.octets());
+            ip[16..20].copy_from_slice(&dst.octets());
+            let checksum = cellium_integration::frame::internet_checksum(&ip);
+            ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+            out.extend([0x08, 0x00]);
+            out.extend(ip);
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            out.extend([0x86, 0xdd, 0x60, 0, 0, 0]);
+            out.extend((l4.len() as u16).to_be_bytes());
+            out.extend([protocol.number(), 64]);
+            out.extend(src.octets());
+            out.extend(dst.octets());
+        }
+        _ => panic!("{src} and {dst} are of two families"),
+    }
     out.extend(l4);
     out
 }
@@ -200,6 +218,7 @@ fn rules(rng: &mut Rng) -> Vec<PolicyRule> {
                 Verdict::Deny,
             ),
             r(1, d, Some(Protocol::Icmp), None, Verdict::Allow),
+            r(301, d, Some(ICMPV6), None, Verdict::Deny),
         ]);
     }
     let identities = [0, 1, 2, 300, 301, 302, 303, 16_777_216];
@@ -210,6 +229,7 @@ fn rules(rng: &mut Rng) -> Vec<PolicyRule> {
             Some(Protocol::Udp),
             Some(Protocol::Sctp),
             Some(Protocol::Icmp),
+            Some(ICMPV6),
             Some(Protocol::Other(47)),
         ]);
         let ports = protocol
@@ -269,8 +289,10 @@ impl Bench {
         );
         for (identity, net) in PEERS {
             if let Some(b) = net {
-                let prefix: IpNet = format!("10.{b}.0.0/16").parse().expect("prefix");
-                dp.ipcache().put(prefix, identity).expect("ipcache");
+                for prefix in [format!("10.{b}.0.0/16"), format!("fd00:{b:x}::/32")] {
+                    let prefix: IpNet = prefix.parse().expect("prefix");
+                    dp.ipcache().put(prefix, identity).expect("ipcache");
+                }
             }
         }
         let (from, to) = dp.program_ids().expect("program ids");
@@ -288,17 +310,32 @@ impl Bench {
     fn set_endpoint(&self, flags: EndpointFlags) {
         let pod = self.topo.pod(1);
         let info = pod.endpoint(ENDPOINT, POD_IDENTITY, flags);
-        self.dp
-            .endpoints()
-            .put(pod.ip.into(), &info)
-            .expect("endpoint");
+        for ip in [IpAddr::from(pod.ip), POD_V6.into()] {
+            self.dp.endpoints().put(ip, &info).expect("endpoint");
+        }
     }
 
-    /// A fresh address of the peer's /16 (10.99.0.0/16 for the world).
-    fn peer_address(&mut self, net: Option<u8>) -> Ipv4Addr {
+    /// A fresh address of the peer's /16 or /32 (10.99.0.0/16 and fd00:63::/32 for the
+    /// world).
+    fn peer_address(&mut self, net: Option<u8>, v6: bool) -> IpAddr {
         self.probes += 1;
         let [_, _, hi, lo] = self.probes.to_be_bytes();
-        Ipv4Addr::new(10, net.unwrap_or(99), hi, lo.max(1))
+        let b = net.unwrap_or(99);
+        if v6 {
+            Ipv6Addr::new(
+                0xfd00,
+                u16::from(b),
+                0,
+                0,
+                0,
+                0,
+                u16::from(hi),
+                u16::from(lo),
+            )
+            .into()
+        } else {
+            Ipv4Addr::new(10, b, hi, lo.max(1)).into()
+        }
     }
 
     /// What the programs do with each new connection of `direction` (peer network,
@@ -306,14 +343,16 @@ impl Bench {
     fn probe(
         &mut self,
         direction: Direction,
+        v6: bool,
         probes: &[(Option<u8>, Protocol, u16)],
     ) -> Vec<String> {
         let pod = self.topo.pod(1);
-        let (pod_ip, ifindex) = (pod.ip, pod.host_ifindex);
+        let pod_ip: IpAddr = if v6 { POD_V6.into() } else { pod.ip.into() };
+        let ifindex = pod.host_ifindex;
         let frames: Vec<Vec<u8>> = probes
             .iter()
             .map(|&(net, protocol, port)| {
-                let peer = self.peer_address(net);
+                let peer = self.peer_address(net, v6);
                 match direction {
                     Direction::Egress => frame(pod_ip, peer, protocol, port),
                     Direction::Ingress => frame(peer, pod_ip, protocol, port),
@@ -415,27 +454,31 @@ fn the_programs_decide_as_the_policy_model_over_the_real_map() {
         assert_eq!(in_map, entries, "round {round}: the map holds the entries");
         bench.set_endpoint(flags);
         let ports = sample_ports(&rules, &mut rng);
-        for direction in Direction::ALL {
+        for (direction, v6) in Direction::ALL
+            .into_iter()
+            .flat_map(|d| [(d, false), (d, true)])
+        {
             let enforced = flags.contains(EndpointFlags::enforce(direction));
             let mut probes = Vec::new();
             for (identity, net) in PEERS {
-                for protocol in PROTOCOLS {
+                for protocol in protocols(v6) {
                     let sample: &[u16] = if protocol.has_ports() { &ports } else { &[0] };
                     probes.extend(sample.iter().map(|&port| (identity, net, protocol, port)));
                 }
             }
             let runs: Vec<_> = probes.iter().map(|&(_, n, p, port)| (n, p, port)).collect();
-            let observed = bench.probe(direction, &runs);
+            let observed = bench.probe(direction, v6, &runs);
+            let family = if v6 { "IPv6" } else { "IPv4" };
             for (&(identity, _, protocol, port), got) in probes.iter().zip(observed) {
                 let want = expected(
                     decide(&entries, direction, identity, protocol, port),
                     enforced,
                 );
                 checked += 1;
-                *answers.entry(want.clone()).or_default() += 1;
+                *answers.entry(format!("{family} {want}")).or_default() += 1;
                 if got != want {
                     failures.push(format!(
-                        "round {round} {direction} identity {identity} {protocol}/{port}: model {want}, datapath {got}"
+                        "round {round} {family} {direction} identity {identity} {protocol}/{port}: model {want}, datapath {got}"
                     ));
                 }
             }
@@ -452,9 +495,9 @@ fn the_programs_decide_as_the_policy_model_over_the_real_map() {
                 .join("\n")
         );
     }
-    // Every kind of answer was exercised, each many times.
+    // Every kind of answer was exercised in each family, each many times.
     assert!(
-        answers.len() == 3 && answers.values().all(|n| *n > 500),
+        answers.len() == 6 && answers.values().all(|n| *n > 500),
         "{checked} connections checked: {answers:?}"
     );
     eprintln!("{checked} connections decided as the model: {answers:?}");

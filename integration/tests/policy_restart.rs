@@ -8,14 +8,14 @@
 //! denied flows without pause (UDP datagrams and ICMP echoes every millisecond, new TCP
 //! connections every 50 ms; pod to pod, pod to the world and the world to a pod; peers with
 //! pod, CIDR and reserved identities) and must never get through, while allowed TCP and UDP
-//! flows that were established before keep making round trips. The agent is stopped with
-//! SIGTERM in one test and killed with SIGKILL in the other.
+//! flows that were established before keep making round trips. Pods are dual-stack: every
+//! hammer, stream and table runs in IPv4 and IPv6. The agent is stopped with SIGTERM in one
+//! test and killed with SIGKILL in the other.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use cellium_integration::AgentOptions;
-use cellium_integration::lab::{Flow, Lab, Stream, fixture};
+use cellium_integration::lab::{Family, Flow, Lab, Stream, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 
 /// Tests share two cores and each runs an agent: one at a time.
@@ -40,9 +40,11 @@ metadata: { name: dns, namespace: ops }
 spec:
   podSelector: { matchLabels: { app: dns } }
   ingress:
-  - from: [ { ipBlock: { cidr: 10.244.0.8/29 } } ]
+  - from: [ { ipBlock: { cidr: 10.244.0.8/29 } }, { ipBlock: { cidr: "fd00:10:244::8/125" } } ]
     ports: [ { port: 53, protocol: UDP } ]
-  - from: [ { ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] } } ]
+  - from:
+    - ipBlock: { cidr: 10.99.0.0/24, except: [ 10.99.0.20/32 ] }
+    - ipBlock: { cidr: "fd00:99::/64", except: [ "fd00:99::20/128" ] }
 ---
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
@@ -59,7 +61,7 @@ fn expected(f: &Flow<'_>) -> bool {
     let ingress = f.from.is_node()
         || match f.to.name.as_str() {
             "shop/db" => f.from.is("shop/web") && f.probe == Tcp(5432),
-            // 10.244.0.8/29 holds shop/web (.10) and shop/db (.11).
+            // 10.244.0.8/29 (fd00:10:244::8/125) holds shop/web (.10) and shop/db (.11).
             "ops/dns" => {
                 f.from.is("ext-a")
                     || ((f.from.is("shop/web") || f.from.is("shop/db")) && f.probe == Udp(53))
@@ -103,20 +105,22 @@ fn identity_table(lab: &Lab) -> BTreeMap<u64, Vec<String>> {
 }
 
 fn restart_keeps_policy_without_a_window(kill: bool) {
-    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    let mut lab = fixture::lab(fixture::dual_stack()).unwrap();
     lab.apply_policy(POLICIES).unwrap();
     // The hammered flows are denied flows of the table below.
     let places = lab.places().unwrap();
     let place = |name: &str| places.iter().find(|p| p.is(name)).unwrap();
-    for (from, to, probe) in DENIED {
+    for (family, (from, to, probe)) in Family::ALL.into_iter().flat_map(|f| DENIED.map(|d| (f, d)))
+    {
         let flow = Flow {
             from: place(from),
             to: place(to),
             probe,
+            family,
         };
         assert!(
             PROBES.contains(&probe) && !expected(&flow),
-            "{from} -> {to} {probe}"
+            "{from} -> {to} {probe} ({family})"
         );
     }
     lab.check("before the restart", &PROBES, expected);
@@ -127,11 +131,20 @@ fn restart_keeps_policy_without_a_window(kill: bool) {
         "a pod inside an ipBlock has a node-local identity: {identities:?}"
     );
 
-    let tcp = Stream::start(lab.open("shop/web", "shop/db", Tcp(5432)).unwrap());
-    let udp = Stream::start(lab.open("shop/web", "ops/dns", Udp(53)).unwrap());
-    let hammers: Vec<_> = DENIED
-        .iter()
-        .map(|(from, to, probe)| lab.hammer(from, to, *probe).unwrap())
+    let mut streams = Vec::new();
+    for family in Family::ALL {
+        for (name, from, to, probe) in [
+            ("tcp shop/web -> shop/db", "shop/web", "shop/db", Tcp(5432)),
+            ("udp shop/web -> ops/dns", "shop/web", "ops/dns", Udp(53)),
+        ] {
+            let flow = lab.open_in(family, from, to, probe).unwrap();
+            streams.push((format!("{name} ({family})"), Stream::start(flow)));
+        }
+    }
+    let hammers: Vec<_> = Family::ALL
+        .into_iter()
+        .flat_map(|f| DENIED.map(|d| (f, d)))
+        .map(|(family, (from, to, probe))| lab.hammer_in(family, from, to, probe).unwrap())
         .collect();
 
     std::thread::sleep(Duration::from_millis(500));
@@ -182,10 +195,7 @@ fn restart_keeps_policy_without_a_window(kill: bool) {
             ));
         }
     }
-    for (name, stream) in [
-        ("tcp shop/web -> shop/db", tcp),
-        ("udp shop/web -> ops/dns", udp),
-    ] {
+    for (name, stream) in streams {
         let log = stream.finish().unwrap();
         eprintln!(
             "{name}: {} round trips, longest gap {:?}",
@@ -252,7 +262,7 @@ spec:
 /// refused across a restart: every endpoint publishes its pod's named ports before any is
 /// enforced, so one restored early does not close the port of one restored later.
 fn restart_keeps_named_ports_open(kill: bool) {
-    let mut lab = fixture::lab(AgentOptions::default()).unwrap();
+    let mut lab = fixture::lab(cellium_integration::AgentOptions::default()).unwrap();
     lab.apply_policy(NAMED_EGRESS).unwrap();
     let ids: Vec<u64> = ["shop/web", "ops/dns"]
         .iter()

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::abi::CtEntry;
@@ -134,28 +134,29 @@ fn frontend_with(agent: &Agent, name: &str, backends: usize) -> Value {
     })
 }
 
-fn vip(frontend: &Value) -> SocketAddrV4 {
+fn vip(frontend: &Value) -> SocketAddr {
     let ip = frontend["vip"].as_str().and_then(|s| s.parse().ok());
     let port = frontend["port"]
         .as_u64()
         .and_then(|p| u16::try_from(p).ok());
     match (ip, port) {
-        (Some(ip), Some(port)) => SocketAddrV4::new(ip, port),
+        (Some(ip), Some(port)) => SocketAddr::new(ip, port),
         _ => panic!("no vip in {frontend}"),
     }
 }
 
 /// Connects to the VIP up to `max` times until every backend in `expect` answered; every
 /// connection must see the VIP as its peer. Returns the backends that answered.
-fn balance(env: &Env, to: SocketAddrV4, expect: &[&str], max: usize) -> BTreeSet<String> {
+fn balance(env: &Env, to: SocketAddr, expect: &[&str], max: usize) -> BTreeSet<String> {
+    balance_from(&env.client, to, expect, max)
+}
+
+/// [`balance`] from the client in `client`.
+fn balance_from(client: &NetNs, to: SocketAddr, expect: &[&str], max: usize) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
     for _ in 0..max {
-        let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request to the VIP");
-        assert_eq!(
-            reply.peer,
-            SocketAddr::V4(to),
-            "the reply did not come from the VIP"
-        );
+        let reply = probe::tcp_request(client, to, TIMEOUT).expect("request to the VIP");
+        assert_eq!(reply.peer, to, "the reply did not come from the VIP");
         seen.insert(reply.banner);
         if expect.iter().all(|e| seen.contains(*e)) {
             break;
@@ -174,7 +175,7 @@ fn a_selector_service_balances_over_its_pods_and_follows_them() {
     assert_eq!(fe["target_port"], "http");
     let to = vip(&fe);
     assert!(
-        to.ip().octets()[..2] == [10, 96],
+        to.to_string().starts_with("10.96."),
         "{to} is not from 10.96.0.0/12"
     );
     let addrs: BTreeSet<String> = fe["backends"]
@@ -259,7 +260,10 @@ ports: [ {{ name: http, port: 8080 }} ]
         "EndpointSlice default/manual-1"
     );
     let to = vip(&fe);
-    assert_eq!(to, SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 50), 8000));
+    assert_eq!(
+        to,
+        SocketAddr::from(SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 50), 8000))
+    );
     let seen = balance(&env, to, &["web-0", "web-1"], 60);
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["web-0", "web-1"]);
 
@@ -349,7 +353,7 @@ fn an_agent_restart_keeps_an_established_connection_to_a_service() {
     let to = vip(&before);
 
     let mut stream = probe::tcp_connect(&env.client, to, TIMEOUT).expect("connect to the VIP");
-    assert_eq!(stream.peer_addr().ok(), Some(SocketAddr::V4(to)));
+    assert_eq!(stream.peer_addr().ok(), Some(to));
     let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
     let backend = line(&mut reader);
     echo(&mut stream, &mut reader, "before");
@@ -368,6 +372,112 @@ fn an_agent_restart_keeps_an_established_connection_to_a_service() {
     echo(&mut stream, &mut reader, "after the first pass");
     let seen = balance(&env, to, &["web-0", "web-1"], 60);
     assert!(seen.contains(&backend), "{seen:?}");
+}
+
+/// The frontends of service `default/<name>` once it has `count` of them, each with `backends`
+/// backends.
+fn frontends_with(agent: &Agent, name: &str, count: usize, backends: usize) -> Vec<Value> {
+    let service = format!("default/{name}");
+    wait_for(
+        &format!("{service}: {count} frontends of {backends} backends"),
+        || {
+            let found: Vec<Value> = frontends(agent)
+                .ok()?
+                .into_iter()
+                .filter(|f| f["service"] == service.as_str())
+                .collect();
+            let complete = found.len() == count
+                && found
+                    .iter()
+                    .all(|f| f["backends"].as_array().map(Vec::len) == Some(backends));
+            complete.then_some(found)
+        },
+    )
+}
+
+#[test]
+fn a_dual_stack_service_balances_each_family_over_its_backends_and_survives_a_restart() {
+    let _serial = serial();
+    let mut agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let mut pods = Vec::new();
+    let mut servers = Vec::new();
+    for name in ["web-0", "web-1", "client"] {
+        let ns = NetNs::new().expect("pod netns");
+        let call = cellium_integration::CniCall::new("ADD", &cid(name))
+            .netns(ns.path())
+            .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+        let (_, result) = agent.add_call(&call).expect("CNI ADD");
+        let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+        if name != "client" {
+            let v4 = cellium_integration::cni::result_ipv4(&result).expect("an IPv4 address");
+            for ip in [IpAddr::from(v4), v6.into()] {
+                servers
+                    .push(TcpServer::start(&ns, SocketAddr::new(ip, 8080), name).expect("server"));
+            }
+        }
+        pods.push(ns);
+    }
+    let client = &pods[2];
+    agent
+        .objects(
+            "apply",
+            &WEB.replace("spec:", "spec:\n  ipFamilyPolicy: PreferDualStack"),
+        )
+        .expect("apply the service");
+    let before = frontends_with(&agent, "web", 2, 2);
+    let vips: Vec<SocketAddr> = before.iter().map(vip).collect();
+    assert!(
+        vips[0].is_ipv4() && vips[1].is_ipv6(),
+        "one frontend per family, the default family's first: {vips:?}"
+    );
+    for fe in &before {
+        let family_of_vip = vip(fe).is_ipv4();
+        for b in fe["backends"].as_array().into_iter().flatten() {
+            let addr: SocketAddr = b["address"]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .expect("a backend address");
+            assert_eq!(addr.is_ipv4(), family_of_vip, "{fe}");
+        }
+    }
+    for to in &vips {
+        let seen = balance_from(client, *to, &["web-0", "web-1"], 60);
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["web-0", "web-1"],
+            "{to}"
+        );
+    }
+
+    // An IPv6 connection through the cluster IP across a restart.
+    let mut stream = probe::tcp_connect(client, vips[1], TIMEOUT).expect("connect to the VIP");
+    assert_eq!(stream.peer_addr().ok(), Some(vips[1]));
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+    let backend = line(&mut reader);
+    echo(&mut stream, &mut reader, "before");
+    agent.stop().expect("stop the agent");
+    echo(&mut stream, &mut reader, "while stopped");
+    agent.start().expect("start the agent again");
+    echo(&mut stream, &mut reader, "after");
+    let after = frontends_with(&agent, "web", 2, 2);
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!(vip(a), vip(b), "the cluster IPs are kept");
+        assert_eq!(a["rev_nat_id"], b["rev_nat_id"]);
+        assert_eq!(a["backends"], b["backends"]);
+    }
+    echo(&mut stream, &mut reader, "after the first pass");
+    let seen = balance_from(client, vips[1], &["web-0", "web-1"], 60);
+    assert!(seen.contains(&backend), "{seen:?}");
+    drop(servers);
 }
 
 /// The programmer on its own, against the real maps: adopting after a restart keeps every id;
@@ -395,7 +505,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
     let endpoint = |id: u16, pod: &str, last: u8| LocalEndpoint {
         name: format!("endpoint {id} (default/{pod})"),
         pod: Some(ObjectKey::namespaced("default", pod)),
-        addresses: vec![Ipv4Addr::new(10, 244, 0, last)],
+        addresses: vec![Ipv4Addr::new(10, 244, 0, last).into()],
         ready: true,
     };
     let mut inputs = Inputs::read(&resources, &[]);
@@ -438,8 +548,8 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
         .expect("manual's status");
     let rev_nat = manual.rev_nat_id;
     let tuple = CtTuple {
-        saddr: Ipv4Addr::new(10, 244, 0, 12),
-        daddr: Ipv4Addr::new(10, 1, 0, 1),
+        saddr: Ipv4Addr::new(10, 244, 0, 12).into(),
+        daddr: Ipv4Addr::new(10, 1, 0, 1).into(),
         sport: 40000,
         dport: 5353,
         protocol: Protocol::Udp,

@@ -29,6 +29,9 @@
 #define CEL_IDENTITY_UNKNOWN 0
 #define CEL_IDENTITY_HOST 1
 #define CEL_IDENTITY_WORLD 2
+/* The world of one family, on a node with both (Cilium's dual-stack split). */
+#define CEL_IDENTITY_WORLD_IPV4 9
+#define CEL_IDENTITY_WORLD_IPV6 10
 
 /*
  * Verdict reasons. 0 is "forwarded"; every other number is a drop reason.
@@ -40,18 +43,26 @@
 #define CEL_REASON_POLICY_DEFAULT_DENY 3
 #define CEL_REASON_NO_SERVICE_BACKEND 4
 #define CEL_REASON_MALFORMED 5
-#define CEL_REASON_FRAGMENT_UNSUPPORTED 6
+/* 6 was FRAGMENT_UNSUPPORTED, before fragments were tracked: never emitted. */
 #define CEL_REASON_CT_FULL 7
 #define CEL_REASON_NAT_FAILED 8
-/* IPv6 where policy applies: the datapath cannot enforce IPv6 policy yet and
- * fails closed (see lib/ipv6.h for what still passes). */
-#define CEL_REASON_IPV6_NOT_ENFORCED 9
+/* 9 was IPV6_NOT_ENFORCED, before IPv6 was enforced: never emitted. */
+/* A later fragment whose first fragment was never seen (or was forgotten):
+ * nothing says which ports, policy or translation it belongs to. */
+#define CEL_REASON_FRAGMENT_NOT_FOUND 10
+/* A first fragment whose ports could not be recorded for the later ones. */
+#define CEL_REASON_FRAGMENT_TABLE_FULL 11
+/* An IPv6 extension-header chain the datapath does not parse (a header it
+ * does not know, a routing header with segments left, more than
+ * CEL_IPV6_MAX_EXT_HDRS headers): never passed unchecked. */
+#define CEL_REASON_EXTENSION_HEADER 12
 #define CEL_REASON_SLOTS 256
 
 /* IP protocol numbers used in keys (IPPROTO_* without pulling libc in). */
 #define CEL_PROTO_ICMP 1
 #define CEL_PROTO_TCP 6
 #define CEL_PROTO_UDP 17
+#define CEL_PROTO_ICMPV6 58
 #define CEL_PROTO_SCTP 132
 
 #endif /* CELLIUM_COMMON_H */

@@ -10,6 +10,10 @@
 
 /* Emit a POLICY_VERDICT event for every new connection's policy decision. */
 #define CEL_CFG_F_POLICY_VERDICT_EVENTS (1 << 0)
+/* The node has pods of both families: an address outside the ipcache is
+ * world-ipv4 (9) or world-ipv6 (10), as in Cilium's dual-stack mode, instead
+ * of world (2). */
+#define CEL_CFG_F_WORLD_PER_FAMILY (1 << 1)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * cel_ct4: the node's single IPv4 connection table. Keys are the tuple of
- * the connection's first packet (the "forward" direction); replies are found
- * by looking up the reversed tuple. Service entries (CEL_CT_F_SERVICE) are
- * keyed on client -> VIP and remember the chosen backend.
+ * cel_ct4 and cel_ct6: the node's connection tables, one per family, with
+ * the same entries. Keys are the tuple of the connection's first packet (the
+ * "forward" direction); replies are found by looking up the reversed tuple.
+ * Service entries (CEL_CT_F_SERVICE) are keyed on client -> VIP and remember
+ * the chosen backend.
  */
 #ifndef CELLIUM_CONNTRACK_H
 #define CELLIUM_CONNTRACK_H
@@ -29,6 +30,16 @@ struct ct_key {
 	__be16 dport;
 	__u8 protocol;
 	__u8 flags; /* CEL_CT_F_* */
+	__u16 pad;
+};
+
+struct ct6_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport; /* ICMPv6 echo: the identifier on the request side */
+	__be16 dport;
+	__u8 protocol; /* the upper-layer protocol, past extension headers */
+	__u8 flags;    /* CEL_CT_F_* */
 	__u16 pad;
 };
 

@@ -4,7 +4,9 @@
  * (vip, port, protocol), slot 0 = the service (backend count, rev-NAT id)
  * and slots 1..=count = backend ids; cel_lb4_backends resolves an id to an
  * address; cel_lb4_revnat maps a rev-NAT id back to the frontend so replies
- * carry the VIP.
+ * carry the VIP. The cel_lb6_* maps do the same for IPv6 frontends, with the
+ * same slot values (struct lb4_service); backend and rev-NAT ids are one
+ * space over both families.
  */
 #ifndef CELLIUM_LB_H
 #define CELLIUM_LB_H
@@ -36,6 +38,27 @@ struct lb4_backend {
 
 struct lb4_reverse_nat {
 	__be32 vip;
+	__be16 port;
+	__u16 pad;
+};
+
+struct lb6_key {
+	__u8 vip[16];
+	__be16 dport;
+	__u16 slot; /* 0 = the service itself, 1..=count = a backend slot */
+	__u8 protocol;
+	__u8 pad[3];
+};
+
+struct lb6_backend {
+	__u8 addr[16];
+	__be16 port;
+	__u8 protocol;
+	__u8 flags; /* reserved, zero */
+};
+
+struct lb6_reverse_nat {
+	__u8 vip[16];
 	__be16 port;
 	__u16 pad;
 };

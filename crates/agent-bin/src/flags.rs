@@ -25,9 +25,10 @@ pub struct ConfigArgs {
     /// The address metrics are served on (key `metrics-addr`).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
-    /// The range ClusterIPs are allocated from (key `service-cidr`).
-    #[arg(long, value_name = "CIDR")]
-    pub service_cidr: Option<IpNet>,
+    /// The ranges ClusterIPs are allocated from: one, or one per family, the first being the
+    /// default family; repeat or separate with commas (key `service-cidr`).
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub service_cidr: Vec<IpNet>,
     /// A directory of policy YAML files, applied as they change (key `policy-dir`).
     #[arg(long, value_name = "DIR")]
     pub policy_dir: Option<PathBuf>,
@@ -61,8 +62,8 @@ impl ConfigArgs {
         if let Some(v) = &self.metrics_addr {
             sources = sources.flag("metrics-addr", v);
         }
-        if let Some(v) = &self.service_cidr {
-            sources = sources.flag("service-cidr", v);
+        if !self.service_cidr.is_empty() {
+            sources = sources.flag("service-cidr", &self.service_cidr);
         }
         if let Some(v) = &self.policy_dir {
             sources = sources.flag("policy-dir", v);

@@ -6,7 +6,7 @@ use std::fmt;
 
 type NoteFn = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
-/// A condition an operator must know that is not a fault, e.g. "IPv6 is not enforced: ...".
+/// A condition an operator must know that is not a fault, e.g. "every endpoint is locked down: ...".
 ///
 /// A cell `contribute`s an `Arc<StatusNote>`; the `api-server` cell collects every one
 /// (`Vec<Arc<StatusNote>>`), asks each on every `Agent.Status` call, and lists the sentences
@@ -18,14 +18,14 @@ type NoteFn = Box<dyn Fn() -> Option<String> + Send + Sync>;
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use cellium_api::StatusNote;
 ///
-/// let ipv6 = Arc::new(AtomicBool::new(true));
-/// let seen = ipv6.clone();
+/// let locked = Arc::new(AtomicBool::new(true));
+/// let seen = locked.clone();
 /// let note = StatusNote::new(move || {
 ///     seen.load(Ordering::Relaxed)
-///         .then(|| "IPv6 is not enforced: policy applies to IPv4 only".to_string())
+///         .then(|| "every endpoint is locked down: a recorded policy does not load".to_string())
 /// });
 /// assert!(note.text().is_some());
-/// ipv6.store(false, Ordering::Relaxed);
+/// locked.store(false, Ordering::Relaxed);
 /// assert_eq!(note.text(), None);
 /// ```
 pub struct StatusNote {

@@ -64,9 +64,10 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
         }
         Command::Get { ip, output } => {
             let entry = match client.get(GetIpcacheRequest { ip: ip.to_string() }).await {
-                Ok(r) => Some(view(r.into_inner())),
-                // No prefix holds the address: that is an answer (world), not a failure.
-                Err(s) if s.code() == Code::NotFound => None,
+                Ok(r) => Ok(view(r.into_inner())),
+                // No prefix holds the address: that is an answer (the world, of which the
+                // agent says the identity), not a failure.
+                Err(s) if s.code() == Code::NotFound => Err(s.message().to_string()),
                 Err(s) => {
                     return Err(anyhow::anyhow!(
                         "Ipcache.Get of {ip}: {}",
@@ -75,15 +76,13 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                 }
             };
             match (output, entry) {
-                (Format::Json, entry) => output::print_json(&entry),
-                (Format::Table, Some(e)) => {
+                (Format::Json, entry) => output::print_json(&entry.ok()),
+                (Format::Table, Ok(e)) => {
                     print_table(&[e]);
                     Ok(())
                 }
-                (Format::Table, None) => {
-                    println!(
-                        "{ip}: no prefix holds it; the datapath sees it as world (identity 2)"
-                    );
+                (Format::Table, Err(world)) => {
+                    println!("{world}");
                     Ok(())
                 }
             }

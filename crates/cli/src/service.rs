@@ -64,10 +64,19 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// `10.96.0.1:80`, `[fd00::1]:80`: an address and a port as one text.
+fn host_port(ip: &str, port: u32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
 fn view(f: ServiceFrontend) -> FrontendView {
     FrontendView {
         service: format!("{}/{}", f.namespace, f.name),
-        frontend: format!("{}:{}/{}", f.vip, f.port, f.protocol),
+        frontend: format!("{}/{}", host_port(&f.vip, f.port), f.protocol),
         port_name: f.port_name,
         vip: f.vip,
         port: f.port,
@@ -80,7 +89,7 @@ fn view(f: ServiceFrontend) -> FrontendView {
             .into_iter()
             .map(|b| BackendView {
                 id: b.id,
-                address: format!("{}:{}", b.ip, b.port),
+                address: host_port(&b.ip, b.port),
                 source: b.source,
             })
             .collect(),
@@ -167,5 +176,25 @@ mod tests {
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["frontend"], "10.96.1.1:80/TCP");
         assert_eq!(json["error"], "no rev-NAT id left");
+    }
+
+    #[test]
+    fn ipv6_frontends_and_backends_are_bracketed() {
+        let f = view(ServiceFrontend {
+            namespace: "shop".into(),
+            name: "web".into(),
+            vip: "fd00:96::11".into(),
+            port: 80,
+            protocol: "TCP".into(),
+            backends: vec![ServiceBackend {
+                id: 1,
+                ip: "fd00:10:244::5".into(),
+                port: 8080,
+                source: "endpoint 2 (shop/web-0)".into(),
+            }],
+            ..Default::default()
+        });
+        assert_eq!(f.frontend, "[fd00:96::11]:80/TCP");
+        assert_eq!(row(&f)[5], "[fd00:10:244::5]:8080");
     }
 }

@@ -196,13 +196,13 @@ mod tests {
                 causes: vec![],
                 running_pods_affected: true,
             })),
-            notes: vec!["IPv6 is not enforced: policy applies to IPv4 only".into()],
+            notes: vec!["every endpoint is locked down: a recorded policy does not load".into()],
             modules: vec![],
         };
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(
             json["notes"],
-            serde_json::json!(["IPv6 is not enforced: policy applies to IPv4 only"])
+            serde_json::json!(["every endpoint is locked down: a recorded policy does not load"])
         );
         assert_eq!(json["pods"]["running_pods_affected"], true);
         assert_eq!(

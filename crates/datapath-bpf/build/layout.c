@@ -12,6 +12,7 @@
 #include <cellium/conntrack.h>
 #include <cellium/endpoint.h>
 #include <cellium/events.h>
+#include <cellium/frag.h>
 #include <cellium/ipcache.h>
 #include <cellium/lb.h>
 #include <cellium/metrics.h>
@@ -62,6 +63,13 @@ int main(void)
 	OFF(ct_key, dport);
 	OFF(ct_key, protocol);
 	OFF(ct_key, flags);
+	SIZE(ct6_key);
+	OFF(ct6_key, saddr);
+	OFF(ct6_key, daddr);
+	OFF(ct6_key, sport);
+	OFF(ct6_key, dport);
+	OFF(ct6_key, protocol);
+	OFF(ct6_key, flags);
 	SIZE(ct_entry);
 	OFF(ct_entry, expires_ns);
 	OFF(ct_entry, created_ns);
@@ -72,6 +80,21 @@ int main(void)
 	OFF(ct_entry, tcp_flags);
 	OFF(ct_entry, state);
 	OFF(ct_entry, flags);
+
+	SIZE(frag4_key);
+	OFF(frag4_key, saddr);
+	OFF(frag4_key, daddr);
+	OFF(frag4_key, id);
+	OFF(frag4_key, protocol);
+	SIZE(frag6_key);
+	OFF(frag6_key, saddr);
+	OFF(frag6_key, daddr);
+	OFF(frag6_key, id);
+	OFF(frag6_key, protocol);
+	SIZE(frag_ports);
+	OFF(frag_ports, sport);
+	OFF(frag_ports, dport);
+	OFF(frag_ports, protocol);
 
 	SIZE(lb4_key);
 	OFF(lb4_key, vip);
@@ -91,6 +114,20 @@ int main(void)
 	SIZE(lb4_reverse_nat);
 	OFF(lb4_reverse_nat, vip);
 	OFF(lb4_reverse_nat, port);
+
+	SIZE(lb6_key);
+	OFF(lb6_key, vip);
+	OFF(lb6_key, dport);
+	OFF(lb6_key, slot);
+	OFF(lb6_key, protocol);
+	SIZE(lb6_backend);
+	OFF(lb6_backend, addr);
+	OFF(lb6_backend, port);
+	OFF(lb6_backend, protocol);
+	OFF(lb6_backend, flags);
+	SIZE(lb6_reverse_nat);
+	OFF(lb6_reverse_nat, vip);
+	OFF(lb6_reverse_nat, port);
 
 	SIZE(datapath_config);
 	OFF(datapath_config, layout_version);
@@ -136,10 +173,15 @@ int main(void)
 	CONST(CEL_REASON_POLICY_DEFAULT_DENY);
 	CONST(CEL_REASON_NO_SERVICE_BACKEND);
 	CONST(CEL_REASON_MALFORMED);
-	CONST(CEL_REASON_FRAGMENT_UNSUPPORTED);
 	CONST(CEL_REASON_CT_FULL);
 	CONST(CEL_REASON_NAT_FAILED);
-	CONST(CEL_REASON_IPV6_NOT_ENFORCED);
+	CONST(CEL_REASON_FRAGMENT_NOT_FOUND);
+	CONST(CEL_REASON_FRAGMENT_TABLE_FULL);
+	CONST(CEL_REASON_EXTENSION_HEADER);
+	CONST(CEL_IDENTITY_WORLD);
+	CONST(CEL_IDENTITY_WORLD_IPV4);
+	CONST(CEL_IDENTITY_WORLD_IPV6);
+	CONST(CEL_CFG_F_WORLD_PER_FAMILY);
 	CONST(CEL_EP_F_ENFORCE_INGRESS);
 	CONST(CEL_EP_F_ENFORCE_EGRESS);
 	CONST(CEL_CT_F_SERVICE);

@@ -321,6 +321,35 @@ plain!(CtKey {
     pad
 });
 
+/// `struct ct6_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ct6Key {
+    /// Source address bytes.
+    pub saddr: [u8; 16],
+    /// Destination address bytes.
+    pub daddr: [u8; 16],
+    /// Source port (ICMPv6 echo request: identifier), network order.
+    pub sport: u16,
+    /// Destination port (ICMPv6 echo reply: identifier), network order.
+    pub dport: u16,
+    /// The upper-layer protocol number.
+    pub protocol: u8,
+    /// `CEL_CT_F_SERVICE` for client -> VIP entries.
+    pub flags: u8,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Ct6Key {
+    saddr,
+    daddr,
+    sport,
+    dport,
+    protocol,
+    flags,
+    pad
+});
+
 /// `struct ct_entry`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -360,6 +389,73 @@ plain!(CtEntry {
     flags,
     pad1,
     pad2
+});
+
+/// `struct frag4_key`: one IPv4 datagram being fragmented.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Frag4Key {
+    /// Source, network order.
+    pub saddr: u32,
+    /// Destination, network order.
+    pub daddr: u32,
+    /// The IP identification, network order.
+    pub id: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: u8,
+}
+plain!(Frag4Key {
+    saddr,
+    daddr,
+    id,
+    protocol,
+    pad
+});
+
+/// `struct frag6_key`: one IPv6 datagram being fragmented.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Frag6Key {
+    /// Source address bytes.
+    pub saddr: [u8; 16],
+    /// Destination address bytes.
+    pub daddr: [u8; 16],
+    /// The fragment header's identification, network order.
+    pub id: u32,
+    /// The fragment header's next header.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+plain!(Frag6Key {
+    saddr,
+    daddr,
+    id,
+    protocol,
+    pad
+});
+
+/// `struct frag_ports`: the upper-layer protocol and ports a datagram's first fragment
+/// carried.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FragPorts {
+    /// Source port (ICMP echo request: identifier), network order.
+    pub sport: u16,
+    /// Destination port (ICMP echo reply: identifier), network order.
+    pub dport: u16,
+    /// The upper-layer protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+plain!(FragPorts {
+    sport,
+    dport,
+    protocol,
+    pad
 });
 
 /// `struct lb4_key`.
@@ -441,6 +537,62 @@ pub struct Lb4ReverseNat {
 }
 plain!(Lb4ReverseNat { vip, port, pad });
 
+/// `struct lb6_key` (its slots hold [`Lb4Service`] values, as IPv4's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6Key {
+    /// Frontend address bytes.
+    pub vip: [u8; 16],
+    /// Frontend port, network order.
+    pub dport: u16,
+    /// 0 = the service, 1..=count = backend slots.
+    pub slot: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+plain!(Lb6Key {
+    vip,
+    dport,
+    slot,
+    protocol,
+    pad
+});
+
+/// `struct lb6_backend`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6Backend {
+    /// Address bytes.
+    pub addr: [u8; 16],
+    /// Port, network order.
+    pub port: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Reserved.
+    pub flags: u8,
+}
+plain!(Lb6Backend {
+    addr,
+    port,
+    protocol,
+    flags
+});
+
+/// `struct lb6_reverse_nat`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6ReverseNat {
+    /// Frontend address bytes.
+    pub vip: [u8; 16],
+    /// Frontend port, network order.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Lb6ReverseNat { vip, port, pad });
+
 /// `struct datapath_config`: datapath-wide settings (timeouts in seconds).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -476,6 +628,9 @@ plain!(DatapathConfig {
 impl DatapathConfig {
     /// Emit a policy-verdict event for every new connection.
     pub const POLICY_VERDICT_EVENTS: u32 = 1 << 0;
+    /// The node has pods of both families: an address outside the ipcache is world-ipv4 (9)
+    /// or world-ipv6 (10), as in Cilium's dual-stack mode, instead of world (2).
+    pub const WORLD_PER_FAMILY: u32 = 1 << 1;
 }
 
 impl Default for DatapathConfig {
@@ -626,12 +781,26 @@ mod tests {
             backend_id => backend_id, rev_nat_id => rev_nat_id, tcp_flags => tcp_flags,
             state => state, flags => flags,
         });
+        check!(Frag4Key, frag4_key {
+            saddr => saddr, daddr => daddr, id => id, protocol => protocol,
+        });
+        check!(Frag6Key, frag6_key {
+            saddr => saddr, daddr => daddr, id => id, protocol => protocol,
+        });
+        check!(FragPorts, frag_ports { sport => sport, dport => dport, protocol => protocol });
+        check!(Ct6Key, ct6_key {
+            saddr => saddr, daddr => daddr, sport => sport, dport => dport,
+            protocol => protocol, flags => flags,
+        });
         check!(Lb4Key, lb4_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,
         });
         check!(Lb4Backend, lb4_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb4ReverseNat, lb4_reverse_nat { vip => vip, port => port });
+        check!(Lb6Key, lb6_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
+        check!(Lb6Backend, lb6_backend { addr => addr, port => port, protocol => protocol, flags => flags });
+        check!(Lb6ReverseNat, lb6_reverse_nat { vip => vip, port => port });
         check!(DatapathConfig, datapath_config {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,
@@ -653,6 +822,10 @@ mod tests {
         assert_eq!(
             u64::from(DatapathConfig::POLICY_VERDICT_EVENTS),
             c::CEL_CFG_F_POLICY_VERDICT_EVENTS
+        );
+        assert_eq!(
+            u64::from(DatapathConfig::WORLD_PER_FAMILY),
+            c::CEL_CFG_F_WORLD_PER_FAMILY
         );
         let d = DatapathConfig::default();
         assert_eq!(u64::from(d.ct_tcp_syn), c::CEL_CT_DEFAULT_TCP_SYN);

@@ -19,8 +19,9 @@ use crate::maps::TypedMap;
 use crate::maps::config::ConfigMap;
 use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
+use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
-use crate::maps::lb::Services;
+use crate::maps::lb::{FamilyMaps, Services};
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
@@ -69,6 +70,7 @@ pub struct Datapath {
     ipcache: Ipcache,
     policy: PolicyMap,
     conntrack: Conntrack,
+    fragments: Fragments,
     services: Services,
     config: ConfigMap,
     metrics: Metrics,
@@ -142,9 +144,13 @@ impl Datapath {
                 "cel_ipcache" => handle("cel_ipcache", &m.cel_ipcache)?,
                 "cel_policy" => handle("cel_policy", &m.cel_policy)?,
                 "cel_ct4" => handle("cel_ct4", &m.cel_ct4)?,
+                "cel_ct6" => handle("cel_ct6", &m.cel_ct6)?,
                 "cel_lb4_services" => handle("cel_lb4_services", &m.cel_lb4_services)?,
                 "cel_lb4_backends" => handle("cel_lb4_backends", &m.cel_lb4_backends)?,
                 "cel_lb4_revnat" => handle("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                "cel_lb6_services" => handle("cel_lb6_services", &m.cel_lb6_services)?,
+                "cel_lb6_backends" => handle("cel_lb6_backends", &m.cel_lb6_backends)?,
+                "cel_lb6_revnat" => handle("cel_lb6_revnat", &m.cel_lb6_revnat)?,
                 "cel_config" => handle("cel_config", &m.cel_config)?,
                 _ => continue,
             };
@@ -166,11 +172,22 @@ impl Datapath {
             endpoints: Endpoints::new(typed("cel_endpoints", &m.cel_endpoints)?),
             ipcache: Ipcache::new(typed("cel_ipcache", &m.cel_ipcache)?),
             policy: PolicyMap::new(typed("cel_policy", &m.cel_policy)?),
-            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?),
+            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?, typed("cel_ct6", &m.cel_ct6)?),
+            fragments: Fragments::new(
+                typed("cel_frag4", &m.cel_frag4)?,
+                typed("cel_frag6", &m.cel_frag6)?,
+            ),
             services: Services::new(
-                typed("cel_lb4_services", &m.cel_lb4_services)?,
-                typed("cel_lb4_backends", &m.cel_lb4_backends)?,
-                typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                FamilyMaps {
+                    services: typed("cel_lb4_services", &m.cel_lb4_services)?,
+                    backends: typed("cel_lb4_backends", &m.cel_lb4_backends)?,
+                    revnat: typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
+                },
+                FamilyMaps {
+                    services: typed("cel_lb6_services", &m.cel_lb6_services)?,
+                    backends: typed("cel_lb6_backends", &m.cel_lb6_backends)?,
+                    revnat: typed("cel_lb6_revnat", &m.cel_lb6_revnat)?,
+                },
             ),
             config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
             metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
@@ -218,6 +235,11 @@ impl Datapath {
     /// Connection tracking.
     pub fn conntrack(&self) -> &Conntrack {
         &self.conntrack
+    }
+
+    /// Datagrams being fragmented, with their first fragment's ports.
+    pub fn fragments(&self) -> &Fragments {
+        &self.fragments
     }
 
     /// ClusterIP services, backends and reverse NAT.

@@ -289,10 +289,10 @@ mod tests {
     fn ipv6_events_carry_both_addresses_and_an_unknown_family_is_malformed() {
         let (src, dst): (IpAddr, IpAddr) = ("fd00::5".parse().unwrap(), "fd00::6".parse().unwrap());
         let mut r = raw(src, dst);
-        r.reason = 9;
+        r.reason = 12;
         let e = Event::decode(&r.encode()).unwrap();
         assert_eq!((e.saddr, e.daddr), (src, dst));
-        assert_eq!(e.reason, Reason::Ipv6NotEnforced);
+        assert_eq!(e.reason, Reason::ExtensionHeader);
         r.family = 0;
         assert!(Event::decode(&r.encode()).is_none());
     }

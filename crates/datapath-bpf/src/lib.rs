@@ -70,6 +70,7 @@ pub use error::{Error, Result};
 pub use events::{Event, EventKind, EventReader};
 pub use ipnet::IpNet;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
+pub use maps::frag::Fragmented;
 pub use maps::lb::{Backend, Frontend, ServiceEntry};
 pub use maps::metrics::MetricSample;
 pub use maps::policy::{SyncStats, compile_policy};

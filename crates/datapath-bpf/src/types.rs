@@ -24,34 +24,38 @@ pub enum Reason {
     PolicyDefaultDeny,
     /// A frontend without (reachable) backends.
     NoServiceBackend,
-    /// Headers could not be parsed.
+    /// Headers could not be parsed (a first fragment too short for its L4 header included).
     Malformed,
-    /// IPv4 fragments are not tracked.
-    FragmentUnsupported,
     /// The conntrack table refused a new entry.
     CtFull,
     /// Rewriting addresses or checksums failed.
     NatFailed,
-    /// IPv6 where policy applies (or that no endpoint's policy can decide): the datapath
-    /// cannot enforce IPv6 policy yet and fails closed.
-    Ipv6NotEnforced,
+    /// A later fragment whose first fragment was never seen: nothing says which ports,
+    /// policy or translation it belongs to.
+    FragmentNotFound,
+    /// A first fragment whose ports could not be recorded for the later ones.
+    FragmentTableFull,
+    /// An IPv6 extension-header chain the datapath does not parse (an unknown extension
+    /// header, a routing header with segments left, too many headers): never passed unchecked.
+    ExtensionHeader,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 10] = [
+    pub const KNOWN: [Reason; 11] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
         Reason::PolicyDefaultDeny,
         Reason::NoServiceBackend,
         Reason::Malformed,
-        Reason::FragmentUnsupported,
         Reason::CtFull,
         Reason::NatFailed,
-        Reason::Ipv6NotEnforced,
+        Reason::FragmentNotFound,
+        Reason::FragmentTableFull,
+        Reason::ExtensionHeader,
     ];
 
     /// The reason's number.
@@ -63,10 +67,13 @@ impl Reason {
             Reason::PolicyDefaultDeny => 3,
             Reason::NoServiceBackend => 4,
             Reason::Malformed => 5,
-            Reason::FragmentUnsupported => 6,
+            // 6 was "fragment not supported", before fragments were tracked.
             Reason::CtFull => 7,
             Reason::NatFailed => 8,
-            Reason::Ipv6NotEnforced => 9,
+            // 9 was "ipv6 not enforced", before IPv6 was.
+            Reason::FragmentNotFound => 10,
+            Reason::FragmentTableFull => 11,
+            Reason::ExtensionHeader => 12,
             Reason::Unknown(n) => n,
         }
     }
@@ -96,10 +103,11 @@ impl fmt::Display for Reason {
             Reason::PolicyDefaultDeny => f.write_str("policy default deny"),
             Reason::NoServiceBackend => f.write_str("no service backend"),
             Reason::Malformed => f.write_str("malformed packet"),
-            Reason::FragmentUnsupported => f.write_str("fragment not supported"),
             Reason::CtFull => f.write_str("conntrack table full"),
             Reason::NatFailed => f.write_str("nat failed"),
-            Reason::Ipv6NotEnforced => f.write_str("ipv6 not enforced"),
+            Reason::FragmentNotFound => f.write_str("first fragment not seen"),
+            Reason::FragmentTableFull => f.write_str("fragment table full"),
+            Reason::ExtensionHeader => f.write_str("unsupported extension header"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -224,19 +232,19 @@ mod tests {
             (Reason::PolicyDefaultDeny, c::CEL_REASON_POLICY_DEFAULT_DENY),
             (Reason::NoServiceBackend, c::CEL_REASON_NO_SERVICE_BACKEND),
             (Reason::Malformed, c::CEL_REASON_MALFORMED),
-            (
-                Reason::FragmentUnsupported,
-                c::CEL_REASON_FRAGMENT_UNSUPPORTED,
-            ),
             (Reason::CtFull, c::CEL_REASON_CT_FULL),
             (Reason::NatFailed, c::CEL_REASON_NAT_FAILED),
-            (Reason::Ipv6NotEnforced, c::CEL_REASON_IPV6_NOT_ENFORCED),
+            (Reason::FragmentNotFound, c::CEL_REASON_FRAGMENT_NOT_FOUND),
+            (Reason::FragmentTableFull, c::CEL_REASON_FRAGMENT_TABLE_FULL),
+            (Reason::ExtensionHeader, c::CEL_REASON_EXTENSION_HEADER),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");
             assert_eq!(Reason::from(r.as_u8()), r);
         }
         assert_eq!(Reason::from(200), Reason::Unknown(200));
+        assert_eq!(Reason::from(6), Reason::Unknown(6), "retired");
+        assert_eq!(Reason::from(9), Reason::Unknown(9), "retired");
         assert_eq!(
             u64::from(EndpointFlags::ENFORCE_INGRESS.0),
             c::CEL_EP_F_ENFORCE_INGRESS

@@ -3,20 +3,25 @@
 //! for benchmark scripts and restart tests.
 //!
 //! ```text
-//! cellium-testbed up --name bench --pods 2
+//! cellium-testbed up --name bench --pods 2 --ipv6
 //! cellium-testbed attach --name bench --pods 2 --bpf-root /run/cellium-bench --policy allow
 //! cellium-testbed detach --name bench --pods 2 --bpf-root /run/cellium-bench
 //! cellium-testbed down --name bench --pods 2
+//! ip netns exec cel-bench-pod2 cellium-testbed pingpong-server --addr [fd00:10:244::12]:11112 &
+//! ip netns exec cel-bench-pod1 cellium-testbed pingpong --addr [fd00:10:244::12]:11112
 //! ```
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cellium_datapath_bpf::{
     AttachMode, Datapath, DatapathOptions, Direction, EndpointFlags, IpNet, PolicyRule, Verdict,
     compile_policy,
 };
-use cellium_integration::Topology;
+use cellium_integration::topology::pod_ip6;
+use cellium_integration::{Topology, pingpong};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
@@ -49,6 +54,9 @@ enum Cmd {
         name: String,
         #[arg(long, default_value_t = 2)]
         pods: u8,
+        /// Give the node and the pods IPv6 too.
+        #[arg(long)]
+        ipv6: bool,
     },
     /// Delete the topology's namespaces.
     Down {
@@ -80,6 +88,22 @@ enum Cmd {
         #[arg(long)]
         bpf_root: PathBuf,
     },
+    /// Echo TCP ping-pong messages on `addr` (in the calling network namespace) until killed.
+    PingpongServer {
+        #[arg(long)]
+        addr: SocketAddr,
+    },
+    /// Ping-pong with a server at `addr`; print the median round trip in microseconds.
+    Pingpong {
+        #[arg(long)]
+        addr: SocketAddr,
+        /// Seconds.
+        #[arg(long, default_value_t = 4)]
+        duration: u64,
+        /// Bytes per message.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+    },
 }
 
 /// Identity of pod `i` in the test bed.
@@ -108,12 +132,13 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
     };
     for pod in &topo.pods {
         let id = u16::from(pod.index);
-        dp.endpoints()
-            .put(pod.ip.into(), &pod.endpoint(id, identity(pod.index), flags))?;
-        dp.ipcache().put(
-            IpNet::from(std::net::IpAddr::V4(pod.ip)),
-            identity(pod.index),
-        )?;
+        // Both families: the IPv6 entries serve a topology made with `up --ipv6`, and name
+        // addresses nobody has otherwise.
+        for ip in [IpAddr::from(pod.ip), pod_ip6(pod.index).into()] {
+            dp.endpoints()
+                .put(ip, &pod.endpoint(id, identity(pod.index), flags))?;
+            dp.ipcache().put(IpNet::from(ip), identity(pod.index))?;
+        }
         let rules: Vec<PolicyRule> = topo
             .pods
             .iter()
@@ -158,12 +183,28 @@ fn main() -> Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Cmd::Up { name, pods } => {
+        Cmd::Up { name, pods, ipv6 } => {
             let topo = Topology::named(&name, pods)
                 .with_context(|| format!("creating topology {name}"))?;
+            if ipv6 {
+                topo.enable_ipv6()
+                    .with_context(|| format!("IPv6 in topology {name}"))?;
+            }
             for p in &topo.pods {
                 println!("pod {} {} {}", p.ns.name(), p.ip, p.host_if);
             }
+        }
+        Cmd::PingpongServer { addr } => {
+            pingpong::serve(addr).with_context(|| format!("serving on {addr}"))?
+        }
+        Cmd::Pingpong {
+            addr,
+            duration,
+            size,
+        } => {
+            let trips = pingpong::run(addr, size, Duration::from_secs(duration))
+                .with_context(|| format!("ping-pong with {addr}"))?;
+            println!("{:.3}", trips.p50().as_secs_f64() * 1e6);
         }
         Cmd::Down { name, pods } => Topology::remove_named(&name, pods),
         Cmd::Attach {

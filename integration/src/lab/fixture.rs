@@ -11,6 +11,9 @@
 //! | `ops/dns` | `app=dns` | `dns` 53/UDP, `dns-tcp` 53/TCP | 10.244.0.30 |
 //!
 //! Namespaces: `shop` (`team=a`), `dev` (`team=b`), `ops` (`team=a`, `tier=infra`).
+//!
+//! In a dual-stack lab ([`dual_stack`]) each pod also has the IPv6 twin of its address:
+//! `fd00:10:244::a`, `::b`, `::14`, `::15`, `::1e`.
 
 use std::net::Ipv4Addr;
 
@@ -69,6 +72,16 @@ pub const PODS: [(&str, Ipv4Addr); 5] = [
     ("dev/tool", Ipv4Addr::new(10, 244, 0, 21)),
     ("ops/dns", Ipv4Addr::new(10, 244, 0, 30)),
 ];
+
+/// Options of a dual-stack lab: every pod also gets the IPv6 twin of its address in
+/// `fd00:10:244::/112` (`10.244.0.10` and `fd00:10:244::a`: [`Lab::ip6_of`]), the node its IPv6
+/// gateway and the external network `fd00:99::10` and `fd00:99::20`.
+pub fn dual_stack() -> AgentOptions {
+    AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        ..AgentOptions::default()
+    }
+}
 
 /// A lab whose agent runs with `opts`, with [`BASE`] applied and its pods created.
 pub fn lab(opts: AgentOptions) -> Result<Lab> {

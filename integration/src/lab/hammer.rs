@@ -11,7 +11,7 @@
 //! - TCP: a new connection (a new source port) every millisecond, each given 50 ms.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, getpeername, getsockopt, socket,
-    sockopt,
+    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getpeername, getsockopt,
+    socket, sockopt,
 };
 
 use crate::error::{Error, Result};
@@ -59,12 +59,13 @@ pub struct Hammer {
 }
 
 impl Hammer {
-    /// Starts hammering `dst` with `probe` from inside `ns`, from `src` when given.
+    /// Starts hammering `dst` (IPv4 or IPv6) with `probe` from inside `ns`, from `src` (of
+    /// `dst`'s family) when given.
     pub fn start(
         what: String,
         ns: &NetNs,
-        src: Option<Ipv4Addr>,
-        dst: Ipv4Addr,
+        src: Option<IpAddr>,
+        dst: IpAddr,
         probe: Probe,
     ) -> Hammer {
         let stop = Arc::new(AtomicBool::new(false));
@@ -76,10 +77,23 @@ impl Hammer {
                     what,
                     ..HammerLog::default()
                 };
-                match probe {
-                    Probe::Udp(port) => udp(&mut log, &flag, src, SocketAddrV4::new(dst, port))?,
-                    Probe::Tcp(port) => tcp(&mut log, &flag, src, SocketAddrV4::new(dst, port))?,
-                    Probe::Icmp => icmp(&mut log, &flag, src, dst)?,
+                match (probe, dst) {
+                    (Probe::Udp(port), _) => udp(&mut log, &flag, src, SocketAddr::new(dst, port))?,
+                    (Probe::Tcp(port), _) => tcp(&mut log, &flag, src, SocketAddr::new(dst, port))?,
+                    (Probe::Icmp, IpAddr::V4(dst)) => {
+                        let src = src.and_then(|s| match s {
+                            IpAddr::V4(v4) => Some(v4),
+                            IpAddr::V6(_) => None,
+                        });
+                        icmp(&mut log, &flag, src, dst)?
+                    }
+                    (Probe::Icmp, IpAddr::V6(dst)) => {
+                        let src = src.and_then(|s| match s {
+                            IpAddr::V6(v6) => Some(v6),
+                            IpAddr::V4(_) => None,
+                        });
+                        icmp6(&mut log, &flag, src, dst)?
+                    }
                 }
                 Ok(log)
             })?
@@ -103,19 +117,17 @@ const PACE: Duration = Duration::from_micros(250);
 /// How long a TCP attempt may wait for its SYN to be answered.
 const SYN_DEADLINE: Duration = Duration::from_millis(50);
 
-fn udp(
-    log: &mut HammerLog,
-    stop: &AtomicBool,
-    src: Option<Ipv4Addr>,
-    dst: SocketAddrV4,
-) -> Result<()> {
+fn udp(log: &mut HammerLog, stop: &AtomicBool, src: Option<IpAddr>, dst: SocketAddr) -> Result<()> {
     let err = |source| Error::Probe {
         probe: "udp hammer",
         target: dst.to_string(),
         source,
     };
-    let sock =
-        UdpSocket::bind(SocketAddrV4::new(src.unwrap_or(Ipv4Addr::UNSPECIFIED), 0)).map_err(err)?;
+    let any = match dst {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let sock = UdpSocket::bind(SocketAddr::new(src.unwrap_or(any), 0)).map_err(err)?;
     sock.connect(dst).map_err(err)?;
     // Sending never waits for an answer: answers are collected as they come.
     sock.set_nonblocking(true).map_err(err)?;
@@ -142,12 +154,7 @@ fn udp(
 
 /// New connections without waiting for each: a non-blocking connect every millisecond, each
 /// checked once its deadline has passed.
-fn tcp(
-    log: &mut HammerLog,
-    stop: &AtomicBool,
-    src: Option<Ipv4Addr>,
-    dst: SocketAddrV4,
-) -> Result<()> {
+fn tcp(log: &mut HammerLog, stop: &AtomicBool, src: Option<IpAddr>, dst: SocketAddr) -> Result<()> {
     let err = |e: Errno| Error::Probe {
         probe: "tcp hammer",
         target: dst.to_string(),
@@ -156,19 +163,27 @@ fn tcp(
     let mut pending: VecDeque<(Instant, OwnedFd)> = VecDeque::new();
     while !stop.load(Ordering::Relaxed) || !pending.is_empty() {
         if !stop.load(Ordering::Relaxed) {
+            let family = match dst {
+                SocketAddr::V4(_) => AddressFamily::Inet,
+                SocketAddr::V6(_) => AddressFamily::Inet6,
+            };
             let fd = socket(
-                AddressFamily::Inet,
+                family,
                 SockType::Stream,
                 SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
                 None,
             )
             .map_err(err)?;
             if let Some(ip) = src {
-                bind(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(ip, 0))).map_err(err)?;
+                bind(
+                    fd.as_raw_fd(),
+                    &SockaddrStorage::from(SocketAddr::new(ip, 0)),
+                )
+                .map_err(err)?;
             }
             let now = Instant::now();
             log.attempts.push(now);
-            match connect(fd.as_raw_fd(), &SockaddrIn::from(dst)) {
+            match connect(fd.as_raw_fd(), &SockaddrStorage::from(dst)) {
                 Ok(()) | Err(Errno::EINPROGRESS) => pending.push_back((now, fd)),
                 Err(e) => log.breaches.push((now, format!("connect: {e}"))),
             }
@@ -181,7 +196,7 @@ fn tcp(
                 break;
             };
             // Connected, or refused by the peer's stack: either way the SYN got through.
-            if getpeername::<SockaddrIn>(fd.as_raw_fd()).is_ok() {
+            if getpeername::<SockaddrStorage>(fd.as_raw_fd()).is_ok() {
                 log.breaches.push((sent, "connected".into()));
             } else if let Ok(e) = getsockopt(&fd, sockopt::SocketError)
                 && e != 0
@@ -209,6 +224,39 @@ fn icmp(
         log.attempts.push(Instant::now());
         let _ = reach::send_echo(&fd, dst, id, seq);
         for got in reach::drain_echo_replies(&fd, dst, id) {
+            log.breaches
+                .push((Instant::now(), format!("echo reply {got}")));
+        }
+        std::thread::sleep(PACE);
+    }
+    Ok(())
+}
+
+fn icmp6(
+    log: &mut HammerLog,
+    stop: &AtomicBool,
+    src: Option<Ipv6Addr>,
+    dst: Ipv6Addr,
+) -> Result<()> {
+    let err = |e: Errno| Error::Probe {
+        probe: "icmpv6 socket",
+        target: dst.to_string(),
+        source: e.into(),
+    };
+    let fd = reach::icmp6_socket(src, Duration::from_millis(1)).map_err(err)?;
+    // Collecting answers never waits: a receive timeout rounds up to a scheduler tick.
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .map_err(err)?;
+    let id = reach::echo_id();
+    let mut seq: u16 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        seq = seq.wrapping_add(1);
+        log.attempts.push(Instant::now());
+        let _ = reach::send_echo6(&fd, dst, id, seq);
+        for got in reach::drain_echo6_replies(&fd, dst, id) {
             log.breaches
                 .push((Instant::now(), format!("echo reply {got}")));
         }

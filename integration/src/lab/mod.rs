@@ -34,7 +34,7 @@ pub mod open;
 pub mod table;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ use serde_json::Value;
 pub use external::External;
 pub use hammer::{Hammer, HammerLog, Stream, StreamLog};
 pub use open::OpenFlow;
-pub use table::{Flow, Place, PlaceKind, Table};
+pub use table::{Family, Flow, Place, PlaceKind, Row, Table};
 
 use crate::agent::{Agent, AgentOptions};
 use crate::cni::CniCall;
@@ -66,6 +66,8 @@ pub struct LabPod {
     pub netns: NetNs,
     /// Its address.
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a dual-stack lab.
+    pub ip6: Option<Ipv6Addr>,
 }
 
 /// A server of the lab: it serves until it is dropped, which is all it is held for.
@@ -79,7 +81,7 @@ enum Server {
 #[derive(Debug)]
 pub struct Lab {
     // Fields drop in order: servers first, then pods and the external network, then the agent.
-    servers: BTreeMap<(String, Probe), Server>,
+    servers: BTreeMap<(String, IpAddr, Probe), Server>,
     pods: Vec<LabPod>,
     external: External,
     agent: Agent,
@@ -185,8 +187,27 @@ impl Lab {
         self.settle()
     }
 
-    /// Creates the pod `namespace/name` (its object must be applied) with address `ip` through
-    /// the CNI plugin, as a kubelet would.
+    /// The IPv6 twin of a pod address in a dual-stack lab: the IPv6 pod CIDR's network with the
+    /// IPv4 address's last byte (`10.244.0.10` is `fd00:10:244::a` in `fd00:10:244::/112`),
+    /// so that fixed IPv6 addresses, and ipBlocks naming them, mirror the IPv4 ones.
+    pub fn ip6_of(&self, ip: Ipv4Addr) -> Option<Ipv6Addr> {
+        let base = self.pod_cidrs.iter().find_map(|c| {
+            match c
+                .parse::<cellium_datapath_bpf::IpNet>()
+                .ok()?
+                .trunc()
+                .addr()
+            {
+                IpAddr::V6(network) => Some(u128::from(network)),
+                IpAddr::V4(_) => None,
+            }
+        })?;
+        Some(Ipv6Addr::from(base | u128::from(ip.octets()[3])))
+    }
+
+    /// Creates the pod `namespace/name` (its object must be applied) with address `ip` (and its
+    /// IPv6 twin, [`Lab::ip6_of`], in a dual-stack lab) through the CNI plugin, as a kubelet
+    /// would.
     pub fn add_pod(&mut self, key: &str, ip: Ipv4Addr) -> Result<&LabPod> {
         let (ns, name) = key.split_once('/').ok_or_else(|| Error::Unexpected {
             what: "pod key",
@@ -195,10 +216,15 @@ impl Lab {
         let netns = NetNs::new()?;
         self.created += 1;
         let container_id = format!("lab{}x{}", self.created, std::process::id());
+        let ip6 = self.ip6_of(ip);
+        let ips = match ip6 {
+            Some(v6) => format!("{ip},{v6}"),
+            None => ip.to_string(),
+        };
         let call = CniCall::new("ADD", &container_id)
             .netns(netns.path())
             .args(&format!(
-                "K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};IP={ip}"
+                "K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};IP={ips}"
             ));
         let (status, out) = self.agent.cni(&call)?;
         if !status.success() {
@@ -212,6 +238,7 @@ impl Lab {
             container_id,
             netns,
             ip,
+            ip6,
         });
         Ok(&self.pods[self.pods.len() - 1])
     }
@@ -228,7 +255,7 @@ impl Lab {
                 detail: format!("no pod {key} in the lab"),
             })?;
         let pod = self.pods.remove(i);
-        self.servers.retain(|(place, _), _| place != key);
+        self.servers.retain(|(place, ..), _| place != key);
         self.agent.del(&pod.container_id, &pod.netns.path())
     }
 
@@ -244,7 +271,7 @@ impl Lab {
                 what: "pod",
                 detail: format!("no pod {key} in the lab"),
             })?;
-        self.servers.retain(|(place, _), _| place != key);
+        self.servers.retain(|(place, ..), _| place != key);
         drop(self.pods.remove(i));
         Ok(())
     }
@@ -259,20 +286,25 @@ impl Lab {
                 kind: PlaceKind::Pod,
                 netns: p.netns.name().to_string(),
                 ip: p.ip,
+                ip6: p.ip6,
             })
             .collect();
+        let (router, router6) = self.routers()?;
         out.push(Place {
             name: "node".into(),
             kind: PlaceKind::Node,
             netns: self.agent.node().name().to_string(),
-            ip: self.router()?,
+            ip: router,
+            ip6: router6,
         });
-        for (name, ip) in external::EXT_ADDRS {
+        let ext6 = self.external.addrs6();
+        for (i, (name, ip)) in external::EXT_ADDRS.into_iter().enumerate() {
             out.push(Place {
                 name: name.into(),
                 kind: PlaceKind::External,
                 netns: self.external.netns().name().to_string(),
                 ip,
+                ip6: ext6.map(|a| a[i]),
             });
         }
         Ok(out)
@@ -291,39 +323,59 @@ impl Lab {
 
     /// The pods' gateway: the node's address on `cellium_host`.
     pub fn router(&self) -> Result<Ipv4Addr> {
-        self.agent
+        self.routers().map(|(v4, _)| v4)
+    }
+
+    /// The pods' IPv4 gateway and, in a dual-stack lab, their IPv6 one.
+    fn routers(&self) -> Result<(Ipv4Addr, Option<Ipv6Addr>)> {
+        let routers: Vec<IpAddr> = self
+            .agent
             .pools()?
-            .first()
-            .and_then(|p| p["router"].as_str()?.parse().ok())
-            .ok_or_else(|| Error::Unexpected {
-                what: "ipam list",
-                detail: "no pool with a router address".into(),
-            })
+            .iter()
+            .filter_map(|p| p["router"].as_str()?.parse().ok())
+            .collect();
+        let v4 = routers.iter().find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        });
+        let v6 = routers.iter().find_map(|ip| match ip {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        });
+        let v4 = v4.ok_or_else(|| Error::Unexpected {
+            what: "ipam list",
+            detail: "no IPv4 pool with a router address".into(),
+        })?;
+        Ok((v4, v6))
     }
 
     /// Starts, on every place, a server for each TCP and UDP probe not served yet, listening
-    /// on the place's address (an external address too: a UDP answer must come from the
-    /// address asked, which a server on the wildcard address would not ensure).
+    /// on each of the place's addresses (an external address too: a UDP answer must come from
+    /// the address asked, which a server on the wildcard address would not ensure).
     pub fn serve(&mut self, probes: &[Probe]) -> Result<()> {
         for place in self.places()? {
             let ns = NetNs::existing(&place.netns);
-            let ip = place.ip;
-            let key_name = place.name.clone();
-            for &probe in probes {
-                let key = (key_name.clone(), probe);
-                if self.servers.contains_key(&key) {
-                    continue;
+            for ip in Family::ALL.iter().filter_map(|f| place.addr(*f)) {
+                for &probe in probes {
+                    let key = (place.name.clone(), ip, probe);
+                    if self.servers.contains_key(&key) {
+                        continue;
+                    }
+                    let server = match probe {
+                        Probe::Tcp(port) => Server::Tcp(TcpServer::start(
+                            &ns,
+                            SocketAddr::new(ip, port),
+                            &place.name,
+                        )?),
+                        Probe::Udp(port) => Server::Udp(UdpServer::start(
+                            &ns,
+                            SocketAddr::new(ip, port),
+                            &place.name,
+                        )?),
+                        Probe::Icmp => continue,
+                    };
+                    self.servers.insert(key, server);
                 }
-                let server = match probe {
-                    Probe::Tcp(port) => {
-                        Server::Tcp(TcpServer::start(&ns, SocketAddrV4::new(ip, port), &key.0)?)
-                    }
-                    Probe::Udp(port) => {
-                        Server::Udp(UdpServer::start(&ns, SocketAddrV4::new(ip, port), &key.0)?)
-                    }
-                    Probe::Icmp => continue,
-                };
-                self.servers.insert(key, server);
             }
         }
         Ok(())
@@ -352,14 +404,30 @@ impl Lab {
         }
     }
 
-    /// Opens a flow from place `from` to place `to` for `probe` (TCP or UDP), serving it first.
+    /// Opens a flow from place `from` to place `to` for `probe` (TCP or UDP) over IPv4, serving
+    /// it first.
     pub fn open(&mut self, from: &str, to: &str, probe: Probe) -> Result<OpenFlow> {
+        self.open_in(Family::Ipv4, from, to, probe)
+    }
+
+    /// [`Lab::open`] in `family`.
+    pub fn open_in(
+        &mut self,
+        family: Family,
+        from: &str,
+        to: &str,
+        probe: Probe,
+    ) -> Result<OpenFlow> {
         self.serve(&[probe])?;
         let (from, to) = (self.place(from)?, self.place(to)?);
         let ns = NetNs::existing(&from.netns);
+        let dst = to.addr(family).ok_or_else(|| Error::Unexpected {
+            what: "open flow",
+            detail: format!("{} has no {family} address", to.name),
+        })?;
         match probe {
-            Probe::Tcp(port) => OpenFlow::tcp(&ns, SocketAddrV4::new(to.ip, port)),
-            Probe::Udp(port) => OpenFlow::udp(&ns, SocketAddrV4::new(to.ip, port)),
+            Probe::Tcp(port) => OpenFlow::tcp(&ns, SocketAddr::new(dst, port)),
+            Probe::Udp(port) => OpenFlow::udp(&ns, SocketAddr::new(dst, port)),
             Probe::Icmp => Err(Error::Unexpected {
                 what: "open flow",
                 detail: "ICMP echoes are not kept open".into(),
@@ -367,17 +435,40 @@ impl Lab {
         }
     }
 
-    /// Starts hammering the flow from place `from` to place `to` with `probe` (serving it
-    /// first, so that any attempt let through is answered).
+    /// Starts hammering the flow from place `from` to place `to` with `probe` over IPv4
+    /// (serving it first, so that any attempt let through is answered).
     pub fn hammer(&mut self, from: &str, to: &str, probe: Probe) -> Result<Hammer> {
+        self.hammer_in(Family::Ipv4, from, to, probe)
+    }
+
+    /// [`Lab::hammer`] in `family`.
+    pub fn hammer_in(
+        &mut self,
+        family: Family,
+        from: &str,
+        to: &str,
+        probe: Probe,
+    ) -> Result<Hammer> {
         self.serve(&[probe])?;
         let (from, to) = (self.place(from)?, self.place(to)?);
-        let src = from.is_external().then_some(from.ip);
+        let missing = |p: &Place| Error::Unexpected {
+            what: "hammer",
+            detail: format!("{} has no {family} address", p.name),
+        };
+        let dst = to.addr(family).ok_or_else(|| missing(&to))?;
+        let src = match from.is_external() {
+            true => Some(from.addr(family).ok_or_else(|| missing(&from))?),
+            false => None,
+        };
+        let what = match family {
+            Family::Ipv4 => format!("{} -> {} {probe}", from.name, to.name),
+            Family::Ipv6 => format!("{} -> {} {probe} (IPv6)", from.name, to.name),
+        };
         Ok(Hammer::start(
-            format!("{} -> {} {probe}", from.name, to.name),
+            what,
             &NetNs::existing(&from.netns),
             src,
-            to.ip,
+            dst,
             probe,
         ))
     }

@@ -6,7 +6,7 @@
 //! established flow still flows after the policy changed.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -30,7 +30,7 @@ pub enum OpenFlow {
     Udp(UdpSocket),
 }
 
-fn probe_err(probe: &'static str, dst: SocketAddrV4) -> impl FnOnce(std::io::Error) -> Error {
+fn probe_err(probe: &'static str, dst: SocketAddr) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Probe {
         probe,
         target: dst.to_string(),
@@ -39,10 +39,11 @@ fn probe_err(probe: &'static str, dst: SocketAddrV4) -> impl FnOnce(std::io::Err
 }
 
 impl OpenFlow {
-    /// Connects from `ns` to `dst` and reads the server's banner.
-    pub fn tcp(ns: &NetNs, dst: SocketAddrV4) -> Result<OpenFlow> {
+    /// Connects from `ns` to `dst` (IPv4 or IPv6) and reads the server's banner.
+    pub fn tcp(ns: &NetNs, dst: impl Into<SocketAddr>) -> Result<OpenFlow> {
+        let dst = dst.into();
         let stream = ns
-            .run(move || TcpStream::connect_timeout(&SocketAddr::V4(dst), ROUND_TRIP))?
+            .run(move || TcpStream::connect_timeout(&dst, ROUND_TRIP))?
             .map_err(probe_err("tcp connect", dst))?;
         let setup = || -> std::io::Result<OpenFlow> {
             stream.set_read_timeout(Some(ROUND_TRIP))?;
@@ -57,10 +58,12 @@ impl OpenFlow {
 
     /// Opens a UDP socket in `ns` connected to `dst` and makes a first round trip, which
     /// must succeed: it is what puts the flow into conntrack.
-    pub fn udp(ns: &NetNs, dst: SocketAddrV4) -> Result<OpenFlow> {
+    pub fn udp(ns: &NetNs, dst: impl Into<SocketAddr>) -> Result<OpenFlow> {
+        let dst = dst.into();
         let sock = ns
             .run(move || -> std::io::Result<UdpSocket> {
-                let sock = UdpSocket::bind("0.0.0.0:0")?;
+                let any = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                let sock = UdpSocket::bind(any)?;
                 sock.connect(dst)?;
                 sock.set_read_timeout(Some(ROUND_TRIP))?;
                 Ok(sock)

@@ -15,8 +15,9 @@ fn noisy(on: Arc<AtomicBool>) -> Module {
         .contribute(move || {
             let on = on.clone();
             Arc::new(StatusNote::new(move || {
-                on.load(Ordering::Relaxed)
-                    .then(|| "IPv6 is not enforced: policy applies to IPv4 only".to_string())
+                on.load(Ordering::Relaxed).then(|| {
+                    "every endpoint is locked down: a recorded policy does not load".to_string()
+                })
             }))
         })
         .invoke(|reporter: Reporter| reporter.degraded("cannot reach something"))
@@ -40,7 +41,7 @@ async fn notes_and_readiness_come_from_the_cells() {
     let status = client.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(
         status.notes,
-        ["IPv6 is not enforced: policy applies to IPv4 only"]
+        ["every endpoint is locked down: a recorded policy does not load"]
     );
     let readiness = status.readiness.unwrap();
     assert!(!readiness.serves_add);

@@ -7,8 +7,7 @@
 //!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
 //!   `create` returns only once the datapath enforces the endpoint; `create` and `delete`
 //!   are all or nothing (recorded before the kernel is touched, finished or undone by the
-//!   next attempt or the restore). A status note says that IPv6 is not enforced while the
-//!   node has an IPv6 pod CIDR.
+//!   next attempt or the restore).
 //! - **Depends on** ipam (addresses), loader (the datapath), statedir (records); and,
 //!   optionally, so that an agent of connectivity only can be built without them (see
 //!   `crates/hive/README.md`, "Embedding"):
@@ -43,7 +42,6 @@ mod interfaces;
 mod labels;
 mod locks;
 mod manager;
-mod notes;
 pub mod plumbing;
 mod program;
 mod request;
@@ -71,5 +69,4 @@ pub fn cell() -> Module {
     .config::<EndpointConfig>()
     .provide(EndpointManager::new)
     .contribute(EndpointService::api)
-    .contribute(notes::ipv6)
 }

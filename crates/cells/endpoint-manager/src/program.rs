@@ -16,9 +16,8 @@ pub struct Enforcement {
 }
 
 /// Writes the endpoint's entries in the endpoint map (one per address, IPv4 and IPv6) with its
-/// identity and the directions enforced. The datapath enforces IPv4 policy and drops IPv6 in
-/// every enforced direction; the IPv6 entries are what lets it tell the pod's own IPv6
-/// addresses (and so spoofed ones) apart.
+/// identity and the directions enforced: what the datapath checks sources against, finds
+/// local destinations by, and enforces policy for, in both families.
 ///
 /// An address the map did not name for this endpoint yet (a new endpoint, or one taking an
 /// address over) loses its conntrack entries right after its entry is written: connections

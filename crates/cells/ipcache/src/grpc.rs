@@ -43,7 +43,8 @@ impl IpcacheApi for IpcacheService {
         })?;
         let (prefix, _, _) = self.0.lookup(ip).ok_or_else(|| {
             Status::not_found(format!(
-                "no prefix contains {ip}: the datapath sees it as world (identity 2)"
+                "no prefix holds {ip}: the datapath sees it as world (identity {})",
+                self.0.world_identity(ip)
             ))
         })?;
         self.0

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_datapath_bpf::Datapath;
+use cellium_datapath_bpf::{Datapath, DatapathConfig};
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_identity::Reserved;
 use cellium_loader::Loader;
@@ -214,9 +214,24 @@ impl Ipcache {
     }
 
     /// The longest prefix containing `ip`, with the identity in effect and its source.
-    /// `None` means the datapath sees the world identity (2).
+    /// `None` means the datapath sees the world ([`Ipcache::world_identity`]).
     pub fn lookup(&self, ip: IpAddr) -> Option<(IpNet, u32, Source)> {
         self.lock().table.lookup(ip)
+    }
+
+    /// The identity the datapath gives `ip` when no prefix holds it: world (2), or
+    /// world-ipv4 (9) or world-ipv6 (10) on a node whose datapath splits the world by family
+    /// (a node with pods of both families, as Cilium's dual-stack mode). World in memory only.
+    pub fn world_identity(&self, ip: IpAddr) -> u32 {
+        let datapath = self.lock().datapath.clone();
+        let per_family = datapath
+            .and_then(|dp| dp.config().get().ok())
+            .is_some_and(|c| c.flags & DatapathConfig::WORLD_PER_FAMILY != 0);
+        match (per_family, ip) {
+            (false, _) => Reserved::World.id(),
+            (true, IpAddr::V4(_)) => Reserved::WorldIpv4.id(),
+            (true, IpAddr::V6(_)) => Reserved::WorldIpv6.id(),
+        }
     }
 
     /// The entry of exactly `prefix` (host bits cleared).

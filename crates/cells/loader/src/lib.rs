@@ -12,10 +12,6 @@
 //!   the default, `tcx` or `auto`; see [`AttachModeConfig`] for why clsact),
 //!   `conntrack-gc-interval` (default `30s`).
 //! - **Degraded** when a conntrack collection fails; failing to load fails the start.
-//!
-//! The datapath does not enforce IPv6 policy yet: [`Loader::ipv6_enforced`] says so, and
-//! [`IPV6_NOT_ENFORCED`] is the sentence to show (the endpoint manager logs it as a warning at
-//! start when an IPv6 pool is configured).
 
 mod config;
 mod counters;
@@ -26,7 +22,7 @@ use cellium_hive::Module;
 
 pub use config::{AttachModeConfig, LoaderConfig};
 pub use error::{Error, Result};
-pub use loader::{IPV6_NOT_ENFORCED, Loader};
+pub use loader::Loader;
 
 /// The `loader` module.
 pub fn cell() -> Module {

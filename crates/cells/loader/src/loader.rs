@@ -10,10 +10,6 @@ use crate::config::LoaderConfig;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 
-/// What the agent reports while [`Loader::ipv6_enforced`] is false.
-pub const IPV6_NOT_ENFORCED: &str = "IPv6 is not enforced: IPv6 to and from endpoints is dropped in \
-     every direction their policy restricts, and passes without policy checks elsewhere";
-
 /// The loaded datapath, shared by every cell that writes maps or attaches programs.
 #[derive(Debug)]
 pub struct Loader {
@@ -54,14 +50,6 @@ impl Loader {
             Ok(())
         }));
         loader
-    }
-
-    /// Whether the datapath enforces policy on IPv6. It does not yet: IPv6 to and from an
-    /// endpoint is dropped in every direction its policy restricts, and passes without policy
-    /// elsewhere (`docs/datapath.md`, "IPv6"). [`IPV6_NOT_ENFORCED`] says so in a sentence, for
-    /// status output and for the warning logged at start when an IPv6 pool is configured.
-    pub const fn ipv6_enforced() -> bool {
-        false
     }
 
     /// The datapath; available from the loader's start on, so to every cell that depends on

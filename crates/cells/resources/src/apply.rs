@@ -2,7 +2,6 @@
 //! lock, checked against the state it changes, recorded, and made.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
 
 use serde_yaml::Value;
 use tokio_util::sync::CancellationToken;
@@ -11,8 +10,7 @@ use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
 use crate::key::{Object, ObjectKey};
 use crate::kinds::{self, Parsed};
-use crate::objects::service::{RequestedIp, ServiceDraft};
-use crate::objects::{ClusterIp, Namespace, SYSTEM_NAMESPACES};
+use crate::objects::{Namespace, SYSTEM_NAMESPACES};
 use crate::record::{Record, Transaction, error_chain};
 use crate::resources::{Action, Outcome, Resources, State, Store};
 use crate::validate::FieldError;
@@ -175,7 +173,7 @@ impl Resources {
                 .and_then(|p| self.check(&p, &new_namespaces).map(|_| p))
                 .and_then(|mut p| {
                     if let Parsed::Service(draft) = &mut p {
-                        self.settle_cluster_ip(
+                        self.settle_cluster_ips(
                             draft,
                             &mut value,
                             &mut claims,
@@ -220,101 +218,6 @@ impl Resources {
             }
         }
         Ok(())
-    }
-
-    /// Decides a service's cluster IP as the API server does: an update keeps the current
-    /// one (a different one is refused: the field is immutable), a new service gets the one
-    /// it names (which must be inside `service-cidr` and held by no other service) or one
-    /// allocated from the range. The decision is written into the document, so the recorded
-    /// object brings the same address back after a restart. `claims` holds the decisions for
-    /// the file's earlier documents, `used` every address held, by the table's services and
-    /// those claims; `restoring` accepts a recorded address outside a range that has changed
-    /// since, with a warning, rather than losing the service.
-    fn settle_cluster_ip(
-        &self,
-        draft: &mut ServiceDraft,
-        value: &mut Value,
-        claims: &mut BTreeMap<ObjectKey, ClusterIp>,
-        used: &mut BTreeMap<Ipv4Addr, ObjectKey>,
-        restoring: bool,
-    ) -> Result<(), FieldError> {
-        let key = draft.service.key();
-        let current = claims
-            .get(&key)
-            .copied()
-            .or_else(|| self.services.get(&key).map(|s| s.cluster_ip));
-        let field = "spec.clusterIP";
-        let decided = match (draft.requested, current) {
-            (RequestedIp::Unset, Some(current)) => current,
-            (RequestedIp::Headless, None | Some(ClusterIp::Headless)) => ClusterIp::Headless,
-            (RequestedIp::Address(ip), Some(current)) if current == ClusterIp::Address(ip) => {
-                current
-            }
-            (RequestedIp::Headless | RequestedIp::Address(_), Some(current)) => {
-                return Err(FieldError::new(
-                    field,
-                    format!(
-                        "field is immutable: the service has {current} (delete the service and create it again to change it)"
-                    ),
-                ));
-            }
-            // A new service: every address in `used` is another service's.
-            (RequestedIp::Unset, None) => {
-                let ip = self
-                    .service_range
-                    .allocate(|ip| used.contains_key(&ip))
-                    .ok_or_else(|| {
-                        FieldError::new(
-                            field,
-                            format!(
-                                "no address left to allocate in the service range {}",
-                                self.service_range.cidr()
-                            ),
-                        )
-                    })?;
-                ClusterIp::Address(ip)
-            }
-            (RequestedIp::Address(ip), None) => {
-                if !self.service_range.contains(ip) {
-                    let range = self.service_range.cidr();
-                    if !restoring {
-                        return Err(FieldError::new(
-                            field,
-                            format!(
-                                "{ip} is not in the service range {range} (service-cidr; its network and broadcast addresses excluded)"
-                            ),
-                        ));
-                    }
-                    tracing::warn!(service = %key, %ip, %range, "a recorded cluster IP is outside the service range; kept, as the API server keeps it");
-                }
-                if let Some(holder) = used.get(&ip) {
-                    return Err(FieldError::new(
-                        field,
-                        format!("{ip} is already allocated to service {holder}"),
-                    ));
-                }
-                ClusterIp::Address(ip)
-            }
-        };
-        draft.service.cluster_ip = decided;
-        if let ClusterIp::Address(ip) = decided {
-            used.insert(ip, key.clone());
-        }
-        claims.insert(key, decided);
-        record_cluster_ip(value, decided);
-        Ok(())
-    }
-
-    /// The cluster IPs the table's services hold, with their holders.
-    fn cluster_ips_in_use(&self) -> BTreeMap<Ipv4Addr, ObjectKey> {
-        self.services
-            .list()
-            .iter()
-            .filter_map(|svc| match svc.cluster_ip {
-                ClusterIp::Address(ip) => Some((ip, svc.key())),
-                ClusterIp::Headless => None,
-            })
-            .collect()
     }
 }
 
@@ -401,20 +304,6 @@ impl State {
 
 /// Writes a decided cluster IP into a service's document (`spec.clusterIP` and
 /// `spec.clusterIPs`), as the API server stores it.
-fn record_cluster_ip(value: &mut Value, ip: ClusterIp) {
-    let Some(root) = value.as_mapping_mut() else {
-        return;
-    };
-    let spec = root
-        .entry("spec".into())
-        .or_insert_with(|| Value::Mapping(Default::default()));
-    if let Some(spec) = spec.as_mapping_mut() {
-        let text = Value::String(ip.to_string());
-        spec.insert("clusterIP".into(), text.clone());
-        spec.insert("clusterIPs".into(), Value::Sequence(vec![text]));
-    }
-}
-
 fn delete_key(doc: &Document) -> Result<(&'static str, ObjectKey), FieldError> {
     let kind = kinds::check_kind(doc)?;
     let name = doc
@@ -451,8 +340,9 @@ mod tests {
     use cellium_statedir::StateDir;
 
     use super::*;
+    use crate::objects::ClusterIp;
     use crate::resources::tests::{APP, actions, default_range, persisted};
-    use crate::service_ip::ServiceRange;
+    use crate::service_ip::ServiceRanges;
 
     const SERVICES: &str = r#"
 apiVersion: v1
@@ -521,7 +411,9 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
         let outside = service("other", "{clusterIP: 10.200.0.1, ports: [{port: 80}]}");
         let err = r.apply("o.yaml", &outside).unwrap_err().to_string();
         assert!(
-            err.contains("spec.clusterIP: 10.200.0.1 is not in the service range 10.96.0.0/12"),
+            err.contains(
+                "spec.clusterIP: 10.200.0.1 is not in the service range of its family (10.96.0.0/12;"
+            ),
             "{err}"
         );
         let network = service("other", "{clusterIP: 10.96.0.0, ports: [{port: 80}]}");
@@ -609,7 +501,7 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
 
     #[test]
     fn an_exhausted_range_is_an_error_naming_it() {
-        let r = Resources::with_service_cidr("10.0.0.0/30".parse().unwrap()).unwrap();
+        let r = Resources::with_service_cidr(&["10.0.0.0/30".parse().unwrap()]).unwrap();
         r.apply("app.yaml", APP).unwrap();
         let text = format!(
             "{}---\n{}---\n{}",
@@ -622,7 +514,7 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
             err.contains("document 3 (Service shop/c): spec.clusterIP: no address left to allocate in the service range 10.0.0.0/30"),
             "{err}"
         );
-        let err = Resources::with_service_cidr("10.0.0.0/8".parse().unwrap()).unwrap_err();
+        let err = Resources::with_service_cidr(&["10.0.0.0/8".parse().unwrap()]).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("service-cidr: 10.0.0.0/8 is not a usable service range"),
@@ -674,9 +566,46 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
 
         // A range changed since keeps what was recorded rather than losing the service.
         let third_state = state();
-        let narrow = ServiceRange::new("10.100.0.0/16".parse().unwrap()).unwrap();
+        let narrow = ServiceRanges::new(&["10.100.0.0/16".parse().unwrap()]).unwrap();
         let third = persisted(&third_state, narrow);
         assert_eq!(third.restore(), (6, 0));
         assert_eq!(vip(&third, "web"), web);
+    }
+
+    #[test]
+    fn a_dual_stack_service_survives_a_restart_and_the_loss_of_its_second_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let dual = || {
+            ServiceRanges::new(&[
+                "10.96.0.0/16".parse().unwrap(),
+                "fd00:96::/108".parse().unwrap(),
+            ])
+            .unwrap()
+        };
+        let first_state = state();
+        let first = persisted(&first_state, dual());
+        first.apply("app.yaml", APP).unwrap();
+        first
+            .apply(
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {ipFamilyPolicy: RequireDualStack, ports: [{port: 80}]}\n",
+            )
+            .unwrap();
+        let key = ObjectKey::namespaced("shop", "web");
+        let before = first.services.get(&key).unwrap();
+        assert_eq!(before.cluster_ips.len(), 2);
+        drop((first, first_state));
+
+        for ranges in [dual(), default_range()] {
+            let next_state = state();
+            let next = persisted(&next_state, ranges);
+            assert_eq!(next.restore(), (3, 0));
+            let after = next.services.get(&key).unwrap();
+            assert_eq!(after.cluster_ips, before.cluster_ips);
+            assert_eq!(after.ip_families, before.ip_families);
+            assert_eq!(after.ip_family_policy, before.ip_family_policy);
+            drop((next, next_state));
+        }
     }
 }

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// The default of `apply-max-bytes`: the Kubernetes API server's limit on a request body.
 pub const DEFAULT_APPLY_MAX_BYTES: usize = 3 * 1024 * 1024;
@@ -19,10 +19,13 @@ pub const MAX_APPLY_MAX_DEPTH: usize = 128;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ResourcesConfig {
-    /// The range ClusterIP services get their address from, as the API server's
-    /// `--service-cluster-ip-range`. IPv4 only (the datapath balances IPv4); between a /12 and
-    /// a /30, as the API server accepts.
-    pub service_cidr: Ipv4Net,
+    /// The ranges ClusterIP services get their addresses from, as the API server's
+    /// `--service-cluster-ip-range`: one CIDR, or one per family (a list, or one string with
+    /// the two separated by a comma), the first being the family of services that ask for
+    /// none. Each holds 4 to 2^20 addresses (IPv4 /12 to /30, IPv6 /108 to /126), as the API
+    /// server accepts.
+    #[serde(deserialize_with = "one_or_many")]
+    pub service_cidr: Vec<IpNet>,
     /// The largest text `apply` and `delete` take, in bytes (one file of `cellium apply -f`,
     /// one file of the policy directory); larger ones are refused unread.
     pub apply_max_bytes: usize,
@@ -38,13 +41,37 @@ pub struct ResourcesConfig {
 impl Default for ResourcesConfig {
     fn default() -> Self {
         ResourcesConfig {
-            service_cidr: Ipv4Net::new(std::net::Ipv4Addr::new(10, 96, 0, 0), 12)
-                .unwrap_or_default(),
+            service_cidr: vec![IpNet::V4(
+                ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(10, 96, 0, 0), 12).unwrap_or_default(),
+            )],
             apply_max_bytes: DEFAULT_APPLY_MAX_BYTES,
             apply_max_depth: DEFAULT_APPLY_MAX_DEPTH,
             policy_dir: PathBuf::new(),
         }
     }
+}
+
+/// A list of CIDRs from a list, or from one string of comma-separated CIDRs (the form a
+/// single value always had).
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        One(String),
+        Many(Vec<String>),
+    }
+    let texts = match Form::deserialize(d)? {
+        Form::One(text) => text.split(',').map(|s| s.trim().to_string()).collect(),
+        Form::Many(list) => list,
+    };
+    texts
+        .iter()
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<IpNet>()
+                .map_err(|_| serde::de::Error::custom(format!("{t:?} is not a CIDR")))
+        })
+        .collect()
 }
 
 impl ResourcesConfig {
@@ -61,8 +88,31 @@ mod tests {
     #[test]
     fn the_default_range_is_the_api_servers() {
         assert_eq!(
-            ResourcesConfig::default().service_cidr.to_string(),
-            "10.96.0.0/12"
+            ResourcesConfig::default().service_cidr,
+            vec!["10.96.0.0/12".parse::<IpNet>().unwrap()]
         );
+    }
+
+    #[test]
+    fn service_cidr_takes_one_range_or_one_per_family_in_either_form() {
+        let read = |json: &str| -> Result<Vec<IpNet>, String> {
+            let doc = format!("{{\"service-cidr\": {json}}}");
+            let defaults = serde_json::to_value(ResourcesConfig::default()).unwrap();
+            let mut merged = defaults.as_object().unwrap().clone();
+            let given: serde_json::Value = serde_json::from_str(&doc).unwrap();
+            merged.extend(given.as_object().unwrap().clone());
+            serde_json::from_value::<ResourcesConfig>(serde_json::Value::Object(merged))
+                .map(|c| c.service_cidr)
+                .map_err(|e| e.to_string())
+        };
+        let both: Vec<IpNet> = vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "fd00:96::/108".parse().unwrap(),
+        ];
+        assert_eq!(read("\"10.96.0.0/12\"").unwrap(), both[..1]);
+        assert_eq!(read("\"10.96.0.0/12, fd00:96::/108\"").unwrap(), both);
+        assert_eq!(read("[\"10.96.0.0/12\", \"fd00:96::/108\"]").unwrap(), both);
+        let err = read("\"10.96.0.0\"").unwrap_err();
+        assert!(err.contains("\"10.96.0.0\" is not a CIDR"), "{err}");
     }
 }

@@ -12,14 +12,18 @@
 //!   labels, ports, selectors, CIDRs; unknown fields rejected; the parts of Cilium's policy
 //!   language that are not enforced rejected as "not supported"), the same defaulting (a
 //!   namespace, a port's protocol, a NetworkPolicy's `policyTypes`, the
-//!   `kubernetes.io/metadata.name` namespace label, a service's target port and cluster IP),
-//!   and all-or-nothing for a file, also across a crash. A change is recorded before the
-//!   tables change; one that cannot be recorded is refused, naming the file and the errno. A
-//!   service's cluster IP is allocated from `service-cidr` when not given, checked when given,
-//!   immutable once set, and recorded with the object.
+//!   `kubernetes.io/metadata.name` namespace label, a service's target port, families and
+//!   cluster IPs), and all-or-nothing for a file, also across a crash. A change is recorded
+//!   before the tables change; one that cannot be recorded is refused, naming the file and the
+//!   errno. A service's families are defaulted as the API server does (`ipFamilies`,
+//!   `ipFamilyPolicy`), its cluster IP of each family allocated from that family's
+//!   `service-cidr` range when not given, checked when given, immutable once set, and
+//!   recorded with the object.
 //! - **Depends on** `Arc<StateDir>` (the `statedir` cell).
-//! - **Config keys:** `service-cidr` (default `10.96.0.0/12`): the range cluster IPs come
-//!   from, as the API server's `--service-cluster-ip-range`, IPv4, /12 to /30;
+//! - **Config keys:** `service-cidr` (default `10.96.0.0/12`): the ranges cluster IPs come
+//!   from, as the API server's `--service-cluster-ip-range`: one, or one per family (a list,
+//!   or the two separated by a comma), the first being the default family; IPv4 /12 to /30,
+//!   IPv6 /108 to /126;
 //!   `apply-max-bytes` (default 3 MiB) and `apply-max-depth` (default 64): the largest text
 //!   and the deepest nesting one apply or delete takes, checked before decoding;
 //!   `policy-dir` (unset by default): a directory of YAML files applied as they change.
@@ -36,6 +40,7 @@
 mod apply;
 #[cfg(test)]
 mod cell_tests;
+mod cluster_ips;
 mod config;
 mod document;
 mod error;
@@ -62,10 +67,11 @@ pub use key::{Object, ObjectKey};
 pub use limits::Limits;
 pub use objects::{
     CidrBlock, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy,
-    CiliumRule, ClusterIp, EndpointSlice, Entity, LabelRequirement, LabelSelector, NAME_LABEL,
-    NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Pod, PolicyPort,
-    PolicyType, PortRef, Protocol, SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES,
-    SelectorOperator, Service, ServicePort, SliceEndpoint, SlicePort,
+    CiliumRule, ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LabelRequirement,
+    LabelSelector, NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer,
+    NetworkPolicyRule, Pod, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES,
+    SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service, ServicePort, SliceEndpoint,
+    SlicePort,
 };
 pub use policy_dir::PolicyDir;
 pub use resources::{Action, Outcome, Resources};

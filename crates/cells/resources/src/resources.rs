@@ -20,7 +20,7 @@ use crate::objects::{
 };
 use crate::policy_dir;
 use crate::record::{Record, error_chain};
-use crate::service_ip::ServiceRange;
+use crate::service_ip::ServiceRanges;
 use crate::table::Table;
 use crate::writers::Writers;
 
@@ -83,7 +83,7 @@ pub struct Resources {
     /// `discovery.k8s.io/v1` EndpointSlices.
     pub endpoint_slices: Table<EndpointSlice>,
     /// The range cluster IPs come from.
-    pub(crate) service_range: ServiceRange,
+    pub(crate) service_ranges: ServiceRanges,
     /// The bounds on one applied text.
     pub(crate) limits: Limits,
     /// The apply lock: the writers and the record. Applies and deletes take it one at a time,
@@ -149,22 +149,23 @@ impl Resources {
     /// Empty tables but for the system namespaces, in memory only, with the default
     /// `service-cidr` and limits.
     pub fn new() -> Arc<Resources> {
-        let range = ServiceRange::new(ResourcesConfig::default().service_cidr)
+        let ranges = ServiceRanges::new(&ResourcesConfig::default().service_cidr)
             .expect("the default service range is valid");
         Arc::new(Resources::build(
             Store::Memory,
-            range,
+            ranges,
             Limits::default(),
             None,
         ))
     }
 
-    /// Empty tables in memory only, with cluster IPs from `service_cidr`.
-    pub fn with_service_cidr(service_cidr: ipnet::Ipv4Net) -> Result<Arc<Resources>> {
-        let range = ServiceRange::new(service_cidr).map_err(Error::ServiceCidr)?;
+    /// Empty tables in memory only, with cluster IPs from `service_cidr` (one range, or one
+    /// per family, the first being the default family).
+    pub fn with_service_cidr(service_cidr: &[ipnet::IpNet]) -> Result<Arc<Resources>> {
+        let ranges = ServiceRanges::new(service_cidr).map_err(Error::ServiceCidr)?;
         Ok(Arc::new(Resources::build(
             Store::Memory,
-            range,
+            ranges,
             Limits::default(),
             None,
         )))
@@ -180,11 +181,11 @@ impl Resources {
         reporter: Reporter,
         state_dir: Arc<StateDir>,
     ) -> Result<Arc<Resources>> {
-        let range = ServiceRange::new(cfg.service_cidr).map_err(Error::ServiceCidr)?;
+        let ranges = ServiceRanges::new(&cfg.service_cidr).map_err(Error::ServiceCidr)?;
         let limits = Limits::from_config(&cfg)?;
         let resources = Arc::new(Resources::build(
             Store::Unread(state_dir),
-            range,
+            ranges,
             limits,
             Some(reporter),
         ));
@@ -203,7 +204,7 @@ impl Resources {
 
     pub(crate) fn build(
         store: Store,
-        service_range: ServiceRange,
+        service_ranges: ServiceRanges,
         limits: Limits,
         reporter: Option<Reporter>,
     ) -> Resources {
@@ -217,7 +218,7 @@ impl Resources {
             cilium_clusterwide_network_policies: readers.cilium_clusterwide_network_policies,
             services: readers.services,
             endpoint_slices: readers.endpoint_slices,
-            service_range,
+            service_ranges,
             limits,
             state: Mutex::new(State {
                 writers,
@@ -241,9 +242,9 @@ impl Resources {
         self.lock().gaps.subscribe()
     }
 
-    /// The range cluster IPs are allocated from.
-    pub fn service_cidr(&self) -> ipnet::Ipv4Net {
-        self.service_range.cidr()
+    /// The ranges cluster IPs are allocated from, the default family's first.
+    pub fn service_cidrs(&self) -> Vec<ipnet::IpNet> {
+        self.service_ranges.cidrs()
     }
 
     /// The bounds on one applied text (`apply-max-bytes`, `apply-max-depth`).
@@ -488,12 +489,12 @@ metadata: { name: web, namespace: shop, labels: { app: web } }
 spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 80 } ] } ] }
 "#;
 
-    pub(crate) fn default_range() -> ServiceRange {
-        ServiceRange::new(ResourcesConfig::default().service_cidr).unwrap()
+    pub(crate) fn default_range() -> ServiceRanges {
+        ServiceRanges::new(&ResourcesConfig::default().service_cidr).unwrap()
     }
 
     /// Tables recorded in `state`, not restored yet.
-    pub(crate) fn persisted(state: &Arc<StateDir>, range: ServiceRange) -> Resources {
+    pub(crate) fn persisted(state: &Arc<StateDir>, range: ServiceRanges) -> Resources {
         Resources::build(Store::Unread(state.clone()), range, Limits::default(), None)
     }
 

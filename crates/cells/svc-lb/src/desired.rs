@@ -1,26 +1,30 @@
-//! What the load-balancing maps should hold: one frontend per port of every ClusterIP service,
-//! with the backends the endpointslice controller and kube-proxy would give it.
+//! What the load-balancing maps should hold: one frontend per port and cluster IP (one per
+//! family of a dual-stack service) of every ClusterIP service, with the backends the
+//! endpointslice controller and kube-proxy would give it.
 //!
 //! - A service some EndpointSlice names (label `kubernetes.io/service-name`, same namespace)
-//!   takes its backends from its slices: for each slice port of the service port's name and
-//!   protocol, every ready endpoint's first address at that port (as kube-proxy reads slices).
+//!   takes its backends from its slices, each frontend from the slices of its family
+//!   (`addressType`): for each slice port of the service port's name and protocol, every ready
+//!   endpoint's first address at that port (as kube-proxy reads slices).
 //! - Otherwise, a service with a selector takes this node's ready endpoints whose pod (in the
-//!   service's namespace) matches it, at the target port: a number as is, a name resolved
-//!   through the pod's container port of that name and protocol (a pod without one is no
-//!   backend of that port), as the endpointslice controller would write them.
+//!   service's namespace) matches it, their addresses of the frontend's family, at the target
+//!   port: a number as is, a name resolved through the pod's container port of that name and
+//!   protocol (a pod without one is no backend of that port), as the endpointslice controller
+//!   would write them.
 //! - A service with neither has no backends: its frontend drops new connections.
 //!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use cellium_datapath_bpf::{Backend, Frontend};
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_resources::{
-    EndpointSlice, Object, ObjectKey, Pod, PortRef, Protocol, Resources, Service, ServicePort,
+    EndpointSlice, IpFamily, Object, ObjectKey, Pod, PortRef, Protocol, Resources, Service,
+    ServicePort,
 };
 
 /// The most backends a frontend can have (slot numbers are 16-bit, slot 0 is the header).
@@ -74,7 +78,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// `shop/web http (10.96.1.1:80/TCP)`, as messages name a frontend.
+    /// `shop/web http (10.96.1.1:80/TCP)`, `shop/web http ([fd00:96::11]:80/TCP)`, as
+    /// messages name a frontend.
     pub fn describe(&self) -> String {
         let name = if self.port.name.is_empty() {
             String::new()
@@ -82,8 +87,10 @@ impl Plan {
             format!(" {}", self.port.name)
         };
         format!(
-            "{}{name} ({}:{}/{})",
-            self.service, self.frontend.vip, self.frontend.port, self.port.protocol
+            "{}{name} ({}/{})",
+            self.service,
+            SocketAddr::new(self.frontend.vip, self.frontend.port),
+            self.port.protocol
         )
     }
 }
@@ -95,8 +102,8 @@ pub struct LocalEndpoint {
     pub name: String,
     /// Its pod, if the runtime named one.
     pub pod: Option<ObjectKey>,
-    /// Its IPv4 addresses.
-    pub addresses: Vec<Ipv4Addr>,
+    /// Its addresses, of both families.
+    pub addresses: Vec<IpAddr>,
     /// Whether the datapath serves it (state `Ready`).
     pub ready: bool,
 }
@@ -109,14 +116,7 @@ impl From<&Endpoint> for LocalEndpoint {
                 .pod
                 .as_ref()
                 .map(|p| ObjectKey::namespaced(&p.namespace, &p.name)),
-            addresses: ep
-                .addresses
-                .iter()
-                .filter_map(|a| match a.ip {
-                    std::net::IpAddr::V4(ip) => Some(ip),
-                    std::net::IpAddr::V6(_) => None,
-                })
-                .collect(),
+            addresses: ep.addresses.iter().map(|a| a.ip).collect(),
             ready: ep.state == State::Ready,
         }
     }
@@ -152,7 +152,8 @@ impl Inputs {
     }
 }
 
-/// The frontends every ClusterIP service should have, ordered by service and port.
+/// The frontends every ClusterIP service should have, ordered by service, cluster IP (the
+/// first family's first) and port.
 pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     let mut slices_of: BTreeMap<ObjectKey, Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in &inputs.slices {
@@ -165,14 +166,24 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     }
     let mut out = Vec::new();
     for svc in &inputs.services {
-        let Some(vip) = svc.vip() else { continue };
         let key = svc.key();
         let slices = slices_of.get(&key).map(Vec::as_slice).unwrap_or_default();
-        for port in &svc.ports {
+        for (&vip, port) in svc
+            .vips()
+            .iter()
+            .flat_map(|vip| svc.ports.iter().map(move |port| (vip, port)))
+        {
+            let family = IpFamily::of(vip);
             let (from, backends) = if !slices.is_empty() {
-                (BackendsFrom::EndpointSlices, from_slices(slices, port))
+                (
+                    BackendsFrom::EndpointSlices,
+                    from_slices(slices, family, port),
+                )
             } else if !svc.selector.is_empty() {
-                (BackendsFrom::Selector, from_selector(svc, port, inputs))
+                (
+                    BackendsFrom::Selector,
+                    from_selector(svc, family, port, inputs),
+                )
             } else {
                 (BackendsFrom::None, Vec::new())
             };
@@ -200,9 +211,13 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     out
 }
 
-fn from_slices(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<PlannedBackend> {
+fn from_slices(
+    slices: &[&EndpointSlice],
+    family: IpFamily,
+    port: &ServicePort,
+) -> Vec<PlannedBackend> {
     let mut out = Vec::new();
-    for slice in slices {
+    for slice in slices.iter().filter(|s| s.address_type == family) {
         let source = format!("EndpointSlice {}", slice.key());
         let numbers = slice
             .ports
@@ -225,7 +240,12 @@ fn from_slices(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<PlannedBack
     out
 }
 
-fn from_selector(svc: &Service, port: &ServicePort, inputs: &Inputs) -> Vec<PlannedBackend> {
+fn from_selector(
+    svc: &Service,
+    family: IpFamily,
+    port: &ServicePort,
+    inputs: &Inputs,
+) -> Vec<PlannedBackend> {
     let mut out = Vec::new();
     for ep in inputs.endpoints.iter().filter(|e| e.ready) {
         let Some(pod_key) = &ep.pod else { continue };
@@ -249,7 +269,7 @@ fn from_selector(svc: &Service, port: &ServicePort, inputs: &Inputs) -> Vec<Plan
                 None => continue,
             },
         };
-        for addr in &ep.addresses {
+        for addr in ep.addresses.iter().filter(|a| IpFamily::of(**a) == family) {
             out.push(PlannedBackend {
                 backend: Backend {
                     addr: *addr,
@@ -310,8 +330,8 @@ metadata: { name: web-x, namespace: default, labels: { app: web } }
 spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
 "#;
 
-    fn ip(last: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, 244, 0, last)
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, last))
     }
 
     fn endpoint(id: u16, ns: &str, pod: &str, last: u8, ready: bool) -> LocalEndpoint {
@@ -461,6 +481,72 @@ ports: [ { name: http, port: 8080 } ]
         assert_eq!(
             backends(&plans(&inputs)[0]),
             vec!["10.1.0.7:8443 EndpointSlice shop/ext-1"]
+        );
+    }
+
+    #[test]
+    fn a_dual_stack_service_has_a_frontend_per_family_with_backends_of_its_family() {
+        let cidrs: Vec<cellium_datapath_bpf::IpNet> = vec![
+            "10.96.0.0/24".parse().unwrap(),
+            "fd00:96::/120".parse().unwrap(),
+        ];
+        let r = Resources::with_service_cidr(&cidrs).unwrap();
+        r.apply("app.yaml", APP).unwrap();
+        r.apply(
+            "svc.yaml",
+            r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { ipFamilyPolicy: PreferDualStack, selector: { app: web }, ports: [ { name: http, port: 80, targetPort: http } ] }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: ext, namespace: shop }
+spec: { ipFamilies: [ IPv6, IPv4 ], ports: [ { port: 53, protocol: UDP } ] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: ext-6, namespace: shop, labels: { kubernetes.io/service-name: ext } }
+addressType: IPv6
+endpoints: [ { addresses: [ "fd00:1::7" ] } ]
+ports: [ { port: 5353, protocol: UDP } ]
+"#,
+        )
+        .unwrap();
+        let mut inputs = Inputs::read(&r, &[]);
+        let v6 = |last: u16| {
+            IpAddr::V6(std::net::Ipv6Addr::new(
+                0xfd00, 0x10, 0x244, 0, 0, 0, 0, last,
+            ))
+        };
+        inputs.endpoints = vec![LocalEndpoint {
+            name: "endpoint 1 (shop/web-0)".into(),
+            pod: Some(ObjectKey::namespaced("shop", "web-0")),
+            addresses: vec![ip(10), v6(10)],
+            ready: true,
+        }];
+        let plans = plans(&inputs);
+        let described: Vec<(String, Vec<String>)> =
+            plans.iter().map(|p| (p.describe(), backends(p))).collect();
+        assert_eq!(
+            described,
+            vec![
+                // ext: its IPv6 frontend first, from its IPv6 slice; no IPv4 slice, none.
+                (
+                    "shop/ext ([fd00:96::12]:53/UDP)".into(),
+                    vec!["fd00:1::7:5353 EndpointSlice shop/ext-6".into()]
+                ),
+                ("shop/ext (10.96.0.18:53/UDP)".into(), vec![]),
+                (
+                    "shop/web http (10.96.0.17:80/TCP)".into(),
+                    vec!["10.244.0.10:8080 endpoint 1 (shop/web-0)".into()]
+                ),
+                (
+                    "shop/web http ([fd00:96::11]:80/TCP)".into(),
+                    vec!["fd00:10:244::a:8080 endpoint 1 (shop/web-0)".into()]
+                ),
+            ]
         );
     }
 

@@ -14,8 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use cellium_datapath_bpf::{Backend, Frontend};
 
-/// How many entries the backends map holds at most (`cel_lb4_backends`).
-const BACKENDS_CAPACITY: usize = 65536;
+/// How many entries the backends maps hold at most (`cel_lb4_backends` and
+/// `cel_lb6_backends`, 65536 each).
+const BACKENDS_CAPACITY: usize = 2 * 65536;
 
 /// The ids in use.
 #[derive(Debug, Default)]
@@ -60,7 +61,7 @@ impl Ids {
         }
         let used: std::collections::HashSet<u32> = self.backends.values().copied().collect();
         let mut candidate = self.last_backend;
-        // `taken` is what the backends map holds besides these: at most its capacity, so
+        // `taken` is what the backends maps hold besides these: at most their capacity, so
         // this many candidates always include a free one unless something is badly wrong.
         for _ in 0..used.len() + 2 * BACKENDS_CAPACITY {
             candidate = candidate.checked_add(1).unwrap_or(1);
@@ -133,7 +134,7 @@ mod tests {
 
     fn be(last: u8, port: u16) -> Backend {
         Backend {
-            addr: Ipv4Addr::new(10, 244, 0, last),
+            addr: Ipv4Addr::new(10, 244, 0, last).into(),
             port,
             protocol: Protocol::Tcp,
         }
@@ -141,7 +142,7 @@ mod tests {
 
     fn fe(port: u16) -> Frontend {
         Frontend {
-            vip: Ipv4Addr::new(10, 96, 0, 10),
+            vip: Ipv4Addr::new(10, 96, 0, 10).into(),
             port,
             protocol: Protocol::Tcp,
         }

@@ -1,10 +1,10 @@
 //! The `svc-lb` cell: ClusterIP services load-balanced by the datapath.
 //!
-//! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_services`,
-//!   `cel_lb4_backends`, `cel_lb4_revnat`): one frontend per port of every ClusterIP service
-//!   (cluster IP, port, protocol), its backends, stable backend ids shared by frontends, and
-//!   one rev-NAT id per frontend. Headless services have no frontend. IPv4 only, as the
-//!   datapath.
+//! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*` and
+//!   `cel_lb6_*`): one frontend per port and cluster IP of every ClusterIP service (a
+//!   dual-stack service has one cluster IP per family), its backends (of its family), stable
+//!   backend ids shared by frontends, and one rev-NAT id per frontend, ids being one space over
+//!   both families. Headless services have no frontend.
 //! - **Provides** `Arc<ServiceLb>` ([`ServiceLb::frontends`]: what is programmed, with the
 //!   source of every backend) and the `cellium.v1.Services` gRPC service
 //!   (`cellium service list`).

@@ -73,11 +73,8 @@ impl Programmer {
             backends,
             frontends.iter().map(|(fe, s)| (*fe, s.rev_nat_id)),
         );
-        // The map cannot be listed through the crate's API; 65535 lookups at start only.
-        for id in 1..=u16::MAX {
-            if !self.ids.rev_nat_in_use(id)
-                && lb.rev_nat(id).map_err(read("rev-NAT map"))?.is_some()
-            {
+        for id in lb.rev_nats().map_err(read("rev-NAT maps"))?.into_keys() {
+            if !self.ids.rev_nat_in_use(id) {
                 self.released.insert(id);
             }
         }

@@ -33,6 +33,18 @@ impl ConfigMap {
         }))
     }
 
+    /// Sets or clears the flags of `flag` (`DatapathConfig::*` flag constants), keeping the
+    /// other settings.
+    pub fn set_flag(&self, flag: u32, on: bool) -> Result<()> {
+        let mut config = self.get()?;
+        config.flags = if on {
+            config.flags | flag
+        } else {
+            config.flags & !flag
+        };
+        self.set(&config)
+    }
+
     /// Replaces the settings; the layout version is always this build's.
     pub fn set(&self, config: &DatapathConfig) -> Result<()> {
         let config = DatapathConfig {

@@ -1,30 +1,34 @@
-//! `cel_ct4`: the node's IPv4 connection table, and its garbage collector.
+//! `cel_ct4` and `cel_ct6`: the node's connection tables, one per family, and their
+//! garbage collector.
 //!
 //! The datapath ignores expired entries, so GC only reclaims space; LRU
-//! eviction already bounds the table. Service entries (client -> VIP)
+//! eviction already bounds the tables. Service entries (client -> VIP)
 //! carry [`CtTuple::service`] and remember the chosen backend.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
-use crate::abi::{CtEntry, CtKey, be32, ipv4_of};
+use crate::abi::{Ct6Key, CtEntry, CtKey, be32, ipv4_of};
 use crate::clock::ktime_now_ns;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::maps::TypedMap;
 use crate::types::Protocol;
 
-/// The map name.
+/// The IPv4 map name.
 pub const NAME: &str = "cel_ct4";
+/// The IPv6 map name.
+pub const NAME6: &str = "cel_ct6";
 
 const F_SERVICE: u8 = 1;
 
 /// A connection's tuple in the direction of its first packet. For ICMP
-/// echo, `sport` is the identifier and `dport` 0.
+/// echo, `sport` is the identifier and `dport` 0. Both addresses are of one
+/// family, which says the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CtTuple {
     /// Source address.
-    pub saddr: Ipv4Addr,
+    pub saddr: IpAddr,
     /// Destination address.
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// Source port (host order).
     pub sport: u16,
     /// Destination port (host order).
@@ -35,23 +39,59 @@ pub struct CtTuple {
     pub service: bool,
 }
 
+/// A tuple's key in the table of its family.
+enum Key {
+    V4(CtKey),
+    V6(Ct6Key),
+}
+
 impl CtTuple {
-    fn key(&self) -> CtKey {
-        CtKey {
-            saddr: be32(self.saddr),
-            daddr: be32(self.daddr),
-            sport: self.sport.to_be(),
-            dport: self.dport.to_be(),
-            protocol: self.protocol.number(),
-            flags: if self.service { F_SERVICE } else { 0 },
-            pad: 0,
+    fn flags(&self) -> u8 {
+        if self.service { F_SERVICE } else { 0 }
+    }
+
+    fn key(&self) -> Result<Key> {
+        match (self.saddr, self.daddr) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Ok(Key::V4(CtKey {
+                saddr: be32(s),
+                daddr: be32(d),
+                sport: self.sport.to_be(),
+                dport: self.dport.to_be(),
+                protocol: self.protocol.number(),
+                flags: self.flags(),
+                pad: 0,
+            })),
+            (IpAddr::V6(s), IpAddr::V6(d)) => Ok(Key::V6(Ct6Key {
+                saddr: s.octets(),
+                daddr: d.octets(),
+                sport: self.sport.to_be(),
+                dport: self.dport.to_be(),
+                protocol: self.protocol.number(),
+                flags: self.flags(),
+                pad: 0,
+            })),
+            _ => Err(Error::invalid(
+                format!("connection {} -> {}", self.saddr, self.daddr),
+                "the addresses are of two families",
+            )),
         }
     }
 
     fn from_key(k: &CtKey) -> Self {
         Self {
-            saddr: ipv4_of(k.saddr),
-            daddr: ipv4_of(k.daddr),
+            saddr: ipv4_of(k.saddr).into(),
+            daddr: ipv4_of(k.daddr).into(),
+            sport: u16::from_be(k.sport),
+            dport: u16::from_be(k.dport),
+            protocol: Protocol::from(k.protocol),
+            service: k.flags & F_SERVICE != 0,
+        }
+    }
+
+    fn from_key6(k: &Ct6Key) -> Self {
+        Self {
+            saddr: Ipv6Addr::from(k.saddr).into(),
+            daddr: Ipv6Addr::from(k.daddr).into(),
             sport: u16::from_be(k.sport),
             dport: u16::from_be(k.dport),
             protocol: Protocol::from(k.protocol),
@@ -94,39 +134,50 @@ pub struct GcStats {
     pub deleted: usize,
 }
 
-/// The connection table.
+/// The connection tables.
 #[derive(Debug)]
 pub struct Conntrack {
-    map: TypedMap<CtKey, CtEntry>,
+    v4: TypedMap<CtKey, CtEntry>,
+    v6: TypedMap<Ct6Key, CtEntry>,
 }
 
 impl Conntrack {
-    pub(crate) fn new(map: TypedMap<CtKey, CtEntry>) -> Self {
-        Self { map }
+    pub(crate) fn new(v4: TypedMap<CtKey, CtEntry>, v6: TypedMap<Ct6Key, CtEntry>) -> Self {
+        Self { v4, v6 }
     }
 
     /// The entry of a tuple (as first seen; replies are not looked up).
     pub fn get(&self, tuple: &CtTuple) -> Result<Option<CtEntry>> {
-        self.map.get(&tuple.key())
+        match tuple.key()? {
+            Key::V4(k) => self.v4.get(&k),
+            Key::V6(k) => self.v6.get(&k),
+        }
     }
 
     /// Writes an entry (restoring or testing; the datapath creates its own).
     pub fn put(&self, tuple: &CtTuple, entry: &CtEntry) -> Result<()> {
-        self.map.put(&tuple.key(), entry)
+        match tuple.key()? {
+            Key::V4(k) => self.v4.put(&k, entry),
+            Key::V6(k) => self.v6.put(&k, entry),
+        }
     }
 
     /// Deletes one connection; returns whether it existed.
     pub fn delete(&self, tuple: &CtTuple) -> Result<bool> {
-        self.map.delete(&tuple.key())
+        match tuple.key()? {
+            Key::V4(k) => self.v4.delete(&k),
+            Key::V6(k) => self.v6.delete(&k),
+        }
     }
 
-    /// Every entry, expired ones included.
+    /// Every entry of both families, expired ones included.
     pub fn entries(&self) -> Result<Vec<(CtTuple, CtEntry)>> {
-        Ok(self
-            .map
-            .entries()?
+        let v4 = self.v4.entries()?;
+        let v6 = self.v6.entries()?;
+        Ok(v4
             .iter()
             .map(|(k, v)| (CtTuple::from_key(k), *v))
+            .chain(v6.iter().map(|(k, v)| (CtTuple::from_key6(k), *v)))
             .collect())
     }
 
@@ -136,9 +187,15 @@ impl Conntrack {
     pub fn gc(&self) -> Result<GcStats> {
         let now = ktime_now_ns()?;
         let mut stats = GcStats::default();
-        for (key, entry) in self.map.entries()? {
+        for (key, entry) in self.v4.entries()? {
             stats.scanned += 1;
-            if entry.expires_ns <= now && self.map.delete(&key)? {
+            if entry.expires_ns <= now && self.v4.delete(&key)? {
+                stats.deleted += 1;
+            }
+        }
+        for (key, entry) in self.v6.entries()? {
+            stats.scanned += 1;
+            if entry.expires_ns <= now && self.v6.delete(&key)? {
                 stats.deleted += 1;
             }
         }
@@ -147,35 +204,42 @@ impl Conntrack {
 
     /// Deletes every entry whose source or destination is one of `addrs`: connections,
     /// service entries (client -> frontend) and translated connections (client -> backend)
-    /// alike. Returns how many were deleted.
+    /// alike, in the table of each address's family. Returns how many were deleted.
     ///
     /// This is how an address's state is kept from outliving its endpoint: call it once the
     /// endpoint map no longer (or newly) names the address. Trap: the datapath keeps creating
     /// entries while packets flow, so an entry created by a packet that raced the flush
     /// survives it; what cannot be raced is only a flush after the endpoint map changed.
-    /// The table has no family beyond IPv4 yet: IPv6 addresses match nothing.
     pub fn flush_addresses(&self, addrs: &[IpAddr]) -> Result<usize> {
-        let names = |ip: Ipv4Addr| addrs.contains(&IpAddr::V4(ip));
-        if !addrs.iter().any(IpAddr::is_ipv4) {
-            return Ok(0);
-        }
+        let names = |ip: IpAddr| addrs.contains(&ip);
         let mut n = 0;
-        for key in self.map.keys()? {
-            let t = CtTuple::from_key(&key);
-            if (names(t.saddr) || names(t.daddr)) && self.map.delete(&key)? {
-                n += 1;
+        if addrs.iter().any(IpAddr::is_ipv4) {
+            for key in self.v4.keys()? {
+                let t = CtTuple::from_key(&key);
+                if (names(t.saddr) || names(t.daddr)) && self.v4.delete(&key)? {
+                    n += 1;
+                }
+            }
+        }
+        if addrs.iter().any(IpAddr::is_ipv6) {
+            for key in self.v6.keys()? {
+                let t = CtTuple::from_key6(&key);
+                if (names(t.saddr) || names(t.daddr)) && self.v6.delete(&key)? {
+                    n += 1;
+                }
             }
         }
         Ok(n)
     }
 
-    /// Deletes every entry; returns how many.
+    /// Deletes every entry of both families; returns how many.
     pub fn flush(&self) -> Result<usize> {
         let mut n = 0;
-        for (key, _) in self.map.entries()? {
-            if self.map.delete(&key)? {
-                n += 1;
-            }
+        for key in self.v4.keys()? {
+            n += usize::from(self.v4.delete(&key)?);
+        }
+        for key in self.v6.keys()? {
+            n += usize::from(self.v6.delete(&key)?);
         }
         Ok(n)
     }
@@ -184,21 +248,38 @@ impl Conntrack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn tuples_round_trip_through_keys() {
         let t = CtTuple {
-            saddr: Ipv4Addr::new(10, 0, 0, 1),
-            daddr: Ipv4Addr::new(10, 96, 0, 10),
+            saddr: Ipv4Addr::new(10, 0, 0, 1).into(),
+            daddr: Ipv4Addr::new(10, 96, 0, 10).into(),
             sport: 40000,
             dport: 80,
             protocol: Protocol::Tcp,
             service: true,
         };
-        let k = t.key();
+        let Ok(Key::V4(k)) = t.key() else {
+            panic!("not an IPv4 key")
+        };
         assert_eq!(k.flags, 1);
         assert_eq!(k.dport, 80u16.to_be());
         assert_eq!(CtTuple::from_key(&k), t);
+        let t6 = CtTuple {
+            saddr: "fd00::1".parse().unwrap(),
+            daddr: "fd00::2".parse().unwrap(),
+            ..t
+        };
+        let Ok(Key::V6(k)) = t6.key() else {
+            panic!("not an IPv6 key")
+        };
+        assert_eq!(CtTuple::from_key6(&k), t6);
+        let mixed = CtTuple {
+            daddr: "fd00::2".parse().unwrap(),
+            ..t
+        };
+        assert!(mixed.key().is_err());
     }
 
     #[test]

@@ -1,30 +1,41 @@
-//! ClusterIP maps: `cel_lb4_services` (frontend slots), `cel_lb4_backends`
-//! and `cel_lb4_revnat`.
+//! ClusterIP maps, one set per family: `cel_lb4_services` / `cel_lb6_services` (frontend
+//! slots), `cel_lb4_backends` / `cel_lb6_backends` and `cel_lb4_revnat` / `cel_lb6_revnat`.
+//! A frontend, a backend and a rev-NAT entry live in the maps of their address's family;
+//! backend ids and rev-NAT ids are one space over both.
 //!
-//! Trap: a service's slots reference backend ids, so write backends first,
-//! and keep a rev-NAT entry until the service's connections are gone
-//! (deleting it makes replies arrive from the backend's own address).
+//! Trap: a service's slots reference backend ids, so write backends first, and keep a rev-NAT
+//! entry until the service's connections are gone (deleting it makes replies arrive from the
+//! backend's own address). A frontend's backends must be of its family: a slot naming an id
+//! of the other family's map finds no backend.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 
-use crate::abi::{Lb4Backend, Lb4Key, Lb4ReverseNat, Lb4Service, be32, ipv4_of};
+use crate::abi::{
+    Lb4Backend, Lb4Key, Lb4ReverseNat, Lb4Service, Lb6Backend, Lb6Key, Lb6ReverseNat, be32, ipv4_of,
+};
 use crate::error::{Error, Result};
 use crate::maps::TypedMap;
 use crate::types::Protocol;
 
-/// The services map name.
+/// The IPv4 services map name.
 pub const SERVICES: &str = "cel_lb4_services";
-/// The backends map name.
+/// The IPv4 backends map name.
 pub const BACKENDS: &str = "cel_lb4_backends";
-/// The reverse NAT map name.
+/// The IPv4 reverse NAT map name.
 pub const REVNAT: &str = "cel_lb4_revnat";
+/// The IPv6 services map name.
+pub const SERVICES6: &str = "cel_lb6_services";
+/// The IPv6 backends map name.
+pub const BACKENDS6: &str = "cel_lb6_backends";
+/// The IPv6 reverse NAT map name.
+pub const REVNAT6: &str = "cel_lb6_revnat";
 
 /// A service frontend: what clients connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frontend {
-    /// The virtual IP.
-    pub vip: Ipv4Addr,
+    /// The virtual IP (its family says the maps).
+    pub vip: IpAddr,
     /// The port (host order).
     pub port: u16,
     /// TCP or UDP.
@@ -34,8 +45,8 @@ pub struct Frontend {
 /// A backend address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Backend {
-    /// The backend's address.
-    pub addr: Ipv4Addr,
+    /// The backend's address (its family says the map).
+    pub addr: IpAddr,
     /// Its port (host order).
     pub port: u16,
     /// TCP or UDP.
@@ -51,94 +62,171 @@ pub struct ServiceEntry {
     pub backend_ids: Vec<u32>,
 }
 
+/// A frontend's key in the services map of its family.
+enum Key {
+    V4(Lb4Key),
+    V6(Lb6Key),
+}
+
 impl Frontend {
-    fn key(&self, slot: u16) -> Lb4Key {
-        Lb4Key {
-            vip: be32(self.vip),
-            dport: self.port.to_be(),
-            slot,
-            protocol: self.protocol.number(),
-            pad: [0; 3],
+    fn key(&self, slot: u16) -> Key {
+        match self.vip {
+            IpAddr::V4(vip) => Key::V4(Lb4Key {
+                vip: be32(vip),
+                dport: self.port.to_be(),
+                slot,
+                protocol: self.protocol.number(),
+                pad: [0; 3],
+            }),
+            IpAddr::V6(vip) => Key::V6(Lb6Key {
+                vip: vip.octets(),
+                dport: self.port.to_be(),
+                slot,
+                protocol: self.protocol.number(),
+                pad: [0; 3],
+            }),
         }
     }
 
-    fn from_key(k: &Lb4Key) -> Self {
+    fn from_key4(k: &Lb4Key) -> Self {
         Self {
-            vip: ipv4_of(k.vip),
+            vip: ipv4_of(k.vip).into(),
+            port: u16::from_be(k.dport),
+            protocol: Protocol::from(k.protocol),
+        }
+    }
+
+    fn from_key6(k: &Lb6Key) -> Self {
+        Self {
+            vip: Ipv6Addr::from(k.vip).into(),
             port: u16::from_be(k.dport),
             protocol: Protocol::from(k.protocol),
         }
     }
 }
 
-/// The three load-balancing maps.
+fn backend4(b: &Lb4Backend) -> Backend {
+    Backend {
+        addr: ipv4_of(b.addr).into(),
+        port: u16::from_be(b.port),
+        protocol: Protocol::from(b.protocol),
+    }
+}
+
+fn backend6(b: &Lb6Backend) -> Backend {
+    Backend {
+        addr: Ipv6Addr::from(b.addr).into(),
+        port: u16::from_be(b.port),
+        protocol: Protocol::from(b.protocol),
+    }
+}
+
+/// The maps of one family.
+#[derive(Debug)]
+pub(crate) struct FamilyMaps<K, B, R> {
+    pub(crate) services: TypedMap<K, Lb4Service>,
+    pub(crate) backends: TypedMap<u32, B>,
+    pub(crate) revnat: TypedMap<u16, R>,
+}
+
+/// The load-balancing maps of both families.
 #[derive(Debug)]
 pub struct Services {
-    services: TypedMap<Lb4Key, Lb4Service>,
-    backends: TypedMap<u32, Lb4Backend>,
-    revnat: TypedMap<u16, Lb4ReverseNat>,
+    v4: FamilyMaps<Lb4Key, Lb4Backend, Lb4ReverseNat>,
+    v6: FamilyMaps<Lb6Key, Lb6Backend, Lb6ReverseNat>,
 }
 
 impl Services {
     pub(crate) fn new(
-        services: TypedMap<Lb4Key, Lb4Service>,
-        backends: TypedMap<u32, Lb4Backend>,
-        revnat: TypedMap<u16, Lb4ReverseNat>,
+        v4: FamilyMaps<Lb4Key, Lb4Backend, Lb4ReverseNat>,
+        v6: FamilyMaps<Lb6Key, Lb6Backend, Lb6ReverseNat>,
     ) -> Self {
-        Self {
-            services,
-            backends,
-            revnat,
+        Self { v4, v6 }
+    }
+
+    fn slot(&self, frontend: &Frontend, slot: u16) -> Result<Option<Lb4Service>> {
+        match frontend.key(slot) {
+            Key::V4(k) => self.v4.services.get(&k),
+            Key::V6(k) => self.v6.services.get(&k),
         }
     }
 
-    /// Adds or replaces backend `id`.
+    fn put_slot(&self, frontend: &Frontend, slot: u16, value: &Lb4Service) -> Result<()> {
+        match frontend.key(slot) {
+            Key::V4(k) => self.v4.services.put(&k, value),
+            Key::V6(k) => self.v6.services.put(&k, value),
+        }
+    }
+
+    fn delete_slot(&self, frontend: &Frontend, slot: u16) -> Result<bool> {
+        match frontend.key(slot) {
+            Key::V4(k) => self.v4.services.delete(&k),
+            Key::V6(k) => self.v6.services.delete(&k),
+        }
+    }
+
+    /// Adds or replaces backend `id`, in the map of its address's family.
     pub fn put_backend(&self, id: u32, backend: &Backend) -> Result<()> {
-        let value = Lb4Backend {
-            addr: be32(backend.addr),
-            port: backend.port.to_be(),
-            protocol: backend.protocol.number(),
-            flags: 0,
-        };
-        self.backends.put(&id, &value)
+        let (port, protocol) = (backend.port.to_be(), backend.protocol.number());
+        match backend.addr {
+            IpAddr::V4(addr) => self.v4.backends.put(
+                &id,
+                &Lb4Backend {
+                    addr: be32(addr),
+                    port,
+                    protocol,
+                    flags: 0,
+                },
+            ),
+            IpAddr::V6(addr) => self.v6.backends.put(
+                &id,
+                &Lb6Backend {
+                    addr: addr.octets(),
+                    port,
+                    protocol,
+                    flags: 0,
+                },
+            ),
+        }
     }
 
-    /// Backend `id`.
+    /// Backend `id`, of either family.
     pub fn backend(&self, id: u32) -> Result<Option<Backend>> {
-        Ok(self.backends.get(&id)?.map(|b| Backend {
-            addr: ipv4_of(b.addr),
-            port: u16::from_be(b.port),
-            protocol: Protocol::from(b.protocol),
-        }))
+        if let Some(b) = self.v4.backends.get(&id)? {
+            return Ok(Some(backend4(&b)));
+        }
+        Ok(self.v6.backends.get(&id)?.map(|b| backend6(&b)))
     }
 
-    /// Removes backend `id`; connections pinned to it choose again.
+    /// Removes backend `id` (of either family); connections pinned to it choose again.
     pub fn delete_backend(&self, id: u32) -> Result<bool> {
-        self.backends.delete(&id)
+        let v4 = self.v4.backends.delete(&id)?;
+        let v6 = self.v6.backends.delete(&id)?;
+        Ok(v4 || v6)
     }
 
-    /// Every backend.
+    /// Every backend of both families.
     pub fn backends(&self) -> Result<BTreeMap<u32, Backend>> {
-        Ok(self
+        let mut out: BTreeMap<u32, Backend> = self
+            .v4
             .backends
             .entries()?
             .into_iter()
-            .map(|(id, b)| {
-                (
-                    id,
-                    Backend {
-                        addr: ipv4_of(b.addr),
-                        port: u16::from_be(b.port),
-                        protocol: Protocol::from(b.protocol),
-                    },
-                )
-            })
-            .collect())
+            .map(|(id, b)| (id, backend4(&b)))
+            .collect();
+        out.extend(
+            self.v6
+                .backends
+                .entries()?
+                .into_iter()
+                .map(|(id, b)| (id, backend6(&b))),
+        );
+        Ok(out)
     }
 
-    /// Adds or replaces a service: its reverse NAT entry, then the backend
-    /// slots, then slot 0 with the count, then slots past the new count are
-    /// removed, so the datapath never picks a slot that does not exist.
+    /// Adds or replaces a service: its reverse NAT entry, then the backend slots, then slot 0
+    /// with the count, then slots past the new count are removed, so the datapath never
+    /// picks a slot that does not exist. Everything goes to the maps of the frontend's family.
     pub fn put_service(
         &self,
         frontend: &Frontend,
@@ -163,27 +251,22 @@ impl Services {
             .ok_or_else(|| {
                 Error::invalid(format!("service {frontend:?}"), "more than 65534 backends")
             })?;
-        let old_count = self.services.get(&frontend.key(0))?.map_or(0, |s| s.count);
+        let old_count = self.slot(frontend, 0)?.map_or(0, |s| s.count);
 
-        self.revnat.put(
-            &rev_nat_id,
-            &Lb4ReverseNat {
-                vip: be32(frontend.vip),
-                port: frontend.port.to_be(),
-                pad: 0,
-            },
-        )?;
+        self.put_rev_nat(rev_nat_id, frontend)?;
         for (slot, id) in (1u16..).zip(backend_ids) {
-            self.services.put(
-                &frontend.key(slot),
+            self.put_slot(
+                frontend,
+                slot,
                 &Lb4Service {
                     backend_id: *id,
                     ..Default::default()
                 },
             )?;
         }
-        self.services.put(
-            &frontend.key(0),
+        self.put_slot(
+            frontend,
+            0,
             &Lb4Service {
                 count,
                 rev_nat_id,
@@ -191,19 +274,41 @@ impl Services {
             },
         )?;
         for slot in count + 1..=old_count {
-            self.services.delete(&frontend.key(slot))?;
+            self.delete_slot(frontend, slot)?;
         }
         Ok(())
     }
 
+    fn put_rev_nat(&self, id: u16, frontend: &Frontend) -> Result<()> {
+        let port = frontend.port.to_be();
+        match frontend.vip {
+            IpAddr::V4(vip) => self.v4.revnat.put(
+                &id,
+                &Lb4ReverseNat {
+                    vip: be32(vip),
+                    port,
+                    pad: 0,
+                },
+            ),
+            IpAddr::V6(vip) => self.v6.revnat.put(
+                &id,
+                &Lb6ReverseNat {
+                    vip: vip.octets(),
+                    port,
+                    pad: 0,
+                },
+            ),
+        }
+    }
+
     /// The service of a frontend.
     pub fn service(&self, frontend: &Frontend) -> Result<Option<ServiceEntry>> {
-        let Some(svc) = self.services.get(&frontend.key(0))? else {
+        let Some(svc) = self.slot(frontend, 0)? else {
             return Ok(None);
         };
         let mut backend_ids = Vec::with_capacity(usize::from(svc.count));
         for slot in 1..=svc.count {
-            if let Some(s) = self.services.get(&frontend.key(slot))? {
+            if let Some(s) = self.slot(frontend, slot)? {
                 backend_ids.push(s.backend_id);
             }
         }
@@ -213,11 +318,26 @@ impl Services {
         }))
     }
 
-    /// Every service.
+    /// Every service of both families.
     pub fn services(&self) -> Result<BTreeMap<Frontend, ServiceEntry>> {
+        let mut frontends: Vec<Frontend> = self
+            .v4
+            .services
+            .keys()?
+            .iter()
+            .filter(|k| k.slot == 0)
+            .map(Frontend::from_key4)
+            .collect();
+        frontends.extend(
+            self.v6
+                .services
+                .keys()?
+                .iter()
+                .filter(|k| k.slot == 0)
+                .map(Frontend::from_key6),
+        );
         let mut out = BTreeMap::new();
-        for (key, _) in self.services.entries()?.iter().filter(|(k, _)| k.slot == 0) {
-            let fe = Frontend::from_key(key);
+        for fe in frontends {
             if let Some(s) = self.service(&fe)? {
                 out.insert(fe, s);
             }
@@ -229,44 +349,81 @@ impl Services {
     /// a slot being removed). Its reverse NAT entry stays for the
     /// connections still open; remove it with [`Services::delete_rev_nat`].
     pub fn delete_service(&self, frontend: &Frontend) -> Result<bool> {
-        let Some(svc) = self.services.get(&frontend.key(0))? else {
+        let Some(svc) = self.slot(frontend, 0)? else {
             return Ok(false);
         };
-        self.services.delete(&frontend.key(0))?;
+        self.delete_slot(frontend, 0)?;
         for slot in 1..=svc.count {
-            self.services.delete(&frontend.key(slot))?;
+            self.delete_slot(frontend, slot)?;
         }
         Ok(true)
     }
 
-    /// The frontend replies of `rev_nat_id` are translated back to.
-    pub fn rev_nat(&self, rev_nat_id: u16) -> Result<Option<(Ipv4Addr, u16)>> {
+    /// The frontend replies of `rev_nat_id` are translated back to, of either family.
+    pub fn rev_nat(&self, rev_nat_id: u16) -> Result<Option<(IpAddr, u16)>> {
+        if let Some(r) = self.v4.revnat.get(&rev_nat_id)? {
+            return Ok(Some((ipv4_of(r.vip).into(), u16::from_be(r.port))));
+        }
         Ok(self
+            .v6
             .revnat
             .get(&rev_nat_id)?
-            .map(|r| (ipv4_of(r.vip), u16::from_be(r.port))))
+            .map(|r| (Ipv6Addr::from(r.vip).into(), u16::from_be(r.port))))
     }
 
-    /// Removes a reverse NAT entry.
+    /// Every reverse NAT entry of both families.
+    pub fn rev_nats(&self) -> Result<BTreeMap<u16, (IpAddr, u16)>> {
+        let mut out: BTreeMap<u16, (IpAddr, u16)> = self
+            .v4
+            .revnat
+            .entries()?
+            .into_iter()
+            .map(|(id, r)| (id, (ipv4_of(r.vip).into(), u16::from_be(r.port))))
+            .collect();
+        out.extend(
+            self.v6
+                .revnat
+                .entries()?
+                .into_iter()
+                .map(|(id, r)| (id, (Ipv6Addr::from(r.vip).into(), u16::from_be(r.port)))),
+        );
+        Ok(out)
+    }
+
+    /// Removes a reverse NAT entry (of either family).
     pub fn delete_rev_nat(&self, rev_nat_id: u16) -> Result<bool> {
-        self.revnat.delete(&rev_nat_id)
+        let v4 = self.v4.revnat.delete(&rev_nat_id)?;
+        let v6 = self.v6.revnat.delete(&rev_nat_id)?;
+        Ok(v4 || v6)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]
     fn frontend_keys_round_trip() {
         let fe = Frontend {
-            vip: Ipv4Addr::new(10, 96, 0, 10),
+            vip: Ipv4Addr::new(10, 96, 0, 10).into(),
             port: 8080,
             protocol: Protocol::Tcp,
         };
-        let k = fe.key(3);
+        let Key::V4(k) = fe.key(3) else {
+            panic!("not an IPv4 key")
+        };
         assert_eq!(k.slot, 3);
         assert_eq!(k.dport, 8080u16.to_be());
-        assert_eq!(Frontend::from_key(&k), fe);
+        assert_eq!(Frontend::from_key4(&k), fe);
+        let fe6 = Frontend {
+            vip: "fd00:96::10".parse().unwrap(),
+            ..fe
+        };
+        let Key::V6(k) = fe6.key(0) else {
+            panic!("not an IPv6 key")
+        };
+        assert_eq!(Frontend::from_key6(&k), fe6);
     }
 }

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod conntrack;
 pub mod endpoints;
+pub mod frag;
 pub mod ipcache;
 pub mod lb;
 pub mod metrics;

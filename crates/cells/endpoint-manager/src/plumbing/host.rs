@@ -23,7 +23,6 @@ const HOST_PEER: &str = "cellium_net";
 pub async fn setup_host(node: &Netlink, routers: &[IpAddr]) -> Result<()> {
     sysctl::set("net.ipv4.ip_forward", "1")?;
     if routers.iter().any(IpAddr::is_ipv6) {
-        tracing::warn!("{}", cellium_loader::IPV6_NOT_ENFORCED);
         sysctl::set("net.ipv6.conf.all.forwarding", "1")?;
     }
     let link = match find_link(&node.handle, HOST_DEVICE).await? {

@@ -7,8 +7,9 @@
 //!   taken as written.
 //! - `fromCIDR`/`fromCIDRSet` select external addresses only (identities with
 //!   `reserved:world`), never pods.
-//! - Entities map to reserved identities; `cluster` is every identity that is not world,
-//!   `all` every peer.
+//! - Entities map to reserved identities; `world` selects the world of both families
+//!   (`world-ipv4` and `world-ipv6` carry `reserved:world`), each of those its own half;
+//!   `cluster` is every identity that is not world, `all` every peer.
 //! - A rule with ports but no peer field selects every peer; an empty rule (`{}`) none; a
 //!   direction with rules (or `enableDefaultDeny`) is default deny; deny rules win.
 
@@ -128,6 +129,10 @@ pub fn entity(e: Entity) -> Result<Option<Peer>, String> {
             "reserved:world",
         )?])))),
         Entity::World => reserved("world"),
+        // The halves of a dual-stack node's world: their reserved identities, and the CIDR
+        // identities of their family (`Labels::for_cidr`).
+        Entity::WorldIpv4 => reserved("world-ipv4"),
+        Entity::WorldIpv6 => reserved("world-ipv6"),
         Entity::Host => reserved("host"),
         Entity::RemoteNode => reserved("remote-node"),
         Entity::KubeApiserver => reserved("kube-apiserver"),
@@ -263,6 +268,36 @@ mod tests {
         assert!(rules[4].peers.is_empty());
         assert_eq!(sets[0].prefixes.len(), 2);
         assert!(!sets[0].prefixes_cover_pods);
+    }
+
+    #[test]
+    fn the_world_splits_by_family_as_on_a_dual_stack_node() {
+        let sets = policies(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p, namespace: shop}\nspec:\n  endpointSelector: {}\n  egress: [{toEntities: [world, world-ipv4, world-ipv6, cluster]}]\n",
+        );
+        let peers = &sets[0].rules[0].peers;
+        let (world, v4, v6, cluster) = (
+            sel(&peers[0]),
+            sel(&peers[1]),
+            sel(&peers[2]),
+            sel(&peers[3]),
+        );
+        let (w, w4, w6) = (
+            l("reserved:world"),
+            l("reserved:world,reserved:world-ipv4"),
+            l("reserved:world,reserved:world-ipv6"),
+        );
+        let (c4, c6) = (
+            Labels::for_cidr("192.0.2.0/24".parse().unwrap()),
+            Labels::for_cidr("2001:db8::/32".parse().unwrap()),
+        );
+        for any in [&w, &w4, &w6, &c4, &c6] {
+            assert!(world.matches(any), "world selects {any}");
+            assert!(!cluster.matches(any), "cluster selects {any}");
+        }
+        assert!(v4.matches(&w4) && v4.matches(&c4) && !v4.matches(&w6) && !v4.matches(&c6));
+        assert!(v6.matches(&w6) && v6.matches(&c6) && !v6.matches(&w4) && !v6.matches(&c4));
+        assert!(!v6.matches(&w), "world (2) is no family's half");
     }
 
     #[test]

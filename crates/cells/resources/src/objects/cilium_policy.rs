@@ -17,6 +17,11 @@ use crate::objects::selector::LabelSelector;
 pub enum Entity {
     /// Everything outside the cluster (`reserved:world` and CIDR identities).
     World,
+    /// The IPv4 part of the world (`reserved:world-ipv4` and IPv4 CIDR identities), as
+    /// Cilium splits it on a dual-stack node.
+    WorldIpv4,
+    /// The IPv6 part of the world (`reserved:world-ipv6` and IPv6 CIDR identities).
+    WorldIpv6,
     /// Everything inside the cluster: every identity that is not world.
     Cluster,
     /// The local node.
@@ -41,8 +46,10 @@ pub enum Entity {
 
 impl Entity {
     /// Every entity with its name.
-    pub const ALL: [(Entity, &'static str); 11] = [
+    pub const ALL: [(Entity, &'static str); 13] = [
         (Entity::World, "world"),
+        (Entity::WorldIpv4, "world-ipv4"),
+        (Entity::WorldIpv6, "world-ipv6"),
         (Entity::Cluster, "cluster"),
         (Entity::Host, "host"),
         (Entity::RemoteNode, "remote-node"),

@@ -1,10 +1,10 @@
 //! `discovery.k8s.io/v1 EndpointSlice`: a service's endpoints, checked as the API server does.
 //!
 //! A slice belongs to the service of its namespace named by its `kubernetes.io/service-name`
-//! label. Only `addressType: IPv4` is accepted (the datapath balances IPv4); IPv6 and FQDN
-//! slices are refused as not supported. Topology fields (`nodeName`, `zone`, `hints`) and
-//! `targetRef` are checked and accepted but do not change what is balanced: every ready
-//! endpoint is a backend.
+//! label, and serves that service's frontends of its family (`addressType: IPv4` or `IPv6`,
+//! as kube-proxy reads slices); FQDN slices are refused as not supported. Topology fields
+//! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted but do not change
+//! what is balanced: every ready endpoint is a backend.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -13,8 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use k8s_openapi::api::discovery::v1 as k8s;
 
 use crate::key::{Object, ObjectKey};
-use crate::objects::Protocol;
 use crate::objects::policy_port::number;
+use crate::objects::{IpFamily, Protocol};
 use crate::validate::{self, FieldError};
 
 /// The label naming the service a slice belongs to.
@@ -30,20 +30,20 @@ const MAX_ADDRESSES: usize = 100;
 /// One endpoint of a slice.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SliceEndpoint {
-    /// Its addresses (at least one); consumers use the first, as kube-proxy does, since
-    /// the API defines them as interchangeable.
-    pub addresses: Vec<Ipv4Addr>,
+    /// Its addresses (at least one, of the slice's family); consumers use the first, as
+    /// kube-proxy does, since the API defines them as interchangeable.
+    pub addresses: Vec<IpAddr>,
     /// `conditions.ready`; absent counts as ready, as the API asks consumers to read it.
     pub ready: bool,
 }
 
 impl SliceEndpoint {
     /// The address traffic goes to.
-    pub fn address(&self) -> Ipv4Addr {
+    pub fn address(&self) -> IpAddr {
         self.addresses
             .first()
             .copied()
-            .unwrap_or(Ipv4Addr::UNSPECIFIED)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
     }
 }
 
@@ -80,6 +80,8 @@ pub struct EndpointSlice {
     pub name: String,
     /// The service it belongs to (its `kubernetes.io/service-name` label), in `namespace`.
     pub service: Option<String>,
+    /// The family of its addresses (`addressType`).
+    pub address_type: IpFamily,
     /// Its endpoints.
     pub endpoints: Vec<SliceEndpoint>,
     /// The ports every endpoint serves.
@@ -108,18 +110,13 @@ impl EndpointSlice {
         validate::dns1123_label("metadata.namespace", &namespace)?;
         let labels = meta.labels.unwrap_or_default();
         validate::labels("metadata.labels", &labels)?;
-        match slice.address_type.as_str() {
-            "IPv4" => {}
-            "IPv6" => {
-                return Err(FieldError::new(
-                    "addressType",
-                    "not supported: IPv6 endpoint slices (the datapath balances IPv4 only)",
-                ));
-            }
+        let address_type = match slice.address_type.as_str() {
+            "IPv4" => IpFamily::Ipv4,
+            "IPv6" => IpFamily::Ipv6,
             "FQDN" => {
                 return Err(FieldError::new(
                     "addressType",
-                    "not supported: FQDN endpoint slices (backends must be IPv4 addresses)",
+                    "not supported: FQDN endpoint slices (backends must be IP addresses)",
                 ));
             }
             other => {
@@ -128,7 +125,7 @@ impl EndpointSlice {
                     format!("unsupported value {other:?} (expected IPv4, IPv6 or FQDN)"),
                 ));
             }
-        }
+        };
         if slice.endpoints.len() > MAX_ENDPOINTS {
             return Err(FieldError::new(
                 "endpoints",
@@ -139,20 +136,21 @@ impl EndpointSlice {
             .endpoints
             .into_iter()
             .enumerate()
-            .map(|(i, e)| endpoint(&format!("endpoints[{i}]"), e))
+            .map(|(i, e)| endpoint(&format!("endpoints[{i}]"), address_type, e))
             .collect::<Result<Vec<_>, _>>()?;
         let ports = ports(slice.ports.unwrap_or_default())?;
         Ok(EndpointSlice {
             namespace,
             name,
             service: labels.get(SERVICE_NAME_LABEL).cloned(),
+            address_type,
             endpoints,
             ports,
         })
     }
 }
 
-fn endpoint(field: &str, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> {
+fn endpoint(field: &str, family: IpFamily, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> {
     if e.addresses.is_empty() || e.addresses.len() > MAX_ADDRESSES {
         return Err(FieldError::new(
             format!("{field}.addresses"),
@@ -163,7 +161,7 @@ fn endpoint(field: &str, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> 
         .addresses
         .iter()
         .enumerate()
-        .map(|(j, a)| address(&format!("{field}.addresses[{j}]"), a))
+        .map(|(j, a)| address(&format!("{field}.addresses[{j}]"), family, a))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(hostname) = &e.hostname {
         validate::dns1123_label(&format!("{field}.hostname"), hostname)?;
@@ -177,32 +175,33 @@ fn endpoint(field: &str, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> 
     })
 }
 
-/// An IPv4 address that can be an endpoint: not unspecified, loopback or link-local, which
-/// the API server refuses (they would reach the node itself or nothing).
-fn address(field: &str, text: &str) -> Result<Ipv4Addr, FieldError> {
-    let ip = match text.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => ip,
-        Ok(IpAddr::V6(_)) => {
-            return Err(FieldError::new(
-                field,
-                format!("{text} is not an IPv4 address (addressType is IPv4)"),
-            ));
+/// An address of the slice's family that can be an endpoint: not unspecified, loopback,
+/// link-local or link-local multicast, which the API server refuses (they would reach the
+/// node itself or nothing).
+fn address(field: &str, family: IpFamily, text: &str) -> Result<IpAddr, FieldError> {
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| FieldError::new(field, format!("{text:?} is not an {family} address")))?;
+    if IpFamily::of(ip) != family {
+        return Err(FieldError::new(
+            field,
+            format!("{text} is not an {family} address (addressType is {family})"),
+        ));
+    }
+    let special = match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => Some("an unspecified address"),
+        IpAddr::V4(v4) if v4.is_loopback() => Some("a loopback address"),
+        IpAddr::V4(v4) if v4.is_link_local() || v4.octets()[..3] == [224, 0, 0] => {
+            Some("a link-local address")
         }
-        Err(_) => {
-            return Err(FieldError::new(
-                field,
-                format!("{text:?} is not an IPv4 address"),
-            ));
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("an unspecified address"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("a loopback address"),
+        IpAddr::V6(v6)
+            if (v6.segments()[0] & 0xffc0) == 0xfe80 || (v6.segments()[0] & 0xff0f) == 0xff02 =>
+        {
+            Some("a link-local address")
         }
-    };
-    let special = if ip.is_unspecified() {
-        Some("an unspecified address")
-    } else if ip.is_loopback() {
-        Some("a loopback address")
-    } else if ip.is_link_local() || (ip.octets()[..3] == [224, 0, 0]) {
-        Some("a link-local address")
-    } else {
-        None
+        _ => None,
     };
     match special {
         Some(kind) => Err(FieldError::new(
@@ -290,10 +289,20 @@ mod tests {
     }
 
     #[test]
-    fn only_ipv4_slices_are_supported() {
-        let e = parse("addressType: IPv6\nendpoints: []\n").unwrap_err();
-        assert_eq!(e.field, "addressType");
-        assert!(e.reason.starts_with("not supported: IPv6"), "{}", e.reason);
+    fn ip_slices_of_either_family_are_supported() {
+        let s = parse("addressType: IPv6\nendpoints: [{addresses: ['fd00:10:244::5']}]\n").unwrap();
+        assert_eq!(s.address_type, IpFamily::Ipv6);
+        assert_eq!(
+            s.endpoints[0].address(),
+            "fd00:10:244::5".parse::<IpAddr>().unwrap()
+        );
+        for bad in ["10.0.0.1", "fe80::1", "ff02::1", "::1", "::"] {
+            let e = parse(&format!(
+                "addressType: IPv6\nendpoints: [{{addresses: ['{bad}']}}]\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.field, "endpoints[0].addresses[0]", "{bad}: {e:?}");
+        }
         let e = parse("addressType: FQDN\nendpoints: []\n").unwrap_err();
         assert!(e.reason.starts_with("not supported: FQDN"), "{}", e.reason);
         let e = parse("addressType: ipv4\nendpoints: []\n").unwrap_err();

@@ -27,4 +27,4 @@ pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
-pub use service::{ClusterIp, Service, ServicePort};
+pub use service::{ClusterIp, IpFamily, IpFamilyPolicy, Service, ServicePort};

@@ -1,15 +1,17 @@
-//! `v1 Service`: ClusterIP and headless services, checked and defaulted as the API server does.
+//! `v1 Service`: ClusterIP and headless services, single-stack or dual-stack, checked and
+//! defaulted as the API server does.
 //!
 //! What the node cannot do is refused with "not supported" naming the field, never stored and
 //! silently left out: NodePort, LoadBalancer and ExternalName services, external IPs,
-//! `sessionAffinity: ClientIP`, IPv6 and dual-stack families, SCTP ports, node-local internal
-//! traffic and traffic distribution preferences. The cluster IP is decided by
-//! [`Resources`](crate::Resources) (allocated from the `service-cidr` range, or checked
-//! there), since it depends on the other services.
+//! `sessionAffinity: ClientIP`, SCTP ports, node-local internal traffic and traffic
+//! distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
+//! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
+//! they depend on the configuration and on the other services.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -20,13 +22,70 @@ use crate::objects::pod::port_name;
 use crate::objects::policy_port::{PortRef, number};
 use crate::validate::{self, FieldError};
 
-/// A service's virtual address.
+/// A service's virtual address (`spec.clusterIP`: of its first family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClusterIp {
-    /// A ClusterIP service's address, which its frontends listen on.
-    Address(Ipv4Addr),
+    /// A ClusterIP service's address of its first family.
+    Address(IpAddr),
     /// `clusterIP: None`: a headless service, which has no address and is not load-balanced.
     Headless,
+}
+
+/// An IP family, as `spec.ipFamilies` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    /// `IPv4`.
+    Ipv4,
+    /// `IPv6`.
+    Ipv6,
+}
+
+impl IpFamily {
+    /// The family of `ip`.
+    pub fn of(ip: IpAddr) -> IpFamily {
+        match ip {
+            IpAddr::V4(_) => IpFamily::Ipv4,
+            IpAddr::V6(_) => IpFamily::Ipv6,
+        }
+    }
+
+    /// The other family.
+    pub fn other(self) -> IpFamily {
+        match self {
+            IpFamily::Ipv4 => IpFamily::Ipv6,
+            IpFamily::Ipv6 => IpFamily::Ipv4,
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::Ipv4 => "IPv4",
+            IpFamily::Ipv6 => "IPv6",
+        })
+    }
+}
+
+/// `spec.ipFamilyPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamilyPolicy {
+    /// One family.
+    SingleStack,
+    /// Both families when the cluster has both, one otherwise.
+    PreferDualStack,
+    /// Both families; refused by a single-stack cluster.
+    RequireDualStack,
+}
+
+impl fmt::Display for IpFamilyPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamilyPolicy::SingleStack => "SingleStack",
+            IpFamilyPolicy::PreferDualStack => "PreferDualStack",
+            IpFamilyPolicy::RequireDualStack => "RequireDualStack",
+        })
+    }
 }
 
 impl fmt::Display for ClusterIp {
@@ -70,8 +129,15 @@ pub struct Service {
     pub namespace: String,
     /// The name (a DNS-1035 label).
     pub name: String,
-    /// Its address, or headless. Immutable once set.
+    /// Its address of its first family, or headless. Immutable once set.
     pub cluster_ip: ClusterIp,
+    /// Its addresses, one per family of `ip_families`, `cluster_ip` first (`spec.clusterIPs`);
+    /// empty for a headless service.
+    pub cluster_ips: Vec<IpAddr>,
+    /// Its families, as the API server defaults them: the first is `cluster_ip`'s.
+    pub ip_families: Vec<IpFamily>,
+    /// Its family policy, as the API server defaults it.
+    pub ip_family_policy: IpFamilyPolicy,
     /// Its ports (none only for a headless service).
     pub ports: Vec<ServicePort>,
     /// The labels of the pods (of its namespace) that back it; empty = no selector, so its
@@ -87,12 +153,18 @@ impl Object for Service {
 }
 
 impl Service {
-    /// The address frontends listen on; `None` for a headless service.
-    pub fn vip(&self) -> Option<Ipv4Addr> {
+    /// The address of its first family; `None` for a headless service.
+    pub fn vip(&self) -> Option<IpAddr> {
         match self.cluster_ip {
             ClusterIp::Address(ip) => Some(ip),
             ClusterIp::Headless => None,
         }
+    }
+
+    /// Every address frontends listen on, one per family, the first family's first; none for
+    /// a headless service.
+    pub fn vips(&self) -> &[IpAddr] {
+        &self.cluster_ips
     }
 
     /// Whether the service has a selector and a pod with `labels` matches it (every
@@ -117,8 +189,8 @@ impl Service {
         validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
         let spec = svc.spec.unwrap_or_default();
         check_type_dependent_fields(&spec)?;
-        check_families(&spec)?;
-        let requested = requested_ip(&spec)?;
+        let (families, policy) = families(&spec)?;
+        let requested = requested_ips(&spec)?;
         let ports = ports(spec.ports.unwrap_or_default())?;
         if ports.is_empty() && requested != RequestedIp::Headless {
             return Err(FieldError::new(
@@ -128,42 +200,47 @@ impl Service {
         }
         let selector = spec.selector.unwrap_or_default();
         validate::labels("spec.selector", &selector)?;
-        let cluster_ip = match requested {
-            RequestedIp::Address(ip) => ClusterIp::Address(ip),
-            RequestedIp::Headless => ClusterIp::Headless,
-            // Decided by `Resources` before the service is stored.
-            RequestedIp::Unset => ClusterIp::Address(Ipv4Addr::UNSPECIFIED),
-        };
         Ok(ServiceDraft {
+            // The addresses and families are decided by `Resources` before it is stored.
             service: Service {
                 namespace,
                 name,
-                cluster_ip,
+                cluster_ip: ClusterIp::Headless,
+                cluster_ips: Vec::new(),
+                ip_families: Vec::new(),
+                ip_family_policy: IpFamilyPolicy::SingleStack,
                 ports,
                 selector,
             },
             requested,
+            families,
+            policy,
         })
     }
 }
 
-/// What a document asks for as the service's address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a document asks for as the service's addresses (`clusterIP` and `clusterIPs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RequestedIp {
-    /// Nothing: keep the current one, or allocate one.
+    /// Nothing: keep the current ones, or allocate them.
     Unset,
     /// `None`: headless.
     Headless,
-    /// This address.
-    Address(Ipv4Addr),
+    /// These addresses, one or two, of different families.
+    Addresses(Vec<IpAddr>),
 }
 
-/// A decoded service whose address is not decided yet: `service.cluster_ip` is meaningful
-/// only once [`Resources`](crate::Resources) has settled `requested`.
+/// A decoded service whose addresses and families are not decided yet: `service.cluster_ip`,
+/// `cluster_ips`, `ip_families` and `ip_family_policy` are meaningful only once
+/// [`Resources`](crate::Resources) has settled `requested`, `families` and `policy`.
 #[derive(Debug, Clone)]
 pub(crate) struct ServiceDraft {
     pub(crate) service: Service,
     pub(crate) requested: RequestedIp,
+    /// `spec.ipFamilies` as written (checked: known values, at most two, no repeat).
+    pub(crate) families: Vec<IpFamily>,
+    /// `spec.ipFamilyPolicy` as written.
+    pub(crate) policy: Option<IpFamilyPolicy>,
 }
 
 fn not_supported(field: &str, what: &str) -> FieldError {
@@ -276,101 +353,119 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
     Ok(())
 }
 
-/// IPv4, single-stack: the datapath balances IPv4 only. `PreferDualStack` is accepted and
-/// gives an IPv4 service, as the API server of a single-stack cluster makes it.
-fn check_families(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
-    let families = spec.ip_families.as_deref().unwrap_or_default();
-    if families.len() > 2 {
+/// `ipFamilies` and `ipFamilyPolicy` as written: known values, at most two families, none
+/// twice. Their defaulting, which depends on the cluster's ranges, is `Resources`'.
+fn families(
+    spec: &k8s::ServiceSpec,
+) -> Result<(Vec<IpFamily>, Option<IpFamilyPolicy>), FieldError> {
+    let written = spec.ip_families.as_deref().unwrap_or_default();
+    if written.len() > 2 {
         return Err(FieldError::new(
             "spec.ipFamilies",
             "at most two families may be given",
         ));
     }
-    for (i, family) in families.iter().enumerate() {
+    let mut families = Vec::with_capacity(written.len());
+    for (i, family) in written.iter().enumerate() {
         let field = format!("spec.ipFamilies[{i}]");
-        match family.as_str() {
-            "IPv4" if i == 0 => {}
-            "IPv4" => return Err(FieldError::new(field, "duplicate value \"IPv4\"")),
-            "IPv6" => {
-                return Err(not_supported(
-                    &field,
-                    "IPv6 services (the datapath balances IPv4 only)",
-                ));
-            }
+        let family = match family.as_str() {
+            "IPv4" => IpFamily::Ipv4,
+            "IPv6" => IpFamily::Ipv6,
             other => {
                 return Err(FieldError::new(
                     field,
                     format!("unsupported value {other:?} (expected IPv4 or IPv6)"),
                 ));
             }
+        };
+        if families.contains(&family) {
+            return Err(FieldError::new(
+                field,
+                format!("duplicate value \"{family}\""),
+            ));
         }
+        families.push(family);
     }
-    match spec.ip_family_policy.as_deref() {
-        None | Some("SingleStack") | Some("PreferDualStack") => Ok(()),
-        Some("RequireDualStack") => Err(not_supported(
-            "spec.ipFamilyPolicy",
-            "RequireDualStack (services are IPv4 only)",
-        )),
-        Some(other) => Err(FieldError::new(
-            "spec.ipFamilyPolicy",
-            format!(
-                "unsupported value {other:?} (expected SingleStack, PreferDualStack or RequireDualStack)"
-            ),
-        )),
-    }
+    let policy = match spec.ip_family_policy.as_deref() {
+        None => None,
+        Some("SingleStack") => Some(IpFamilyPolicy::SingleStack),
+        Some("PreferDualStack") => Some(IpFamilyPolicy::PreferDualStack),
+        Some("RequireDualStack") => Some(IpFamilyPolicy::RequireDualStack),
+        Some(other) => {
+            return Err(FieldError::new(
+                "spec.ipFamilyPolicy",
+                format!(
+                    "unsupported value {other:?} (expected SingleStack, PreferDualStack or RequireDualStack)"
+                ),
+            ));
+        }
+    };
+    Ok((families, policy))
 }
 
-/// `clusterIP` and `clusterIPs`, which must agree.
-fn requested_ip(spec: &k8s::ServiceSpec) -> Result<RequestedIp, FieldError> {
+/// `clusterIP` and `clusterIPs`, which must agree: `clusterIPs[0]` is `clusterIP`, a second
+/// entry is of the other family, `None` stands alone.
+fn requested_ips(spec: &k8s::ServiceSpec) -> Result<RequestedIp, FieldError> {
     let single = match spec.cluster_ip.as_deref() {
         None | Some("") => None,
         Some(text) => Some(parse_ip("spec.clusterIP", text)?),
     };
     let list = spec.cluster_ips.as_deref().unwrap_or_default();
-    if let Some(text) = list.get(1) {
-        parse_ip("spec.clusterIPs[1]", text)?;
-        return Err(not_supported(
-            "spec.clusterIPs[1]",
-            "a second cluster IP (services are IPv4 and single-stack)",
+    if list.len() > 2 {
+        return Err(FieldError::new(
+            "spec.clusterIPs",
+            "at most two addresses may be given, one per family",
         ));
     }
-    let first = match list.first() {
-        None => None,
-        Some(text) => Some(parse_ip("spec.clusterIPs[0]", text)?),
-    };
-    match (single, first) {
-        (Some(a), Some(b)) if a != b => Err(FieldError::new(
-            "spec.clusterIPs[0]",
-            format!("must be the same as spec.clusterIP ({})", ip_text(a)),
-        )),
-        (Some(ip), _) | (None, Some(ip)) => Ok(ip),
-        (None, None) => Ok(RequestedIp::Unset),
+    let listed = list
+        .iter()
+        .enumerate()
+        .map(|(i, text)| parse_ip(&format!("spec.clusterIPs[{i}]"), text))
+        .collect::<Result<Vec<_>, _>>()?;
+    match (single, listed.first()) {
+        (Some(a), Some(b)) if a != *b => {
+            return Err(FieldError::new(
+                "spec.clusterIPs[0]",
+                format!("must be the same as spec.clusterIP ({})", ip_text(a)),
+            ));
+        }
+        _ => {}
     }
+    match listed.as_slice() {
+        [Some(a), Some(b)] if IpFamily::of(*a) == IpFamily::of(*b) => {
+            return Err(FieldError::new(
+                "spec.clusterIPs[1]",
+                format!("{b} is of the family of clusterIPs[0] ({a}): one address per family"),
+            ));
+        }
+        [_, None] | [None, _] => {
+            return Err(FieldError::new(
+                "spec.clusterIPs",
+                "\"None\" must be the only entry of a headless service",
+            ));
+        }
+        _ => {}
+    }
+    Ok(match (single, listed.as_slice()) {
+        (Some(None), _) | (_, [None]) => RequestedIp::Headless,
+        (None, []) => RequestedIp::Unset,
+        (Some(Some(ip)), []) => RequestedIp::Addresses(vec![ip]),
+        (_, _) => RequestedIp::Addresses(listed.into_iter().flatten().collect()),
+    })
 }
 
-fn ip_text(ip: RequestedIp) -> String {
-    match ip {
-        RequestedIp::Address(a) => a.to_string(),
-        RequestedIp::Headless => "None".into(),
-        RequestedIp::Unset => String::new(),
-    }
+fn ip_text(ip: Option<IpAddr>) -> String {
+    ip.map_or_else(|| "None".into(), |a| a.to_string())
 }
 
-fn parse_ip(field: &str, text: &str) -> Result<RequestedIp, FieldError> {
+/// An address, or `None` for "None" (headless).
+fn parse_ip(field: &str, text: &str) -> Result<Option<IpAddr>, FieldError> {
     if text == "None" {
-        return Ok(RequestedIp::Headless);
+        return Ok(None);
     }
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => Ok(RequestedIp::Address(ip)),
-        Ok(IpAddr::V6(_)) => Err(not_supported(
-            field,
-            "IPv6 services (the datapath balances IPv4 only)",
-        )),
-        Err(_) => Err(FieldError::new(
-            field,
-            format!("{text:?} is not an IP address or \"None\""),
-        )),
-    }
+    text.parse::<IpAddr>()
+        .map(Some)
+        .map_err(|_| FieldError::new(field, format!("{text:?} is not an IP address or \"None\"")))
 }
 
 fn ports(list: Vec<k8s::ServicePort>) -> Result<Vec<ServicePort>, FieldError> {
@@ -519,35 +614,76 @@ mod tests {
 
     #[test]
     fn cluster_ips_given_or_headless() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let d = parse("{clusterIP: 10.96.0.10, ports: [{port: 53}]}").unwrap();
-        assert_eq!(
-            d.requested,
-            RequestedIp::Address(Ipv4Addr::new(10, 96, 0, 10))
-        );
-        assert_eq!(
-            d.service.cluster_ip,
-            ClusterIp::Address(Ipv4Addr::new(10, 96, 0, 10))
-        );
+        assert_eq!(d.requested, RequestedIp::Addresses(vec![ip("10.96.0.10")]));
         let d = parse("{clusterIPs: [10.96.0.11], ports: [{port: 53}]}").unwrap();
+        assert_eq!(d.requested, RequestedIp::Addresses(vec![ip("10.96.0.11")]));
+        let d = parse(
+            "{clusterIPs: ['fd00:96::a', 10.96.0.11], ipFamilies: [IPv6, IPv4], ipFamilyPolicy: PreferDualStack, ports: [{port: 53}]}",
+        )
+        .unwrap();
         assert_eq!(
             d.requested,
-            RequestedIp::Address(Ipv4Addr::new(10, 96, 0, 11))
+            RequestedIp::Addresses(vec![ip("fd00:96::a"), ip("10.96.0.11")])
         );
-        let d = parse("{clusterIP: None, selector: {app: db}}").unwrap();
-        assert_eq!(d.service.cluster_ip, ClusterIp::Headless);
-        assert!(d.service.vip().is_none());
-        assert_eq!(d.service.cluster_ip.to_string(), "None");
-        let e = err("{clusterIP: 10.96.0.10, clusterIPs: [10.96.0.11], ports: [{port: 1}]}");
-        assert_eq!(
-            (e.field.as_str(), e.reason.as_str()),
+        assert_eq!(d.families, vec![IpFamily::Ipv6, IpFamily::Ipv4]);
+        assert_eq!(d.policy, Some(IpFamilyPolicy::PreferDualStack));
+        for headless in [
+            "{clusterIP: None, selector: {app: db}}",
+            "{clusterIPs: [None], selector: {app: db}}",
+        ] {
+            let d = parse(headless).unwrap();
+            assert_eq!(d.requested, RequestedIp::Headless, "{headless}");
+        }
+        assert_eq!(ClusterIp::Headless.to_string(), "None");
+        let cases = [
             (
+                "{clusterIP: 10.96.0.10, clusterIPs: [10.96.0.11], ports: [{port: 1}]}",
                 "spec.clusterIPs[0]",
-                "must be the same as spec.clusterIP (10.96.0.10)"
-            )
-        );
-        let e = err("{clusterIP: 10.96.0.300, ports: [{port: 1}]}");
-        assert_eq!(e.field, "spec.clusterIP");
-        assert!(e.reason.contains("is not an IP address"), "{}", e.reason);
+                "must be the same as spec.clusterIP (10.96.0.10)",
+            ),
+            (
+                "{clusterIPs: [10.96.0.10, 10.96.0.11], ports: [{port: 1}]}",
+                "spec.clusterIPs[1]",
+                "one address per family",
+            ),
+            (
+                "{clusterIPs: [None, 'fd00::1'], ports: [{port: 1}]}",
+                "spec.clusterIPs",
+                "must be the only entry",
+            ),
+            (
+                "{clusterIPs: [10.0.0.1, 'fd00::1', 10.0.0.2], ports: [{port: 1}]}",
+                "spec.clusterIPs",
+                "at most two",
+            ),
+            (
+                "{clusterIP: 10.96.0.300, ports: [{port: 1}]}",
+                "spec.clusterIP",
+                "is not an IP address",
+            ),
+            (
+                "{ipFamilies: [IPv4, IPv4], ports: [{port: 1}]}",
+                "spec.ipFamilies[1]",
+                "duplicate value",
+            ),
+            (
+                "{ipFamilies: [IPv5], ports: [{port: 1}]}",
+                "spec.ipFamilies[0]",
+                "unsupported value",
+            ),
+            (
+                "{ipFamilyPolicy: DualStack, ports: [{port: 1}]}",
+                "spec.ipFamilyPolicy",
+                "unsupported value",
+            ),
+        ];
+        for (spec, field, reason) in cases {
+            let e = err(spec);
+            assert_eq!(e.field, field, "{spec}: {e:?}");
+            assert!(e.reason.contains(reason), "{spec}: {e:?}");
+        }
     }
 
     #[test]
@@ -571,26 +707,6 @@ mod tests {
             (
                 "{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}",
                 "spec.sessionAffinityConfig",
-            ),
-            (
-                "{ipFamilies: [IPv6], ports: [{port: 80}]}",
-                "spec.ipFamilies[0]",
-            ),
-            (
-                "{ipFamilies: [IPv4, IPv6], ports: [{port: 80}]}",
-                "spec.ipFamilies[1]",
-            ),
-            (
-                "{ipFamilyPolicy: RequireDualStack, ports: [{port: 80}]}",
-                "spec.ipFamilyPolicy",
-            ),
-            (
-                "{clusterIP: 'fd00::10', ports: [{port: 80}]}",
-                "spec.clusterIP",
-            ),
-            (
-                "{clusterIPs: [10.96.0.10, 'fd00::10'], ports: [{port: 80}]}",
-                "spec.clusterIPs[1]",
             ),
             (
                 "{ports: [{port: 80, nodePort: 30080}]}",
@@ -622,7 +738,7 @@ mod tests {
             assert_eq!(e.field, field, "{spec}: {e:?}");
             assert!(e.reason.starts_with("not supported: "), "{spec}: {e:?}");
         }
-        // What is merely the default, or single-stack anyway, is accepted.
+        // What is merely the default is accepted.
         parse("{type: ClusterIP, sessionAffinity: None, ipFamilies: [IPv4], ipFamilyPolicy: PreferDualStack, internalTrafficPolicy: Cluster, publishNotReadyAddresses: true, ports: [{port: 80, appProtocol: http}]}").unwrap();
     }
 

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cellium_datapath_bpf::{PolicyEntry, Verdict};
+use cellium_datapath_bpf::{DatapathConfig, PolicyEntry, Verdict};
 use cellium_hive::BoxError;
 use cellium_loader::Loader;
 
@@ -31,9 +31,17 @@ impl EndpointManager {
             source,
         };
         let node = Netlink::node().map_err(node_error)?;
+        let datapath = loader.datapath()?;
+        // A node with pods of both families splits the world by family, as Cilium's
+        // dual-stack mode does: addresses outside the ipcache are world-ipv4 or world-ipv6.
+        let families = self.ipam.families();
+        let dual_stack = families.contains(&4) && families.contains(&6);
+        datapath
+            .config()
+            .set_flag(DatapathConfig::WORLD_PER_FAMILY, dual_stack)?;
         let backends = Backends {
             interfaces: Arc::new(node.clone()),
-            datapath: loader.datapath()?,
+            datapath,
         };
         let routers: Vec<_> = self.ipam.routers().into_iter().map(|(ip, _)| ip).collect();
         let setup = async move {
