@@ -8,7 +8,8 @@
 //! a pod's host-side veth with pinned tcx links (clsact as fallback) and
 //! replaces the programs of an existing attachment atomically.
 //!
-//! Every map has a typed wrapper ([`maps`]) speaking `Ipv4Addr`, [`MacAddr`],
+//! Every map has a typed wrapper ([`maps`]) speaking `IpAddr` (each family's maps behind
+//! one wrapper: conntrack, fragments, services), [`MacAddr`],
 //! [`Direction`], [`Protocol`]; the raw `#[repr(C)]` mirrors of the C
 //! structs live in [`abi`] and are tested against the headers. The policy
 //! model (directions, protocols, verdicts, rules, their compilation and the
