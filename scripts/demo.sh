@@ -131,7 +131,7 @@ for from in client other; do
     in_pod "$from" ping -c 1 -W 1 "$(pod_ip "$to")" >/dev/null && echo "$from -> $to: ok"
   done
 done
-in_pod client ping -c 1 -W 1 "$(cellium ipam list -o json | grep -m1 '"router"' | cut -d'"' -f4)" >/dev/null &&
+in_pod client ping -c 1 -W 1 "$(cellium ipam list -o json | awk -F'"' '/"router"/ && !found { print $4; found = 1 }')" >/dev/null &&
   echo "client -> node: ok"
 
 say "HTTP servers in web-1 and web-2; everyone may reach them"
@@ -144,7 +144,7 @@ get other "$web_ip"
 
 say "the Service web: a ClusterIP balancing over the web pods (cellium service list)"
 cellium service list
-vip=$(cellium service list -o json | grep -m1 '"vip"' | cut -d'"' -f4)
+vip=$(cellium service list -o json | awk -F'"' '/"vip"/ && !found { print $4; found = 1 }')
 for _ in 1 2 3 4 5 6; do get client "$vip"; done
 
 say "a NetworkPolicy: the web pods accept HTTP from client only"
