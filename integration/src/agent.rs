@@ -35,6 +35,9 @@ use crate::cni::{CniCall, CniProcess, result_ipv4};
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
+/// How long a policy change may take to be enforced by every endpoint.
+const POLICY_SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The port the agent serves metrics on, on the node namespace's loopback.
 pub const METRICS_PORT: u16 = 9962;
 
@@ -360,6 +363,80 @@ impl Agent {
         let path = self.dir.path().join(format!("objects-{n}.yaml"));
         std::fs::write(&path, yaml).map_err(self.io("write", &path))?;
         self.cli(&[verb, "-f", &path.display().to_string()])
+    }
+
+    /// The policy repository's revision (`cellium policy get`).
+    pub fn policy_revision(&self) -> Result<u64> {
+        let v = self.cli_json(&["policy", "get"])?;
+        v["revision"].as_u64().ok_or_else(|| Error::Unexpected {
+            what: "cellium policy get",
+            detail: v.to_string(),
+        })
+    }
+
+    /// Waits until the repository's revision is past `before`: it has taken a change in.
+    pub fn wait_policy_revision_after(&self, before: u64) -> Result<u64> {
+        let began = Instant::now();
+        loop {
+            let now = self.policy_revision()?;
+            if now > before {
+                return Ok(now);
+            }
+            if began.elapsed() > POLICY_SETTLE_TIMEOUT {
+                return Err(Error::Unexpected {
+                    what: "policy revision",
+                    detail: format!(
+                        "still {now} {POLICY_SETTLE_TIMEOUT:?} after a change; the agent did not take it in"
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until every endpoint is ready and reports that it enforces the repository's
+    /// current revision, twice in a row (a regeneration may be on its way); returns it.
+    pub fn settle(&self) -> Result<u64> {
+        let began = Instant::now();
+        let mut seen: Option<u64> = None;
+        loop {
+            let revision = self.policy_revision()?;
+            let endpoints = self.endpoints()?;
+            let behind: Vec<String> = endpoints
+                .iter()
+                .filter(|e| {
+                    e["state"] != "ready" || e["policy_revision"].as_u64().unwrap_or(0) < revision
+                })
+                .map(|e| format!("{} at {}", e["pod"], e["policy_revision"]))
+                .collect();
+            if behind.is_empty() {
+                if seen == Some(revision) {
+                    return Ok(revision);
+                }
+                seen = Some(revision);
+            } else {
+                seen = None;
+            }
+            if began.elapsed() > POLICY_SETTLE_TIMEOUT {
+                return Err(Error::Unexpected {
+                    what: "policy enforcement",
+                    detail: format!(
+                        "after {POLICY_SETTLE_TIMEOUT:?} at revision {revision}, endpoints behind: {}",
+                        behind.join(", ")
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `cellium apply -f` of policies in `yaml`; waits until the repository has taken them in
+    /// and every endpoint enforces the resulting revision, which it returns.
+    pub fn apply_policy(&self, yaml: &str) -> Result<u64> {
+        let before = self.policy_revision()?;
+        self.objects("apply", yaml)?;
+        self.wait_policy_revision_after(before)?;
+        self.settle()
     }
 
     /// Runs a listing command with `-o json` and parses its output.

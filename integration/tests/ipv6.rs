@@ -128,26 +128,6 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Applies `yaml` and waits until every endpoint enforces the resulting policy revision.
-fn apply_policy(agent: &Agent, yaml: &str) {
-    let revision = || {
-        agent.cli_json(&["policy", "get"]).expect("policy get")["revision"]
-            .as_u64()
-            .expect("revision")
-    };
-    let before = revision();
-    agent.objects("apply", yaml).expect("apply the policy");
-    eventually("the repository takes the policy in", || revision() > before);
-    let now = revision();
-    eventually("every endpoint enforces it", || {
-        agent
-            .endpoints()
-            .expect("endpoint list")
-            .iter()
-            .all(|e| e["state"] == "ready" && e["policy_revision"].as_u64().unwrap_or(0) >= now)
-    });
-}
-
 /// The sources of the agent's pinned IPv6 connection table, read as another process would.
 fn ct6_sources(agent: &Agent) -> Vec<Ipv6Addr> {
     let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_ct6"))
@@ -207,9 +187,7 @@ fn ipv6_follows_the_policy_as_ipv4_does() {
         .into_iter()
         .map(|ip| TcpServer::start(&b.ns, SocketAddr::new(ip, 8080), "b").unwrap())
         .collect();
-    apply_policy(
-        &agent,
-        r#"
+    agent.apply_policy(r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: { name: b-from-a, namespace: default }
@@ -217,8 +195,7 @@ spec:
   podSelector: { matchLabels: { app: b } }
   policyTypes: [ Ingress ]
   ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ], ports: [ { port: 8080, protocol: TCP } ] } ]
-"#,
-    );
+"#).expect("the policy is enforced");
     let denied = counter(&agent, "ingress", "policy default deny");
     for server in &servers {
         let to = server.addr();
@@ -333,9 +310,9 @@ fn cidr_rules_entities_and_deny_rules_apply_per_family() {
     eventually("a -> fd00:99::10 before any policy", || ping(&a.ns, y10));
     assert!(ping(&a.ns, x10), "a -> 10.99.0.10 before any policy");
 
-    apply_policy(
-        &agent,
-        r#"
+    agent
+        .apply_policy(
+            r#"
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
 metadata: { name: c-not-from-a, namespace: default }
@@ -374,7 +351,8 @@ spec:
   policyTypes: [ Egress ]
   egress: [ { to: [ { ipBlock: { cidr: "fd00:99::/64", except: [ "fd00:99::20/128" ] } } ] } ]
 "#,
-    );
+        )
+        .expect("the policy is enforced");
     // ingressDeny: from a, in both families; everyone else still gets in.
     assert!(!ping(&a.ns, c.v4()), "a -> c over IPv4");
     assert!(!ping(&a.ns, c.v6), "a -> c over IPv6");
@@ -486,9 +464,9 @@ fn the_datapath_answers_a_pods_neighbour_solicitation_for_its_gateway() {
     let [a, b] = pods(&agent, ["a", "b"]);
     let gw6 = router6(&agent);
     // a may send to b only: its solicitations are not traffic to anyone.
-    apply_policy(
-        &agent,
-        r#"
+    agent
+        .apply_policy(
+            r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: { name: a-to-b, namespace: default }
@@ -497,7 +475,8 @@ spec:
   policyTypes: [ Egress ]
   egress: [ { to: [ { podSelector: { matchLabels: { app: b } } } ] } ]
 "#,
-    );
+        )
+        .expect("the policy is enforced");
     let host_mac = link_of(&agent, a.v6).host_mac;
     let gw = gw6.to_string();
     // The permanent entry gone, a must solicit its gateway to reach anything.
@@ -563,9 +542,9 @@ fn ipv6_only_pods_reach_each_other_and_follow_policy() {
     assert!(ping(&a.ns, b.v6), "a -> b");
     assert!(ping(&a.ns, gw6), "a -> the node");
     let _tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
-    apply_policy(
-        &agent,
-        r#"
+    agent
+        .apply_policy(
+            r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: { name: b-from-a, namespace: default }
@@ -573,7 +552,8 @@ spec:
   podSelector: { matchLabels: { app: b } }
   ingress: [ { from: [ { podSelector: { matchLabels: { app: a } } } ] } ]
 "#,
-    );
+        )
+        .expect("the policy is enforced");
     let to_b = SocketAddr::new(b.v6.into(), 8080);
     assert_eq!(
         probe::tcp_request(&a.ns, to_b, TIMEOUT).unwrap().banner,
@@ -598,9 +578,7 @@ fn the_cli_shows_ipv6_as_it_shows_ipv4() {
     .expect("start the agent");
     let [a] = pods(&agent, ["a"]);
     let gw6 = router6(&agent);
-    apply_policy(
-        &agent,
-        r#"
+    agent.apply_policy(r#"
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
 metadata: { name: a-out, namespace: default }
@@ -612,8 +590,7 @@ apiVersion: v1
 kind: Service
 metadata: { name: web }
 spec: { ipFamilyPolicy: PreferDualStack, selector: { app: a }, ports: [ { port: 80 } ] }
-"#,
-    );
+"#).expect("the policy is enforced");
     let id = agent.endpoints().expect("endpoints")[0]["id"]
         .as_u64()
         .expect("an id")
@@ -775,15 +752,16 @@ fn link_local_control_passes_and_everything_else_meets_policy_or_is_dropped() {
     let _serial = serial();
     let agent = agent();
     let [locked, open] = pods(&agent, ["locked", "open"]);
-    apply_policy(
-        &agent,
-        r#"
+    agent
+        .apply_policy(
+            r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: { name: lock, namespace: default }
 spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, Egress ] }
 "#,
-    );
+        )
+        .expect("the policy is enforced");
     let (l, o) = (link_of(&agent, locked.v6), link_of(&agent, open.v6));
     // The node's link-local address on locked's link (what locked's neighbour unreachability
     // detection probes), a link-local address of locked's own choosing, one that no one has.

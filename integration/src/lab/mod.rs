@@ -492,69 +492,19 @@ impl Lab {
         Ok(())
     }
 
-    /// The policy repository's revision (`cellium policy get`).
+    /// The policy repository's revision.
     pub fn revision(&self) -> Result<u64> {
-        let v = self.agent.cli_json(&["policy", "get"])?;
-        v["revision"].as_u64().ok_or_else(|| Error::Unexpected {
-            what: "cellium policy get",
-            detail: v.to_string(),
-        })
+        self.agent.policy_revision()
     }
 
     /// Waits until the repository's revision is past `before`: it has taken a change in.
     pub fn wait_revision_after(&self, before: u64) -> Result<u64> {
-        let began = Instant::now();
-        loop {
-            let now = self.revision()?;
-            if now > before {
-                return Ok(now);
-            }
-            if began.elapsed() > SETTLE_TIMEOUT {
-                return Err(Error::Unexpected {
-                    what: "policy revision",
-                    detail: format!(
-                        "still {now} {SETTLE_TIMEOUT:?} after a change; the agent did not take it in"
-                    ),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.agent.wait_policy_revision_after(before)
     }
 
-    /// Waits until every endpoint is ready and reports that it enforces the repository's
-    /// current revision, twice in a row (a regeneration may be on its way); returns it.
+    /// Waits until every endpoint is ready and enforces the repository's current revision.
     pub fn settle(&self) -> Result<u64> {
-        let began = Instant::now();
-        let mut seen: Option<u64> = None;
-        loop {
-            let revision = self.revision()?;
-            let endpoints = self.agent.endpoints()?;
-            let behind: Vec<String> = endpoints
-                .iter()
-                .filter(|e| {
-                    e["state"] != "ready" || e["policy_revision"].as_u64().unwrap_or(0) < revision
-                })
-                .map(|e| format!("{} at {}", e["pod"], e["policy_revision"]))
-                .collect();
-            if behind.is_empty() {
-                if seen == Some(revision) {
-                    return Ok(revision);
-                }
-                seen = Some(revision);
-            } else {
-                seen = None;
-            }
-            if began.elapsed() > SETTLE_TIMEOUT {
-                return Err(Error::Unexpected {
-                    what: "policy enforcement",
-                    detail: format!(
-                        "after {SETTLE_TIMEOUT:?} at revision {revision}, endpoints behind: {}",
-                        behind.join(", ")
-                    ),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.agent.settle()
     }
 
     /// Each pod's endpoint as `cellium endpoint list -o json` shows it, by `namespace/name`.
