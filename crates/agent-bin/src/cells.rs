@@ -20,6 +20,7 @@ pub fn cells() -> Vec<Cell> {
         .into(),
         cellium_loader::cell().into(),
         group([
+            cellium_k8s_watchers::cell().into(),
             cellium_resources::cell().into(),
             cellium_ipam::cell().into(),
             cellium_identity::cell().into(),

@@ -40,6 +40,20 @@ pub struct ConfigArgs {
     /// `remove-endpoints-outside-pod-cidr`).
     #[arg(long)]
     pub remove_endpoints_outside_pod_cidr: bool,
+    /// The Kubernetes API server's URL: Kubernetes mode (key `k8s-api-server`).
+    #[arg(long, value_name = "URL")]
+    pub k8s_api_server: Option<String>,
+    /// A kubeconfig for the Kubernetes API server: Kubernetes mode (key `k8s-kubeconfig-path`).
+    #[arg(long, value_name = "FILE")]
+    pub k8s_kubeconfig_path: Option<PathBuf>,
+    /// This node's name as the API server knows it (key `node-name`; default `K8S_NODE_NAME`,
+    /// else the host name).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Where the node's pod CIDRs come from: `config` (`pod-cidr`) or `kubernetes` (the Node's
+    /// `spec.podCIDRs`) (key `ipam`).
+    #[arg(long, value_name = "MODE")]
+    pub ipam: Option<String>,
 }
 
 impl ConfigArgs {
@@ -73,6 +87,19 @@ impl ConfigArgs {
         }
         if self.remove_endpoints_outside_pod_cidr {
             sources = sources.flag("remove-endpoints-outside-pod-cidr", true);
+        }
+        let strings = [
+            ("k8s-api-server", &self.k8s_api_server),
+            ("node-name", &self.node_name),
+            ("ipam", &self.ipam),
+        ];
+        for (key, value) in strings {
+            if let Some(v) = value {
+                sources = sources.flag(key, v);
+            }
+        }
+        if let Some(v) = &self.k8s_kubeconfig_path {
+            sources = sources.flag("k8s-kubeconfig-path", v);
         }
         sources
     }

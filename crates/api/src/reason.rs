@@ -27,7 +27,7 @@ impl Reason {
             Reason::AddressInUse | Reason::InterfaceExists | Reason::AttachmentExists => {
                 Code::AlreadyExists
             }
-            Reason::AddressQuarantined | Reason::NotReady => Code::Unavailable,
+            Reason::AddressQuarantined | Reason::NotReady | Reason::PodUnknown => Code::Unavailable,
             Reason::NetnsMissing | Reason::EndpointNotFound => Code::NotFound,
             Reason::IdentityStoreFailed
             | Reason::StateWriteFailed

@@ -108,6 +108,10 @@ pub enum Error {
         #[source]
         source: cellium_statedir::Error,
     },
+    /// Kubernetes mode: the pod the request names is not known (see
+    /// [`cellium_resources::Resources::pod_for_add`]).
+    #[error("cannot learn the pod's labels")]
+    PodUnknown(#[source] cellium_resources::Error),
     /// The agent has not finished starting (restoring endpoints).
     #[error("the endpoint manager is not started yet")]
     NotStarted,
@@ -175,6 +179,7 @@ impl Error {
             Error::Identity { source, .. } => identity_reason(source),
             Error::Datapath { .. } => Reason::DatapathFailed,
             Error::Loader(_) | Error::NotStarted => Reason::NotReady,
+            Error::PodUnknown(_) => Reason::PodUnknown,
             Error::State { .. } => Reason::StateWriteFailed,
             Error::Teardown { .. } | Error::Gc { .. } => Reason::TeardownIncomplete,
             // Only ever a start failure, never an answer to a request.
@@ -206,9 +211,11 @@ fn ipam_reason(e: &cellium_ipam::Error) -> Reason {
         I::DuplicateRequest { .. } => Reason::InvalidRequest,
         I::Record { .. } => Reason::StateWriteFailed,
         // Configuration errors of the pools themselves; a request cannot cause them.
-        I::PoolTooSmall { .. } | I::Overlap { .. } | I::PodCidr { .. } | I::Unusable { .. } => {
-            Reason::Internal
-        }
+        I::PoolTooSmall { .. }
+        | I::Overlap { .. }
+        | I::PodCidr { .. }
+        | I::Unusable { .. }
+        | I::NotKubernetes => Reason::Internal,
     }
 }
 

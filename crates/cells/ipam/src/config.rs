@@ -5,10 +5,25 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-/// Which addresses pods get in standalone mode, and how soon a released one is reused.
+/// Where the node's pod CIDRs come from (key `ipam`, with Cilium's values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IpamMode {
+    /// From `pod-cidr` (standalone).
+    #[default]
+    Config,
+    /// From this node's Node object, `spec.podCIDRs` (Cilium's "Kubernetes host scope"):
+    /// Kubernetes mode only.
+    Kubernetes,
+}
+
+/// Which addresses pods get, and how soon a released one is reused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct IpamConfig {
+    /// Where the pod CIDRs come from: `config` (`pod-cidr`, the default) or `kubernetes`
+    /// (the Node's `spec.podCIDRs`; `pod-cidr` is then not used).
+    pub ipam: IpamMode,
     /// The node's pod CIDRs, IPv4 and/or IPv6. A pod gets one address of each family
     /// configured, from the first pool of that family with room.
     pub pod_cidr: Vec<IpNet>,
@@ -23,6 +38,7 @@ pub struct IpamConfig {
 impl Default for IpamConfig {
     fn default() -> Self {
         IpamConfig {
+            ipam: IpamMode::Config,
             pod_cidr: vec!["10.244.0.0/24".parse().expect("a valid literal CIDR")],
             ipam_release_quarantine: Duration::from_secs(60),
         }

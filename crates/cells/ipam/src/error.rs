@@ -53,6 +53,11 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// `ipam: kubernetes` without Kubernetes mode.
+    #[error(
+        "ipam: kubernetes needs Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)"
+    )]
+    NotKubernetes,
     /// A CIDR that cannot serve pods.
     #[error("pod CIDR {cidr} cannot serve pods: {reason}")]
     Unusable {

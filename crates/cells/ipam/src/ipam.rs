@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use cellium_hive::{Config, Hook, Lifecycle, Reporter};
+use cellium_resources::Resources;
 use cellium_statedir::StateDir;
 use ipnet::IpNet;
 
-use crate::config::IpamConfig;
+use crate::config::{IpamConfig, IpamMode};
 use crate::error::{Error, Result};
+use crate::node_cidrs;
 use crate::pool::{Owner, Pool};
 use crate::quarantine::Quarantine;
 use crate::record::{Record, to_ms};
@@ -139,25 +141,48 @@ impl Inner {
 }
 
 impl Ipam {
-    /// The allocator over the configured `pod-cidr`s, keeping its record in `state`; the
-    /// `restore-ipam` start hook reads the record back.
+    /// The allocator over the configured `pod-cidr`s (`ipam: config`) or the Node's pod CIDRs
+    /// (`ipam: kubernetes`, which needs `resources` in Kubernetes mode), keeping its record in
+    /// `state`; the `restore-ipam` start hook adds the Node's pools and reads the record back.
     pub fn new(
         cfg: Config<IpamConfig>,
         lc: Lifecycle,
         reporter: Reporter,
         state: Arc<StateDir>,
+        resources: Option<Arc<Resources>>,
     ) -> Result<Arc<Ipam>> {
-        let mut ipam = Ipam::with_pools(&cfg.pod_cidr, "config")
+        let from_node = match cfg.ipam {
+            IpamMode::Config => None,
+            IpamMode::Kubernetes => {
+                let resources = resources.ok_or(Error::NotKubernetes)?;
+                let node = resources.node_name().ok_or(Error::NotKubernetes)?;
+                Some((resources, node))
+            }
+        };
+        let cidrs: &[IpNet] = if from_node.is_some() {
+            &[]
+        } else {
+            &cfg.pod_cidr
+        };
+        let mut ipam = Ipam::with_pools(cidrs, "config")
             .map_err(|e| Error::PodCidr {
                 source: Box::new(e),
             })?
             .with_quarantine(cfg.ipam_release_quarantine);
+        let waiting = reporter.child("pod-cidrs");
         ipam.store = Some(Store::new(state, reporter));
         let ipam = Arc::new(ipam);
         let this = ipam.clone();
         // Before the endpoint manager's restore (it depends on the allocator, so its hooks
-        // come later): restored endpoints re-reserve against the restored quarantine.
-        lc.append(Hook::new("restore-ipam").on_start(move |_| async move {
+        // come later): restored endpoints re-reserve against the restored quarantine, and
+        // within the Node's pools.
+        lc.append(Hook::new("restore-ipam").on_start(move |ctx| async move {
+            if let Some((resources, node)) = from_node {
+                node_cidrs::wait_and_add(&this, &resources, &node, &waiting, &ctx).await?;
+                waiting.remove();
+            } else {
+                waiting.remove();
+            }
             this.restore_record();
             Ok(())
         }));

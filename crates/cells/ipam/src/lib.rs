@@ -11,7 +11,10 @@
 //!   (`cellium ipam list`).
 //! - **Depends on** its config and `Arc<StateDir>` (the `statedir` cell); other sources (the
 //!   Kubernetes Node, a cluster-pool operator) feed it through [`Ipam::add_pool`].
-//! - **Config keys:** `pod-cidr` (repeatable; default `10.244.0.0/24`), and
+//! - **Config keys:** `ipam` (`config`, the default: the pools are `pod-cidr`; `kubernetes`:
+//!   they are this node's Node `spec.podCIDRs`, read from the resources tables, and the start
+//!   waits, Degraded with the reason, until the Node has them), `pod-cidr` (repeatable;
+//!   default `10.244.0.0/24`), and
 //!   `ipam-release-quarantine` (default `60s`; `0s` disables the quarantine).
 //! - **Degraded** when `ipam.json` cannot be written (allocations and releases that need it
 //!   fail until it can), or could not be read at start (every address nobody holds is then in
@@ -31,6 +34,7 @@ mod config;
 mod error;
 mod grpc;
 mod ipam;
+mod node_cidrs;
 mod pool;
 mod quarantine;
 mod record;
@@ -38,7 +42,7 @@ mod store;
 
 use cellium_hive::Module;
 
-pub use config::IpamConfig;
+pub use config::{IpamConfig, IpamMode};
 pub use error::{Error, Result};
 pub use grpc::IpamService;
 pub use ipam::{Allocation, Ipam, PoolInfo};

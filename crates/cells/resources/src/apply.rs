@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::document::{self, Document, DocumentError};
 use crate::error::{Error, Result};
+use crate::feed::API_KINDS;
 use crate::key::{Object, ObjectKey};
 use crate::kinds::{self, Parsed};
 use crate::objects::{Namespace, SYSTEM_NAMESPACES};
@@ -74,7 +75,33 @@ impl Resources {
         if docs.is_empty() {
             return Err(Error::Empty(source.to_string()));
         }
+        self.refuse_api_owned(source, &docs)?;
         Ok(docs)
+    }
+
+    /// In Kubernetes mode the API server owns every kind the tables hold: a change made here
+    /// would be overwritten by the next watch event, or would quietly diverge from the cluster.
+    fn refuse_api_owned(&self, source: &str, docs: &[Document]) -> Result<()> {
+        let Some(server) = self.api_server() else {
+            return Ok(());
+        };
+        let owned: Vec<String> = docs
+            .iter()
+            .filter(|d| {
+                API_KINDS
+                    .iter()
+                    .any(|(v, k)| *v == d.api_version && *k == d.kind)
+            })
+            .map(Document::describe)
+            .collect();
+        if owned.is_empty() {
+            return Ok(());
+        }
+        Err(Error::OwnedByApiServer {
+            origin: source.to_string(),
+            server,
+            objects: owned,
+        })
     }
 
     /// Checks the prepared documents against the state, records them, then writes them into

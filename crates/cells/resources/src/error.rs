@@ -8,6 +8,26 @@ pub enum Error {
     /// One or more documents are invalid; every one is listed.
     #[error("{} invalid document(s), nothing applied:\n{}", .0.len(), list(.0))]
     Invalid(Vec<DocumentError>),
+    /// In Kubernetes mode: the text holds objects of kinds the API server owns; nothing
+    /// changed.
+    #[error("{origin}: the agent runs in Kubernetes mode, where the API server {server} owns {}; change them there (kubectl apply), nothing applied here", objects.join(", "))]
+    OwnedByApiServer {
+        /// Where the text came from.
+        origin: String,
+        /// The API server.
+        server: String,
+        /// The objects refused (`Pod default/web`).
+        objects: Vec<String>,
+    },
+    /// In Kubernetes mode: the pod a CNI ADD names is not known, so its endpoint cannot get
+    /// the labels its policy selects by.
+    #[error("pod {pod}: {reason}")]
+    PodUnknown {
+        /// The pod.
+        pod: crate::ObjectKey,
+        /// Why.
+        reason: String,
+    },
     /// The text holds no object.
     #[error("{0}: no object found (empty text or only comments)")]
     Empty(String),

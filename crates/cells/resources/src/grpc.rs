@@ -80,6 +80,7 @@ fn status(e: Error) -> Status {
         },
         Error::TooLarge { .. } => Code::ResourceExhausted,
         Error::Cancelled => Code::Cancelled,
+        Error::OwnedByApiServer { .. } => Code::FailedPrecondition,
         _ => Code::InvalidArgument,
     };
     Status::new(code, error_chain(&e))

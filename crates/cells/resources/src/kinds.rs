@@ -6,7 +6,7 @@ use crate::objects::cilium_decode::CiliumPolicyDoc;
 use crate::objects::service::ServiceDraft;
 use crate::objects::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Pod, Service,
+    Node, Pod, Service,
 };
 use crate::validate::FieldError;
 
@@ -27,6 +27,8 @@ pub enum Parsed {
     Service(Box<ServiceDraft>),
     /// `discovery.k8s.io/v1/EndpointSlice`.
     EndpointSlice(EndpointSlice),
+    /// `v1/Node`: from the API server only, never applied.
+    Node(Node),
 }
 
 impl Parsed {
@@ -40,6 +42,7 @@ impl Parsed {
             Parsed::CiliumClusterwideNetworkPolicy(_) => CiliumClusterwideNetworkPolicy::KIND,
             Parsed::Service(_) => Service::KIND,
             Parsed::EndpointSlice(_) => EndpointSlice::KIND,
+            Parsed::Node(_) => Node::KIND,
         }
     }
 
@@ -53,13 +56,16 @@ impl Parsed {
             Parsed::CiliumClusterwideNetworkPolicy(o) => o.key(),
             Parsed::Service(d) => d.service.key(),
             Parsed::EndpointSlice(o) => o.key(),
+            Parsed::Node(o) => o.key(),
         }
     }
 
     /// The namespace the object lives in, for namespaced kinds.
     pub fn namespace(&self) -> Option<&str> {
         match self {
-            Parsed::Namespace(_) | Parsed::CiliumClusterwideNetworkPolicy(_) => None,
+            Parsed::Namespace(_) | Parsed::CiliumClusterwideNetworkPolicy(_) | Parsed::Node(_) => {
+                None
+            }
             Parsed::Pod(p) => Some(&p.namespace),
             Parsed::NetworkPolicy(p) => Some(&p.namespace),
             Parsed::CiliumNetworkPolicy(p) => Some(&p.namespace),

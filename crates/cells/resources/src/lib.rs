@@ -44,6 +44,7 @@ mod cluster_ips;
 mod config;
 mod document;
 mod error;
+mod feed;
 mod grpc;
 mod key;
 mod kinds;
@@ -53,6 +54,7 @@ mod policy_dir;
 mod record;
 mod resources;
 mod service_ip;
+mod sync;
 mod table;
 mod validate;
 mod writers;
@@ -62,6 +64,7 @@ use cellium_hive::Module;
 pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
 pub use document::DocumentError;
 pub use error::{Error, Result};
+pub use feed::{API_KINDS, ApiSource, Feed};
 pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
 pub use limits::Limits;
@@ -69,7 +72,7 @@ pub use objects::{
     CidrBlock, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy,
     CiliumRule, ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LabelRequirement,
     LabelSelector, NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer,
-    NetworkPolicyRule, Pod, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES,
+    NetworkPolicyRule, Node, Pod, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES,
     SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service, ServicePort, SliceEndpoint,
     SlicePort,
 };

@@ -12,17 +12,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ResourcesConfig;
 use crate::error::{Error, Result};
-use crate::key::ObjectKey;
+use crate::feed::{ApiSource, Feed};
+use crate::key::{Object, ObjectKey};
 use crate::limits::Limits;
 use crate::objects::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Pod, Service,
+    Node, Pod, Service,
 };
 use crate::policy_dir;
 use crate::record::{Record, error_chain};
 use crate::service_ip::ServiceRanges;
 use crate::table::Table;
 use crate::writers::Writers;
+
+/// How long `pod_for_add` waits between two reads of the API server.
+const POD_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What happened to one object of an apply or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +86,10 @@ pub struct Resources {
     pub services: Table<Service>,
     /// `discovery.k8s.io/v1` EndpointSlices.
     pub endpoint_slices: Table<EndpointSlice>,
+    /// `v1` Nodes (Kubernetes mode only: nothing applies them).
+    pub nodes: Table<Node>,
+    /// The API server that owns every kind, in Kubernetes mode.
+    source: Option<Arc<dyn ApiSource>>,
     /// The range cluster IPs come from.
     pub(crate) service_ranges: ServiceRanges,
     /// The bounds on one applied text.
@@ -106,6 +114,10 @@ pub(crate) struct State {
     pub(crate) merge_error: Option<String>,
     /// Why the last change could not be recorded (and so was refused), until one is.
     pub(crate) record_error: Option<String>,
+    /// The API server's objects that cannot be put in force, by kind and key, with why.
+    pub(crate) rejected: BTreeMap<(String, ObjectKey), String>,
+    /// The API server the objects come from, in Kubernetes mode.
+    api_server: Option<String>,
     /// The stranded records that may leave an endpoint less restricted than its policy says
     /// ([`Resources::policy_gaps`]).
     gaps: watch::Sender<Vec<String>>,
@@ -180,9 +192,27 @@ impl Resources {
         jobs: Jobs,
         reporter: Reporter,
         state_dir: Arc<StateDir>,
+        source: Option<Arc<dyn ApiSource>>,
     ) -> Result<Arc<Resources>> {
         let ranges = ServiceRanges::new(&cfg.service_cidr).map_err(Error::ServiceCidr)?;
         let limits = Limits::from_config(&cfg)?;
+        if let Some(source) = source.filter(|s| s.server().is_some()) {
+            if cfg.policy_dir().is_some() {
+                return Err(Error::Config {
+                    key: "policy-dir",
+                    reason: "in Kubernetes mode the API server owns the policies; unset policy-dir or the API server keys".into(),
+                });
+            }
+            // Nothing is recorded: the API server is the record, and its objects come back with
+            // the first list after a restart (until then, the datapath's pinned maps keep
+            // enforcing what they did).
+            let mut resources = Resources::build(Store::Memory, ranges, limits, Some(reporter));
+            resources.source = Some(source.clone());
+            resources.lock().api_server = source.server();
+            let resources = Arc::new(resources);
+            crate::sync::hook(&lc, resources.clone(), source);
+            return Ok(resources);
+        }
         let resources = Arc::new(Resources::build(
             Store::Unread(state_dir),
             ranges,
@@ -208,7 +238,11 @@ impl Resources {
         limits: Limits,
         reporter: Option<Reporter>,
     ) -> Resources {
-        let writers = Writers::new();
+        let mut writers = Writers::new();
+        if matches!(store, Store::Memory) {
+            // Nothing to restore: the tables are complete as they are.
+            writers.mark_all_synced();
+        }
         let readers = writers.readers();
         Resources {
             namespaces: readers.namespaces,
@@ -218,6 +252,8 @@ impl Resources {
             cilium_clusterwide_network_policies: readers.cilium_clusterwide_network_policies,
             services: readers.services,
             endpoint_slices: readers.endpoint_slices,
+            nodes: readers.nodes,
+            source: None,
             service_ranges,
             limits,
             state: Mutex::new(State {
@@ -226,6 +262,8 @@ impl Resources {
                 stranded: BTreeMap::new(),
                 merge_error: None,
                 record_error: None,
+                rejected: BTreeMap::new(),
+                api_server: None,
                 gaps: watch::channel(Vec::new()).0,
                 reporter,
             }),
@@ -240,6 +278,85 @@ impl Resources {
     /// deletes of those objects replace or remove their records.
     pub fn policy_gaps(&self) -> watch::Receiver<Vec<String>> {
         self.lock().gaps.subscribe()
+    }
+
+    /// The API server that owns every kind, in Kubernetes mode; `None` standalone.
+    pub fn api_server(&self) -> Option<String> {
+        self.source.as_ref().and_then(|s| s.server())
+    }
+
+    /// This node's name as the API server knows it, in Kubernetes mode.
+    pub fn node_name(&self) -> Option<String> {
+        self.source
+            .as_ref()
+            .filter(|s| s.server().is_some())
+            .map(|s| s.node_name())
+    }
+
+    /// The pod a CNI ADD names, as the tables hold it.
+    ///
+    /// Standalone, `None` when no pod of that name was applied (the endpoint then has only the
+    /// namespace the runtime named). In Kubernetes mode the kubelet only calls the plugin for a
+    /// pod the API server holds, so a pod the watch has not delivered yet is read from the API
+    /// server (and fed into the table as a watch event would be), retried until `timeout`: an
+    /// endpoint must not be created without the labels its policy selects by. Fails naming the
+    /// pod when it does not exist, cannot be put in force, or cannot be read in time.
+    pub async fn pod_for_add(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Option<Arc<Pod>>> {
+        let key = ObjectKey::namespaced(namespace, name);
+        let Some(source) = self.source.clone() else {
+            return Ok(self.pods.get(&key));
+        };
+        let unknown = |reason: String| Error::PodUnknown {
+            pod: key.clone(),
+            reason,
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::from("not read yet");
+        loop {
+            if let Some(pod) = self.pods.get(&key) {
+                return Ok(Some(pod));
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(unknown(format!(
+                    "not known after {timeout:?}: the watch has not delivered it and the API server could not be read ({last})"
+                )));
+            }
+            match tokio::time::timeout(left, source.clone().get_pod(namespace, name)).await {
+                Ok(Ok(Some(value))) => {
+                    Feed::new(self.clone()).apply(Pod::KIND, value);
+                    if let Some(pod) = self.pods.get(&key) {
+                        return Ok(Some(pod));
+                    }
+                    let reason = self
+                        .lock()
+                        .rejected
+                        .get(&(Pod::KIND.to_string(), key.clone()))
+                        .cloned();
+                    return Err(unknown(format!(
+                        "the API server's object cannot be put in force: {}",
+                        reason.unwrap_or_else(|| "deleted meanwhile".into())
+                    )));
+                }
+                Ok(Ok(None)) => {
+                    return Err(unknown(format!(
+                        "the API server {} has no such pod",
+                        source.server().unwrap_or_default()
+                    )));
+                }
+                Ok(Err(e)) => last = e,
+                Err(_) => last = "the read timed out".into(),
+            }
+            tokio::time::sleep(
+                POD_RETRY.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+            )
+            .await;
+        }
     }
 
     /// The ranges cluster IPs are allocated from, the default family's first.
@@ -312,6 +429,7 @@ impl Resources {
             self.cilium_clusterwide_network_policies.revision(),
             self.services.revision(),
             self.endpoint_slices.revision(),
+            self.nodes.revision(),
         ]
         .iter()
         .map(|r| *r.borrow())
@@ -373,7 +491,7 @@ impl Resources {
         state
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -399,6 +517,7 @@ impl Resources {
             }
         }
         state.writers.publish();
+        state.writers.mark_all_synced();
         tracing::info!(
             restored,
             stranded = state.stranded.len(),
@@ -433,11 +552,23 @@ impl State {
     /// Reports the module's health: OK, or Degraded with every record not in force, a merge
     /// that failed and a change that could not be recorded.
     pub(crate) fn report(&self) {
+        let rejected = self.rejected.iter().map(|((kind, key), reason)| {
+            (
+                kind,
+                format!("{kind} {key} (from the API server): {reason}"),
+            )
+        });
         let gaps: Vec<String> = self
             .stranded
             .iter()
             .filter(|(path, _)| policy_relevant(path))
             .map(|(path, reason)| format!("{path}: {reason}"))
+            .chain(
+                rejected
+                    .clone()
+                    .filter(|(kind, _)| POLICY_KINDS.contains(&kind.as_str()))
+                    .map(|(_, text)| text),
+            )
             .collect();
         self.gaps.send_if_modified(|old| {
             let changed = *old != gaps;
@@ -461,9 +592,15 @@ impl State {
         }
         problems.extend(self.merge_error.clone());
         problems.extend(self.record_error.clone());
+        problems.extend(rejected.map(|(_, text)| format!("not in force: {text}")));
         let objects = self.writers.count();
         if problems.is_empty() {
-            reporter.ok(format!("{objects} objects in force, all recorded"));
+            match &self.api_server {
+                Some(server) => reporter.ok(format!(
+                    "{objects} objects in force, from the API server {server}"
+                )),
+                None => reporter.ok(format!("{objects} objects in force, all recorded")),
+            }
         } else {
             reporter.degraded(format!(
                 "{objects} objects in force; {}",

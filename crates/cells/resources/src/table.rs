@@ -41,6 +41,9 @@ struct Shared<T> {
     objects: RwLock<BTreeMap<ObjectKey, Arc<T>>>,
     events: broadcast::Sender<Event<T>>,
     revision: watch::Sender<u64>,
+    /// Whether the table holds its source's complete state: the record restored (standalone),
+    /// or the API server's first complete list (Kubernetes mode).
+    synced: watch::Sender<bool>,
 }
 
 /// The objects of one kind, keyed by namespace and name: a reader.
@@ -99,6 +102,7 @@ impl<T: Object> Default for Writer<T> {
                 objects: RwLock::new(BTreeMap::new()),
                 events: broadcast::channel(EVENT_BUFFER).0,
                 revision: watch::channel(0).0,
+                synced: watch::channel(false).0,
             }),
             staged: Vec::new(),
         }
@@ -151,6 +155,18 @@ impl<T: Object> Writer<T> {
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
         self.shared.read().get(key).cloned()
     }
+
+    /// The keys of every object, ordered.
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        self.shared.read().keys().cloned().collect()
+    }
+
+    /// Says that the table now holds its source's complete state (see [`Table::synced`]).
+    /// Call it after [`publish`](Writer::publish), so that whoever waits for it finds the
+    /// events of the complete state sent.
+    pub fn mark_synced(&mut self) {
+        self.shared.synced.send_replace(true);
+    }
 }
 
 impl<T: Object> Table<T> {
@@ -202,6 +218,18 @@ impl<T: Object> Table<T> {
     /// that something changed.
     pub fn revision(&self) -> watch::Receiver<u64> {
         self.shared.revision.subscribe()
+    }
+
+    /// Whether the table holds its source's complete state yet (its record restored, or the
+    /// API server's first complete list in): until then an object missing from it may only
+    /// not have arrived, so nothing may be garbage-collected for its absence.
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.shared.synced.subscribe()
+    }
+
+    /// Whether the table is [synced](Table::synced) now.
+    pub fn is_synced(&self) -> bool {
+        *self.shared.synced.borrow()
     }
 }
 

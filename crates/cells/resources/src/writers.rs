@@ -6,7 +6,7 @@ use crate::key::{Object, ObjectKey};
 use crate::kinds::Parsed;
 use crate::objects::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Pod, SYSTEM_NAMESPACES, Service,
+    Node, Pod, SYSTEM_NAMESPACES, Service,
 };
 use crate::resources::{Action, Outcome};
 use crate::table::{Change, Table, Writer};
@@ -21,6 +21,7 @@ pub(crate) struct Writers {
     cilium_clusterwide_network_policies: Writer<CiliumClusterwideNetworkPolicy>,
     services: Writer<Service>,
     endpoint_slices: Writer<EndpointSlice>,
+    nodes: Writer<Node>,
 }
 
 /// A reader of every table, as `Resources` hands them out.
@@ -32,7 +33,20 @@ pub(crate) struct Readers {
     pub(crate) cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
     pub(crate) services: Table<Service>,
     pub(crate) endpoint_slices: Table<EndpointSlice>,
+    pub(crate) nodes: Table<Node>,
 }
+
+/// Every kind the tables hold.
+pub(crate) const KINDS: [&str; 8] = [
+    Namespace::KIND,
+    Pod::KIND,
+    NetworkPolicy::KIND,
+    CiliumNetworkPolicy::KIND,
+    CiliumClusterwideNetworkPolicy::KIND,
+    Service::KIND,
+    EndpointSlice::KIND,
+    Node::KIND,
+];
 
 /// The kinds that live in a namespace and go with it, by kind name.
 pub(crate) const NAMESPACED: [&str; 5] = [
@@ -54,6 +68,7 @@ impl Writers {
             cilium_clusterwide_network_policies: Writer::default(),
             services: Writer::default(),
             endpoint_slices: Writer::default(),
+            nodes: Writer::default(),
         };
         for name in SYSTEM_NAMESPACES {
             if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
@@ -74,6 +89,64 @@ impl Writers {
         self.cilium_clusterwide_network_policies.publish();
         self.services.publish();
         self.endpoint_slices.publish();
+        self.nodes.publish();
+    }
+
+    /// Says that every table holds its source's complete state (the record restored).
+    pub(crate) fn mark_all_synced(&mut self) {
+        for kind in KINDS {
+            self.mark_synced(kind);
+        }
+    }
+
+    /// Says that the table of `kind` holds its source's complete state.
+    pub(crate) fn mark_synced(&mut self, kind: &str) {
+        match kind {
+            Namespace::KIND => self.namespaces.mark_synced(),
+            Pod::KIND => self.pods.mark_synced(),
+            NetworkPolicy::KIND => self.network_policies.mark_synced(),
+            CiliumNetworkPolicy::KIND => self.cilium_network_policies.mark_synced(),
+            CiliumClusterwideNetworkPolicy::KIND => {
+                self.cilium_clusterwide_network_policies.mark_synced()
+            }
+            Service::KIND => self.services.mark_synced(),
+            EndpointSlice::KIND => self.endpoint_slices.mark_synced(),
+            Node::KIND => self.nodes.mark_synced(),
+            _ => {}
+        }
+    }
+
+    /// Whether the table of `kind` holds its source's complete state.
+    pub(crate) fn is_synced(&self, kind: &str) -> bool {
+        let r = self.readers();
+        match kind {
+            Namespace::KIND => r.namespaces.is_synced(),
+            Pod::KIND => r.pods.is_synced(),
+            NetworkPolicy::KIND => r.network_policies.is_synced(),
+            CiliumNetworkPolicy::KIND => r.cilium_network_policies.is_synced(),
+            CiliumClusterwideNetworkPolicy::KIND => {
+                r.cilium_clusterwide_network_policies.is_synced()
+            }
+            Service::KIND => r.services.is_synced(),
+            EndpointSlice::KIND => r.endpoint_slices.is_synced(),
+            Node::KIND => r.nodes.is_synced(),
+            _ => false,
+        }
+    }
+
+    /// The keys of every object of `kind`.
+    pub(crate) fn keys(&self, kind: &str) -> Vec<ObjectKey> {
+        match kind {
+            Namespace::KIND => self.namespaces.keys(),
+            Pod::KIND => self.pods.keys(),
+            NetworkPolicy::KIND => self.network_policies.keys(),
+            CiliumNetworkPolicy::KIND => self.cilium_network_policies.keys(),
+            CiliumClusterwideNetworkPolicy::KIND => self.cilium_clusterwide_network_policies.keys(),
+            Service::KIND => self.services.keys(),
+            EndpointSlice::KIND => self.endpoint_slices.keys(),
+            Node::KIND => self.nodes.keys(),
+            _ => Vec::new(),
+        }
     }
 
     pub(crate) fn readers(&self) -> Readers {
@@ -87,6 +160,7 @@ impl Writers {
                 .as_reader(),
             services: self.services.as_reader(),
             endpoint_slices: self.endpoint_slices.as_reader(),
+            nodes: self.nodes.as_reader(),
         }
     }
 
@@ -118,6 +192,7 @@ impl Writers {
             Parsed::EndpointSlice(s) => {
                 (EndpointSlice::KIND, s.key(), self.endpoint_slices.upsert(s))
             }
+            Parsed::Node(n) => (Node::KIND, n.key(), self.nodes.upsert(n)),
         };
         let action = match change {
             Change::Created => Action::Created,
@@ -140,6 +215,7 @@ impl Writers {
                 .is_some(),
             Service::KIND => self.services.delete(key).is_some(),
             EndpointSlice::KIND => self.endpoint_slices.delete(key).is_some(),
+            Node::KIND => self.nodes.delete(key).is_some(),
             _ => false,
         }
     }
@@ -154,6 +230,7 @@ impl Writers {
             + r.cilium_clusterwide_network_policies.len()
             + r.services.len()
             + r.endpoint_slices.len()
+            + r.nodes.len()
     }
 
     /// The keys of the objects of `kind` in `namespace`.

@@ -87,6 +87,11 @@ pub(super) fn row(reason: Reason) -> Row {
             "agent not ready",
             "the agent is starting or its datapath is not loaded (check `cellium status`); the runtime should retry later",
         ),
+        Reason::PodUnknown => (
+            TRY_AGAIN_LATER,
+            "pod unknown",
+            "the agent could not learn the pod's labels from the Kubernetes API server (see the message and `cellium status`); the runtime should retry later",
+        ),
         Reason::NetnsMissing => (
             AGENT_NOT_FOUND,
             "network namespace missing",
@@ -140,6 +145,7 @@ mod tests {
             (Reason::AttachmentDiffers, 105),
             (Reason::AddressQuarantined, 11),
             (Reason::NotReady, 11),
+            (Reason::PodUnknown, 11),
             (Reason::IdentityStoreFailed, 100),
             (Reason::StateWriteFailed, 100),
             (Reason::InterfaceSetupFailed, 100),
@@ -147,7 +153,7 @@ mod tests {
             (Reason::TeardownIncomplete, 100),
             (Reason::Internal, 100),
         ];
-        assert_eq!(table.len(), 22, "every reason is in the table");
+        assert_eq!(table.len(), 23, "every reason is in the table");
         for (reason, cni) in table {
             // The reason decides, whatever gRPC code came with it.
             let e = Error::Agent {

@@ -11,6 +11,11 @@ use crate::error::{Error, Result, chain};
 use crate::plumbing::{self, PodNetns, PodNetwork};
 use crate::request::CreateRequest;
 
+/// How long an ADD waits, in Kubernetes mode, for the pod it names to be known (from the
+/// watch, or read from the API server): long enough for a slow API server, short enough that
+/// the runtime's own timeout (minutes) is not reached and its retry comes soon.
+const POD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl EndpointManager {
     /// Creates the endpoint of (`container_id`, `ifname`), or returns the existing one when
     /// the request repeats the one that made it. Returns once the datapath enforces it.
@@ -21,6 +26,7 @@ impl EndpointManager {
     /// after a failed ADD) or the next restart finishes it.
     pub async fn create(&self, req: CreateRequest) -> Result<Endpoint> {
         req.validate()?;
+        self.learn_pod(&req).await?;
         let backends = self.backends()?.clone();
         let _serial = self
             .endpoints
@@ -59,6 +65,19 @@ impl EndpointManager {
                 Err(e)
             }
         }
+    }
+
+    /// In Kubernetes mode, makes sure the tables hold the pod the request names before anything
+    /// is allocated: an endpoint must not start without the labels its policy selects by.
+    /// (Standalone, a pod nobody applied has only its namespace, as before.)
+    async fn learn_pod(&self, req: &CreateRequest) -> Result<()> {
+        if let (Some(pod), Some(resources)) = (&req.pod, &self.resources) {
+            resources
+                .pod_for_add(&pod.namespace, &pod.name, POD_WAIT)
+                .await
+                .map_err(Error::PodUnknown)?;
+        }
+        Ok(())
     }
 
     /// The answer to an ADD for an attachment that has a ready endpoint.

@@ -72,6 +72,8 @@ pub struct EndpointManager {
     removals: Removals,
     reporter: Reporter,
     backends: OnceLock<Backends>,
+    /// The tables pods' labels come from, when the agent has them.
+    resources: Option<Arc<Resources>>,
     /// What the manager does without the optional collaborators it lacks (`None`: it has
     /// them all), as `endpoint-manager.scope` states it.
     scope: Option<String>,
@@ -189,11 +191,12 @@ impl EndpointManager {
                 parts.identities,
                 parts.ipcache.clone(),
             ),
-            enforcement: Enforcement::new(parts.policy, parts.resources, parts.ipcache),
+            enforcement: Enforcement::new(parts.policy, parts.resources.clone(), parts.ipcache),
             regeneration: Regeneration::default(),
             removals: Removals::new(parts.reporter.child("removals")),
             reporter: parts.reporter,
             backends: OnceLock::new(),
+            resources: parts.resources,
         }
     }
 

@@ -10,6 +10,7 @@ mod cilium_policy;
 mod endpoint_slice;
 mod namespace;
 mod network_policy;
+mod node;
 mod pod;
 mod policy_port;
 mod protocol;
@@ -23,6 +24,7 @@ pub use cilium_policy::{
 pub use endpoint_slice::{EndpointSlice, SERVICE_NAME_LABEL, SliceEndpoint, SlicePort};
 pub use namespace::{NAME_LABEL, Namespace, SYSTEM_NAMESPACES};
 pub use network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
+pub use node::Node;
 pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;

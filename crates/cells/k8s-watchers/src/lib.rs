@@ -1,0 +1,44 @@
+//! The `k8s-watchers` cell: the Kubernetes API server's objects, listed and watched into the
+//! resources tables. The only crate of the agent that talks to the API server.
+//!
+//! - **Owns** one kube-runtime watcher per kind (Namespaces, this node's Pods by
+//!   `spec.nodeName`, Nodes, Services, EndpointSlices, NetworkPolicies, CiliumNetworkPolicies,
+//!   CiliumClusterwideNetworkPolicies), each with kube-runtime's default backoff.
+//! - **Provides** `Arc<K8sWatchers>` and, as `Arc<dyn ApiSource>`, the source the resources
+//!   cell runs in Kubernetes mode: each complete list replaces the kind's table (deleting what
+//!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made
+//!   meanwhile), then marks it synced; watch events update it. A pod a CNI ADD names before
+//!   its watch event arrives is read with a GET.
+//! - **Depends on** nothing but its configuration; the resources cell depends on it.
+//! - **Config keys** (Cilium's names): `k8s-api-server` (URL), `k8s-kubeconfig-path` (a
+//!   kubeconfig; with `k8s-api-server`, the URL replaces its server), and the in-cluster
+//!   service account when `KUBERNETES_SERVICE_HOST` is set; with none of them the agent runs
+//!   standalone. `node-name` (default `K8S_NODE_NAME`, else the host name).
+//! - **Degraded** (`k8s-watchers.<kind>`) while a kind is not listed yet, or while its list or
+//!   watch fails (retried with backoff; the tables keep their last state meanwhile);
+//!   (`k8s-watchers`) while the client cannot be built.
+//!
+//! Only what cells read is kept: the feed converts each object into the tables' slim types at
+//! once, and managed fields are dropped before that.
+
+mod client;
+mod config;
+mod error;
+mod watchers;
+
+use cellium_hive::Module;
+
+pub use config::K8sConfig;
+pub use error::{Error, Result};
+pub use watchers::K8sWatchers;
+
+/// The `k8s-watchers` module.
+pub fn cell() -> Module {
+    Module::new(
+        "k8s-watchers",
+        "Lists and watches the Kubernetes API server's objects into the resources tables",
+    )
+    .config::<K8sConfig>()
+    .provide(K8sWatchers::new)
+    .provide(K8sWatchers::source)
+}

@@ -1,0 +1,370 @@
+//! Kubernetes mode: the API server's objects fed into the tables.
+//!
+//! In Kubernetes mode the API server owns every kind the tables hold. An [`ApiSource`] (the
+//! `k8s-watchers` cell contributes one) lists and watches them and writes through a [`Feed`],
+//! which holds the tables' writers as the apply path does in standalone mode; `cellium apply`
+//! refuses those kinds, so each table keeps exactly one source of changes.
+//!
+//! The feed converts each object as apply does (the same slim types, the same checks) but
+//! takes what the API server decided (a service's cluster IPs) as given. An object the agent
+//! cannot put in force (a CiliumNetworkPolicy using a feature this version does not enforce,
+//! say) is *rejected*: its previous version leaves the table, the module is Degraded naming
+//! it, and, for the kinds policy depends on, the policy repository locks every endpoint down
+//! until it is changed or deleted, as for a record that does not load
+//! ([`Resources::policy_gaps`]): a policy that is not enforced must not leave pods open.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::document::decode;
+use crate::key::{Object, ObjectKey};
+use crate::kinds::Parsed;
+use crate::objects::cilium_decode::CiliumPolicyDoc;
+use crate::objects::service::{RequestedIp, ServiceDraft};
+use crate::objects::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, ClusterIp, EndpointSlice, IpFamily,
+    IpFamilyPolicy, Namespace, NetworkPolicy, Node, Pod, Service,
+};
+use crate::resources::Resources;
+use crate::validate::FieldError;
+
+/// The kinds the API server feeds, as `(apiVersion, kind)`.
+pub const API_KINDS: [(&str, &str); 8] = [
+    ("v1", Namespace::KIND),
+    ("v1", Pod::KIND),
+    ("v1", Node::KIND),
+    ("v1", Service::KIND),
+    ("discovery.k8s.io/v1", EndpointSlice::KIND),
+    ("networking.k8s.io/v1", NetworkPolicy::KIND),
+    ("cilium.io/v2", CiliumNetworkPolicy::KIND),
+    ("cilium.io/v2", CiliumClusterwideNetworkPolicy::KIND),
+];
+
+/// Where the tables' objects come from in Kubernetes mode.
+///
+/// The resources cell runs the source from its start hook and waits until every kind of
+/// [`API_KINDS`] is synced before any cell that reads the tables starts: none of them acts on
+/// half a list (an endpoint whose policies have not arrived yet would run open; a service
+/// whose EndpointSlices have not would lose its backends).
+pub trait ApiSource: Send + Sync + 'static {
+    /// The API server, as logs and status name it; `None` when none is configured, and the
+    /// agent runs standalone.
+    fn server(&self) -> Option<String>;
+
+    /// This node's name, as the API server knows it.
+    fn node_name(&self) -> String;
+
+    /// Lists and watches every kind of [`API_KINDS`] until `cancel` is cancelled, writing
+    /// through `feed`: [`Feed::resync`] after each complete list (the first, and every relist
+    /// after an expired or dropped watch), [`Feed::apply`] and [`Feed::delete`] for watch
+    /// events. Retries with backoff on its own; never returns before `cancel`.
+    fn run(self: Arc<Self>, feed: Feed, cancel: CancellationToken) -> BoxFuture<'static, ()>;
+
+    /// Reads one pod from the API server (a CNI ADD may come before the watch delivers it):
+    /// the object, `None` when it does not exist, or why it could not be read.
+    fn get_pod(
+        self: Arc<Self>,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'static, Result<Option<Value>, String>>;
+}
+
+impl fmt::Debug for dyn ApiSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiSource")
+            .field("server", &self.server())
+            .finish()
+    }
+}
+
+/// The writer side of the tables for an [`ApiSource`].
+#[derive(Debug, Clone)]
+pub struct Feed {
+    resources: Arc<Resources>,
+}
+
+impl Feed {
+    pub(crate) fn new(resources: Arc<Resources>) -> Feed {
+        Feed { resources }
+    }
+
+    /// Creates or updates the object `value` of `kind` (as the API server sent it), or rejects
+    /// it when it cannot be put in force.
+    pub fn apply(&self, kind: &str, value: Value) {
+        let Some(key) = key_of(kind, &value) else {
+            tracing::warn!(
+                kind,
+                "an object without a name from the API server; ignored"
+            );
+            return;
+        };
+        let mut state = self.resources.lock();
+        match from_api(kind, value) {
+            Ok(parsed) => {
+                state.rejected.remove(&(kind.to_string(), key));
+                state.writers.upsert(parsed);
+            }
+            Err(e) => {
+                state.writers.delete(kind, &key);
+                reject(&mut state.rejected, kind, key, e);
+            }
+        }
+        state.writers.publish();
+        state.report();
+    }
+
+    /// Deletes the object of `kind` named in `value`.
+    pub fn delete(&self, kind: &str, value: &Value) {
+        let Some(key) = key_of(kind, value) else {
+            return;
+        };
+        let mut state = self.resources.lock();
+        state.rejected.remove(&(kind.to_string(), key.clone()));
+        state.writers.delete(kind, &key);
+        state.writers.publish();
+        state.report();
+    }
+
+    /// Replaces every object of `kind` with `values`, a complete list: objects missing from it
+    /// are deleted (their Delete events go out, which a relist after an outage needs), the
+    /// whole change is announced at once, and the table is marked synced.
+    pub fn resync(&self, kind: &str, values: Vec<Value>) {
+        let mut state = self.resources.lock();
+        let mut keep = BTreeSet::new();
+        state.rejected.retain(|(k, _), _| k != kind);
+        for value in values {
+            let Some(key) = key_of(kind, &value) else {
+                continue;
+            };
+            match from_api(kind, value) {
+                Ok(parsed) => {
+                    keep.insert(key);
+                    state.writers.upsert(parsed);
+                }
+                Err(e) => reject(&mut state.rejected, kind, key, e),
+            }
+        }
+        let gone: Vec<ObjectKey> = state
+            .writers
+            .keys(kind)
+            .into_iter()
+            .filter(|k| !keep.contains(k))
+            .collect();
+        for key in &gone {
+            state.writers.delete(kind, key);
+        }
+        state.writers.publish();
+        state.writers.mark_synced(kind);
+        tracing::info!(
+            kind,
+            objects = keep.len(),
+            deleted = gone.len(),
+            "synced from the API server"
+        );
+        state.report();
+    }
+}
+
+fn reject(
+    rejected: &mut std::collections::BTreeMap<(String, ObjectKey), String>,
+    kind: &str,
+    key: ObjectKey,
+    e: FieldError,
+) {
+    let reason = if e.field.is_empty() {
+        e.reason
+    } else {
+        format!("{}: {}", e.field, e.reason)
+    };
+    tracing::error!(kind, object = %key, %reason, "an object from the API server cannot be put in force");
+    rejected.insert((kind.to_string(), key), reason);
+}
+
+/// The key of an object of `kind` as the API server sent it.
+fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
+    let meta = value.get("metadata")?;
+    let name = meta.get("name")?.as_str()?;
+    let clusterwide = matches!(
+        kind,
+        "Namespace" | "Node" | "CiliumClusterwideNetworkPolicy"
+    );
+    Some(if clusterwide {
+        ObjectKey::cluster(name)
+    } else {
+        let namespace = meta.get("namespace").and_then(Value::as_str)?;
+        ObjectKey::namespaced(namespace, name)
+    })
+}
+
+/// Converts an object of `kind` from the API server. Built-in kinds are decoded as the API
+/// server's clients do (fields this version does not know are skipped: the server validated
+/// them); Cilium's policies strictly, since a field of Cilium's policy language this agent does
+/// not know must not be silently dropped from what a policy means.
+pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldError> {
+    match kind {
+        "Namespace" => Namespace::from_k8s(lenient(value)?).map(Parsed::Namespace),
+        "Pod" => Pod::from_k8s(lenient(value)?).map(Parsed::Pod),
+        "Node" => Node::from_k8s(lenient(value)?).map(Parsed::Node),
+        "NetworkPolicy" => NetworkPolicy::from_k8s(lenient(value)?).map(Parsed::NetworkPolicy),
+        "EndpointSlice" => EndpointSlice::from_k8s(lenient(value)?).map(Parsed::EndpointSlice),
+        "Service" => {
+            let mut draft = Service::from_k8s(lenient(value)?)?;
+            as_decided(&mut draft)?;
+            Ok(Parsed::Service(Box::new(draft)))
+        }
+        "CiliumNetworkPolicy" | "CiliumClusterwideNetworkPolicy" => {
+            // List items come without their type; the decoder wants it.
+            if let Some(obj) = value.as_object_mut() {
+                obj.insert("apiVersion".into(), "cilium.io/v2".into());
+                obj.insert("kind".into(), kind.into());
+            }
+            let yaml = serde_yaml::to_value(value)
+                .map_err(|e| FieldError::new("", format!("not a valid object: {e}")))?;
+            let clusterwide = kind == "CiliumClusterwideNetworkPolicy";
+            let policy = decode::<CiliumPolicyDoc>(yaml)?.into_policy(clusterwide)?;
+            Ok(if clusterwide {
+                Parsed::CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy(policy))
+            } else {
+                Parsed::CiliumNetworkPolicy(CiliumNetworkPolicy(policy))
+            })
+        }
+        other => Err(FieldError::new(
+            "kind",
+            format!("{other} is not a kind the tables hold"),
+        )),
+    }
+}
+
+fn lenient<T: DeserializeOwned>(value: Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." { String::new() } else { field };
+        FieldError::new(field, e.into_inner().to_string())
+    })
+}
+
+/// A service's addresses and families as the API server decided them.
+fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
+    let service = &mut draft.service;
+    match &draft.requested {
+        RequestedIp::Headless => {
+            service.cluster_ip = ClusterIp::Headless;
+            service.cluster_ips = Vec::new();
+        }
+        RequestedIp::Addresses(ips) => {
+            service.cluster_ip = ClusterIp::Address(ips[0]);
+            service.cluster_ips = ips.clone();
+        }
+        RequestedIp::Unset => {
+            return Err(FieldError::new(
+                "spec.clusterIP",
+                "the API server assigned no cluster IP",
+            ));
+        }
+    }
+    service.ip_families = if draft.families.is_empty() {
+        service
+            .cluster_ips
+            .iter()
+            .map(|ip| IpFamily::of(*ip))
+            .collect()
+    } else {
+        draft.families.clone()
+    };
+    service.ip_family_policy = draft.policy.unwrap_or(if service.cluster_ips.len() > 1 {
+        IpFamilyPolicy::PreferDualStack
+    } else {
+        IpFamilyPolicy::SingleStack
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, app: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "shop", "labels": {"app": app},
+               "managedFields": [{"manager": "kubectl"}], "resourceVersion": "7"},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x",
+                        "ports": [{"name": "http", "containerPort": 80}]}]},
+               "status": {"phase": "Running", "someFutureField": 1}})
+    }
+
+    #[test]
+    fn a_resync_deletes_what_vanished_and_marks_the_table_synced() {
+        let r = Resources::new();
+        let feed = Feed::new(r.clone());
+        feed.resync("Namespace", vec![json!({"metadata": {"name": "shop"}})]);
+        let mut events = r.pods.subscribe();
+        feed.resync("Pod", vec![pod("a", "web"), pod("b", "db")]);
+        assert!(r.pods.is_synced());
+        assert_eq!(r.pods.len(), 2);
+        assert_eq!(
+            r.pods
+                .get(&ObjectKey::namespaced("shop", "a"))
+                .unwrap()
+                .ports[0]
+                .name,
+            "http"
+        );
+        feed.resync("Pod", vec![pod("b", "db")]);
+        let names: Vec<_> = r.pods.list().iter().map(|p| p.key()).collect();
+        assert_eq!(names, vec![ObjectKey::namespaced("shop", "b")]);
+        let mut deleted = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            if let crate::Event::Delete(p) = e {
+                deleted.push(p.name.clone());
+            }
+        }
+        assert_eq!(deleted, vec!["a"]);
+    }
+
+    #[test]
+    fn a_policy_that_cannot_be_enforced_is_rejected_and_locks_endpoints_down() {
+        let r = Resources::new();
+        let feed = Feed::new(r.clone());
+        let good = json!({"metadata": {"name": "p", "namespace": "default"},
+                          "spec": {"endpointSelector": {}, "ingress": [{"fromEndpoints": [{}]}]}});
+        feed.apply("CiliumNetworkPolicy", good.clone());
+        assert_eq!(r.cilium_network_policies.len(), 1);
+        assert!(r.policy_gaps().borrow().is_empty());
+        let unknown = json!({"metadata": {"name": "p", "namespace": "default"},
+                             "spec": {"endpointSelector": {}, "egress": [{"toFQDNs": [{"matchName": "x.com"}]}]}});
+        feed.apply("CiliumNetworkPolicy", unknown);
+        assert_eq!(r.cilium_network_policies.len(), 0, "the old version left");
+        let gaps = r.policy_gaps().borrow().clone();
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert!(
+            gaps[0].contains("CiliumNetworkPolicy default/p"),
+            "{gaps:?}"
+        );
+        feed.delete("CiliumNetworkPolicy", &good);
+        assert!(r.policy_gaps().borrow().is_empty());
+    }
+
+    #[test]
+    fn services_keep_the_addresses_the_api_server_gave() {
+        let svc = json!({"metadata": {"name": "web", "namespace": "default"},
+                         "spec": {"clusterIP": "172.20.0.10", "clusterIPs": ["172.20.0.10"],
+                                  "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
+        let Parsed::Service(d) = from_api("Service", svc).unwrap() else {
+            panic!("not a service")
+        };
+        assert_eq!(d.service.vip(), Some("172.20.0.10".parse().unwrap()));
+        assert_eq!(d.service.ip_families, vec![IpFamily::Ipv4]);
+        let unset = json!({"metadata": {"name": "web", "namespace": "default"},
+                           "spec": {"ports": [{"port": 80}]}});
+        assert_eq!(
+            from_api("Service", unset).unwrap_err().field,
+            "spec.clusterIP"
+        );
+    }
+}
