@@ -1,0 +1,67 @@
+//! A Kubernetes API server for tests: the real HTTP protocol over an in-memory store.
+//!
+//! No kube-apiserver runs on our machines, so code that talks to Kubernetes is tested
+//! against this one, with real clients (kube-rs, kubectl). [`ApiServer`] is the store plus
+//! fault controls; [`ApiServer::serve`] speaks plain HTTP/1.1 on a listener the caller bound.
+//!
+//! # What it implements
+//! - Kinds: core v1 namespaces, pods, services, nodes; discovery.k8s.io/v1 endpointslices;
+//!   networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases; cilium.io/v2
+//!   ciliumnetworkpolicies, ciliumclusterwidenetworkpolicies, ciliumnodes, ciliumidentities,
+//!   ciliumendpoints ([`registry::KINDS`], one row each). `/status` subresources for pods,
+//!   services, nodes, namespaces, CNPs, CCNPs and ciliumnodes.
+//! - GET, LIST (`limit`/`continue` with pages frozen at the first page's resourceVersion,
+//!   `labelSelector`, `fieldSelector` on any dotted path), WATCH (`resourceVersion`,
+//!   `timeoutSeconds`, `allowWatchBookmarks`, selectors with ADDED/DELETED on entering and
+//!   leaving the view, in-stream ERROR 410 for versions older than the bounded history),
+//!   POST (`generateName`, 409 AlreadyExists, 404 for a missing namespace, `dryRun`), PUT
+//!   (409 Conflict on a stale resourceVersion, status kept / changed by subresource), PATCH
+//!   (merge, JSON, strategic merge by `name`/`port`/`containerPort`, server-side apply as
+//!   create-or-strategic-merge), DELETE (returns the object; a namespace takes its objects).
+//! - Defaulting: Namespace `kubernetes.io/metadata.name` label; Service ClusterIPs from
+//!   10.96.0.0/12 and fd00:10:96::/108, `ipFamilies`, `ipFamilyPolicy`, `type`, port
+//!   `protocol` and `targetPort`; Pod container port `protocol`, `status.phase: Pending`.
+//! - Discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/G/V` (legacy form; kubectl
+//!   asks for aggregated discovery first and falls back). Errors are `Status` objects.
+//! - Faults: [`ApiServer::stop`] (like a killed process), [`ApiServer::drop_watches`],
+//!   [`ApiServer::expire_watches`], [`ApiServer::set_latency`], [`ApiServer::fail_requests`].
+//!
+//! # What it does not
+//! No TLS, authentication, authorization or admission beyond the defaulting above; no
+//! finalizers or graceful deletion (deletes are immediate); no real server-side apply field
+//! ownership (`managedFields` is not kept, conflicts are never reported, `force` is
+//! accepted and ignored); no OpenAPI (`/openapi/v2` and `/openapi/v3` are 404); no Table
+//! output (kubectl falls back to its own printing); no protobuf; no `deletecollection`;
+//! no `resourceVersionMatch` or consistent reads at an older version; no `sendInitialEvents`.
+//!
+//! # kubectl (1.32), checked by `tests/kubectl.rs`
+//! With `--server=http://127.0.0.1:PORT`: `get` (`-o json`, `-w`, `ns`), `api-resources`,
+//! `create -f`, `label --overwrite`, `patch --type merge|json|strategic`, `delete -f`,
+//! `apply -f` and `apply --server-side`. Commands that validate against OpenAPI
+//! (`apply`, `create`) need `--validate=false`, since there is no OpenAPI document.
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let server = cellium_test_apiserver::ApiServer::new();
+//! let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! server.serve(listener)?;
+//! server.apply_yaml("apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: default}\n")?;
+//! // point a client at http://{addr}; later:
+//! server.expire_watches();
+//! # Ok(()) }
+//! ```
+
+mod defaults;
+pub mod error;
+mod http;
+mod patch;
+pub mod registry;
+mod selector;
+mod server;
+mod store;
+mod util;
+
+pub use error::{Error, Result};
+pub use server::ApiServer;
