@@ -1,0 +1,358 @@
+//! kube-rs 5.0 against the test API server: CRUD, patches, pagination and the runtime
+//! watcher through expiry, dropped connections and selectors.
+
+use cellium_test_apiserver::ApiServer;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::time::Duration;
+
+async fn start() -> (ApiServer, Client) {
+    let server = ApiServer::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    server.serve(listener).unwrap();
+    let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    (server, client)
+}
+
+fn pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx:1", "ports": [{"containerPort": 80}]}]}
+    }))
+    .unwrap()
+}
+
+fn direct_pod(name: &str, node: &str) -> serde_json::Value {
+    let mut p = serde_json::to_value(pod(name, node)).unwrap();
+    p["metadata"]["namespace"] = json!("default");
+    p
+}
+
+/// The next watcher event that is not an error (errors are retried by the next poll),
+/// as a short string: "Init", "InitApply p1", "InitDone", "Apply p2", "Delete p2".
+async fn next<S: Stream<Item = Result<Event<Pod>, watcher::Error>> + Unpin>(
+    stream: &mut S,
+) -> String {
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a watcher event within 10 s")
+            .expect("the watcher stream does not end");
+        match item {
+            Ok(Event::Init) => return "Init".into(),
+            Ok(Event::InitApply(p)) => return format!("InitApply {}", p.name_any()),
+            Ok(Event::InitDone) => return "InitDone".into(),
+            Ok(Event::Apply(p)) => return format!("Apply {}", p.name_any()),
+            Ok(Event::Delete(p)) => return format!("Delete {}", p.name_any()),
+            Err(_) => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn list_pages_carry_the_list_resource_version() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    for i in 0..5 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}"), "n1"))
+            .await
+            .unwrap();
+    }
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    let mut versions = Vec::new();
+    let mut pages = 0;
+    loop {
+        let mut lp = ListParams::default().limit(2);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = pods.list(&lp).await.unwrap();
+        pages += 1;
+        assert!(page.items.len() <= 2);
+        names.extend(page.items.iter().map(|p| p.name_any()));
+        versions.push(
+            page.metadata
+                .resource_version
+                .clone()
+                .expect("every page has a resourceVersion"),
+        );
+        if pages == 1 {
+            // Written between pages: not part of this list.
+            server.create(direct_pod("p9", "n1")).unwrap();
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4"]);
+    assert!(versions.iter().all(|v| *v == versions[0]));
+    // A label selector and all namespaces.
+    let all: Api<Pod> = Api::all(pods.into_client());
+    assert_eq!(
+        all.list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        6
+    );
+    assert_eq!(
+        all.list(&ListParams::default().labels("app!=web"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn crud_conflicts_and_patches() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = pods
+        .create(&PostParams::default(), &pod("web", "n1"))
+        .await
+        .unwrap();
+    assert!(created.metadata.uid.is_some());
+    let err = pods
+        .create(&PostParams::default(), &pod("web", "n1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_already_exists()),
+        "{err}"
+    );
+    let err = pods.get("nope").await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_not_found() && s.code == 404),
+        "{err}"
+    );
+    let missing_ns: Api<Pod> = Api::namespaced(client.clone(), "nope");
+    let err = missing_ns
+        .create(&PostParams::default(), &pod("web", "n1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_not_found()),
+        "{err}"
+    );
+
+    // Replace: the fresh version wins, the stale one conflicts.
+    let mut fresh = created.clone();
+    fresh.labels_mut().insert("v".into(), "2".into());
+    let replaced = pods
+        .replace("web", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+    assert_eq!(replaced.labels()["v"], "2");
+    let err = pods
+        .replace("web", &PostParams::default(), &created)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_conflict() && s.code == 409),
+        "{err}"
+    );
+
+    let pp = PatchParams::default();
+    let merged = pods
+        .patch(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"m": "1", "v": null}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(merged.labels().get("m").map(String::as_str), Some("1"));
+    assert!(!merged.labels().contains_key("v"));
+
+    // Strategic: the container named c is merged, not replaced, and a new one appended.
+    let patch = json!({"spec": {"containers": [{"name": "c", "image": "nginx:2"}, {"name": "d", "image": "busybox"}]}});
+    let strategic = pods
+        .patch("web", &pp, &Patch::Strategic(patch))
+        .await
+        .unwrap();
+    let containers = strategic.spec.as_ref().unwrap().containers.clone();
+    assert_eq!(containers.len(), 2);
+    assert_eq!(containers[0].image.as_deref(), Some("nginx:2"));
+    assert_eq!(
+        containers[0].ports.as_ref().unwrap()[0].protocol.as_deref(),
+        Some("TCP")
+    );
+
+    // Server-side apply creates, then merges.
+    let ssa = PatchParams::apply("test").force();
+    let applied = pods
+        .patch("ssa", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ssa"}, "spec": {"containers": [{"name": "c", "image": "a"}]}})))
+        .await
+        .unwrap();
+    assert_eq!(applied.name_any(), "ssa");
+    let applied = pods
+        .patch("ssa", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ssa", "labels": {"x": "y"}}})))
+        .await
+        .unwrap();
+    assert_eq!(applied.labels()["x"], "y");
+    assert_eq!(
+        applied.spec.unwrap().containers[0].image.as_deref(),
+        Some("a")
+    );
+
+    // Status subresource: patch_status changes only status, a main patch keeps status.
+    let st = pods
+        .patch_status("web", &pp, &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.0.0.5"}, "metadata": {"labels": {"ignored": "yes"}}})))
+        .await
+        .unwrap();
+    assert_eq!(
+        st.status.as_ref().unwrap().pod_ip.as_deref(),
+        Some("10.0.0.5")
+    );
+    assert!(!st.labels().contains_key("ignored"));
+    let main = pods
+        .patch(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(main.status.unwrap().phase.as_deref(), Some("Running"));
+
+    let deleted = pods.delete("web", &DeleteParams::default()).await.unwrap();
+    assert!(deleted.left().is_some_and(|p| p.name_any() == "web"));
+    assert!(server.get("v1", "Pod", Some("default"), "web").is_none());
+    assert!(server.requests() > 10);
+}
+
+#[tokio::test]
+async fn watcher_follows_expiry_drops_and_selectors() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.create(direct_pod("p1", "n1")).unwrap();
+    let mut stream = watcher::watcher(pods.clone(), watcher::Config::default()).boxed();
+    assert_eq!(next(&mut stream).await, "Init");
+    assert_eq!(next(&mut stream).await, "InitApply p1");
+    assert_eq!(next(&mut stream).await, "InitDone");
+    pods.create(&PostParams::default(), &pod("p2", "n1"))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await, "Apply p2");
+    pods.delete("p2", &DeleteParams::default()).await.unwrap();
+    assert_eq!(next(&mut stream).await, "Delete p2");
+    server.create(direct_pod("p3", "n2")).unwrap();
+    assert_eq!(next(&mut stream).await, "Apply p3");
+
+    // Expired: the watcher relists; p1, deleted meanwhile, is not in the new init set.
+    server.expire_watches();
+    server.delete("v1", "Pod", Some("default"), "p1").unwrap();
+    assert_eq!(next(&mut stream).await, "Init");
+    assert_eq!(next(&mut stream).await, "InitApply p3");
+    assert_eq!(next(&mut stream).await, "InitDone");
+
+    // Dropped: the watcher resumes from its resourceVersion without relisting.
+    server.drop_watches();
+    server.create(direct_pod("p4", "n1")).unwrap();
+    assert_eq!(next(&mut stream).await, "Apply p4");
+
+    // A field selector filters, both on the list and the watch.
+    let mut n1 = watcher::watcher(
+        pods.clone(),
+        watcher::Config::default().fields("spec.nodeName=n1"),
+    )
+    .boxed();
+    assert_eq!(next(&mut n1).await, "Init");
+    assert_eq!(next(&mut n1).await, "InitApply p4");
+    assert_eq!(next(&mut n1).await, "InitDone");
+    server.create(direct_pod("p5", "n2")).unwrap();
+    server.create(direct_pod("p6", "n1")).unwrap();
+    assert_eq!(next(&mut n1).await, "Apply p6");
+}
+
+#[tokio::test]
+async fn watcher_survives_a_restart_of_the_server() {
+    let server = ApiServer::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    server.serve(listener).unwrap();
+    let client =
+        Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let mut stream = watcher::watcher(pods, watcher::Config::default()).boxed();
+    assert_eq!(next(&mut stream).await, "Init");
+    assert_eq!(next(&mut stream).await, "InitDone");
+    server.stop();
+    server.create(direct_pod("while-down", "n1")).unwrap();
+    // The address is free again at once, as after a killed process.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server
+        .serve(std::net::TcpListener::bind(addr).unwrap())
+        .unwrap();
+    assert_eq!(next(&mut stream).await, "Apply while-down");
+}
+
+#[tokio::test]
+async fn bookmarks_arrive() {
+    let (server, client) = start().await;
+    server.set_bookmark_interval(Duration::from_millis(100));
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.create(direct_pod("p1", "n1")).unwrap();
+    let mut stream = pods
+        .watch(
+            &WatchParams {
+                bookmarks: true,
+                ..WatchParams::default()
+            }
+            .timeout(10),
+            "0",
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        match event.unwrap() {
+            WatchEvent::Added(p) => seen.push(format!("ADDED {}", p.name_any())),
+            WatchEvent::Bookmark(b) => {
+                seen.push(format!("BOOKMARK {}", b.metadata.resource_version));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], "ADDED p1");
+    assert!(seen[1].starts_with("BOOKMARK "));
+}
+
+#[tokio::test]
+async fn failures_and_latency_are_injected() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.fail_requests(1, 500);
+    let err = pods.list(&ListParams::default()).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 500 && s.reason == "InternalError"),
+        "{err}"
+    );
+    assert!(pods.list(&ListParams::default()).await.is_ok());
+    // kube-client retries 503 by itself: the failure costs one more request, not an error.
+    let before = server.requests();
+    server.fail_requests(1, 503);
+    assert!(pods.list(&ListParams::default()).await.is_ok());
+    assert_eq!(server.requests() - before, 2);
+    server.set_latency(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    pods.list(&ListParams::default()).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(200));
+}
