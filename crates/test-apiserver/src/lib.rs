@@ -35,10 +35,17 @@
 //! no `resourceVersionMatch` or consistent reads at an older version; no `sendInitialEvents`.
 //!
 //! # kubectl (1.32), checked by `tests/kubectl.rs`
-//! With `--server=http://127.0.0.1:PORT`: `get` (`-o json`, `-w`, `ns`), `api-resources`,
-//! `create -f`, `label --overwrite`, `patch --type merge|json|strategic`, `delete -f`,
-//! `apply -f` and `apply --server-side`. Commands that validate against OpenAPI
-//! (`apply`, `create`) need `--validate=false`, since there is no OpenAPI document.
+//! With `--server=http://127.0.0.1:PORT` (and a `--cache-dir` of its own per server, since
+//! kubectl caches discovery): `get` (`-o json`, `-o name`, `-w`, `ns`, `all`, short names
+//! such as `cnp`), `api-resources`, `create -f` (AlreadyExists reported), `label
+//! --overwrite`, `patch --type merge|json|strategic`, `apply -f` (client-side: a strategic
+//! merge patch for core kinds, a JSON merge patch for the others), `apply --server-side`,
+//! `delete -f`. Validation needs no flag: `/openapi/v3` is a stub that only declares the
+//! `fieldValidation` parameter on every kind's PATCH, which makes kubectl leave validation
+//! to the server (which accepts everything); `--validate=false` works too. `/openapi/v2` is
+//! 404, so `kubectl explain` shows no fields. `delete -f` of a file holding a Namespace and
+//! its objects needs `--ignore-not-found`: the namespace takes its objects at once.
+//! Output is kubectl's own (NAME, AGE): the server sends no Tables.
 //!
 //! # Example
 //! ```no_run

@@ -46,12 +46,29 @@ async fn ten_thousand_pods_in_pages_of_500() {
     let listed = started.elapsed();
     assert_eq!(pages, 20);
     assert_eq!(names.len(), 10_000);
-    assert!(names.windows(2).all(|w| w[0] < w[1]), "pages are ordered and do not overlap");
+    assert!(
+        names.windows(2).all(|w| w[0] < w[1]),
+        "pages are ordered and do not overlap"
+    );
 
-    let selected = pods.list(&ListParams::default().labels("app=a3").fields("spec.nodeName=n3")).await.unwrap();
+    let selected = pods
+        .list(
+            &ListParams::default()
+                .labels("app=a3")
+                .fields("spec.nodeName=n3"),
+        )
+        .await
+        .unwrap();
     assert_eq!(selected.items.len(), 200);
 
     println!("created 10,000 pods in {created:?}, listed them in 20 pages in {listed:?}");
-    let bound = if cfg!(debug_assertions) { Duration::from_secs(20) } else { Duration::from_secs(2) };
-    assert!(created + listed < bound, "created in {created:?}, listed in {listed:?}");
+    let bound = if cfg!(debug_assertions) {
+        Duration::from_secs(20)
+    } else {
+        Duration::from_secs(2)
+    };
+    assert!(
+        created + listed < bound,
+        "created in {created:?}, listed in {listed:?}"
+    );
 }

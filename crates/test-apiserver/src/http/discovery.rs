@@ -61,6 +61,12 @@ pub fn resources(group: &str, version: &str) -> Option<Value> {
         .iter()
         .filter(|k| k.group == group && k.version == version)
     {
+        // `kubectl get all` expands the `all` category, which core pods and services join.
+        let categories: &[&str] = if k.group.is_empty() && matches!(k.kind, "Pod" | "Service") {
+            &["all"]
+        } else {
+            &[]
+        };
         resources.push(json!({
             "name": k.resource,
             "singularName": k.singular,
@@ -68,6 +74,7 @@ pub fn resources(group: &str, version: &str) -> Option<Value> {
             "kind": k.kind,
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
             "shortNames": k.short_names,
+            "categories": categories,
         }));
         if k.status {
             resources.push(json!({

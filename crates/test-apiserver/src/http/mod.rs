@@ -1,6 +1,7 @@
 //! HTTP/1.1 on hyper: one task per connection, routing, faults, and `Status` errors.
 
 mod discovery;
+mod openapi;
 mod resource;
 mod watch;
 
@@ -45,7 +46,13 @@ async fn handle(server: ApiServer, req: Request<Incoming>) -> Response<Body> {
     server.count_request();
     let method = req.method().clone();
     let uri = req.uri().clone();
-    tracing::debug!(%method, %uri, "request");
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    tracing::debug!(%method, %uri, %content_type, "request");
     let latency = server.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -78,6 +85,15 @@ async fn route(server: &ApiServer, req: Request<Incoming>) -> Result<Response<Bo
         ["apis", group, version] => Ok(json_response(
             StatusCode::OK,
             &discovery::resources(group, version).ok_or_else(not_found)?,
+        )),
+        ["openapi", "v3"] => Ok(json_response(StatusCode::OK, &openapi::index())),
+        ["openapi", "v3", "api", "v1"] => Ok(json_response(
+            StatusCode::OK,
+            &openapi::group_version("", "v1").ok_or_else(not_found)?,
+        )),
+        ["openapi", "v3", "apis", group, version] => Ok(json_response(
+            StatusCode::OK,
+            &openapi::group_version(group, version).ok_or_else(not_found)?,
         )),
         ["api", "v1", rest @ ..] => resource::handle(server, req, "", "v1", rest).await,
         ["apis", group, version, rest @ ..] => {
