@@ -30,7 +30,7 @@
 //! No TLS, authentication, authorization or admission beyond the defaulting above; no
 //! finalizers or graceful deletion (deletes are immediate); no real server-side apply field
 //! ownership (`managedFields` is not kept, conflicts are never reported, `force` is
-//! accepted and ignored); no OpenAPI (`/openapi/v2` and `/openapi/v3` are 404); no Table
+//! accepted and ignored); no OpenAPI schemas (`/openapi/v3` is a stub, see below); no Table
 //! output (kubectl falls back to its own printing); no protobuf; no `deletecollection`;
 //! no `resourceVersionMatch` or consistent reads at an older version; no `sendInitialEvents`.
 //!
@@ -43,9 +43,9 @@
 //! `delete -f`. Validation needs no flag: `/openapi/v3` is a stub that only declares the
 //! `fieldValidation` parameter on every kind's PATCH, which makes kubectl leave validation
 //! to the server (which accepts everything); `--validate=false` works too. `/openapi/v2` is
-//! 404, so `kubectl explain` shows no fields. `delete -f` of a file holding a Namespace and
-//! its objects needs `--ignore-not-found`: the namespace takes its objects at once.
-//! Output is kubectl's own (NAME, AGE): the server sends no Tables.
+//! 404 and there are no schemas, so `kubectl explain` fails. `delete -f` of a file holding
+//! a Namespace and its objects needs `--ignore-not-found`: the namespace takes its objects
+//! at once. Output is kubectl's own (NAME, AGE): the server sends no Tables.
 //!
 //! # Example
 //! ```no_run

@@ -73,7 +73,10 @@ async fn run(
     timeout_seconds: Option<u64>,
     bookmarks: bool,
 ) {
+    // The version this watch has delivered up to, for the message of an expiry.
+    let mut last_rv = 0u64;
     for (kind_of_change, obj) in initial {
+        last_rv = last_rv.max(rv_of(&obj));
         if tx
             .send(Ok(Frame::data(event_line(kind_of_change, &obj))))
             .await
@@ -98,13 +101,16 @@ async fn run(
             }
             msg = events.recv() => match msg {
                 None => break,
-                Some(WatchMsg::Event(event)) => match spec.translate(&event) {
+                Some(WatchMsg::Event(event)) => match spec.translate(&event).inspect(|_| last_rv = event.rv) {
                     Some((kind_of_change, obj)) => Ok(Frame::data(event_line(kind_of_change, &obj))),
                     None => continue,
                 },
-                Some(WatchMsg::Bookmark(rv)) => Ok(Frame::data(bookmark_line(spec.kind, rv))),
+                Some(WatchMsg::Bookmark(rv)) => {
+                    last_rv = rv;
+                    Ok(Frame::data(bookmark_line(spec.kind, rv)))
+                }
                 Some(WatchMsg::Expire) => {
-                    let expired = Error::Expired { requested: 0, oldest: server.store().compacted() };
+                    let expired = Error::Expired { requested: last_rv, oldest: server.store().compacted() };
                     let _ = tx.send(Ok(Frame::data(error_line(&expired)))).await;
                     break;
                 }
@@ -118,6 +124,13 @@ async fn run(
         }
     }
     tracing::debug!(id, "watch ended");
+}
+
+fn rv_of(obj: &Value) -> u64 {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
 }
 
 fn event_line(kind_of_change: EventType, obj: &Value) -> Bytes {
