@@ -17,7 +17,8 @@
 //!   POST (`generateName`, 409 AlreadyExists, 404 for a missing namespace, `dryRun`), PUT
 //!   (409 Conflict on a stale resourceVersion, status kept / changed by subresource), PATCH
 //!   (merge, JSON, strategic merge by `name`/`port`/`containerPort`, server-side apply as
-//!   create-or-strategic-merge), DELETE (returns the object; a namespace takes its objects).
+//!   create-or-strategic-merge), DELETE (returns the object; a namespace takes its objects),
+//!   deletecollection with selectors, `sendInitialEvents` (kube-runtime's `streaming_lists`).
 //! - Defaulting: Namespace `kubernetes.io/metadata.name` label; Service ClusterIPs from
 //!   10.96.0.0/12 and fd00:10:96::/108, `ipFamilies`, `ipFamilyPolicy`, `type`, port
 //!   `protocol` and `targetPort`; Pod container port `protocol`, `status.phase: Pending`.
@@ -31,8 +32,8 @@
 //! finalizers or graceful deletion (deletes are immediate); no real server-side apply field
 //! ownership (`managedFields` is not kept, conflicts are never reported, `force` is
 //! accepted and ignored); no OpenAPI schemas (`/openapi/v3` is a stub, see below); no Table
-//! output (kubectl falls back to its own printing); no protobuf; no `deletecollection`;
-//! no `resourceVersionMatch` or consistent reads at an older version; no `sendInitialEvents`.
+//! output (kubectl falls back to its own printing); no protobuf; no `resourceVersionMatch` or consistent
+//! reads at an older version (LIST and `sendInitialEvents` always serve the current state).
 //!
 //! # kubectl (1.32), checked by `tests/kubectl.rs`
 //! With `--server=http://127.0.0.1:PORT` (and a `--cache-dir` of its own per server, since

@@ -196,7 +196,6 @@ impl Store {
     }
 
     /// The current resourceVersion.
-    #[cfg(test)]
     pub fn rv(&self) -> u64 {
         self.rv
     }

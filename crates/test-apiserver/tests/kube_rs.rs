@@ -356,3 +356,70 @@ async fn failures_and_latency_are_injected() {
     pods.list(&ListParams::default()).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(200));
 }
+
+#[tokio::test]
+async fn label_selector_watch_sees_objects_enter_and_leave() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let mut web =
+        watcher::watcher(pods.clone(), watcher::Config::default().labels("app=web")).boxed();
+    assert_eq!(next(&mut web).await, "Init");
+    assert_eq!(next(&mut web).await, "InitDone");
+    server.create(direct_pod("p1", "n1")).unwrap();
+    assert_eq!(next(&mut web).await, "Apply p1");
+    // Relabelled away: DELETED for this watch; back again: ADDED.
+    let pp = PatchParams::default();
+    pods.patch(
+        "p1",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next(&mut web).await, "Delete p1");
+    pods.patch(
+        "p1",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next(&mut web).await, "Apply p1");
+}
+
+#[tokio::test]
+async fn streaming_lists_and_delete_collection() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.create(direct_pod("p1", "n1")).unwrap();
+    server.create(direct_pod("p2", "n2")).unwrap();
+    // sendInitialEvents: the initial ADDED events end with an annotated BOOKMARK.
+    let mut stream =
+        watcher::watcher(pods.clone(), watcher::Config::default().streaming_lists()).boxed();
+    assert_eq!(next(&mut stream).await, "Init");
+    assert_eq!(next(&mut stream).await, "InitApply p1");
+    assert_eq!(next(&mut stream).await, "InitApply p2");
+    assert_eq!(next(&mut stream).await, "InitDone");
+    server.create(direct_pod("p3", "n1")).unwrap();
+    assert_eq!(next(&mut stream).await, "Apply p3");
+
+    let deleted = pods
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().fields("spec.nodeName=n1"),
+        )
+        .await
+        .unwrap();
+    let names: Vec<String> = deleted
+        .left()
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(names, ["p1", "p3"]);
+    assert_eq!(server.list("v1", "Pod").len(), 1);
+    let mut seen = [next(&mut stream).await, next(&mut stream).await];
+    seen.sort();
+    assert_eq!(seen, ["Delete p1", "Delete p3"]);
+}

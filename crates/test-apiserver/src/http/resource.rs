@@ -115,21 +115,21 @@ pub async fn handle(
                         Error::BadRequest(format!("invalid resourceVersion {rv:?}"))
                     })?),
                 };
-            let timeout = query
-                .get("timeoutSeconds")
-                .and_then(|t| t.parse::<u64>().ok());
             let spec = store::WatchSpec {
                 kind,
                 namespace: ns.map(str::to_string),
                 selector: query.selector()?,
             };
-            Ok(super::watch::respond(
-                server,
-                spec,
-                since,
-                timeout,
-                query.flag("allowWatchBookmarks"),
-            ))
+            let options = super::watch::Options {
+                timeout_seconds: query
+                    .get("timeoutSeconds")
+                    .and_then(|t| t.parse::<u64>().ok()),
+                bookmarks: query.flag("allowWatchBookmarks"),
+                initial_events: query.flag("sendInitialEvents"),
+            };
+            // sendInitialEvents lists the current state first, whatever the version asked.
+            let since = if options.initial_events { None } else { since };
+            Ok(super::watch::respond(server, spec, since, options))
         }
         (Method::GET, None) => {
             let limit = query
@@ -216,6 +216,33 @@ pub async fn handle(
                 },
                 &patched,
             ))
+        }
+        (Method::DELETE, None) => {
+            // deletecollection: every object the selectors match, returned as a list.
+            let mut store = server.store();
+            let selector = query.selector()?;
+            let doomed: Vec<(String, String)> = store
+                .objects(kind, ns)
+                .into_iter()
+                .filter(|o| selector.matches(o))
+                .map(|o| {
+                    (
+                        store::namespace_of(&o).to_string(),
+                        store::name_of(&o).to_string(),
+                    )
+                })
+                .collect();
+            let mut items = Vec::new();
+            for (ns, name) in doomed {
+                items.push(store.delete(kind, &ns, &name, query.dry_run())?);
+            }
+            let page = Page {
+                rv: store.rv(),
+                items,
+                continue_token: None,
+                remaining: 0,
+            };
+            Ok(list_response(kind, &page))
         }
         (Method::DELETE, Some(name)) => {
             let deleted = server

@@ -23,26 +23,18 @@ pub fn respond(
     server: &ApiServer,
     spec: WatchSpec,
     since: Option<u64>,
-    timeout_seconds: Option<u64>,
-    bookmarks: bool,
+    options: Options,
 ) -> Response<Body> {
-    let opened = server.store().watch(&spec, since);
+    let (opened, now) = {
+        let mut store = server.store();
+        (store.watch(&spec, since), store.rv())
+    };
     let (tx, rx) = mpsc::channel::<Chunk>(256);
     match opened {
         Ok((initial, id, events)) => {
             let server = server.clone();
             tokio::spawn(async move {
-                run(
-                    server,
-                    spec,
-                    initial,
-                    id,
-                    events,
-                    tx,
-                    timeout_seconds,
-                    bookmarks,
-                )
-                .await;
+                run(server, spec, initial, now, id, events, tx, options).await;
             });
         }
         Err(error @ Error::Expired { .. }) => {
@@ -62,17 +54,34 @@ pub fn respond(
     response
 }
 
+/// What the client asked of a watch besides where to start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// `timeoutSeconds`: end the stream (cleanly) after this long.
+    pub timeout_seconds: Option<u64>,
+    /// `allowWatchBookmarks`
+    pub bookmarks: bool,
+    /// `sendInitialEvents=true`: after the initial ADDED events, a BOOKMARK annotated
+    /// `k8s.io/initial-events-end` (kube-runtime's `streaming_lists` waits for it).
+    pub initial_events: bool,
+}
+
 #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
 async fn run(
     server: ApiServer,
     spec: WatchSpec,
     initial: Vec<(EventType, Arc<Value>)>,
+    opened_at: u64,
     id: u64,
     mut events: mpsc::UnboundedReceiver<WatchMsg>,
     tx: mpsc::Sender<Chunk>,
-    timeout_seconds: Option<u64>,
-    bookmarks: bool,
+    options: Options,
 ) {
+    let Options {
+        timeout_seconds,
+        bookmarks,
+        initial_events,
+    } = options;
     // The version this watch has delivered up to, for the message of an expiry.
     let mut last_rv = 0u64;
     for (kind_of_change, obj) in initial {
@@ -82,6 +91,13 @@ async fn run(
             .await
             .is_err()
         {
+            return;
+        }
+    }
+    if initial_events {
+        let end = bookmark_line(spec.kind, opened_at, true);
+        last_rv = opened_at;
+        if tx.send(Ok(Frame::data(end))).await.is_err() {
             return;
         }
     }
@@ -107,7 +123,7 @@ async fn run(
                 },
                 Some(WatchMsg::Bookmark(rv)) => {
                     last_rv = rv;
-                    Ok(Frame::data(bookmark_line(spec.kind, rv)))
+                    Ok(Frame::data(bookmark_line(spec.kind, rv, false)))
                 }
                 Some(WatchMsg::Expire) => {
                     let expired = Error::Expired { requested: last_rv, oldest: server.store().compacted() };
@@ -146,9 +162,12 @@ fn event_line(kind_of_change: EventType, obj: &Value) -> Bytes {
     Bytes::from(out)
 }
 
-fn bookmark_line(kind: usize, rv: u64) -> Bytes {
+fn bookmark_line(kind: usize, rv: u64, initial_events_end: bool) -> Bytes {
     let k = &KINDS[kind];
-    let obj = json!({"kind": k.kind, "apiVersion": k.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+    let mut obj = json!({"kind": k.kind, "apiVersion": k.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+    if initial_events_end {
+        obj["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
     Bytes::from(format!("{}\n", json!({"type": "BOOKMARK", "object": obj})))
 }
 
@@ -170,7 +189,7 @@ mod tests {
         assert_eq!(v["type"], "MODIFIED");
         assert!(line.ends_with(b"\n"));
         let pods = crate::registry::by_kind("v1", "Pod").unwrap();
-        let v: Value = serde_json::from_slice(&bookmark_line(pods, 7)).unwrap();
+        let v: Value = serde_json::from_slice(&bookmark_line(pods, 7, false)).unwrap();
         assert_eq!(
             v["object"],
             json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}})
