@@ -72,4 +72,4 @@ mod store;
 mod util;
 
 pub use error::{Error, Result};
-pub use server::ApiServer;
+pub use server::{ApiServer, DEFAULT_HISTORY};

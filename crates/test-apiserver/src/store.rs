@@ -53,6 +53,13 @@ pub enum WatchMsg {
     Bookmark(u64),
 }
 
+/// A watch just opened: the events it starts with, its id and its channel.
+pub type OpenedWatch = (
+    Vec<(EventType, Arc<Value>)>,
+    u64,
+    mpsc::UnboundedReceiver<WatchMsg>,
+);
+
 /// Who a watch is and what it wants.
 #[derive(Debug, Clone)]
 pub struct WatchSpec {
@@ -457,10 +464,7 @@ impl Store {
             return Ok(old);
         }
         if k.kind == "Namespace" && k.group.is_empty() {
-            for other in 0..KINDS.len() {
-                if !KINDS[other].namespaced {
-                    continue;
-                }
+            for (other, _) in KINDS.iter().enumerate().filter(|(_, k)| k.namespaced) {
                 let names: Vec<String> = self.tables[other]
                     .range((name.to_string(), String::new())..)
                     .take_while(|((ns, _), _)| ns == name)
@@ -589,15 +593,7 @@ impl Store {
     /// Opens a watch: returns the events it starts with and its channel. `since` None means
     /// "from now, after an ADDED for every current object"; an `since` older than the history
     /// is `Err(Expired)`.
-    pub fn watch(
-        &mut self,
-        spec: &WatchSpec,
-        since: Option<u64>,
-    ) -> Result<(
-        Vec<(EventType, Arc<Value>)>,
-        u64,
-        mpsc::UnboundedReceiver<WatchMsg>,
-    )> {
+    pub fn watch(&mut self, spec: &WatchSpec, since: Option<u64>) -> Result<OpenedWatch> {
         let initial = match since {
             None => self
                 .objects(spec.kind, spec.namespace.as_deref())

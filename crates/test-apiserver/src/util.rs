@@ -82,7 +82,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of a hex string, or None if it is not one.
 pub fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

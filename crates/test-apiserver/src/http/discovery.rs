@@ -72,7 +72,7 @@ pub fn resources(group: &str, version: &str) -> Option<Value> {
             "singularName": k.singular,
             "namespaced": k.namespaced,
             "kind": k.kind,
-            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
             "shortNames": k.short_names,
             "categories": categories,
         }));
