@@ -18,7 +18,9 @@
 //!   (409 Conflict on a stale resourceVersion, status kept / changed by subresource), PATCH
 //!   (merge, JSON, strategic merge by `name`/`port`/`containerPort`, server-side apply as
 //!   create-or-strategic-merge), DELETE (returns the object; a namespace takes its objects),
-//!   deletecollection with selectors, `sendInitialEvents` (kube-runtime's `streaming_lists`).
+//!   deletecollection with selectors, `sendInitialEvents` (kube-runtime's `streaming_lists`);
+//!   GET, LIST and WATCH answer `PartialObjectMetadata` when the `Accept` header asks for it
+//!   (kube-rs's `Api<PartialObjectMeta<K>>`).
 //! - Defaulting: Namespace `kubernetes.io/metadata.name` label; Service ClusterIPs from
 //!   10.96.0.0/12 and fd00:10:96::/108, `ipFamilies`, `ipFamilyPolicy`, `type`, port
 //!   `protocol` and `targetPort`; Pod container port `protocol`, `status.phase: Pending`.

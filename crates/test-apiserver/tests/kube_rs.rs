@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -422,4 +423,36 @@ async fn streaming_lists_and_delete_collection() {
     let mut seen = [next(&mut stream).await, next(&mut stream).await];
     seen.sort();
     assert_eq!(seen, ["Delete p1", "Delete p3"]);
+}
+
+#[tokio::test]
+async fn metadata_watcher_gets_partial_objects() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    server.create(direct_pod("p1", "n1")).unwrap();
+    let listed = pods.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].labels()["app"], "web");
+    let got = pods.get_metadata("p1").await.unwrap();
+    assert_eq!(got.types.unwrap().kind, "PartialObjectMetadata");
+    // Api<PartialObjectMeta<K>> asks for metadata only.
+    let metas: Api<PartialObjectMeta<Pod>> = Api::namespaced(pods.into_client(), "default");
+    let mut stream = watcher::watcher(metas, watcher::Config::default()).boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap()
+            .unwrap();
+        match event {
+            Ok(Event::InitApply(m)) | Ok(Event::Apply(m)) => seen.push(m.name_any()),
+            Ok(Event::InitDone) => {
+                seen.push("InitDone".into());
+                server.create(direct_pod("p2", "n1")).unwrap();
+            }
+            Ok(Event::Init) => seen.push("Init".into()),
+            Ok(Event::Delete(_)) | Err(_) => {}
+        }
+    }
+    assert_eq!(seen, ["Init", "p1", "InitDone", "p2"]);
 }

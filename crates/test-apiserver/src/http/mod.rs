@@ -107,6 +107,24 @@ fn not_found() -> Error {
     Error::UnknownKind("the path is not served".into())
 }
 
+/// Whether the client asked for `meta.k8s.io/v1` `PartialObjectMetadata` (kube-rs's
+/// `metadata_watcher`, `Api::list_metadata`) rather than whole objects.
+pub fn wants_metadata(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("as=PartialObjectMetadata"))
+}
+
+/// An object cut down to a `PartialObjectMetadata`.
+pub fn metadata_only(obj: &Value) -> Value {
+    serde_json::json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_default(),
+    })
+}
+
 /// A JSON response.
 pub fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     bytes_response(

@@ -97,6 +97,7 @@ pub async fn handle(
     let k = &KINDS[kind];
     let ns = target.namespace;
     let store_ns = ns.unwrap_or("");
+    let metadata = super::wants_metadata(&req);
     let ok = |v: &Value| Ok(json_response(StatusCode::OK, v));
     match (req.method().clone(), target.name) {
         (Method::GET, Some(name)) => {
@@ -105,7 +106,11 @@ pub async fn handle(
                 kind: k.qualified(),
                 name: name.into(),
             })?;
-            ok(&obj)
+            if metadata {
+                ok(&super::metadata_only(&obj))
+            } else {
+                ok(&obj)
+            }
         }
         (Method::GET, None) if query.flag("watch") => {
             let since =
@@ -126,6 +131,7 @@ pub async fn handle(
                     .and_then(|t| t.parse::<u64>().ok()),
                 bookmarks: query.flag("allowWatchBookmarks"),
                 initial_events: query.flag("sendInitialEvents"),
+                metadata,
             };
             // sendInitialEvents lists the current state first, whatever the version asked.
             let since = if options.initial_events { None } else { since };
@@ -140,7 +146,7 @@ pub async fn handle(
             let page = server
                 .store()
                 .list(kind, ns, &query.selector()?, limit, token)?;
-            Ok(list_response(kind, &page))
+            Ok(list_response(kind, &page, metadata))
         }
         (Method::POST, None) => {
             let obj = read_body(req).await?;
@@ -242,7 +248,7 @@ pub async fn handle(
                 continue_token: None,
                 remaining: 0,
             };
-            Ok(list_response(kind, &page))
+            Ok(list_response(kind, &page, false))
         }
         (Method::DELETE, Some(name)) => {
             let deleted = server
@@ -266,8 +272,16 @@ fn unsupported_media(content_type: &str) -> Response<Body> {
 }
 
 /// Serializes a LIST page without copying the stored objects into a new tree.
-fn list_response(kind: usize, page: &Page) -> Response<Body> {
+fn list_response(kind: usize, page: &Page, metadata: bool) -> Response<Body> {
     let k = &KINDS[kind];
+    let (list_kind, api_version) = if metadata {
+        (
+            "PartialObjectMetadataList".to_string(),
+            "meta.k8s.io/v1".to_string(),
+        )
+    } else {
+        (format!("{}List", k.kind), k.api_version())
+    };
     let mut out = Vec::with_capacity(256 + page.items.len() * 1024);
     let mut meta = serde_json::json!({ "resourceVersion": page.rv.to_string() });
     if let Some(token) = &page.continue_token {
@@ -276,16 +290,17 @@ fn list_response(kind: usize, page: &Page) -> Response<Body> {
     }
     let _ = write!(
         out,
-        "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
-        k.kind,
-        k.api_version(),
-        meta
+        "{{\"kind\":\"{list_kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{meta},\"items\":["
     );
     for (i, item) in page.items.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let _ = serde_json::to_writer(&mut out, &**item);
+        let _ = if metadata {
+            serde_json::to_writer(&mut out, &super::metadata_only(item))
+        } else {
+            serde_json::to_writer(&mut out, &**item)
+        };
     }
     out.extend_from_slice(b"]}");
     bytes_response(StatusCode::OK, "application/json", out)

@@ -64,6 +64,8 @@ pub struct Options {
     /// `sendInitialEvents=true`: after the initial ADDED events, a BOOKMARK annotated
     /// `k8s.io/initial-events-end` (kube-runtime's `streaming_lists` waits for it).
     pub initial_events: bool,
+    /// Send `PartialObjectMetadata` instead of whole objects.
+    pub metadata: bool,
 }
 
 #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
@@ -81,13 +83,14 @@ async fn run(
         timeout_seconds,
         bookmarks,
         initial_events,
+        metadata,
     } = options;
     // The version this watch has delivered up to, for the message of an expiry.
     let mut last_rv = 0u64;
     for (kind_of_change, obj) in initial {
         last_rv = last_rv.max(rv_of(&obj));
         if tx
-            .send(Ok(Frame::data(event_line(kind_of_change, &obj))))
+            .send(Ok(Frame::data(event_line(kind_of_change, &obj, metadata))))
             .await
             .is_err()
         {
@@ -118,7 +121,7 @@ async fn run(
             msg = events.recv() => match msg {
                 None => break,
                 Some(WatchMsg::Event(event)) => match spec.translate(&event).inspect(|_| last_rv = event.rv) {
-                    Some((kind_of_change, obj)) => Ok(Frame::data(event_line(kind_of_change, &obj))),
+                    Some((kind_of_change, obj)) => Ok(Frame::data(event_line(kind_of_change, &obj, metadata))),
                     None => continue,
                 },
                 Some(WatchMsg::Bookmark(rv)) => {
@@ -149,7 +152,7 @@ fn rv_of(obj: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-fn event_line(kind_of_change: EventType, obj: &Value) -> Bytes {
+fn event_line(kind_of_change: EventType, obj: &Value, metadata: bool) -> Bytes {
     let name = match kind_of_change {
         EventType::Added => "ADDED",
         EventType::Modified => "MODIFIED",
@@ -157,7 +160,11 @@ fn event_line(kind_of_change: EventType, obj: &Value) -> Bytes {
     };
     let mut out = Vec::with_capacity(1024);
     let _ = write!(out, "{{\"type\":\"{name}\",\"object\":");
-    let _ = serde_json::to_writer(&mut out, obj);
+    let _ = if metadata {
+        serde_json::to_writer(&mut out, &super::metadata_only(obj))
+    } else {
+        serde_json::to_writer(&mut out, obj)
+    };
     out.extend_from_slice(b"}\n");
     Bytes::from(out)
 }
@@ -184,7 +191,11 @@ mod tests {
 
     #[test]
     fn lines_are_single_json_objects() {
-        let line = event_line(EventType::Modified, &json!({"metadata": {"name": "a"}}));
+        let line = event_line(
+            EventType::Modified,
+            &json!({"metadata": {"name": "a"}}),
+            false,
+        );
         let v: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v["type"], "MODIFIED");
         assert!(line.ends_with(b"\n"));
