@@ -456,3 +456,53 @@ async fn metadata_watcher_gets_partial_objects() {
     }
     assert_eq!(seen, ["Init", "p1", "InitDone", "p2"]);
 }
+
+#[tokio::test]
+async fn too_old_versions_expire_in_stream_and_timeouts_end_watches() {
+    let server = ApiServer::with_history(5);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    server.serve(listener).unwrap();
+    let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    for i in 0..10 {
+        server.create(direct_pod(&format!("p{i}"), "n1")).unwrap();
+    }
+    // Version 1 is no longer in the 5 events kept: an in-stream ERROR 410, then the end.
+    let events: Vec<_> = pods
+        .watch(&WatchParams::default(), "1")
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    match &events[0] {
+        Ok(WatchEvent::Error(e)) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected an ERROR 410, got {other:?}"),
+    }
+    // A recent version replays what followed it.
+    let rv = server.get("v1", "Pod", None, "p7").unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut names = Vec::new();
+    let started = std::time::Instant::now();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+    {
+        match event.unwrap() {
+            WatchEvent::Added(p) => names.push(p.name_any()),
+            WatchEvent::Bookmark(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // timeoutSeconds=1 ended the stream.
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert_eq!(names, ["p8", "p9"]);
+}
