@@ -1,119 +1,24 @@
 //! The object store: one table per kind, one global resourceVersion, a bounded event
 //! history and the open watches. Every write goes through here, from HTTP or direct calls.
 
+mod list;
+mod watch;
+
+pub use list::Page;
+use list::Snapshot;
+use watch::{Event, Watcher};
+pub use watch::{EventType, WatchMsg, WatchSpec};
+
 use crate::defaults::{self, IpAllocator};
 use crate::error::{Error, Result};
 use crate::registry::{KINDS, Kind};
-use crate::selector::Selector;
 use crate::util;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// Objects of one kind keyed by (namespace, name); cluster-scoped objects have an empty namespace.
 pub type Table = BTreeMap<(String, String), Arc<Value>>;
-
-/// What a watch event says happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    /// Created.
-    Added,
-    /// Changed.
-    Modified,
-    /// Deleted.
-    Deleted,
-}
-
-/// One change, as kept in the history and fanned out to watches.
-#[derive(Debug)]
-pub struct Event {
-    /// The resourceVersion this write produced.
-    pub rv: u64,
-    /// Index into [`KINDS`].
-    pub kind: usize,
-    /// What happened.
-    pub kind_of_change: EventType,
-    /// The object after the change (the last state, for a deletion).
-    pub object: Arc<Value>,
-    /// The object before the change, for selector transitions.
-    pub previous: Option<Arc<Value>>,
-}
-
-/// What a watch's channel carries.
-#[derive(Debug)]
-pub enum WatchMsg {
-    /// A change to pass through the watch's filters.
-    Event(Arc<Event>),
-    /// History was compacted under the watch: send ERROR 410 and close.
-    Expire,
-    /// End the stream abruptly.
-    Drop,
-    /// Send a BOOKMARK at this resourceVersion.
-    Bookmark(u64),
-}
-
-/// A watch just opened: the events it starts with, its id and its channel.
-pub type OpenedWatch = (
-    Vec<(EventType, Arc<Value>)>,
-    u64,
-    mpsc::UnboundedReceiver<WatchMsg>,
-);
-
-/// Who a watch is and what it wants.
-#[derive(Debug, Clone)]
-pub struct WatchSpec {
-    /// Index into [`KINDS`].
-    pub kind: usize,
-    /// Only this namespace, or all.
-    pub namespace: Option<String>,
-    /// label and field selectors.
-    pub selector: Selector,
-}
-
-impl WatchSpec {
-    /// Whether `obj` is in the watch's view.
-    pub fn sees(&self, obj: &Value) -> bool {
-        self.namespace
-            .as_deref()
-            .is_none_or(|ns| namespace_of(obj) == ns)
-            && self.selector.matches(obj)
-    }
-
-    /// Turns a store event into what this watch sends, if anything: an object leaving the
-    /// view is DELETED, one entering it is ADDED, as the real server does.
-    pub fn translate(&self, event: &Event) -> Option<(EventType, Arc<Value>)> {
-        if event.kind != self.kind {
-            return None;
-        }
-        let now = self.sees(&event.object);
-        let before = event.previous.as_deref().is_some_and(|p| self.sees(p));
-        match event.kind_of_change {
-            EventType::Added => now.then(|| (EventType::Added, event.object.clone())),
-            EventType::Deleted => {
-                (now || before).then(|| (EventType::Deleted, event.object.clone()))
-            }
-            EventType::Modified => match (before, now) {
-                (true, true) => Some((EventType::Modified, event.object.clone())),
-                (false, true) => Some((EventType::Added, event.object.clone())),
-                (true, false) => Some((EventType::Deleted, event.object.clone())),
-                (false, false) => None,
-            },
-        }
-    }
-}
-
-struct Watcher {
-    id: u64,
-    kind: usize,
-    tx: mpsc::UnboundedSender<WatchMsg>,
-}
-
-/// A LIST's frozen result, so later pages are consistent with the first page's resourceVersion.
-struct Snapshot {
-    rv: u64,
-    items: Vec<Arc<Value>>,
-}
 
 /// The whole state behind one lock.
 pub struct Store {
@@ -128,21 +33,6 @@ pub struct Store {
     snapshots: HashMap<u64, Snapshot>,
     snapshot_order: VecDeque<u64>,
     ips: IpAllocator,
-}
-
-/// How many unfinished paginated LISTs are remembered.
-const SNAPSHOTS: usize = 32;
-
-/// One page of a LIST.
-pub struct Page {
-    /// The list's resourceVersion (the same on every page).
-    pub rv: u64,
-    /// The objects of this page.
-    pub items: Vec<Arc<Value>>,
-    /// The token for the next page, if any.
-    pub continue_token: Option<String>,
-    /// How many items follow this page.
-    pub remaining: usize,
 }
 
 /// The namespace of an object (empty when cluster-scoped or unset).
@@ -489,31 +379,6 @@ impl Store {
         Ok(last)
     }
 
-    fn emit(
-        &mut self,
-        kind: usize,
-        kind_of_change: EventType,
-        object: Arc<Value>,
-        previous: Option<Arc<Value>>,
-    ) {
-        let event = Arc::new(Event {
-            rv: self.rv,
-            kind,
-            kind_of_change,
-            object,
-            previous,
-        });
-        self.history.push_back(event.clone());
-        while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
-                self.compacted = old.rv;
-            }
-        }
-        // A watch whose stream is gone has dropped its receiver: forget it here.
-        self.watchers
-            .retain(|w| w.kind != kind || w.tx.send(WatchMsg::Event(event.clone())).is_ok());
-    }
-
     /// Every object of a kind (in one namespace, or all).
     pub fn objects(&self, kind: usize, namespace: Option<&str>) -> Vec<Arc<Value>> {
         match namespace {
@@ -525,199 +390,23 @@ impl Store {
             _ => self.tables[kind].values().cloned().collect(),
         }
     }
-
-    /// A LIST page: the first page (no `token`) freezes the result for the pages after it.
-    pub fn list(
-        &mut self,
-        kind: usize,
-        namespace: Option<&str>,
-        selector: &Selector,
-        limit: Option<usize>,
-        token: Option<&str>,
-    ) -> Result<Page> {
-        let (id, rv, offset) = match token {
-            Some(t) => decode_token(t)?,
-            None => {
-                let items: Vec<Arc<Value>> = self
-                    .objects(kind, namespace)
-                    .into_iter()
-                    .filter(|o| selector.matches(o))
-                    .collect();
-                let limit = limit.unwrap_or(usize::MAX);
-                if items.len() <= limit {
-                    return Ok(Page {
-                        rv: self.rv,
-                        items,
-                        continue_token: None,
-                        remaining: 0,
-                    });
-                }
-                self.next_id += 1;
-                let id = self.next_id;
-                self.snapshots.insert(id, Snapshot { rv: self.rv, items });
-                self.snapshot_order.push_back(id);
-                while self.snapshot_order.len() > SNAPSHOTS {
-                    if let Some(old) = self.snapshot_order.pop_front() {
-                        self.snapshots.remove(&old);
-                    }
-                }
-                (id, self.rv, 0)
-            }
-        };
-        let snapshot = self
-            .snapshots
-            .get(&id)
-            .filter(|s| s.rv == rv)
-            .ok_or(Error::Expired {
-                requested: rv,
-                oldest: self.compacted,
-            })?;
-        let end = offset
-            .saturating_add(limit.unwrap_or(usize::MAX))
-            .min(snapshot.items.len());
-        let items = snapshot.items.get(offset..end).unwrap_or_default().to_vec();
-        let remaining = snapshot.items.len() - end;
-        let continue_token = (remaining > 0).then(|| encode_token(id, rv, end));
-        if remaining == 0 {
-            self.snapshots.remove(&id);
-            self.snapshot_order.retain(|x| *x != id);
-        }
-        Ok(Page {
-            rv,
-            items,
-            continue_token,
-            remaining,
-        })
-    }
-
-    /// Opens a watch: returns the events it starts with and its channel. `since` None means
-    /// "from now, after an ADDED for every current object"; an `since` older than the history
-    /// is `Err(Expired)`.
-    pub fn watch(&mut self, spec: &WatchSpec, since: Option<u64>) -> Result<OpenedWatch> {
-        let initial = match since {
-            None => self
-                .objects(spec.kind, spec.namespace.as_deref())
-                .into_iter()
-                .filter(|o| spec.selector.matches(o))
-                .map(|o| (EventType::Added, o))
-                .collect(),
-            Some(rv) if rv < self.compacted => {
-                return Err(Error::Expired {
-                    requested: rv,
-                    oldest: self.compacted,
-                });
-            }
-            Some(rv) => {
-                let start = self.history.partition_point(|e| e.rv <= rv);
-                self.history
-                    .range(start..)
-                    .filter_map(|e| spec.translate(e))
-                    .collect()
-            }
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.next_id += 1;
-        let id = self.next_id;
-        self.watchers.push(Watcher {
-            id,
-            kind: spec.kind,
-            tx,
-        });
-        Ok((initial, id, rx))
-    }
-
-    /// Queues a BOOKMARK at the current resourceVersion behind every event already sent to
-    /// watch `id`, so the bookmark never claims a version the watch has not seen.
-    pub fn bookmark(&self, id: u64) {
-        if let Some(w) = self.watchers.iter().find(|w| w.id == id) {
-            let _ = w.tx.send(WatchMsg::Bookmark(self.rv));
-        }
-    }
-
-    /// Ends every watch abruptly.
-    pub fn drop_watches(&mut self) {
-        for w in self.watchers.drain(..) {
-            let _ = w.tx.send(WatchMsg::Drop);
-        }
-    }
-
-    /// Sends every watch an ERROR 410 and forgets the history, so older versions are expired.
-    pub fn expire_watches(&mut self) {
-        for w in self.watchers.drain(..) {
-            let _ = w.tx.send(WatchMsg::Expire);
-        }
-        self.history.clear();
-        self.compacted = self.rv;
-        self.snapshots.clear();
-        self.snapshot_order.clear();
-    }
-
-    /// The oldest resourceVersion a watch may start from.
-    pub fn compacted(&self) -> u64 {
-        self.compacted
-    }
 }
 
-fn encode_token(id: u64, rv: u64, offset: usize) -> String {
-    util::hex(format!("{id}:{rv}:{offset}").as_bytes())
-}
+/// Fixtures shared by the store's test modules.
+#[cfg(test)]
+mod tests_support {
+    use serde_json::{Value, json};
 
-fn decode_token(token: &str) -> Result<(u64, u64, usize)> {
-    let bad = || Error::BadRequest(format!("invalid continue token {token:?}"));
-    let text = String::from_utf8(util::unhex(token).ok_or_else(bad)?).map_err(|_| bad())?;
-    let mut parts = text.split(':');
-    let mut next = || {
-        parts
-            .next()
-            .and_then(|p| p.parse::<u64>().ok())
-            .ok_or_else(bad)
-    };
-    Ok((next()?, next()?, next()? as usize))
+    pub fn pod(name: &str, ns: &str, app: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "spec": {"nodeName": "n1"}})
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::registry::by_kind;
-    use crate::selector::LabelSelector;
-
-    fn pod(name: &str, ns: &str, app: &str) -> Value {
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "spec": {"nodeName": "n1"}})
-    }
-
-    #[test]
-    fn pagination_tokens_round_trip_and_pages_are_consistent() {
-        let mut s = Store::new(100);
-        let pods = by_kind("v1", "Pod").unwrap();
-        for i in 0..5 {
-            s.create(pods, None, pod(&format!("p{i}"), "default", "a"), false)
-                .unwrap();
-        }
-        let sel = Selector::default();
-        let first = s.list(pods, None, &sel, Some(2), None).unwrap();
-        assert_eq!(first.items.len(), 2);
-        assert_eq!(first.remaining, 3);
-        let rv = first.rv;
-        // A write between pages does not show up in the later pages.
-        s.create(pods, None, pod("p9", "default", "a"), false)
-            .unwrap();
-        let token = first.continue_token.unwrap();
-        assert_eq!(decode_token(&token).unwrap().1, rv);
-        let second = s.list(pods, None, &sel, Some(2), Some(&token)).unwrap();
-        let third = s
-            .list(pods, None, &sel, Some(2), second.continue_token.as_deref())
-            .unwrap();
-        assert_eq!(second.rv, rv);
-        assert_eq!(third.rv, rv);
-        assert_eq!(third.items.len(), 1);
-        assert!(third.continue_token.is_none());
-        assert_eq!(name_of(&third.items[0]), "p4");
-        assert!(decode_token("zz").is_err());
-        assert!(matches!(
-            s.list(pods, None, &sel, Some(2), Some(&token)),
-            Err(Error::Expired { .. })
-        ));
-    }
+    use crate::store::tests_support::pod;
 
     #[test]
     fn create_needs_the_namespace_and_a_free_name() {
@@ -771,43 +460,6 @@ mod tests {
         s.update(pods, None, "a", (*st).clone(), false, false)
             .unwrap();
         assert_eq!(s.rv(), rv, "a no-op update does not write");
-    }
-
-    #[test]
-    fn watch_translates_selector_transitions_and_expires() {
-        let mut s = Store::new(3);
-        let pods = by_kind("v1", "Pod").unwrap();
-        let spec = WatchSpec {
-            kind: pods,
-            namespace: None,
-            selector: Selector {
-                labels: LabelSelector::parse("app=a").unwrap(),
-                ..Default::default()
-            },
-        };
-        let created = s
-            .create(pods, None, pod("p", "default", "b"), false)
-            .unwrap();
-        let (_, _, mut rx) = s.watch(&spec, Some(s.rv())).unwrap();
-        let mut relabel = (*created).clone();
-        relabel["metadata"]["labels"]["app"] = json!("a");
-        let now_a = s.update(pods, None, "p", relabel, false, false).unwrap();
-        let mut back = (*now_a).clone();
-        back["metadata"]["labels"]["app"] = json!("b");
-        s.update(pods, None, "p", back, false, false).unwrap();
-        let mut seen = Vec::new();
-        while let Ok(WatchMsg::Event(e)) = rx.try_recv() {
-            seen.extend(spec.translate(&e).map(|(t, _)| t));
-        }
-        assert_eq!(seen, vec![EventType::Added, EventType::Deleted]);
-        // The history holds 3 events: the first namespace creations are compacted away.
-        assert!(matches!(
-            s.watch(&spec, Some(1)),
-            Err(Error::Expired { .. })
-        ));
-        s.expire_watches();
-        assert!(matches!(rx.try_recv(), Ok(WatchMsg::Expire)));
-        assert!(s.watch(&spec, Some(s.rv())).is_ok());
     }
 
     #[test]
