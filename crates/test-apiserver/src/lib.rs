@@ -21,6 +21,8 @@
 //!   deletecollection with selectors, `sendInitialEvents` (kube-runtime's `streaming_lists`);
 //!   GET, LIST and WATCH answer `PartialObjectMetadata` when the `Accept` header asks for it
 //!   (kube-rs's `Api<PartialObjectMeta<K>>`).
+//!   DELETE honours `preconditions` (uid, resourceVersion) with 409 Conflict. A create keeps
+//!   a given `status` (the real server drops it), so a test can create a Pod with its IPs.
 //! - Defaulting: Namespace `kubernetes.io/metadata.name` label; Service ClusterIPs from
 //!   10.96.0.0/12 and fd00:10:96::/108, `ipFamilies`, `ipFamilyPolicy`, `type`, port
 //!   `protocol` and `targetPort`; Pod container port `protocol`, `status.phase: Pending`.

@@ -5,7 +5,8 @@ use cellium_test_apiserver::ApiServer;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
 };
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
@@ -230,7 +231,27 @@ async fn crud_conflicts_and_patches() {
         .unwrap();
     assert_eq!(main.status.unwrap().phase.as_deref(), Some("Running"));
 
-    let deleted = pods.delete("web", &DeleteParams::default()).await.unwrap();
+    // Preconditions: a wrong uid conflicts, the right one deletes.
+    let wrong = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("not-the-uid".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let err = pods.delete("web", &wrong).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.is_conflict()),
+        "{err}"
+    );
+    let right = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: created.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let deleted = pods.delete("web", &right).await.unwrap();
     assert!(deleted.left().is_some_and(|p| p.name_any() == "web"));
     assert!(server.get("v1", "Pod", Some("default"), "web").is_none());
     assert!(server.requests() > 10);

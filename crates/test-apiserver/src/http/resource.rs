@@ -176,7 +176,7 @@ pub async fn handle(
             let mut store = server.store();
             let current = store.get(kind, store_ns, name);
             let (created, patched) = match (content_type.as_str(), current) {
-                ("application/apply-patch+yaml", None) => {
+                ("application/apply-patch+yaml", None) if !target.status => {
                     // Server-side apply creates what does not exist yet.
                     let mut obj = body;
                     if obj.pointer("/metadata/name").is_none() {
@@ -251,9 +251,26 @@ pub async fn handle(
             Ok(list_response(kind, &page, false))
         }
         (Method::DELETE, Some(name)) => {
-            let deleted = server
-                .store()
-                .delete(kind, store_ns, name, query.dry_run())?;
+            // DeleteOptions may carry preconditions (Cilium deletes CiliumEndpoints by uid).
+            let options = read_body(req).await.unwrap_or(Value::Null);
+            let mut store = server.store();
+            if let Some(current) = store.get(kind, store_ns, name) {
+                for field in ["uid", "resourceVersion"] {
+                    let want = options
+                        .pointer(&format!("/preconditions/{field}"))
+                        .and_then(Value::as_str);
+                    let have = current
+                        .pointer(&format!("/metadata/{field}"))
+                        .and_then(Value::as_str);
+                    if want.is_some_and(|w| Some(w) != have) {
+                        return Err(Error::Conflict {
+                            kind: k.qualified(),
+                            name: name.into(),
+                        });
+                    }
+                }
+            }
+            let deleted = store.delete(kind, store_ns, name, query.dry_run())?;
             ok(&deleted)
         }
         _ => Err(Error::MethodNotAllowed),
