@@ -314,9 +314,12 @@ async fn watcher_survives_a_restart_of_the_server() {
     assert_eq!(next(&mut stream).await, "Init");
     assert_eq!(next(&mut stream).await, "InitDone");
     server.stop();
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed at once"
+    );
     server.create(direct_pod("while-down", "n1")).unwrap();
     // The address is free again at once, as after a killed process.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     server
         .serve(std::net::TcpListener::bind(addr).unwrap())
         .unwrap();
