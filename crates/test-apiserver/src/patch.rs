@@ -76,7 +76,7 @@ pub fn strategic(target: &mut Value, patch: &Value) {
 
 /// Orders a merged list as `$setElementOrder` says (kubectl sends the manifest's order);
 /// elements the order does not name keep their relative order after the named ones.
-fn set_element_order(field: &str, current: &mut Vec<Value>, order: &[Value]) {
+fn set_element_order(field: &str, current: &mut [Value], order: &[Value]) {
     let Some(mk) = merge_key(field, order) else {
         return;
     };
