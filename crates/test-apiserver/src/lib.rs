@@ -12,32 +12,39 @@
 //!   services, nodes, namespaces, CNPs, CCNPs and ciliumnodes.
 //! - GET, LIST (`limit`/`continue` with pages frozen at the first page's resourceVersion,
 //!   `labelSelector`, `fieldSelector` on any dotted path), WATCH (`resourceVersion`,
-//!   `timeoutSeconds`, `allowWatchBookmarks`, selectors with ADDED/DELETED on entering and
-//!   leaving the view, in-stream ERROR 410 for versions older than the bounded history),
-//!   POST (`generateName`, 409 AlreadyExists, 404 for a missing namespace, `dryRun`), PUT
-//!   (409 Conflict on a stale resourceVersion, status kept / changed by subresource), PATCH
-//!   (merge, JSON, strategic merge by `name`/`port`/`containerPort`, server-side apply as
-//!   create-or-strategic-merge), DELETE (returns the object; a namespace takes its objects),
-//!   deletecollection with selectors, `sendInitialEvents` (kube-runtime's `streaming_lists`);
-//!   GET, LIST and WATCH answer `PartialObjectMetadata` when the `Accept` header asks for it
+//!   `timeoutSeconds`, `allowWatchBookmarks`, `sendInitialEvents` for kube-runtime's
+//!   `streaming_lists`, selectors with ADDED/DELETED on entering and leaving the view,
+//!   in-stream ERROR 410 for versions older than the bounded history).
+//! - POST (`generateName`, 409 AlreadyExists, 404 for a missing namespace, `dryRun`); a
+//!   create keeps a given `status` (the real server drops it), so a test can create a Pod
+//!   with its IPs in one call.
+//! - PUT (409 Conflict on a stale resourceVersion; the main resource keeps the status, the
+//!   `/status` subresource changes only the status).
+//! - PATCH: merge, JSON, strategic merge (lists merged by `name`/`port`/`containerPort`,
+//!   `$patch: delete`, `$setElementOrder`), server-side apply as create-or-strategic-merge.
+//! - DELETE (returns the object; `preconditions` on uid and resourceVersion; a namespace
+//!   takes its objects at once) and deletecollection with selectors.
+//! - `PartialObjectMetadata` answers to GET, LIST and WATCH when `Accept` asks for them
 //!   (kube-rs's `Api<PartialObjectMeta<K>>`).
-//!   DELETE honours `preconditions` (uid, resourceVersion) with 409 Conflict. A create keeps
-//!   a given `status` (the real server drops it), so a test can create a Pod with its IPs.
 //! - Defaulting: Namespace `kubernetes.io/metadata.name` label; Service ClusterIPs from
 //!   10.96.0.0/12 and fd00:10:96::/108, `ipFamilies`, `ipFamilyPolicy`, `type`, port
 //!   `protocol` and `targetPort`; Pod container port `protocol`, `status.phase: Pending`.
 //! - Discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/G/V` (legacy form; kubectl
 //!   asks for aggregated discovery first and falls back). Errors are `Status` objects.
 //! - Faults: [`ApiServer::stop`] (like a killed process), [`ApiServer::drop_watches`],
-//!   [`ApiServer::expire_watches`], [`ApiServer::set_latency`], [`ApiServer::fail_requests`].
+//!   [`ApiServer::expire_watches`], [`ApiServer::set_latency`], [`ApiServer::fail_requests`];
+//!   [`ApiServer::with_history`] bounds the history kept for watches (default
+//!   [`DEFAULT_HISTORY`] events), [`ApiServer::set_bookmark_interval`] paces bookmarks.
+//! - Every request is logged at debug level with `tracing` (method, URI, content type, status).
 //!
 //! # What it does not
 //! No TLS, authentication, authorization or admission beyond the defaulting above; no
 //! finalizers or graceful deletion (deletes are immediate); no real server-side apply field
 //! ownership (`managedFields` is not kept, conflicts are never reported, `force` is
 //! accepted and ignored); no OpenAPI schemas (`/openapi/v3` is a stub, see below); no Table
-//! output (kubectl falls back to its own printing); no protobuf; no `resourceVersionMatch` or consistent
-//! reads at an older version (LIST and `sendInitialEvents` always serve the current state).
+//! output (kubectl falls back to its own printing); no protobuf; no HTTP/2; no
+//! `resourceVersionMatch` or reads at an older version (LIST and `sendInitialEvents` always
+//! serve the current state); no kinds beyond the table (no Endpoints, Events, CRDs).
 //!
 //! # kubectl (1.32), checked by `tests/kubectl.rs`
 //! With `--server=http://127.0.0.1:PORT` (and a `--cache-dir` of its own per server, since

@@ -27,8 +27,8 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// merge key (`name`, or `containerPort` / `port` for ports) merge element by element.
 ///
 /// Directives: `$patch: delete` on a list element removes it, `$patch: replace` on a map
-/// replaces it; `$setElementOrder/…`, `$retainKeys` and `$deleteFromPrimitiveList/…` are
-/// dropped, so element order and retained keys are not enforced.
+/// replaces it, `$setElementOrder/…` orders a merged list; `$retainKeys` and
+/// `$deleteFromPrimitiveList/…` are dropped (primitive lists are replaced whole).
 pub fn strategic(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
@@ -65,6 +65,29 @@ pub fn strategic(target: &mut Value, patch: &Value) {
             _ => strategic(target.entry(key.clone()).or_insert(Value::Null), value),
         }
     }
+    for (key, order) in patch {
+        if let (Some(field), Value::Array(order)) = (key.strip_prefix("$setElementOrder/"), order)
+            && let Some(Value::Array(current)) = target.get_mut(field)
+        {
+            set_element_order(field, current, order);
+        }
+    }
+}
+
+/// Orders a merged list as `$setElementOrder` says (kubectl sends the manifest's order);
+/// elements the order does not name keep their relative order after the named ones.
+fn set_element_order(field: &str, current: &mut [Value], order: &[Value]) {
+    let Some(mk) = merge_key(field, order) else {
+        return;
+    };
+    let position = |item: &Value| {
+        order
+            .iter()
+            .position(|o| o.get(mk) == item.get(mk))
+            .unwrap_or(order.len())
+    };
+    // A stable sort keeps unnamed elements in their relative order.
+    current.sort_by_key(position);
 }
 
 /// The key lists of objects merge on, or None to replace the list. Kubernetes reads this
@@ -265,6 +288,25 @@ mod tests {
         assert_eq!(containers[1]["image"], "b:1");
         assert_eq!(containers[2]["name"], "c");
         assert!(pod["spec"].get("$setElementOrder/containers").is_none());
+    }
+
+    #[test]
+    fn strategic_set_element_order() {
+        let mut pod =
+            json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "x"}]}});
+        strategic(
+            &mut pod,
+            &json!({"spec": {
+            "$setElementOrder/containers": [{"name": "b"}, {"name": "c"}, {"name": "a"}],
+            "containers": [{"name": "c"}]}}),
+        );
+        let names: Vec<&str> = pod["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["b", "c", "a", "x"]);
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub(crate) struct Inner {
     bookmark_interval: Mutex<Duration>,
     /// Cancelled by `stop`: the accept loop and every connection select on it.
     serving: Mutex<CancellationToken>,
+    /// The listeners being served; `stop` drops them.
+    listeners: Mutex<Vec<Arc<tokio::net::TcpListener>>>,
 }
 
 impl Default for ApiServer {
@@ -43,6 +45,11 @@ impl std::fmt::Debug for ApiServer {
             .field("requests", &self.requests())
             .finish_non_exhaustive()
     }
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section leaves its data consistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn kind_index(api_version: &str, kind: &str) -> Result<usize> {
@@ -68,13 +75,13 @@ impl ApiServer {
                 failure_code: AtomicUsize::new(500),
                 bookmark_interval: Mutex::new(Duration::from_secs(2)),
                 serving: Mutex::new(CancellationToken::new()),
+                listeners: Mutex::new(Vec::new()),
             }),
         }
     }
 
     pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
-        // A panic while holding the lock leaves a consistent-enough store for a test server.
-        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.store)
     }
 
     /// Serves HTTP on `listener` (already bound, maybe inside another network namespace)
@@ -83,22 +90,26 @@ impl ApiServer {
     /// Panics outside a tokio runtime.
     pub fn serve(&self, listener: std::net::TcpListener) -> std::io::Result<()> {
         listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let token = self
-            .inner
-            .serving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let listener = Arc::new(tokio::net::TcpListener::from_std(listener)?);
+        // The accept loop holds the listener only while polling it, so `stop` closes the
+        // socket before it returns and the address can be bound again at once.
+        let weak = Arc::downgrade(&listener);
+        lock(&self.inner.listeners).push(listener);
+        let token = lock(&self.inner.serving).clone();
         let server = self.clone();
         tokio::spawn(async move {
             loop {
+                let accept = std::future::poll_fn(|cx| match weak.upgrade() {
+                    Some(listener) => listener.poll_accept(cx).map(Some),
+                    None => std::task::Poll::Ready(None),
+                });
                 let accepted = tokio::select! {
                     _ = token.cancelled() => break,
-                    accepted = listener.accept() => accepted,
+                    accepted = accept => accepted,
                 };
                 match accepted {
-                    Ok((stream, peer)) => {
+                    None => break,
+                    Some(Ok((stream, peer))) => {
                         tracing::debug!(%peer, "connection");
                         tokio::spawn(crate::http::serve_connection(
                             server.clone(),
@@ -106,13 +117,12 @@ impl ApiServer {
                             token.clone(),
                         ));
                     }
-                    Err(error) => {
+                    Some(Err(error)) => {
                         tracing::debug!(%error, "accept failed");
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 }
             }
-            // Dropping the listener here closes the socket, as a killed process would.
         });
         Ok(())
     }
@@ -120,7 +130,9 @@ impl ApiServer {
     /// Like a killed process: closes the listener and every open connection and watch at
     /// once. The store is kept, so [`ApiServer::serve`] on a new listener restarts it.
     pub fn stop(&self) {
-        let mut serving = self.inner.serving.lock().unwrap_or_else(|e| e.into_inner());
+        // Dropping the listeners closes their sockets now, as a killed process's would be.
+        lock(&self.inner.listeners).clear();
+        let mut serving = lock(&self.inner.serving);
         serving.cancel();
         *serving = CancellationToken::new();
         drop(serving);
@@ -140,11 +152,11 @@ impl ApiServer {
 
     /// Answers every request `d` later.
     pub fn set_latency(&self, d: Duration) {
-        *self.inner.latency.lock().unwrap_or_else(|e| e.into_inner()) = d;
+        *lock(&self.inner.latency) = d;
     }
 
     pub(crate) fn latency(&self) -> Duration {
-        *self.inner.latency.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.inner.latency)
     }
 
     /// The next `n` requests fail with HTTP status `code` (and a `Status` body).
@@ -164,19 +176,11 @@ impl ApiServer {
 
     /// How often watches that allow bookmarks get one (default 2 s).
     pub fn set_bookmark_interval(&self, d: Duration) {
-        *self
-            .inner
-            .bookmark_interval
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = d;
+        *lock(&self.inner.bookmark_interval) = d;
     }
 
     pub(crate) fn bookmark_interval(&self) -> Duration {
-        *self
-            .inner
-            .bookmark_interval
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        *lock(&self.inner.bookmark_interval)
     }
 
     pub(crate) fn count_request(&self) {

@@ -314,9 +314,12 @@ async fn watcher_survives_a_restart_of_the_server() {
     assert_eq!(next(&mut stream).await, "Init");
     assert_eq!(next(&mut stream).await, "InitDone");
     server.stop();
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed at once"
+    );
     server.create(direct_pod("while-down", "n1")).unwrap();
     // The address is free again at once, as after a killed process.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     server
         .serve(std::net::TcpListener::bind(addr).unwrap())
         .unwrap();
@@ -526,4 +529,58 @@ async fn too_old_versions_expire_in_stream_and_timeouts_end_watches() {
     // timeoutSeconds=1 ended the stream.
     assert!(started.elapsed() >= Duration::from_millis(900));
     assert_eq!(names, ["p8", "p9"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_and_watches_lose_nothing() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let rv = server.list("v1", "Namespace")[2]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watches = Vec::new();
+    for _ in 0..10 {
+        let stream = pods
+            .watch(&WatchParams::default().timeout(30), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        watches.push(tokio::spawn(async move {
+            let mut stream = stream;
+            let mut versions = Vec::new();
+            while versions.len() < 200 {
+                match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+                    Ok(Some(Ok(WatchEvent::Added(p)))) => {
+                        versions.push(p.resource_version().unwrap().parse::<u64>().unwrap())
+                    }
+                    Ok(Some(Ok(WatchEvent::Bookmark(_)))) => {}
+                    other => panic!("unexpected {other:?} after {} events", versions.len()),
+                }
+            }
+            versions
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let pods = pods.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..50 {
+                pods.create(&PostParams::default(), &pod(&format!("w{w}-{i}"), "n1"))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    for watch in watches {
+        let versions = watch.await.unwrap();
+        assert_eq!(versions.len(), 200);
+        assert!(
+            versions.windows(2).all(|v| v[0] < v[1]),
+            "in order, no duplicates"
+        );
+    }
 }

@@ -50,6 +50,26 @@ spec:
   endpointSelector: {matchLabels: {app: web}}
 "#;
 
+const MULTI_BEFORE: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: multi, namespace: team, labels: {a: "1", b: "2"}}
+spec:
+  containers:
+  - {name: c1, image: i1, ports: [{containerPort: 80}, {containerPort: 81}]}
+  - {name: c2, image: i2}
+"#;
+
+const MULTI_AFTER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: multi, namespace: team, labels: {a: "1"}}
+spec:
+  containers:
+  - {name: c2, image: i2b}
+  - {name: c1, image: i1, ports: [{containerPort: 81}]}
+"#;
+
 struct Kubectl {
     server: String,
     /// kubectl caches discovery per server address: a fresh directory per test run.
@@ -251,16 +271,42 @@ async fn kubectl_commands() {
         "{stderr}"
     );
 
+    // Client-side apply of a changed list: a removed label, a removed port and reordered
+    // containers arrive as `null`, `$patch: delete` and `$setElementOrder`.
+    let multi = dir.path().join("multi.yaml");
+    let multi = multi.to_str().unwrap();
+    std::fs::write(multi, MULTI_BEFORE).unwrap();
+    k.ok(&["apply", "-f", multi]).await;
+    std::fs::write(multi, MULTI_AFTER).unwrap();
+    k.ok(&["apply", "-f", multi]).await;
+    let pod = server.get("v1", "Pod", Some("team"), "multi").unwrap();
+    assert_eq!(pod["metadata"]["labels"], serde_json::json!({"a": "1"}));
+    let containers = &pod["spec"]["containers"];
+    assert_eq!(
+        (
+            containers[0]["name"].as_str(),
+            containers[0]["image"].as_str()
+        ),
+        (Some("c2"), Some("i2b"))
+    );
+    assert_eq!(
+        containers[1]["ports"],
+        serde_json::json!([{"containerPort": 81, "protocol": "TCP"}])
+    );
+
     // get -w prints the change of a pod created after it started.
     let mut watch = k.command(&["get", "pods", "-n", "team", "-w", "--no-headers"]);
     let mut child = watch.stdout(std::process::Stdio::piped()).spawn().unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(first.starts_with("web "), "{first}");
+    // The list first, in name order.
+    for name in ["multi ", "web "] {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(line.starts_with(name), "{line}");
+    }
     let late = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "team"}});
     server.create(late).unwrap();
     let next = tokio::time::timeout(Duration::from_secs(10), lines.next_line())

@@ -14,6 +14,9 @@ struct Args {
     /// A (multi-document) YAML file of objects to create before serving.
     #[arg(long)]
     load: Option<PathBuf>,
+    /// How many events to keep for watches resuming at an older resourceVersion.
+    #[arg(long, default_value_t = cellium_test_apiserver::DEFAULT_HISTORY)]
+    history: usize,
 }
 
 #[tokio::main]
@@ -30,7 +33,7 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let server = ApiServer::new();
+    let server = ApiServer::with_history(args.history);
     if let Some(path) = &args.load {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
