@@ -159,6 +159,14 @@ pub struct Agent {
 impl Agent {
     /// Makes a node namespace and a directory, starts the agent and waits until it answers.
     pub fn start_new(opts: AgentOptions) -> Result<Agent> {
+        let mut agent = Agent::prepare(opts)?;
+        agent.start()?;
+        Ok(agent)
+    }
+
+    /// Makes a node namespace and a directory, and starts nothing yet: for a test that puts
+    /// something on the node (an API server) before [`Agent::start`].
+    pub fn prepare(opts: AgentOptions) -> Result<Agent> {
         let bins = Binaries::find()?;
         let node = NetNs::new()?;
         let dir = tempfile::Builder::new()
@@ -169,15 +177,13 @@ impl Agent {
                 path: "a temporary directory".into(),
                 source,
             })?;
-        let mut agent = Agent {
+        Ok(Agent {
             child: None,
             bins,
             opts,
             node,
             dir,
-        };
-        agent.start()?;
-        Ok(agent)
+        })
     }
 
     /// Starts the agent (again) on the same node, state and BPF root, and waits until its API

@@ -163,24 +163,14 @@ impl Resources {
     pub fn new() -> Arc<Resources> {
         let ranges = ServiceRanges::new(&ResourcesConfig::default().service_cidr)
             .expect("the default service range is valid");
-        Arc::new(Resources::build(
-            Store::Memory,
-            ranges,
-            Limits::default(),
-            None,
-        ))
+        Arc::new(Resources::in_memory(ranges))
     }
 
     /// Empty tables in memory only, with cluster IPs from `service_cidr` (one range, or one
     /// per family, the first being the default family).
     pub fn with_service_cidr(service_cidr: &[ipnet::IpNet]) -> Result<Arc<Resources>> {
         let ranges = ServiceRanges::new(service_cidr).map_err(Error::ServiceCidr)?;
-        Ok(Arc::new(Resources::build(
-            Store::Memory,
-            ranges,
-            Limits::default(),
-            None,
-        )))
+        Ok(Arc::new(Resources::in_memory(ranges)))
     }
 
     /// The cell's constructor: applied objects are recorded in the state directory and
@@ -232,17 +222,20 @@ impl Resources {
         Ok(resources)
     }
 
+    /// Tables in memory only: nothing to restore, so complete (synced) as they are.
+    fn in_memory(ranges: ServiceRanges) -> Resources {
+        let resources = Resources::build(Store::Memory, ranges, Limits::default(), None);
+        resources.lock().writers.mark_all_synced();
+        resources
+    }
+
     pub(crate) fn build(
         store: Store,
         service_ranges: ServiceRanges,
         limits: Limits,
         reporter: Option<Reporter>,
     ) -> Resources {
-        let mut writers = Writers::new();
-        if matches!(store, Store::Memory) {
-            // Nothing to restore: the tables are complete as they are.
-            writers.mark_all_synced();
-        }
+        let writers = Writers::new();
         let readers = writers.readers();
         Resources {
             namespaces: readers.namespaces,

@@ -1,0 +1,413 @@
+//! Kubernetes mode end to end: the real agent in a node namespace, fed by the test API server
+//! (the real list/watch protocol) on that node's loopback, objects made with `kubectl`, pods
+//! through the real `cellium-cni` naming them in `CNI_ARGS`, traffic through the datapath.
+//!
+//! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
+//! `cargo test -p cellium-integration --test k8s -- --test-threads=1`.
+//!
+//! Every test makes its own namespaces, agent and API server and removes them through guards;
+//! traffic goes only to addresses inside the namespaces it made.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use cellium_integration::probe::TcpServer;
+use cellium_integration::reach::{Outcome, Probe, probe};
+use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs};
+
+/// Tests share two cores and each runs an agent: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const NODE: &str = "n1";
+const PORT: u16 = 8080;
+const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
+/// How long a change made at the API server may take to reach the datapath.
+const CONVERGE: Duration = Duration::from_secs(20);
+
+/// The node, with the pod CIDR the controller manager would have given it.
+const NODE_YAML: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: { name: n1 }
+spec: { podCIDRs: [ 10.245.7.0/24 ] }
+"#;
+
+const APP: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: { name: shop }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web, namespace: shop, labels: { app: web } }
+spec: { nodeName: n1, containers: [ { name: c, image: web, ports: [ { name: http, containerPort: 8080 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, namespace: shop, labels: { app: client } }
+spec: { nodeName: n1, containers: [ { name: c, image: client } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: other, namespace: shop, labels: { app: other } }
+spec: { nodeName: n1, containers: [ { name: c, image: other } ] }
+"#;
+
+/// Only `app: client` pods may reach web, on its named port.
+const WEB_FROM_CLIENT: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-client, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
+"#;
+
+/// Denies web's ingress from `role: banned` pods, whatever else allows.
+const DENY_BANNED: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: deny-banned, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  ingressDeny: [ { fromEndpoints: [ { matchLabels: { role: banned } } ] } ]
+"#;
+
+const WEB_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec:
+  selector: { app: web }
+  ports: [ { name: http, port: 80, targetPort: http } ]
+"#;
+
+/// A node with its API server, its agent in Kubernetes mode (`ipam: kubernetes`), and the
+/// pods of [`APP`] created through the CNI plugin, web serving on its port.
+struct Cluster {
+    // Dropped first: the API server stops before its node goes.
+    api: K8sApi,
+    pods: Vec<(String, NetNs, Ipv4Addr)>,
+    _servers: Vec<TcpServer>,
+    agent: Agent,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let mut agent = Agent::prepare(AgentOptions {
+            pod_cidrs: Vec::new(),
+            ..AgentOptions::default()
+        })
+        .expect("node");
+        let api = K8sApi::start(agent.node()).expect("API server");
+        api.apply(NODE_YAML).expect("node object");
+        api.apply(APP).expect("pods");
+        agent.options_mut().env = api.agent_env(NODE);
+        agent.start().expect("agent in Kubernetes mode");
+        let mut cluster = Cluster {
+            api,
+            pods: Vec::new(),
+            _servers: Vec::new(),
+            agent,
+        };
+        for name in ["web", "client", "other"] {
+            cluster.add(name);
+        }
+        let web = cluster.ip("web");
+        let ns = cluster.netns("web");
+        cluster._servers.push(
+            TcpServer::start(ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server"),
+        );
+        cluster
+    }
+
+    fn add(&mut self, name: &str) {
+        let ns = NetNs::new().expect("pod netns");
+        let ip = self
+            .agent
+            .add_pod(&ns, &format!("cid-{name}"), "shop", name)
+            .expect("CNI ADD");
+        self.pods.push((name.to_string(), ns, ip));
+    }
+
+    fn ip(&self, name: &str) -> Ipv4Addr {
+        self.pods.iter().find(|p| p.0 == name).expect("pod").2
+    }
+
+    fn netns(&self, name: &str) -> &NetNs {
+        &self.pods.iter().find(|p| p.0 == name).expect("pod").1
+    }
+
+    /// Whether `from` reaches `ip:port` over TCP.
+    fn reaches(&self, from: &str, ip: Ipv4Addr, port: u16) -> bool {
+        match probe(self.netns(from), None, ip, Probe::Tcp(port), PROBE_TIMEOUT) {
+            Ok(Outcome::Answered) => true,
+            Ok(_) => false,
+            Err(e) => panic!("probe from {from}: {e}"),
+        }
+    }
+
+    /// Waits until `from` reaching web is `want`; panics with the agent's log otherwise.
+    fn expect_web(&self, from: &str, want: bool, why: &str) {
+        let web = self.ip("web");
+        let began = Instant::now();
+        while self.reaches(from, web, PORT) != want {
+            if began.elapsed() > CONVERGE {
+                panic!(
+                    "{why}: {from} -> web should be {} after {CONVERGE:?}\n{}",
+                    if want { "allowed" } else { "denied" },
+                    self.agent.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `kubectl apply` of policies; waits until the agent's repository has taken them in and
+    /// every endpoint enforces them.
+    fn apply_policy(&self, yaml: &str) {
+        let before = self.agent.policy_revision().expect("revision");
+        self.api.apply(yaml).expect("kubectl apply");
+        self.agent
+            .wait_policy_revision_after(before)
+            .expect("the policy reaches the agent");
+        self.agent.settle().expect("enforced");
+    }
+
+    /// The labels of the endpoint of pod `name`, as `source:key=value`.
+    fn labels(&self, name: &str) -> Vec<String> {
+        let endpoints = self.agent.endpoints().expect("endpoints");
+        let ep = endpoints
+            .iter()
+            .find(|e| {
+                e["pod"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with(&format!("/{name}")))
+            })
+            .unwrap_or_else(|| panic!("no endpoint of {name}: {endpoints:?}"));
+        ep["labels"]
+            .as_object()
+            .map(|l| {
+                l.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn pods_get_their_labels_addresses_and_policy_from_the_api_server() {
+    let _serial = serial();
+    let mut c = Cluster::start();
+    for (name, _, ip) in &c.pods {
+        assert!(
+            ip.octets()[..3] == [10, 245, 7],
+            "{name} got {ip}, outside the Node's spec.podCIDRs"
+        );
+    }
+    assert!(
+        c.labels("web").contains(&"k8s:app=web".to_string()),
+        "{:?}",
+        c.labels("web")
+    );
+    c.expect_web("other", true, "no policy yet");
+
+    c.apply_policy(WEB_FROM_CLIENT);
+    c.expect_web("client", true, "the NetworkPolicy allows client");
+    c.expect_web("other", false, "the NetworkPolicy selects web, not other");
+
+    // A label changed with kubectl moves the pod to a new identity and policy.
+    c.api
+        .kubectl(
+            &[
+                "label",
+                "pod",
+                "other",
+                "-n",
+                "shop",
+                "app=client",
+                "--overwrite",
+            ],
+            "",
+        )
+        .expect("kubectl label");
+    c.expect_web("other", true, "other is labelled app=client now");
+    assert!(c.labels("other").contains(&"k8s:app=client".to_string()));
+
+    // A CiliumNetworkPolicy applied, updated and deleted with kubectl.
+    c.apply_policy(DENY_BANNED);
+    c.api
+        .kubectl(&["label", "pod", "other", "-n", "shop", "role=banned"], "")
+        .expect("kubectl label");
+    c.expect_web("other", false, "the CiliumNetworkPolicy denies role=banned");
+    c.apply_policy(&DENY_BANNED.replace("role: banned", "role: nobody"));
+    c.expect_web(
+        "other",
+        true,
+        "the updated CiliumNetworkPolicy denies someone else",
+    );
+    c.api
+        .kubectl(&["delete", "cnp", "deny-banned", "-n", "shop"], "")
+        .expect("kubectl delete");
+    c.api
+        .kubectl(&["delete", "netpol", "web-from-client", "-n", "shop"], "")
+        .expect("kubectl delete");
+    c.expect_web("client", true, "no policy left");
+    c.expect_web("other", true, "no policy left");
+
+    // A Service from the API server gives a working ClusterIP, with the address the API
+    // server allocated.
+    c.api.apply(WEB_SERVICE).expect("service");
+    let svc = c
+        .api
+        .api()
+        .get("v1", "Service", Some("shop"), "web")
+        .expect("stored service");
+    let vip: Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    let began = Instant::now();
+    while !c.reaches("client", vip, 80) {
+        assert!(
+            began.elapsed() < CONVERGE,
+            "the ClusterIP {vip} does not reach web\n{}",
+            c.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A pod created after the agent started, added right away: its labels are there.
+    c.api
+        .apply(
+            &APP.replace("name: other", "name: late")
+                .replace("app: other", "app: late"),
+        )
+        .expect("late pod");
+    c.add("late");
+    assert!(c.labels("late").contains(&"k8s:app=late".to_string()));
+}
+
+#[test]
+fn what_the_api_server_owns_is_refused_and_an_unknown_pod_fails_the_add() {
+    let _serial = serial();
+    let c = Cluster::start();
+    let err = c
+        .agent
+        .objects("apply", WEB_FROM_CLIENT)
+        .expect_err("cellium apply in Kubernetes mode");
+    let text = err.to_string();
+    assert!(
+        text.contains("Kubernetes mode") && text.contains("NetworkPolicy shop/web-from-client"),
+        "{text}"
+    );
+    assert!(
+        c.agent.policy_revision().is_ok(),
+        "the agent answers after a refusal"
+    );
+
+    let ghost = NetNs::new().expect("netns");
+    let call = CniCall::new("ADD", "cid-ghost")
+        .netns(ghost.path())
+        .args("K8S_POD_NAMESPACE=shop;K8S_POD_NAME=ghost");
+    let (status, out) = c.agent.cni(&call).expect("plugin ran");
+    assert!(!status.success());
+    assert_eq!(out["code"], 11, "try again later: {out}");
+    let msg = format!("{} {}", out["msg"], out["details"]);
+    assert!(
+        msg.contains("shop/ghost") && msg.contains("no such pod"),
+        "{msg}"
+    );
+    assert!(
+        c.agent
+            .endpoints()
+            .unwrap()
+            .iter()
+            .all(|e| e["pod"] != "shop/ghost"),
+        "nothing is left of the refused ADD"
+    );
+}
+
+#[test]
+fn the_agent_keeps_enforcing_while_the_api_server_is_away_and_converges_after() {
+    let _serial = serial();
+    let c = Cluster::start();
+    c.apply_policy(WEB_FROM_CLIENT);
+    c.expect_web("other", false, "policy in force");
+
+    // Killed: the agent keeps its last state; a deletion made meanwhile arrives after.
+    c.api.stop();
+    c.api
+        .api()
+        .delete(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            Some("shop"),
+            "web-from-client",
+        )
+        .expect("delete while away");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !c.reaches("other", c.ip("web"), PORT),
+        "the last state is enforced while the API server is away"
+    );
+    assert!(c.reaches("client", c.ip("web"), PORT));
+    c.api.restart().expect("restart");
+    c.expect_web("other", true, "the deletion made during the outage arrives");
+
+    // Every watch expires (an in-stream 410 when they resume): the relist brings a policy
+    // created meanwhile.
+    c.api.stop();
+    c.api.api().apply_yaml(WEB_FROM_CLIENT).expect("policy");
+    c.api.api().expire_watches();
+    c.api.restart().expect("restart");
+    c.expect_web("other", false, "the relist after 410 brings the new policy");
+
+    // Watches dropped mid-stream: they resume and bring a deletion.
+    c.api.api().drop_watches();
+    c.api
+        .kubectl(&["delete", "netpol", "web-from-client", "-n", "shop"], "")
+        .expect("kubectl delete");
+    c.expect_web("other", true, "the watch resumed after a drop");
+}
+
+#[test]
+fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
+    let _serial = serial();
+    let mut c = Cluster::start();
+    c.apply_policy(WEB_FROM_CLIENT);
+    c.expect_web("other", false, "policy in force");
+    c.agent.stop().expect("stop the agent");
+    c.api.stop();
+    c.agent.launch().expect("start the agent again");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        c.agent.is_running(),
+        "the agent waits for the API server\n{}",
+        c.agent.log()
+    );
+    assert!(
+        !c.reaches("other", c.ip("web"), PORT) && c.reaches("client", c.ip("web"), PORT),
+        "the datapath keeps enforcing the last policy while the agent waits"
+    );
+    assert!(
+        c.agent
+            .log()
+            .contains("waiting for the API server's first complete lists")
+            || c.agent.log().contains("list or watch failed"),
+        "the agent says what it waits for\n{}",
+        c.agent.log()
+    );
+    c.api.restart().expect("API server back");
+    c.agent.wait_ready().expect("the agent starts once synced");
+    c.agent.settle().expect("enforced");
+    assert!(!c.reaches("other", c.ip("web"), PORT));
+    assert!(c.reaches("client", c.ip("web"), PORT));
+    assert_eq!(
+        c.agent.endpoints().unwrap().len(),
+        3,
+        "every endpoint restored"
+    );
+}
