@@ -22,6 +22,8 @@ pub struct K8sApi {
     api: ApiServer,
     node: NetNs,
     addr: SocketAddr,
+    /// Further nodes it also serves on, on their loopback at the same port.
+    more: std::sync::Mutex<Vec<NetNs>>,
     runtime: tokio::runtime::Runtime,
     /// kubectl's discovery cache, per server: a fresh one, so a cache of another server that
     /// had the same address is never read.
@@ -55,6 +57,7 @@ impl K8sApi {
             api,
             node,
             addr,
+            more: std::sync::Mutex::default(),
             runtime,
             kubectl_cache,
         })
@@ -71,13 +74,31 @@ impl K8sApi {
     }
 
     /// The agent's environment for Kubernetes mode on this server as node `node_name`, with
-    /// `ipam: kubernetes`.
+    /// `ipam: kubernetes` and `identity-allocation-mode: crd`.
     pub fn agent_env(&self, node_name: &str) -> Vec<(String, String)> {
         vec![
             ("CELLIUM_K8S_API_SERVER".into(), self.url()),
             ("CELLIUM_NODE_NAME".into(), node_name.into()),
             ("CELLIUM_IPAM".into(), "kubernetes".into()),
+            ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "crd".into()),
         ]
+    }
+
+    /// Serves the same store on `node`'s loopback too, at the same port, so that an agent on
+    /// that node reaches it at the same [`url`](K8sApi::url): one API server for several
+    /// nodes without an underlay.
+    pub fn serve_on(&self, node: &NetNs) -> Result<()> {
+        let node = NetNs::existing(node.name());
+        let listener = bind(&node, self.addr)?;
+        {
+            let _rt = self.runtime.enter();
+            self.api.serve(listener).map_err(io("serve"))?;
+        }
+        self.more
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(node);
+        Ok(())
     }
 
     /// Stops serving, as if the process were killed: every connection and watch is cut.
@@ -88,9 +109,13 @@ impl K8sApi {
     /// Serves the same store again on the same address.
     pub fn restart(&self) -> Result<()> {
         self.api.stop();
-        let listener = bind(&self.node, self.addr)?;
+        let more = self.more.lock().unwrap_or_else(|p| p.into_inner());
         let _rt = self.runtime.enter();
-        self.api.serve(listener).map_err(io("serve"))
+        for node in std::iter::once(&self.node).chain(more.iter()) {
+            let listener = bind(node, self.addr)?;
+            self.api.serve(listener).map_err(io("serve"))?;
+        }
+        Ok(())
     }
 
     /// Runs `kubectl ARGS` against the server from the node namespace, with `stdin` as its

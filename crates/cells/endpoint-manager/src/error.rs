@@ -225,7 +225,9 @@ fn identity_reason(e: &cellium_identity::Error) -> Reason {
         I::Exhausted { .. } => Reason::IdentitiesExhausted,
         I::State { .. } | I::Decode { .. } | I::Held { .. } => Reason::IdentityStoreFailed,
         // The endpoint's labels are the agent's making, not the caller's.
-        I::NoLabels | I::UnknownReserved { .. } => Reason::Internal,
+        I::NoLabels | I::UnknownReserved { .. } | I::Mode(_) => Reason::Internal,
+        // The cluster's store did not answer (yet): the runtime retries.
+        I::Unnumbered { .. } => Reason::NotReady,
     }
 }
 

@@ -65,6 +65,26 @@ impl Identifier {
         .unwrap_or_default()
     }
 
+    /// Learns the cluster-wide number of the endpoint's labels when they changed and the
+    /// identity mode numbers them cluster-wide (see `Identities::resolve`), so that
+    /// [`identify`](Identifier::identify) can take it.
+    pub(crate) async fn resolve(&self, ep: &Endpoint) -> Result<()> {
+        let Some(identities) = &self.identities else {
+            return Ok(());
+        };
+        let fresh = self.labels(ep);
+        if ep.identity != 0 && fresh == ep.labels {
+            return Ok(());
+        }
+        identities
+            .resolve(&fresh)
+            .await
+            .map_err(|source| Error::Identity {
+                endpoint: ep.describe(),
+                source,
+            })
+    }
+
     /// Computes the endpoint's labels and, when they changed (or it has no identity yet),
     /// takes the identity of the new labels, points its addresses at it in the ipcache and
     /// gives back the old one. Returns whether anything changed. Without identities the

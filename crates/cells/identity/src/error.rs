@@ -7,6 +7,17 @@ use crate::identity::Scope;
 /// What can go wrong when allocating, restoring or persisting identities.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `identity-allocation-mode` names a store this agent does not have.
+    #[error("identity-allocation-mode: {0}")]
+    Mode(String),
+    /// The cluster's number of these labels is not known yet (it is being asked for); retry.
+    #[error("the cluster-wide number of {labels} is not known yet: {reason}")]
+    Unnumbered {
+        /// The labels.
+        labels: Labels,
+        /// Why (asking, or the store's last error).
+        reason: String,
+    },
     /// An identity needs at least one label.
     #[error("cannot allocate an identity for an empty label set")]
     NoLabels,

@@ -2,18 +2,23 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use cellium_hive::{Hook, Jobs, Lifecycle, Reporter, Trigger};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_labels::Labels;
 use cellium_statedir::StateDir;
 use tokio::sync::broadcast;
 
+use crate::cluster::{AllocationMode, ClusterNumbering, IdentityConfig};
 use crate::error::{Error, Result};
 use crate::identity::{Identity, Scope};
 use crate::reserved::Reserved;
 use crate::table::Table;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// How many events a subscriber may fall behind before it is told it lagged.
 const EVENT_BUFFER: usize = 8192;
@@ -87,19 +92,51 @@ pub struct Identities {
     reserved: HashMap<u32, Arc<Identity>>,
     pub(crate) events: broadcast::Sender<IdentityEvent>,
     pub(crate) persister: Option<Persister>,
+    /// The cluster's numbering of pod label sets (`identity-allocation-mode: crd`), with the
+    /// numbers learnt from it.
+    cluster: Option<Cluster>,
+}
+
+/// The cluster's numbering and what it said so far.
+#[derive(Debug)]
+struct Cluster {
+    numbering: Arc<dyn ClusterNumbering>,
+    numbers: Mutex<HashMap<Labels, u32>>,
 }
 
 impl Identities {
     /// The cell's constructor: the table is restored from `state` by the start hook and
-    /// written back by the `persist` job and the stop hook.
+    /// written back by the `persist` job and the stop hook. With
+    /// `identity-allocation-mode: crd`, pod label sets are numbered by `numbering` (which only
+    /// Kubernetes mode has: without it, that mode fails the start).
     pub fn new(
+        cfg: Config<IdentityConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
         state: Arc<StateDir>,
-    ) -> Arc<Identities> {
+        numbering: Option<Arc<dyn ClusterNumbering>>,
+    ) -> Result<Arc<Identities>> {
+        let numbering = numbering.filter(|n| n.store().is_some());
+        let cluster = match (cfg.identity_allocation_mode, numbering) {
+            (AllocationMode::Local, _) => None,
+            (AllocationMode::Crd, Some(numbering)) => Some(Cluster {
+                numbering,
+                numbers: Mutex::default(),
+            }),
+            (AllocationMode::Crd, None) => {
+                return Err(Error::Mode(
+                    "crd needs Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)".into(),
+                ));
+            }
+            (AllocationMode::Kvstore, _) => {
+                return Err(Error::Mode(
+                    "kvstore is not available in this version; use local or crd".into(),
+                ));
+            }
+        };
         let trigger = Trigger::new();
-        let ids = Arc::new(Identities::build(
+        let mut ids = Identities::build(
             Table::default(),
             Some(Persister {
                 dir: state,
@@ -107,7 +144,9 @@ impl Identities {
                 written: AtomicU64::new(0),
                 held: Default::default(),
             }),
-        ));
+        );
+        ids.cluster = cluster;
+        let ids = Arc::new(ids);
         let (start, stop) = (ids.clone(), ids.clone());
         lc.append(
             Hook::new("restore-identities")
@@ -150,7 +189,7 @@ impl Identities {
         })
         .trigger(trigger)
         .add();
-        ids
+        Ok(ids)
     }
 
     /// Identities kept in memory only: the reserved ones present, nothing restored or
@@ -169,7 +208,58 @@ impl Identities {
             reserved,
             events: broadcast::channel(EVENT_BUFFER).0,
             persister,
+            cluster: None,
         }
+    }
+
+    /// Where pod identities are numbered: `None` on this node alone, else the cluster's store.
+    pub fn cluster_store(&self) -> Option<String> {
+        self.cluster.as_ref().and_then(|c| c.numbering.store())
+    }
+
+    /// Learns the cluster-wide number of `labels` (`identity-allocation-mode: crd`), so that
+    /// [`allocate`](Identities::allocate) can give it. Does nothing in local mode, for reserved
+    /// and node-local (`cidr:`) label sets, and for label sets that hold a number already.
+    /// Asks the store otherwise: the one async step of allocating, taken before the allocation
+    /// so that `allocate` stays synchronous.
+    pub async fn resolve(&self, labels: &Labels) -> Result<()> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        if Scope::for_labels(labels) != Scope::Cluster
+            || !matches!(Reserved::for_labels(labels), Ok(None))
+            || lock(&cluster.numbers).contains_key(labels)
+        {
+            return Ok(());
+        }
+        let number =
+            cluster
+                .numbering
+                .number(labels)
+                .await
+                .map_err(|reason| Error::Unnumbered {
+                    labels: labels.clone(),
+                    reason,
+                })?;
+        lock(&cluster.numbers).insert(labels.clone(), number);
+        Ok(())
+    }
+
+    /// The cluster's number of `labels`, when the mode has one and it is known.
+    fn cluster_number(&self, labels: &Labels, scope: Scope) -> Option<Result<u32>> {
+        let cluster = self.cluster.as_ref()?;
+        if scope != Scope::Cluster {
+            return None;
+        }
+        Some(
+            lock(&cluster.numbers)
+                .get(labels)
+                .copied()
+                .ok_or_else(|| Error::Unnumbered {
+                    labels: labels.clone(),
+                    reason: "not asked for yet (Identities::resolve)".into(),
+                }),
+        )
     }
 
     /// The identity of `labels`, taking a reference to it.
@@ -203,6 +293,21 @@ impl Identities {
             return Ok(entry.identity.clone());
         }
         let scope = Scope::for_labels(labels);
+        if let Some(number) = self.cluster_number(labels, scope) {
+            let id = number?;
+            if let Some(other) = table.by_id.get(&id) {
+                // A number this node holds for other labels (restored from a local-mode run):
+                // the cluster's numbering wins only once that holder is gone.
+                return Err(Error::Unnumbered {
+                    labels: labels.clone(),
+                    reason: format!(
+                        "the cluster numbers them {id}, which this node holds for {}",
+                        other.identity.labels
+                    ),
+                });
+            }
+            return Ok(self.insert_new(table, id, labels));
+        }
         let Some(id) = table.next_free(scope) else {
             return Err(Error::Exhausted {
                 scope,
@@ -210,6 +315,16 @@ impl Identities {
                 labels: labels.clone(),
             });
         };
+        Ok(self.insert_new(table, id, labels))
+    }
+
+    /// Adds identity `id` of `labels` with one reference, and announces it.
+    fn insert_new(
+        &self,
+        mut table: RwLockWriteGuard<'_, Table>,
+        id: u32,
+        labels: &Labels,
+    ) -> Arc<Identity> {
         let identity = Arc::new(Identity {
             id,
             labels: labels.clone(),
@@ -221,7 +336,7 @@ impl Identities {
         drop(table);
         tracing::debug!(id, %labels, "identity allocated");
         self.changed();
-        Ok(identity)
+        identity
     }
 
     /// Gives back one reference to identity `id`; returns whether this removed the

@@ -9,7 +9,11 @@
 //!   [`Identities::snapshot_and_subscribe`] for the policy repository's selector cache; and
 //!   the `cellium.v1.Identity` gRPC service (`cellium identity list|get`).
 //! - **Depends on** `Arc<StateDir>` (the `statedir` cell).
-//! - **Config keys:** none.
+//! - **Config keys:** `identity-allocation-mode`: `local` (the default: this node numbers
+//!   label sets, numbers mean nothing elsewhere) or `crd` (Kubernetes mode: pod label sets
+//!   are numbered by CiliumIdentity objects through the `ClusterNumbering` the `k8s-watchers`
+//!   cell provides, so every node gives the same labels the same number; `cidr:` label sets
+//!   stay node-local). `kvstore` is refused.
 //! - **Degraded** when the table cannot be written (the `persist` job retries every 30 s), and
 //!   when the restore could not restore everything, naming the file and each reason: a table
 //!   that cannot be read is left as it is and never written over by this run (identities get
@@ -22,6 +26,7 @@
 //! [`Identities::release_unclaimed`]. The local backend is the only one now; a kvstore
 //! backend would share the numbers across nodes.
 
+mod cluster;
 mod error;
 mod grpc;
 mod identities;
@@ -36,6 +41,7 @@ mod cell_tests;
 
 use cellium_hive::Module;
 
+pub use cluster::{AllocationMode, ClusterNumbering, IdentityConfig};
 pub use error::{Error, Result};
 pub use grpc::IdentityService;
 pub use identities::{Identities, IdentityEvent, IdentityInfo};
@@ -48,6 +54,7 @@ pub fn cell() -> Module {
         "identity",
         "Allocates numeric security identities to label sets and keeps them across restarts",
     )
+    .config::<IdentityConfig>()
     .provide(Identities::new)
     .contribute(IdentityService::api)
 }

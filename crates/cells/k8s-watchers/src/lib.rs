@@ -9,7 +9,10 @@
 //!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made
 //!   meanwhile), then marks it synced; watch events update it. A pod a CNI ADD names before
 //!   its watch event arrives is read with a GET.
-//! - **Depends on** nothing but its configuration; the resources cell depends on it.
+//!   And, as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
+//!   of label sets, for `identity-allocation-mode: crd` (see [`CrdNumbering`]).
+//! - **Depends on** nothing but its configuration; the resources and identity cells depend
+//!   on it.
 //! - **Config keys** (Cilium's names): `k8s-api-server` (URL), `k8s-kubeconfig-path` (a
 //!   kubeconfig; with `k8s-api-server`, the URL replaces its server), and the in-cluster
 //!   service account when `KUBERNETES_SERVICE_HOST` is set; with none of them the agent runs
@@ -24,12 +27,14 @@
 mod client;
 mod config;
 mod error;
+mod identities;
 mod watchers;
 
 use cellium_hive::Module;
 
 pub use config::K8sConfig;
 pub use error::{Error, Result};
+pub use identities::CrdNumbering;
 pub use watchers::K8sWatchers;
 
 /// The `k8s-watchers` module.
@@ -41,4 +46,5 @@ pub fn cell() -> Module {
     .config::<K8sConfig>()
     .provide(K8sWatchers::new)
     .provide(K8sWatchers::source)
+    .provide(CrdNumbering::provide)
 }

@@ -64,6 +64,16 @@ impl K8sWatchers {
         self
     }
 
+    /// The API server's URL; `None` standalone.
+    pub fn server_url(&self) -> Option<String> {
+        self.credentials.as_ref().map(Credentials::server)
+    }
+
+    /// The client of the API server (built at first use).
+    pub async fn api_client(&self) -> Result<kube::Client> {
+        self.client().await
+    }
+
     async fn client(&self) -> Result<kube::Client> {
         let Some(credentials) = &self.credentials else {
             return Err(Error::NotConfigured);

@@ -147,6 +147,7 @@ impl EndpointManager {
         ep.host_ifindex = iface.host.index;
         ep.host_mac = iface.host.mac;
         ep.pod_mac = iface.pod.mac;
+        self.identity.resolve(ep).await?;
         self.identity.identify(ep)?;
         // In the table with its identity from here on: a rollback from a later step gives
         // that identity back, and must find the endpoint's current state there.

@@ -228,6 +228,11 @@ impl EndpointManager {
             if ep.state != State::Ready {
                 continue;
             }
+            // A new label set may need its cluster-wide number first (crd mode); a failure
+            // shows as the regeneration's error below, and is retried with it.
+            if let Err(e) = self.identity.resolve(&ep).await {
+                tracing::debug!(endpoint = %ep.describe(), error = %chain(&e), "identity not numbered yet");
+            }
             match self.regenerate(&b, &ep) {
                 Ok(()) => pass.done += 1,
                 Err(e) => {
