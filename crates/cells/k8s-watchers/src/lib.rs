@@ -3,7 +3,9 @@
 //!
 //! - **Owns** one kube-runtime watcher per kind (Namespaces, this node's Pods by
 //!   `spec.nodeName`, Nodes, Services, EndpointSlices, NetworkPolicies, CiliumNetworkPolicies,
-//!   CiliumClusterwideNetworkPolicies), each with kube-runtime's default backoff.
+//!   CiliumClusterwideNetworkPolicies, and the cluster's CiliumNodes, CiliumIdentities and
+//!   CiliumEndpoints), each with kube-runtime's default backoff. The Cilium CRDs must be
+//!   installed: a kind the API server does not serve keeps the start waiting, naming it.
 //! - **Provides** `Arc<K8sWatchers>` and, as `Arc<dyn ApiSource>`, the source the resources
 //!   cell runs in Kubernetes mode: each complete list replaces the kind's table (deleting what
 //!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made

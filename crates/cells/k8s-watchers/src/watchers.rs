@@ -280,7 +280,10 @@ mod tests {
                 "endpointslices",
                 "networkpolicies",
                 "ciliumnetworkpolicies",
-                "ciliumclusterwidenetworkpolicies"
+                "ciliumclusterwidenetworkpolicies",
+                "ciliumnodes",
+                "ciliumidentities",
+                "ciliumendpoints"
             ]
         );
         let r = api_resource("discovery.k8s.io/v1", "EndpointSlice");

@@ -28,14 +28,15 @@ use crate::kinds::Parsed;
 use crate::objects::cilium_decode::CiliumPolicyDoc;
 use crate::objects::service::{RequestedIp, ServiceDraft};
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, ClusterIp, EndpointSlice, IpFamily,
-    IpFamilyPolicy, Namespace, NetworkPolicy, Node, Pod, Service,
+    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
+    CiliumNode, ClusterIp, EndpointSlice, IpFamily, IpFamilyPolicy, Namespace, NetworkPolicy, Node,
+    Pod, Service,
 };
 use crate::resources::Resources;
 use crate::validate::FieldError;
 
 /// The kinds the API server feeds, as `(apiVersion, kind)`.
-pub const API_KINDS: [(&str, &str); 8] = [
+pub const API_KINDS: [(&str, &str); 11] = [
     ("v1", Namespace::KIND),
     ("v1", Pod::KIND),
     ("v1", Node::KIND),
@@ -44,6 +45,9 @@ pub const API_KINDS: [(&str, &str); 8] = [
     ("networking.k8s.io/v1", NetworkPolicy::KIND),
     ("cilium.io/v2", CiliumNetworkPolicy::KIND),
     ("cilium.io/v2", CiliumClusterwideNetworkPolicy::KIND),
+    ("cilium.io/v2", CiliumNode::KIND),
+    ("cilium.io/v2", CiliumIdentity::KIND),
+    ("cilium.io/v2", CiliumEndpoint::KIND),
 ];
 
 /// Where the tables' objects come from in Kubernetes mode.
@@ -192,7 +196,7 @@ fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
     let name = meta.get("name")?.as_str()?;
     let clusterwide = matches!(
         kind,
-        "Namespace" | "Node" | "CiliumClusterwideNetworkPolicy"
+        "Namespace" | "Node" | "CiliumClusterwideNetworkPolicy" | "CiliumNode" | "CiliumIdentity"
     );
     Some(if clusterwide {
         ObjectKey::cluster(name)
@@ -211,6 +215,9 @@ pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldErro
         "Namespace" => Namespace::from_k8s(lenient(value)?).map(Parsed::Namespace),
         "Pod" => Pod::from_k8s(lenient(value)?).map(Parsed::Pod),
         "Node" => Node::from_k8s(lenient(value)?).map(Parsed::Node),
+        "CiliumNode" => CiliumNode::from_api(&value).map(Parsed::CiliumNode),
+        "CiliumIdentity" => CiliumIdentity::from_api(&value).map(Parsed::CiliumIdentity),
+        "CiliumEndpoint" => CiliumEndpoint::from_api(&value).map(Parsed::CiliumEndpoint),
         "NetworkPolicy" => NetworkPolicy::from_k8s(lenient(value)?).map(Parsed::NetworkPolicy),
         "EndpointSlice" => EndpointSlice::from_k8s(lenient(value)?).map(Parsed::EndpointSlice),
         "Service" => {

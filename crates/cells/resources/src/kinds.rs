@@ -5,8 +5,8 @@ use crate::key::{Object, ObjectKey};
 use crate::objects::cilium_decode::CiliumPolicyDoc;
 use crate::objects::service::ServiceDraft;
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Node, Pod, Service,
+    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
+    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
 };
 use crate::validate::FieldError;
 
@@ -29,6 +29,12 @@ pub enum Parsed {
     EndpointSlice(EndpointSlice),
     /// `v1/Node`: from the API server only, never applied.
     Node(Node),
+    /// `cilium.io/v2/CiliumNode`: from the API server only.
+    CiliumNode(CiliumNode),
+    /// `cilium.io/v2/CiliumIdentity`: from the API server only.
+    CiliumIdentity(CiliumIdentity),
+    /// `cilium.io/v2/CiliumEndpoint`: from the API server only.
+    CiliumEndpoint(CiliumEndpoint),
 }
 
 impl Parsed {
@@ -43,6 +49,9 @@ impl Parsed {
             Parsed::Service(_) => Service::KIND,
             Parsed::EndpointSlice(_) => EndpointSlice::KIND,
             Parsed::Node(_) => Node::KIND,
+            Parsed::CiliumNode(_) => CiliumNode::KIND,
+            Parsed::CiliumIdentity(_) => CiliumIdentity::KIND,
+            Parsed::CiliumEndpoint(_) => CiliumEndpoint::KIND,
         }
     }
 
@@ -57,15 +66,21 @@ impl Parsed {
             Parsed::Service(d) => d.service.key(),
             Parsed::EndpointSlice(o) => o.key(),
             Parsed::Node(o) => o.key(),
+            Parsed::CiliumNode(o) => o.key(),
+            Parsed::CiliumIdentity(o) => o.key(),
+            Parsed::CiliumEndpoint(o) => o.key(),
         }
     }
 
     /// The namespace the object lives in, for namespaced kinds.
     pub fn namespace(&self) -> Option<&str> {
         match self {
-            Parsed::Namespace(_) | Parsed::CiliumClusterwideNetworkPolicy(_) | Parsed::Node(_) => {
-                None
-            }
+            Parsed::Namespace(_)
+            | Parsed::CiliumClusterwideNetworkPolicy(_)
+            | Parsed::Node(_)
+            | Parsed::CiliumNode(_)
+            | Parsed::CiliumIdentity(_) => None,
+            Parsed::CiliumEndpoint(e) => Some(&e.namespace),
             Parsed::Pod(p) => Some(&p.namespace),
             Parsed::NetworkPolicy(p) => Some(&p.namespace),
             Parsed::CiliumNetworkPolicy(p) => Some(&p.namespace),

@@ -16,8 +16,8 @@ use crate::feed::{ApiSource, Feed};
 use crate::key::{Object, ObjectKey};
 use crate::limits::Limits;
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Node, Pod, Service,
+    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
+    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
 };
 use crate::policy_dir;
 use crate::record::{Record, error_chain};
@@ -88,6 +88,12 @@ pub struct Resources {
     pub endpoint_slices: Table<EndpointSlice>,
     /// `v1` Nodes (Kubernetes mode only: nothing applies them).
     pub nodes: Table<Node>,
+    /// `cilium.io/v2` CiliumNodes (Kubernetes mode only).
+    pub cilium_nodes: Table<CiliumNode>,
+    /// `cilium.io/v2` CiliumIdentities (Kubernetes mode only).
+    pub cilium_identities: Table<CiliumIdentity>,
+    /// `cilium.io/v2` CiliumEndpoints of every node (Kubernetes mode only).
+    pub cilium_endpoints: Table<CiliumEndpoint>,
     /// The API server that owns every kind, in Kubernetes mode.
     source: Option<Arc<dyn ApiSource>>,
     /// The range cluster IPs come from.
@@ -246,6 +252,9 @@ impl Resources {
             services: readers.services,
             endpoint_slices: readers.endpoint_slices,
             nodes: readers.nodes,
+            cilium_nodes: readers.cilium_nodes,
+            cilium_identities: readers.cilium_identities,
+            cilium_endpoints: readers.cilium_endpoints,
             source: None,
             service_ranges,
             limits,
@@ -423,6 +432,9 @@ impl Resources {
             self.services.revision(),
             self.endpoint_slices.revision(),
             self.nodes.revision(),
+            self.cilium_nodes.revision(),
+            self.cilium_identities.revision(),
+            self.cilium_endpoints.revision(),
         ]
         .iter()
         .map(|r| *r.borrow())

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use crate::key::{Object, ObjectKey};
 use crate::kinds::Parsed;
 use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, EndpointSlice, Namespace, NetworkPolicy,
-    Node, Pod, SYSTEM_NAMESPACES, Service,
+    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
+    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, SYSTEM_NAMESPACES, Service,
 };
 use crate::resources::{Action, Outcome};
 use crate::table::{Change, Table, Writer};
@@ -22,6 +22,9 @@ pub(crate) struct Writers {
     services: Writer<Service>,
     endpoint_slices: Writer<EndpointSlice>,
     nodes: Writer<Node>,
+    cilium_nodes: Writer<CiliumNode>,
+    cilium_identities: Writer<CiliumIdentity>,
+    cilium_endpoints: Writer<CiliumEndpoint>,
 }
 
 /// A reader of every table, as `Resources` hands them out.
@@ -34,10 +37,13 @@ pub(crate) struct Readers {
     pub(crate) services: Table<Service>,
     pub(crate) endpoint_slices: Table<EndpointSlice>,
     pub(crate) nodes: Table<Node>,
+    pub(crate) cilium_nodes: Table<CiliumNode>,
+    pub(crate) cilium_identities: Table<CiliumIdentity>,
+    pub(crate) cilium_endpoints: Table<CiliumEndpoint>,
 }
 
 /// Every kind the tables hold.
-pub(crate) const KINDS: [&str; 8] = [
+pub(crate) const KINDS: [&str; 11] = [
     Namespace::KIND,
     Pod::KIND,
     NetworkPolicy::KIND,
@@ -46,6 +52,9 @@ pub(crate) const KINDS: [&str; 8] = [
     Service::KIND,
     EndpointSlice::KIND,
     Node::KIND,
+    CiliumNode::KIND,
+    CiliumIdentity::KIND,
+    CiliumEndpoint::KIND,
 ];
 
 /// The kinds that live in a namespace and go with it, by kind name.
@@ -69,6 +78,9 @@ impl Writers {
             services: Writer::default(),
             endpoint_slices: Writer::default(),
             nodes: Writer::default(),
+            cilium_nodes: Writer::default(),
+            cilium_identities: Writer::default(),
+            cilium_endpoints: Writer::default(),
         };
         for name in SYSTEM_NAMESPACES {
             if let Ok(ns) = Namespace::new(name, BTreeMap::new()) {
@@ -90,6 +102,9 @@ impl Writers {
         self.services.publish();
         self.endpoint_slices.publish();
         self.nodes.publish();
+        self.cilium_nodes.publish();
+        self.cilium_identities.publish();
+        self.cilium_endpoints.publish();
     }
 
     /// Says that every table holds its source's complete state (the record restored).
@@ -112,6 +127,9 @@ impl Writers {
             Service::KIND => self.services.mark_synced(),
             EndpointSlice::KIND => self.endpoint_slices.mark_synced(),
             Node::KIND => self.nodes.mark_synced(),
+            CiliumNode::KIND => self.cilium_nodes.mark_synced(),
+            CiliumIdentity::KIND => self.cilium_identities.mark_synced(),
+            CiliumEndpoint::KIND => self.cilium_endpoints.mark_synced(),
             _ => {}
         }
     }
@@ -130,6 +148,9 @@ impl Writers {
             Service::KIND => r.services.is_synced(),
             EndpointSlice::KIND => r.endpoint_slices.is_synced(),
             Node::KIND => r.nodes.is_synced(),
+            CiliumNode::KIND => r.cilium_nodes.is_synced(),
+            CiliumIdentity::KIND => r.cilium_identities.is_synced(),
+            CiliumEndpoint::KIND => r.cilium_endpoints.is_synced(),
             _ => false,
         }
     }
@@ -145,6 +166,9 @@ impl Writers {
             Service::KIND => self.services.keys(),
             EndpointSlice::KIND => self.endpoint_slices.keys(),
             Node::KIND => self.nodes.keys(),
+            CiliumNode::KIND => self.cilium_nodes.keys(),
+            CiliumIdentity::KIND => self.cilium_identities.keys(),
+            CiliumEndpoint::KIND => self.cilium_endpoints.keys(),
             _ => Vec::new(),
         }
     }
@@ -161,6 +185,9 @@ impl Writers {
             services: self.services.as_reader(),
             endpoint_slices: self.endpoint_slices.as_reader(),
             nodes: self.nodes.as_reader(),
+            cilium_nodes: self.cilium_nodes.as_reader(),
+            cilium_identities: self.cilium_identities.as_reader(),
+            cilium_endpoints: self.cilium_endpoints.as_reader(),
         }
     }
 
@@ -193,6 +220,17 @@ impl Writers {
                 (EndpointSlice::KIND, s.key(), self.endpoint_slices.upsert(s))
             }
             Parsed::Node(n) => (Node::KIND, n.key(), self.nodes.upsert(n)),
+            Parsed::CiliumNode(n) => (CiliumNode::KIND, n.key(), self.cilium_nodes.upsert(n)),
+            Parsed::CiliumIdentity(i) => (
+                CiliumIdentity::KIND,
+                i.key(),
+                self.cilium_identities.upsert(i),
+            ),
+            Parsed::CiliumEndpoint(e) => (
+                CiliumEndpoint::KIND,
+                e.key(),
+                self.cilium_endpoints.upsert(e),
+            ),
         };
         let action = match change {
             Change::Created => Action::Created,
@@ -216,6 +254,9 @@ impl Writers {
             Service::KIND => self.services.delete(key).is_some(),
             EndpointSlice::KIND => self.endpoint_slices.delete(key).is_some(),
             Node::KIND => self.nodes.delete(key).is_some(),
+            CiliumNode::KIND => self.cilium_nodes.delete(key).is_some(),
+            CiliumIdentity::KIND => self.cilium_identities.delete(key).is_some(),
+            CiliumEndpoint::KIND => self.cilium_endpoints.delete(key).is_some(),
             _ => false,
         }
     }
@@ -231,6 +272,9 @@ impl Writers {
             + r.services.len()
             + r.endpoint_slices.len()
             + r.nodes.len()
+            + r.cilium_nodes.len()
+            + r.cilium_identities.len()
+            + r.cilium_endpoints.len()
     }
 
     /// The keys of the objects of `kind` in `namespace`.

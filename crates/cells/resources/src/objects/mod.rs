@@ -5,6 +5,7 @@
 //! Storing only those fields keeps memory low (a full Pod object is mostly status and spec no
 //! cell of the agent reads) and keeps the cells independent of the Kubernetes types.
 
+mod cilium_cluster;
 pub(crate) mod cilium_decode;
 mod cilium_policy;
 mod endpoint_slice;
@@ -17,6 +18,7 @@ mod protocol;
 mod selector;
 pub(crate) mod service;
 
+pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy, CiliumRule,
     Entity,
