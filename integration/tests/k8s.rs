@@ -279,6 +279,40 @@ fn pods_get_their_labels_addresses_and_policy_from_the_api_server() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // A Service without a selector takes its backends from the EndpointSlice naming it.
+    let manual = format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: manual, namespace: shop }}
+spec: {{ ports: [ {{ name: http, port: 81, targetPort: 8080 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: manual-1, namespace: shop, labels: {{ kubernetes.io/service-name: manual }} }}
+addressType: IPv4
+ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
+endpoints: [ {{ addresses: [ "{}" ], conditions: {{ ready: true }} }} ]
+"#,
+        c.ip("web")
+    );
+    c.api.apply(&manual).expect("service and slice");
+    let svc = c
+        .api
+        .api()
+        .get("v1", "Service", Some("shop"), "manual")
+        .expect("stored service");
+    let vip: Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    let began = Instant::now();
+    while !c.reaches("client", vip, 81) {
+        assert!(
+            began.elapsed() < CONVERGE,
+            "the EndpointSlice's backend behind {vip} is not reached\n{}",
+            c.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     // A pod created after the agent started, added right away: its labels are there.
     c.api
         .apply(
@@ -364,6 +398,17 @@ fn the_agent_keeps_enforcing_while_the_api_server_is_away_and_converges_after() 
     c.api.api().expire_watches();
     c.api.restart().expect("restart");
     c.expect_web("other", false, "the relist after 410 brings the new policy");
+    c.api
+        .kubectl(&["delete", "netpol", "web-from-client", "-n", "shop"], "")
+        .expect("kubectl delete");
+    c.expect_web("other", true, "deleted again");
+
+    // A slow API server: changes still arrive.
+    c.api.api().set_latency(Duration::from_millis(400));
+    c.api.api().drop_watches();
+    c.api.apply(WEB_FROM_CLIENT).expect("kubectl apply");
+    c.expect_web("other", false, "a slow API server still delivers");
+    c.api.api().set_latency(Duration::ZERO);
 
     // Watches dropped mid-stream: they resume and bring a deletion.
     c.api.api().drop_watches();
@@ -500,4 +545,52 @@ fn two_agents_on_two_nodes_agree_on_identity_numbers() {
     one.start().expect("start again");
     one.settle().expect("settled");
     assert_eq!(identity(&one, "web-a"), web_a);
+}
+
+#[test]
+fn ipam_kubernetes_waits_for_the_nodes_pod_cidrs() {
+    let _serial = serial();
+    let mut agent = Agent::prepare(AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    })
+    .expect("node");
+    let api = K8sApi::start(agent.node()).expect("API server");
+    api.apply("apiVersion: v1\nkind: Node\nmetadata: { name: n1 }\n")
+        .expect("a node without pod CIDRs");
+    api.apply(APP).expect("pods");
+    agent.options_mut().env = api.agent_env(NODE);
+    agent.launch().expect("agent");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(agent.is_running(), "the agent waits\n{}", agent.log());
+    assert!(
+        agent.cli(&["status"]).is_err(),
+        "the API is not served before the pod CIDRs exist"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("waiting for Node n1 to be given spec.podCIDRs"),
+        "the agent says what it waits for\n{}",
+        agent.log()
+    );
+    api.kubectl(
+        &[
+            "patch",
+            "node",
+            "n1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"podCIDRs":["10.245.9.0/24"]}}"#,
+        ],
+        "",
+    )
+    .expect("kubectl patch");
+    agent
+        .wait_ready()
+        .expect("the agent starts once the Node has them");
+    let ns = NetNs::new().expect("pod netns");
+    let ip = agent.add_pod(&ns, "cid-web", "shop", "web").expect("ADD");
+    assert_eq!(ip.octets()[..3], [10, 245, 9], "{ip}");
 }
