@@ -28,6 +28,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_policy_repo::cell().into(),
             cellium_endpoint_manager::cell().into(),
             cellium_svc_lb::cell().into(),
+            cellium_node_discovery::cell().into(),
         ])
         .into(),
     ]

@@ -111,6 +111,7 @@ fn source_name(s: IpcacheSource) -> &'static str {
         IpcacheSource::Endpoint => "endpoint",
         IpcacheSource::Host => "host",
         IpcacheSource::Policy => "policy",
+        IpcacheSource::Remote => "remote",
         IpcacheSource::Unspecified => "unknown",
     }
 }

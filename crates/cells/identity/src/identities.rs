@@ -331,8 +331,10 @@ impl Identities {
         });
         table.insert(identity.clone(), 1, false);
         // Sent under the lock: a snapshot taken under it is followed by exactly the
-        // events after it.
-        let _ = self.events.send(IdentityEvent::Added(identity.clone()));
+        // events after it. A number other nodes use was announced when it was learnt.
+        if !table.remote.contains_key(&id) {
+            let _ = self.events.send(IdentityEvent::Added(identity.clone()));
+        }
         drop(table);
         tracing::debug!(id, %labels, "identity allocated");
         self.changed();
@@ -361,7 +363,9 @@ impl Identities {
             return false;
         }
         let removed = table.remove(id).map(|e| e.identity);
-        if let Some(identity) = &removed {
+        if let Some(identity) = &removed
+            && !table.remote.contains_key(&id)
+        {
             let _ = self.events.send(IdentityEvent::Removed(identity.clone()));
             tracing::debug!(id, labels = %identity.labels, "identity released");
         }
@@ -389,7 +393,9 @@ impl Identities {
             .map(|e| e.identity.id)
             .collect();
         for id in &unclaimed {
-            if let Some(entry) = table.remove(*id) {
+            if let Some(entry) = table.remove(*id)
+                && !table.remote.contains_key(id)
+            {
                 let _ = self.events.send(IdentityEvent::Removed(entry.identity));
             }
         }
@@ -404,12 +410,66 @@ impl Identities {
         unclaimed
     }
 
+    /// Learns identity `id` of `labels`, which other nodes use (from the cluster's
+    /// CiliumIdentity objects), so that policies select their pods. Announced with
+    /// [`IdentityEvent::Added`] unless this node already holds it. In `crd` mode the number
+    /// also answers [`resolve`](Identities::resolve) for these labels without asking.
+    pub fn learn(&self, id: u32, labels: &Labels) {
+        if self.reserved.contains_key(&id) {
+            return;
+        }
+        if let Some(cluster) = &self.cluster {
+            lock(&cluster.numbers).insert(labels.clone(), id);
+        }
+        let mut table = self.write();
+        if table.remote.get(&id).is_some_and(|i| i.labels == *labels) {
+            return;
+        }
+        let identity = Arc::new(Identity {
+            id,
+            labels: labels.clone(),
+        });
+        let old = table.remote.insert(id, identity.clone());
+        if table.by_id.contains_key(&id) {
+            return;
+        }
+        if let Some(old) = old {
+            let _ = self.events.send(IdentityEvent::Removed(old));
+        }
+        let _ = self.events.send(IdentityEvent::Added(identity));
+    }
+
+    /// Forgets identity `id` learnt with [`learn`](Identities::learn) (its CiliumIdentity is
+    /// gone); announced with [`IdentityEvent::Removed`] unless this node still holds it.
+    pub fn forget(&self, id: u32) {
+        let mut table = self.write();
+        let Some(old) = table.remote.remove(&id) else {
+            return;
+        };
+        if let Some(cluster) = &self.cluster {
+            lock(&cluster.numbers).remove(&old.labels);
+        }
+        if !table.by_id.contains_key(&id) {
+            let _ = self.events.send(IdentityEvent::Removed(old));
+        }
+    }
+
+    /// The numbers learnt from other nodes.
+    pub fn learnt(&self) -> Vec<u32> {
+        self.read().remote.keys().copied().collect()
+    }
+
     /// The identity numbered `id`.
     pub fn get(&self, id: u32) -> Option<Arc<Identity>> {
         if let Some(r) = self.reserved.get(&id) {
             return Some(r.clone());
         }
-        self.read().by_id.get(&id).map(|e| e.identity.clone())
+        let table = self.read();
+        table
+            .by_id
+            .get(&id)
+            .map(|e| e.identity.clone())
+            .or_else(|| table.remote.get(&id).cloned())
     }
 
     /// The identity numbered `id` with its bookkeeping.
@@ -421,11 +481,22 @@ impl Identities {
                 restored: false,
             });
         }
-        self.read().by_id.get(&id).map(|e| IdentityInfo {
-            identity: e.identity.clone(),
-            references: e.refs,
-            restored: e.restored,
-        })
+        let table = self.read();
+        table
+            .by_id
+            .get(&id)
+            .map(|e| IdentityInfo {
+                identity: e.identity.clone(),
+                references: e.refs,
+                restored: e.restored,
+            })
+            .or_else(|| {
+                table.remote.get(&id).map(|identity| IdentityInfo {
+                    identity: identity.clone(),
+                    references: 0,
+                    restored: false,
+                })
+            })
     }
 
     /// The identity of `labels`, if it exists, without taking a reference.
@@ -436,8 +507,10 @@ impl Identities {
             Err(()) => return None,
         }
         let table = self.read();
-        let id = table.by_labels.get(labels)?;
-        table.by_id.get(id).map(|e| e.identity.clone())
+        match table.by_labels.get(labels) {
+            Some(id) => table.by_id.get(id).map(|e| e.identity.clone()),
+            None => table.remote.values().find(|i| i.labels == *labels).cloned(),
+        }
     }
 
     /// Every identity, reserved ones included, by number.
@@ -456,6 +529,17 @@ impl Identities {
             references: e.refs,
             restored: e.restored,
         }));
+        out.extend(
+            table
+                .remote
+                .iter()
+                .filter(|(id, _)| !table.by_id.contains_key(id))
+                .map(|(_, identity)| IdentityInfo {
+                    identity: identity.clone(),
+                    references: 0,
+                    restored: false,
+                }),
+        );
         out
     }
 
@@ -473,6 +557,13 @@ impl Identities {
             .map(|r| self.reserved[&r.id()].clone())
             .collect();
         all.extend(table.by_id.values().map(|e| e.identity.clone()));
+        all.extend(
+            table
+                .remote
+                .iter()
+                .filter(|(id, _)| !table.by_id.contains_key(id))
+                .map(|(_, identity)| identity.clone()),
+        );
         (all, self.events.subscribe())
     }
 
@@ -719,5 +810,35 @@ mod tests {
         assert_eq!(received, 5000);
         // About 2 µs each in a debug build on this machine; the bound leaves room for load.
         assert!(took.as_millis() < 1000, "5000 allocations took {took:?}");
+    }
+
+    #[test]
+    fn identities_of_other_nodes_are_known_announced_once_and_outlive_local_holders() {
+        let ids = Identities::in_memory();
+        let (_, mut events) = ids.snapshot_and_subscribe();
+        let web: Labels = "k8s:app=web".parse().unwrap();
+        ids.learn(3000, &web);
+        ids.learn(3000, &web);
+        assert!(matches!(events.try_recv(), Ok(IdentityEvent::Added(i)) if i.id == 3000));
+        assert!(events.try_recv().is_err(), "learnt twice, announced once");
+        assert_eq!(ids.get(3000).unwrap().labels, web);
+        assert_eq!(ids.lookup(&web).unwrap().id, 3000);
+        assert!(ids.list().iter().any(|i| i.identity.id == 3000));
+        ids.forget(3000);
+        assert!(matches!(events.try_recv(), Ok(IdentityEvent::Removed(i)) if i.id == 3000));
+        assert!(ids.get(3000).is_none());
+        // A number this node holds and other nodes use stays announced until both let go.
+        let db = ids.allocate(&"k8s:app=db".parse().unwrap()).unwrap();
+        while events.try_recv().is_ok() {}
+        ids.learn(db.id, &db.labels);
+        assert!(
+            events.try_recv().is_err(),
+            "already announced by the allocation"
+        );
+        ids.release(db.id);
+        assert!(events.try_recv().is_err(), "other nodes still use it");
+        assert!(ids.get(db.id).is_some());
+        ids.forget(db.id);
+        assert!(matches!(events.try_recv(), Ok(IdentityEvent::Removed(i)) if i.id == db.id));
     }
 }

@@ -51,6 +51,9 @@ pub(crate) struct Table {
     pub(crate) by_labels: HashMap<Labels, u32>,
     pub(crate) cluster: Range,
     pub(crate) local: Range,
+    /// Identities other nodes use, learnt from the cluster (CiliumIdentity objects): known
+    /// so that policies select their pods; never persisted, never counted.
+    pub(crate) remote: BTreeMap<u32, Arc<Identity>>,
     /// Bumped at every addition or removal, so the persister knows what it wrote.
     pub(crate) generation: u64,
 }
@@ -68,6 +71,7 @@ impl Table {
             by_labels: HashMap::new(),
             cluster: Range::new(cluster),
             local: Range::new(local),
+            remote: BTreeMap::new(),
             generation: 0,
         }
     }

@@ -59,6 +59,7 @@ fn source(s: Source) -> i32 {
         Source::Endpoint => IpcacheSource::Endpoint,
         Source::Host => IpcacheSource::Host,
         Source::Policy => IpcacheSource::Policy,
+        Source::Remote => IpcacheSource::Remote,
     }
     .into()
 }

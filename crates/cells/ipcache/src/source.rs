@@ -5,13 +5,17 @@ use std::str::FromStr;
 
 /// The owner of a claim on a prefix. When several claim the same prefix, the one of highest
 /// precedence is in effect: [`Endpoint`](Source::Endpoint) > [`Host`](Source::Host) >
-/// [`Policy`](Source::Policy); the others wait underneath and take over when it is deleted.
+/// [`Remote`](Source::Remote) > [`Policy`](Source::Policy); the others wait underneath and
+/// take over when it is deleted. (What this node sees of itself beats what the cluster says
+/// of others: a stale CiliumEndpoint of another node never hides a local pod.)
 ///
 /// The order of the variants is the precedence, lowest first, so `Ord` compares precedence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
     /// A CIDR prefix of a network policy (the policy repository).
     Policy,
+    /// Another node's pod or the other node itself, learnt from the cluster.
+    Remote,
     /// One of the node's own addresses (read from the node's network namespace).
     Host,
     /// A local pod's address (the endpoint manager).
@@ -20,13 +24,19 @@ pub enum Source {
 
 impl Source {
     /// Every source, highest precedence first.
-    pub const BY_PRECEDENCE: [Source; 3] = [Source::Endpoint, Source::Host, Source::Policy];
+    pub const BY_PRECEDENCE: [Source; 4] = [
+        Source::Endpoint,
+        Source::Host,
+        Source::Remote,
+        Source::Policy,
+    ];
 
-    /// The source's name: `endpoint`, `host` or `policy`.
+    /// The source's name: `endpoint`, `host`, `remote` or `policy`.
     pub fn name(self) -> &'static str {
         match self {
             Source::Endpoint => "endpoint",
             Source::Host => "host",
+            Source::Remote => "remote",
             Source::Policy => "policy",
         }
     }
@@ -48,7 +58,9 @@ impl FromStr for Source {
         Source::BY_PRECEDENCE
             .into_iter()
             .find(|x| x.name() == s)
-            .ok_or_else(|| format!("unknown ipcache source {s:?} (endpoint, host or policy)"))
+            .ok_or_else(|| {
+                format!("unknown ipcache source {s:?} (endpoint, host, remote or policy)")
+            })
     }
 }
 

@@ -22,7 +22,7 @@ pub struct IpcacheEntry {
 
 /// The claims on one prefix, by source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Claims([Option<u32>; 3]);
+struct Claims([Option<u32>; Source::BY_PRECEDENCE.len()]);
 
 impl Claims {
     fn effective(&self) -> Option<(Source, u32)> {

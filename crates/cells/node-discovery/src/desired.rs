@@ -1,0 +1,135 @@
+//! What the cluster says this node should know of the others: a pure function of the tables.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use cellium_resources::{CiliumEndpoint, Node};
+use ipnet::IpNet;
+
+/// A route to another node's pod CIDR via that node's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeRoute {
+    /// The pod CIDR.
+    pub cidr: IpNet,
+    /// The node's address of the CIDR's family.
+    pub via: IpAddr,
+}
+
+/// The routes to every other node's pod CIDRs, each via that node's first address of the
+/// CIDR's family; a node without one of that family gets no route for it.
+pub fn routes<'a>(nodes: impl IntoIterator<Item = &'a Node>, me: &str) -> BTreeSet<NodeRoute> {
+    let mut out = BTreeSet::new();
+    for node in nodes.into_iter().filter(|n| n.name != me) {
+        for cidr in &node.pod_cidrs {
+            let via = node
+                .addresses
+                .iter()
+                .find(|a| a.is_ipv4() == matches!(cidr, IpNet::V4(_)));
+            if let Some(via) = via {
+                out.insert(NodeRoute {
+                    cidr: *cidr,
+                    via: *via,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The ipcache entries of the cluster's other nodes and their pods: each other node's
+/// addresses as `remote-node`, each pod address of a CiliumEndpoint that another node hosts
+/// as its identity. A CiliumEndpoint this node hosts (its `node_ip` is one of `my_ips`) is
+/// skipped: this node knows its own pods better.
+pub fn ipcache<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    endpoints: impl IntoIterator<Item = &'a CiliumEndpoint>,
+    me: &str,
+    remote_node: u32,
+) -> BTreeMap<IpNet, u32> {
+    let mut out = BTreeMap::new();
+    let mut my_ips = BTreeSet::new();
+    for node in nodes {
+        if node.name == me {
+            my_ips.extend(node.addresses.iter().copied());
+            continue;
+        }
+        for ip in &node.addresses {
+            out.insert(IpNet::from(*ip), remote_node);
+        }
+    }
+    for ep in endpoints {
+        if ep.identity == 0 || ep.node_ip.is_some_and(|ip| my_ips.contains(&ip)) {
+            continue;
+        }
+        for ip in &ep.addresses {
+            out.insert(IpNet::from(*ip), ep.identity);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, ips: &[&str], cidrs: &[&str]) -> Node {
+        Node {
+            name: name.into(),
+            labels: Default::default(),
+            addresses: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        }
+    }
+
+    fn cep(name: &str, ip: &str, identity: u32, node: &str) -> CiliumEndpoint {
+        CiliumEndpoint {
+            namespace: "shop".into(),
+            name: name.into(),
+            id: 1,
+            identity,
+            addresses: vec![ip.parse().unwrap()],
+            node_ip: Some(node.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn routes_go_to_every_other_node_by_family() {
+        let nodes = [
+            node("n1", &["192.0.2.1"], &["10.1.0.0/24"]),
+            node(
+                "n2",
+                &["192.0.2.2", "2001:db8::2"],
+                &["10.2.0.0/24", "fd00:2::/64"],
+            ),
+            node("n3", &["192.0.2.3"], &["10.3.0.0/24", "fd00:3::/64"]),
+        ];
+        let r: Vec<String> = routes(&nodes, "n1")
+            .iter()
+            .map(|r| format!("{} via {}", r.cidr, r.via))
+            .collect();
+        assert_eq!(
+            r,
+            [
+                "10.2.0.0/24 via 192.0.2.2",
+                "10.3.0.0/24 via 192.0.2.3",
+                "fd00:2::/64 via 2001:db8::2"
+            ]
+        );
+    }
+
+    #[test]
+    fn other_nodes_and_their_pods_are_known_this_nodes_are_left_to_it() {
+        let nodes = [
+            node("n1", &["192.0.2.1"], &["10.1.0.0/24"]),
+            node("n2", &["192.0.2.2"], &["10.2.0.0/24"]),
+        ];
+        let eps = [
+            cep("a", "10.1.0.5", 300, "192.0.2.1"),
+            cep("b", "10.2.0.5", 301, "192.0.2.2"),
+            cep("c", "10.2.0.6", 0, "192.0.2.2"),
+        ];
+        let m = ipcache(&nodes, &eps, "n1", 6);
+        let text: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(text, ["10.2.0.5/32=301", "192.0.2.2/32=6"]);
+    }
+}

@@ -1,0 +1,35 @@
+//! Errors of the cell.
+
+/// Why the cell cannot be built or a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `routing-mode` names a mode this version does not have.
+    #[error("routing-mode: {0}")]
+    Mode(String),
+    /// A netlink call failed.
+    #[error("cannot {what}")]
+    Netlink {
+        /// The call.
+        what: String,
+        /// Why.
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// A route cannot be expressed.
+    #[error("route {route}: {reason}")]
+    Route {
+        /// The route.
+        route: String,
+        /// Why.
+        reason: String,
+    },
+    /// An ipcache write failed.
+    #[error("ipcache")]
+    Ipcache(#[from] cellium_ipcache::Error),
+    /// The netlink connection cannot be opened.
+    #[error("cannot open a netlink connection")]
+    Connect(#[source] std::io::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! The `node-discovery` cell: the cluster's other nodes and their pods, made known to this node.
+//!
+//! - **Owns** the node's routes to other nodes' pod CIDRs (marked with routing protocol
+//!   [`routes::PROTOCOL`], `ip route show proto 206`), the ipcache entries of other nodes and
+//!   their pods (source `remote`), and the identities learnt from the cluster.
+//! - **Provides** `Arc<NodeDiscovery>`, inactive standalone, where there is no cluster.
+//! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
+//!   server), ipcache, identity.
+//! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
+//!   pod CIDRs via that node's address of the CIDR's family, as Cilium's native routing with
+//!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (refused: not available
+//!   in this version).
+//! - **Degraded** (`node-discovery.reconcile`) while a pass fails (a netlink or ipcache
+//!   write), retried every 30 s and at every change.
+//!
+//! A pass, at every change of those tables and every 30 s: every CiliumIdentity is learnt by the
+//! identity cell (so that policies select other nodes' pods by their labels); every other
+//! node's addresses enter the ipcache as `remote-node`, and every pod address of a
+//! CiliumEndpoint another node hosts as its identity (the datapath then resolves the source of
+//! traffic from other nodes, and the destination of traffic to them, to identities); the routes
+//! follow the Nodes' `spec.podCIDRs` and addresses.
+
+mod config;
+pub mod desired;
+mod discovery;
+mod error;
+pub mod routes;
+
+use cellium_hive::Module;
+
+pub use config::{NodeDiscoveryConfig, RoutingMode};
+pub use discovery::NodeDiscovery;
+pub use error::{Error, Result};
+
+/// The `node-discovery` module.
+pub fn cell() -> Module {
+    Module::new(
+        "node-discovery",
+        "Learns the cluster's other nodes and their pods: routes, ipcache entries, identities",
+    )
+    .config::<NodeDiscoveryConfig>()
+    .provide(NodeDiscovery::new)
+    // Nothing else asks for it: its jobs are its work.
+    .invoke(|_: std::sync::Arc<NodeDiscovery>| {})
+}
