@@ -23,12 +23,14 @@
 
 mod client;
 mod config;
+mod endpoints;
 mod error;
 mod watchers;
 
 use cellium_hive::Module;
 
 pub use config::K8sConfig;
+pub use endpoints::{NODE_LABEL, RESYNC};
 pub use error::{Error, Result};
 pub use watchers::K8sWatchers;
 
@@ -41,4 +43,5 @@ pub fn cell() -> Module {
     .config::<K8sConfig>()
     .provide(K8sWatchers::new)
     .provide(K8sWatchers::source)
+    .invoke(endpoints::start)
 }

@@ -260,6 +260,8 @@ impl EndpointManager {
             // must start from the identity now held, or it would give the old one back
             // twice.
             self.endpoints.insert(ep.clone());
+            // What is derived from the endpoint list (its CiliumEndpoint) shows the identity.
+            self.endpoints.changed();
             self.regeneration.needs_save(ep.id);
             tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
         }

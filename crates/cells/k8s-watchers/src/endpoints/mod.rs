@@ -1,0 +1,378 @@
+//! CiliumEndpoint objects: one per endpoint of this node, as Cilium's agent writes them, so
+//! that what reads the cluster (`kubectl get cep`, other agents, observability tools) finds
+//! each pod's endpoint id, identity, labels and addresses.
+//!
+//! A level-triggered loop, the job `k8s-watchers.ciliumendpoints`: each pass lists the
+//! node's endpoints and the CiliumEndpoints labelled [`NODE_LABEL`]`=<node>`, then creates
+//! the missing ones, replaces those whose status differs and deletes those whose endpoint
+//! is gone (see `plan.rs`). A pass runs at start (after the endpoints are restored, so a
+//! restart deletes the objects of pods that went meanwhile), whenever the endpoints change
+//! or the Nodes table does (the node's IP is in the objects), and every [`RESYNC`] to put
+//! back what someone else changed or deleted.
+//!
+//! Why a label: the API server filters by it, so a pass reads only this node's objects and
+//! needs no index of its own; and it does not depend on the node's IP, which may be unknown
+//! or change. Why no owner references to the Pods: the Pods table keeps no uid, and a pod
+//! deleted and created again under the same name has a new one, so a stale reference would
+//! let the garbage collector delete the new pod's object.
+
+mod plan;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellium_endpoint_manager::{Endpoint, EndpointManager};
+use cellium_hive::{Backoff, JobContext, Jobs};
+use cellium_resources::{ApiSource, ObjectKey, Resources};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
+};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::watchers::{K8sWatchers, chain};
+use plan::{Key, Observed};
+
+/// The label on every CiliumEndpoint an agent writes, with its node's name as the value:
+/// how an agent finds its own objects again, across restarts.
+pub const NODE_LABEL: &str = "cellium.io/node";
+
+/// How often a pass runs when nothing triggers one: what someone else changed or deleted is
+/// put back within this time.
+pub const RESYNC: Duration = Duration::from_secs(30);
+
+/// The job's name, under the module: `k8s-watchers.ciliumendpoints`.
+const JOB: &str = "ciliumendpoints";
+
+/// How long a failed pass waits before the next: from 1 s, doubling, up to the resync
+/// interval, so that an API server that is down is not hammered.
+const BACKOFF: Backoff = Backoff {
+    min: Duration::from_secs(1),
+    max: RESYNC,
+    factor: 2.0,
+    max_retries: None,
+};
+
+/// How many times one object is written when it keeps changing between read and write.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// The invoke of the k8s-watchers module: starts the job in Kubernetes mode when the agent
+/// has an endpoint manager (optional, so that the resources cell, which the endpoint manager
+/// depends on, can depend on this module without a cycle); does nothing otherwise.
+pub(crate) fn start(
+    watchers: Arc<K8sWatchers>,
+    endpoints: Option<Arc<EndpointManager>>,
+    resources: Option<Arc<Resources>>,
+    jobs: Jobs,
+) {
+    if watchers.server().is_none() {
+        return;
+    }
+    let Some(endpoints) = endpoints else {
+        tracing::info!("this agent has no endpoint manager: no CiliumEndpoints are written");
+        return;
+    };
+    let sync = Arc::new(CepSync {
+        watchers,
+        endpoints,
+        resources,
+    });
+    jobs.one_shot(JOB, move |ctx| {
+        let sync = sync.clone();
+        async move {
+            sync.run(ctx).await;
+            Ok(())
+        }
+    })
+    .add();
+}
+
+/// The loop's parts.
+struct CepSync {
+    watchers: Arc<K8sWatchers>,
+    endpoints: Arc<EndpointManager>,
+    resources: Option<Arc<Resources>>,
+}
+
+/// What a successful pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Done {
+    in_line: usize,
+    created: usize,
+    updated: usize,
+    deleted: usize,
+}
+
+impl fmt::Display for Done {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} CiliumEndpoints written (last pass: {} created, {} updated, {} deleted)",
+            self.in_line + self.created + self.updated,
+            self.created,
+            self.updated,
+            self.deleted
+        )
+    }
+}
+
+impl CepSync {
+    /// Passes until the job is cancelled: after a success, at the next trigger or resync;
+    /// after a failure (Degraded with the error), after the backoff's delay.
+    async fn run(&self, ctx: JobContext) {
+        let reporter = ctx.reporter();
+        let mut changes = self.endpoints.changes();
+        let mut nodes = self.resources.as_ref().map(|r| r.nodes.revision());
+        let mut failures = 0;
+        loop {
+            // Marked seen before the pass reads, so a change during the pass runs another.
+            changes.borrow_and_update();
+            if let Some(nodes) = &mut nodes {
+                nodes.borrow_and_update();
+            }
+            let outcome = tokio::select! {
+                _ = ctx.cancelled() => return,
+                outcome = self.pass() => outcome,
+            };
+            let delay = match outcome {
+                Ok(done) => {
+                    failures = 0;
+                    if done.created + done.updated + done.deleted > 0 {
+                        tracing::info!(
+                            created = done.created,
+                            updated = done.updated,
+                            deleted = done.deleted,
+                            "CiliumEndpoints written"
+                        );
+                    }
+                    reporter.ok(done.to_string());
+                    None
+                }
+                Err(e) => {
+                    failures += 1;
+                    let delay = BACKOFF.delay(failures);
+                    let msg = chain(&e);
+                    tracing::warn!(error = %msg, ?delay, "CiliumEndpoints not in line; retrying");
+                    reporter.degraded(format!("{msg}; retrying in {delay:?}"));
+                    Some(delay)
+                }
+            };
+            match delay {
+                Some(delay) => tokio::select! {
+                    _ = ctx.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                },
+                None => tokio::select! {
+                    _ = ctx.cancelled() => return,
+                    _ = tokio::time::sleep(RESYNC) => {}
+                    _ = changed(Some(&mut changes)) => {}
+                    _ = changed(nodes.as_mut()) => {}
+                },
+            }
+        }
+    }
+
+    /// One pass, with the client, the node's endpoints and IP as they are now.
+    async fn pass(&self) -> Result<Done> {
+        let client = self.watchers.client().await?;
+        let node = self.watchers.node_name();
+        let node_ip = self.node_ip(&node);
+        reconcile(&client, &node, &self.endpoints.list(), node_ip).await
+    }
+
+    /// The node's IP: its Node's first InternalIP (else ExternalIP), when the Nodes table
+    /// has it.
+    fn node_ip(&self, node: &str) -> Option<IpAddr> {
+        let nodes = &self.resources.as_ref()?.nodes;
+        nodes
+            .get(&ObjectKey::cluster(node))?
+            .addresses
+            .first()
+            .copied()
+    }
+}
+
+/// One pass: brings `node`'s CiliumEndpoints in line with its `endpoints`. Every write is
+/// tried; the first failure is returned with the count.
+async fn reconcile(
+    client: &kube::Client,
+    node: &str,
+    endpoints: &[Endpoint],
+    node_ip: Option<IpAddr>,
+) -> Result<Done> {
+    let desired = plan::desired(endpoints, node_ip);
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
+    let listed = all
+        .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
+        .await
+        .map_err(Error::ListEndpoints)?;
+    let mut objects: BTreeMap<Key, DynamicObject> = BTreeMap::new();
+    for obj in listed.items {
+        if let (Some(ns), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) {
+            objects.insert((ns.clone(), name.clone()), obj);
+        }
+    }
+    let observed: BTreeMap<Key, Observed> = objects
+        .iter()
+        .map(|(key, obj)| {
+            let seen = Observed {
+                uid: obj.metadata.uid.clone(),
+                status: obj.data.get("status").cloned().unwrap_or(Value::Null),
+            };
+            (key.clone(), seen)
+        })
+        .collect();
+    let plan = plan::plan(&desired, &observed);
+    let mut failed = Vec::new();
+    for key in &plan.create {
+        let write = Write::new(client, node, key);
+        if let Err(e) = write.put(&desired.write[key], None).await {
+            failed.push(e);
+        }
+    }
+    for key in &plan.update {
+        let write = Write::new(client, node, key);
+        if let Err(e) = write.put(&desired.write[key], objects.remove(key)).await {
+            failed.push(e);
+        }
+    }
+    for (key, uid) in &plan.delete {
+        if let Err(e) = Write::new(client, node, key).delete(uid.clone()).await {
+            failed.push(e);
+        }
+    }
+    let writes = plan.create.len() + plan.update.len() + plan.delete.len();
+    for e in &failed {
+        tracing::warn!(error = %chain(e), "CiliumEndpoint write failed");
+    }
+    if failed.is_empty() {
+        return Ok(Done {
+            in_line: plan.in_line,
+            created: plan.create.len(),
+            updated: plan.update.len(),
+            deleted: plan.delete.len(),
+        });
+    }
+    Err(Error::EndpointWrites {
+        failed: failed.len(),
+        writes,
+        first: Box::new(failed.swap_remove(0)),
+    })
+}
+
+/// The writes of one CiliumEndpoint.
+struct Write<'a> {
+    api: Api<DynamicObject>,
+    node: &'a str,
+    key: &'a Key,
+}
+
+impl<'a> Write<'a> {
+    fn new(client: &kube::Client, node: &'a str, key: &'a Key) -> Write<'a> {
+        Write {
+            api: Api::namespaced_with(client.clone(), &key.0, &resource()),
+            node,
+            key,
+        }
+    }
+
+    /// Creates the object with `status`, or replaces `current` (as listed) with it.
+    async fn put(&self, status: &Value, mut current: Option<DynamicObject>) -> Result<()> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let creating = current.is_none();
+            let obj = self.object(status, current.take());
+            let params = PostParams::default();
+            let written = if creating {
+                self.api.create(&params, &obj).await
+            } else {
+                self.api.replace(&self.key.1, &params, &obj).await
+            };
+            match written {
+                Ok(_) => return Ok(()),
+                // AlreadyExists: written since the list, or by someone else without this
+                // node's label (a pod of that name that ran elsewhere before): the pod's
+                // endpoint is here now, so the object is taken over. Conflict: changed
+                // since it was read. Either way, read it again and replace that.
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    current = (self.api.get_opt(&self.key.1).await)
+                        .map_err(|source| self.error("read", source))?;
+                }
+                Err(source) => {
+                    return Err(self.error(if creating { "create" } else { "update" }, source));
+                }
+            }
+        }
+        Err(Error::EndpointConflicts {
+            namespace: self.key.0.clone(),
+            name: self.key.1.clone(),
+            attempts: WRITE_ATTEMPTS,
+        })
+    }
+
+    /// Deletes the object if it still has `uid` (the one it was listed with): one written
+    /// since then, for a new pod of the same name, is the next pass's to judge.
+    async fn delete(&self, uid: Option<String>) -> Result<()> {
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&self.key.1, &params).await {
+            Ok(_) => Ok(()),
+            // Gone already, or replaced since the list (the precondition failed).
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(source) => Err(self.error("delete", source)),
+        }
+    }
+
+    /// The object to write: `current` (keeping its metadata, resourceVersion included, so a
+    /// replace of a changed object fails with a conflict) or a new one, with this node's
+    /// label and `status`.
+    fn object(&self, status: &Value, current: Option<DynamicObject>) -> DynamicObject {
+        let mut obj = current
+            .unwrap_or_else(|| DynamicObject::new(&self.key.1, &resource()).within(&self.key.0));
+        obj.metadata.managed_fields = None;
+        obj.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(NODE_LABEL.to_string(), self.node.to_string());
+        obj.data["status"] = status.clone();
+        obj
+    }
+
+    fn error(&self, verb: &'static str, source: kube::Error) -> Error {
+        Error::WriteEndpoint {
+            verb,
+            namespace: self.key.0.clone(),
+            name: self.key.1.clone(),
+            source,
+        }
+    }
+}
+
+/// `cilium.io/v2` CiliumEndpoints.
+fn resource() -> ApiResource {
+    ApiResource {
+        group: "cilium.io".into(),
+        version: "v2".into(),
+        api_version: "cilium.io/v2".into(),
+        kind: "CiliumEndpoint".into(),
+        plural: "ciliumendpoints".into(),
+    }
+}
+
+/// Completes when `rx` changes; never when there is none or its sender is gone.
+async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
