@@ -54,9 +54,9 @@ pub enum Error {
         namespace: String,
         /// Its name.
         name: String,
-        /// Why.
+        /// Why (boxed: the other variants are small).
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// A CiliumEndpoint kept changing between its read and its write.
     #[error("CiliumEndpoint {namespace}/{name} changed under every one of {attempts} writes")]

@@ -351,7 +351,7 @@ impl<'a> Write<'a> {
             verb,
             namespace: self.key.0.clone(),
             name: self.key.1.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 }
@@ -375,4 +375,165 @@ async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
         return;
     }
     std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use cellium_test_apiserver::ApiServer;
+    use serde_json::json;
+
+    use super::*;
+    use crate::endpoints::plan::tests::ep;
+
+    /// A test API server with namespace `shop`, and a client of it.
+    fn server() -> (ApiServer, kube::Client) {
+        let server = ApiServer::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        server.serve(listener).unwrap();
+        server
+            .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n")
+            .unwrap();
+        let config = kube::Config::new(url.parse().unwrap());
+        (server, kube::Client::try_from(config).unwrap())
+    }
+
+    fn cep(server: &ApiServer, name: &str) -> Option<Value> {
+        server.get("cilium.io/v2", "CiliumEndpoint", Some("shop"), name)
+    }
+
+    fn put(server: &ApiServer, name: &str, node: Option<&str>, status: Value) {
+        let labels = node.map_or(json!({}), |n| json!({ NODE_LABEL: n }));
+        server
+            .create(json!({
+                "apiVersion": "cilium.io/v2",
+                "kind": "CiliumEndpoint",
+                "metadata": {"name": name, "namespace": "shop", "labels": labels},
+                "status": status,
+            }))
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_pass_writes_the_nodes_objects_and_only_those() {
+        let (server, client) = server();
+        let node_ip: IpAddr = "192.168.5.1".parse().unwrap();
+        let eps = [
+            ep(1, Some(("shop", "web")), &["10.0.0.1"]),
+            ep(2, Some(("shop", "moved")), &["10.0.0.2"]),
+            ep(3, Some(("shop", "taken")), &["10.0.0.3"]),
+        ];
+        // Left by this node's agent before a restart, for pods that have gone since.
+        put(&server, "stale", Some("n1"), json!({"id": 9}));
+        // Of the pod that moved: its old status.
+        put(
+            &server,
+            "moved",
+            Some("n1"),
+            json!({"id": 2, "state": "ready"}),
+        );
+        // Another node's object, and one of this pod's name that nobody labelled (written
+        // for a pod of that name elsewhere, say).
+        put(&server, "elsewhere", Some("n2"), json!({"id": 7}));
+        put(&server, "taken", None, json!({"id": 70}));
+
+        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
+        assert_eq!(
+            done,
+            Done {
+                in_line: 0,
+                created: 2,
+                updated: 1,
+                deleted: 1
+            }
+        );
+        assert!(cep(&server, "stale").is_none());
+        assert_eq!(cep(&server, "elsewhere").unwrap()["status"]["id"], 7);
+        for (name, e) in [("web", &eps[0]), ("moved", &eps[1]), ("taken", &eps[2])] {
+            let obj = cep(&server, name).unwrap();
+            assert_eq!(obj["metadata"]["labels"][NODE_LABEL], "n1", "{name}");
+            let want = serde_json::to_value(plan::status(e, Some(node_ip))).unwrap();
+            assert_eq!(obj["status"], want, "{name}");
+        }
+        assert_eq!(
+            cep(&server, "web").unwrap()["status"]["networking"]["node"],
+            "192.168.5.1"
+        );
+
+        // In line: one LIST, no write.
+        let before = server.requests();
+        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
+        assert_eq!((done.in_line, done.created + done.updated), (3, 0));
+        assert_eq!(server.requests() - before, 1);
+
+        // Deleted by someone else: written again. Its pod's endpoint gone: deleted.
+        server
+            .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), "web")
+            .unwrap();
+        let done = reconcile(&client, "n1", &eps[..2], Some(node_ip))
+            .await
+            .unwrap();
+        assert_eq!((done.created, done.deleted), (1, 1));
+        assert!(cep(&server, "web").is_some() && cep(&server, "taken").is_none());
+    }
+
+    #[tokio::test]
+    async fn failures_are_counted_and_the_other_writes_made() {
+        let (server, client) = server();
+        let eps = [
+            ep(1, Some(("shop", "web")), &["10.0.0.1"]),
+            ep(2, Some(("no-such-ns", "db")), &["10.0.0.2"]),
+        ];
+        let err = reconcile(&client, "n1", &eps, None).await.unwrap_err();
+        let msg = chain(&err);
+        assert!(
+            msg.starts_with(
+                "1 of 2 CiliumEndpoint writes failed, the first: cannot create CiliumEndpoint no-such-ns/db"
+            ),
+            "{msg}"
+        );
+        assert!(cep(&server, "web").is_some(), "the other write was made");
+
+        // A 500 (kube's client retries 429, 503 and 504 itself): the pass fails at its list.
+        server.fail_requests(1, 500);
+        let err = reconcile(&client, "n1", &eps[..1], None).await.unwrap_err();
+        assert!(matches!(err, Error::ListEndpoints(_)), "{}", chain(&err));
+        reconcile(&client, "n1", &eps[..1], None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_write_that_conflicts_reads_the_object_again() {
+        let (server, client) = server();
+        let key = ("shop".to_string(), "web".to_string());
+        let write = Write::new(&client, "n1", &key);
+        write.put(&json!({"id": 1}), None).await.unwrap();
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "shop", &resource());
+        let listed = api.get("web").await.unwrap();
+        // Changed by someone else after it was read: the replace of the stale copy gets a
+        // 409, and the write is made on the object as it is now.
+        let mut theirs = listed.clone();
+        theirs.data["status"] = json!({"id": 50});
+        api.replace("web", &PostParams::default(), &theirs)
+            .await
+            .unwrap();
+        write.put(&json!({"id": 2}), Some(listed)).await.unwrap();
+        assert_eq!(cep(&server, "web").unwrap()["status"], json!({"id": 2}));
+
+        // Deleted since it was listed: the delete by the listed uid is a no-op, and so is
+        // one whose object was replaced by a new one (another uid).
+        let uid = cep(&server, "web").unwrap()["metadata"]["uid"]
+            .as_str()
+            .map(String::from);
+        server
+            .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), "web")
+            .unwrap();
+        write.delete(uid.clone()).await.unwrap();
+        write.put(&json!({"id": 3}), None).await.unwrap();
+        write.delete(uid).await.unwrap();
+        assert_eq!(
+            cep(&server, "web").unwrap()["status"]["id"],
+            3,
+            "a new object of the name is not deleted by the old uid"
+        );
+    }
 }

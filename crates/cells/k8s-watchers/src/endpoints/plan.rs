@@ -196,7 +196,7 @@ pub(crate) fn plan(desired: &Desired, existing: &BTreeMap<Key, Observed>) -> Pla
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::PathBuf;
 
     use cellium_endpoint_manager::{Address, PodRef};
@@ -205,7 +205,7 @@ mod tests {
 
     use super::*;
 
-    fn ep(id: u16, pod: Option<(&str, &str)>, ips: &[&str]) -> Endpoint {
+    pub(crate) fn ep(id: u16, pod: Option<(&str, &str)>, ips: &[&str]) -> Endpoint {
         Endpoint {
             id,
             container_id: format!("cid-{id}"),
