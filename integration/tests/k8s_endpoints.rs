@@ -101,7 +101,7 @@ impl Node {
         let at = self.pods.iter().position(|p| p.0 == name).expect("pod");
         let (_, ns, _) = self.pods.remove(at);
         self.agent
-            .del(&format!("cid-{name}"), ns.path())
+            .del(&format!("cid-{name}"), &ns.path())
             .expect("CNI DEL");
     }
 

@@ -245,7 +245,7 @@ async fn reconcile(
             failed.push(e);
         }
     }
-    let writes = plan.create.len() + plan.update.len() + plan.delete.len();
+    let writes = plan.writes();
     for e in &failed {
         tracing::warn!(error = %chain(e), "CiliumEndpoint write failed");
     }

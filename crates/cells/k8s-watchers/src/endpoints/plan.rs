@@ -100,9 +100,9 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Whether there is nothing to write.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.create.is_empty() && self.update.is_empty() && self.delete.is_empty()
+    /// How many writes it makes.
+    pub(crate) fn writes(&self) -> usize {
+        self.create.len() + self.update.len() + self.delete.len()
     }
 }
 
@@ -379,7 +379,7 @@ pub(crate) mod tests {
             })
             .collect();
         let p = plan(&d, &existing);
-        assert!(p.is_empty() && p.in_line == 1);
+        assert_eq!((p.writes(), p.in_line), (0, 1));
         let p = plan(&desired(&[], None), &existing);
         assert_eq!(p.delete, [(key("shop", "web"), None)]);
     }
