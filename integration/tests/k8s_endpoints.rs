@@ -253,7 +253,7 @@ fn each_pod_has_a_ciliumendpoint_that_follows_its_endpoint() {
     n.api
         .kubectl(&["delete", "ciliumendpoint", "web", "-n", "shop"], "")
         .expect("kubectl delete");
-    n.wait_cep("web", RESYNC, "a deleted object is written again", |c| {
+    n.wait_cep("web", CONVERGE, "a deleted object is written again", |c| {
         c.is_some()
     });
     n.wait_in_line("web", web, "written again as it was");

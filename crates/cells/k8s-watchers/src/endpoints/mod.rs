@@ -7,8 +7,9 @@
 //! the missing ones, replaces those whose status differs and deletes those whose endpoint
 //! is gone (see `plan.rs`). A pass runs at start (after the endpoints are restored, so a
 //! restart deletes the objects of pods that went meanwhile), whenever the endpoints change
-//! or the Nodes table does (the node's IP is in the objects), and every [`RESYNC`] to put
-//! back what someone else changed or deleted.
+//! or the Nodes table does (the node's IP is in the objects), when a watch of the node's
+//! objects sees one deleted (someone else's delete is undone at once), and every [`RESYNC`]
+//! to put back what someone else changed.
 //!
 //! Why a label: the API server filters by it, so a pass reads only this node's objects and
 //! needs no index of its own; and it does not depend on the node's IP, which may be unknown
@@ -27,9 +28,12 @@ use std::time::Duration;
 use cellium_endpoint_manager::{Endpoint, EndpointManager};
 use cellium_hive::{Backoff, JobContext, Jobs};
 use cellium_resources::{ApiSource, ObjectKey, Resources};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
 };
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -128,6 +132,8 @@ impl CepSync {
         let mut changes = self.endpoints.changes();
         let mut nodes = self.resources.as_ref().map(|r| r.nodes.revision());
         let mut failures = 0;
+        // Made after the first successful pass, when the client is known to work.
+        let mut deletions: Option<BoxStream<'static, ()>> = None;
         loop {
             // Marked seen before the pass reads, so a change during the pass runs another.
             changes.borrow_and_update();
@@ -150,6 +156,11 @@ impl CepSync {
                         );
                     }
                     reporter.ok(done.to_string());
+                    if deletions.is_none()
+                        && let Ok(client) = self.watchers.client().await
+                    {
+                        deletions = Some(deletions_of(client, &self.watchers.node_name()));
+                    }
                     None
                 }
                 Err(e) => {
@@ -171,6 +182,7 @@ impl CepSync {
                     _ = tokio::time::sleep(RESYNC) => {}
                     _ = changed(Some(&mut changes)) => {}
                     _ = changed(nodes.as_mut()) => {}
+                    _ = next(deletions.as_mut()) => {}
                 },
             }
         }
@@ -367,6 +379,31 @@ fn resource() -> ApiResource {
     }
 }
 
+/// One `()` per deletion of one of `node`'s CiliumEndpoints, from a watch (kube-runtime's
+/// watcher, with its backoff while the API server fails): so that an object someone else
+/// deleted is written again at once rather than at the next resync. The agent's own deletes
+/// come back too, costing a pass that finds everything in line.
+fn deletions_of(client: kube::Client, node: &str) -> BoxStream<'static, ()> {
+    let api: Api<DynamicObject> = Api::all_with(client, &resource());
+    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={node}"));
+    watcher::watcher(api, config)
+        .default_backoff()
+        .filter_map(|event| {
+            futures::future::ready(matches!(event, Ok(watcher::Event::Delete(_))).then_some(()))
+        })
+        .boxed()
+}
+
+/// Completes at the next item of `stream`; never when there is none or it has ended.
+async fn next(stream: Option<&mut BoxStream<'static, ()>>) {
+    if let Some(stream) = stream
+        && stream.next().await.is_some()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// Completes when `rx` changes; never when there is none or its sender is gone.
 async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
     if let Some(rx) = rx
@@ -499,6 +536,27 @@ mod tests {
         let err = reconcile(&client, "n1", &eps[..1], None).await.unwrap_err();
         assert!(matches!(err, Error::ListEndpoints(_)), "{}", chain(&err));
         reconcile(&client, "n1", &eps[..1], None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_deletion_of_one_of_the_nodes_objects_is_seen() {
+        let (server, client) = server();
+        put(&server, "mine", Some("n1"), json!({"id": 1}));
+        put(&server, "theirs", Some("n2"), json!({"id": 2}));
+        let mut deletions = deletions_of(client, "n1");
+        let first = tokio::time::timeout(Duration::from_millis(300), deletions.next()).await;
+        assert!(first.is_err(), "the initial list is no deletion");
+        for name in ["theirs", "mine"] {
+            server
+                .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), name)
+                .unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(5), deletions.next())
+            .await
+            .expect("this node's object's deletion")
+            .unwrap();
+        let more = tokio::time::timeout(Duration::from_millis(300), deletions.next()).await;
+        assert!(more.is_err(), "another node's object is not watched");
     }
 
     #[tokio::test]
