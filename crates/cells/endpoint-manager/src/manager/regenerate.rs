@@ -361,6 +361,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_new_identity_moves_the_change_counter() {
+        let h = Harness::new();
+        h.start().await.unwrap();
+        let a = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        let mut changes = h.manager.changes();
+        changes.borrow_and_update();
+        h.manager.regenerate_all().await;
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a regeneration that changes nothing is no change"
+        );
+        // The pod is relabelled: a new identity, which readers of the list must see.
+        h.pod_request("a", "a", "db");
+        h.manager.regenerate_all().await;
+        assert!(changes.has_changed().unwrap());
+        assert_ne!(h.manager.get(a.id).unwrap().identity, a.identity);
+    }
+
+    #[tokio::test]
     async fn a_restored_endpoint_whose_programs_cannot_be_attached_is_kept_and_retried() {
         let mut h = Harness::new();
         h.start().await.unwrap();
