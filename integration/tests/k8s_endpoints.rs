@@ -264,6 +264,28 @@ fn each_pod_has_a_ciliumendpoint_that_follows_its_endpoint() {
     assert!(n.cep("web").is_some());
     let health = n.job_health();
     assert_eq!(health["level"], "OK", "{health:#}");
+
+    // The node's address changes: every object follows.
+    n.api
+        .kubectl(
+            &[
+                "patch",
+                "node",
+                NODE,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"addresses":[{"type":"InternalIP","address":"192.168.77.2"}]}}"#,
+            ],
+            "",
+        )
+        .expect("kubectl patch");
+    n.wait_cep(
+        "web",
+        CONVERGE,
+        "the node's new IP reaches the object",
+        |c| c.is_some_and(|c| c["status"]["networking"]["node"] == "192.168.77.2"),
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //!   node's CiliumEndpoints (labelled [`NODE_LABEL`]`=<node>`): one per ready endpoint with a
 //!   pod, named and placed as the pod, with its id, identity and labels, addresses and the
 //!   node's IP, kept in line by the job `ciliumendpoints` (at start, when the endpoints or
-//!   Nodes change, when one of the objects is deleted, and every [`RESYNC`]; see
+//!   the node's IP change, when one of the objects is deleted, and every [`RESYNC`]; see
 //!   `docs/kubernetes.md`).
 //! - **Provides** `Arc<K8sWatchers>` and, as `Arc<dyn ApiSource>`, the source the resources
 //!   cell runs in Kubernetes mode: each complete list replaces the kind's table (deleting what

@@ -7,9 +7,9 @@
 //! the missing ones, replaces those whose status differs and deletes those whose endpoint
 //! is gone (see `plan.rs`). A pass runs at start (after the endpoints are restored, so a
 //! restart deletes the objects of pods that went meanwhile), whenever the endpoints change
-//! or the Nodes table does (the node's IP is in the objects), when a watch of the node's
-//! objects sees one deleted (someone else's delete is undone at once), and every [`RESYNC`]
-//! to put back what someone else changed.
+//! or the node's IP does (it is in the objects), when a watch of the node's objects sees
+//! one deleted (someone else's delete is undone at once), and every [`RESYNC`] to put back
+//! what someone else changed; [`DEBOUNCE`] after its trigger, so a burst makes one pass.
 //!
 //! Why a label: the API server filters by it, so a pass reads only this node's objects and
 //! needs no index of its own; and it does not depend on the node's IP, which may be unknown
@@ -60,6 +60,9 @@ const BACKOFF: Backoff = Backoff {
     factor: 2.0,
     max_retries: None,
 };
+
+/// How long a pass waits after what triggered it, so that a burst of changes makes one.
+const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// How many times one object is written when it keeps changing between read and write.
 const WRITE_ATTEMPTS: usize = 3;
@@ -131,6 +134,7 @@ impl CepSync {
         let reporter = ctx.reporter();
         let mut changes = self.endpoints.changes();
         let mut nodes = self.resources.as_ref().map(|r| r.nodes.revision());
+        let node = self.watchers.node_name();
         let mut failures = 0;
         // Made after the first successful pass, when the client is known to work.
         let mut deletions: Option<BoxStream<'static, ()>> = None;
@@ -140,9 +144,10 @@ impl CepSync {
             if let Some(nodes) = &mut nodes {
                 nodes.borrow_and_update();
             }
+            let node_ip = self.node_ip(&node);
             let outcome = tokio::select! {
                 _ = ctx.cancelled() => return,
-                outcome = self.pass() => outcome,
+                outcome = self.pass(&node, node_ip) => outcome,
             };
             let delay = match outcome {
                 Ok(done) => {
@@ -159,7 +164,7 @@ impl CepSync {
                     if deletions.is_none()
                         && let Ok(client) = self.watchers.client().await
                     {
-                        deletions = Some(deletions_of(client, &self.watchers.node_name()));
+                        deletions = Some(deletions_of(client, &node));
                     }
                     None
                 }
@@ -177,23 +182,45 @@ impl CepSync {
                     _ = ctx.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 },
-                None => tokio::select! {
-                    _ = ctx.cancelled() => return,
-                    _ = tokio::time::sleep(RESYNC) => {}
-                    _ = changed(Some(&mut changes)) => {}
-                    _ = changed(nodes.as_mut()) => {}
-                    _ = next(deletions.as_mut()) => {}
-                },
+                None => {
+                    tokio::select! {
+                        _ = ctx.cancelled() => return,
+                        _ = tokio::time::sleep(RESYNC) => {}
+                        _ = changed(Some(&mut changes)) => {}
+                        _ = self.node_ip_changed(nodes.as_mut(), &node, node_ip) => {}
+                        _ = next(deletions.as_mut()) => {}
+                    }
+                    // A burst (pods of a deployment set up together) makes one pass, not
+                    // one each.
+                    tokio::select! {
+                        _ = ctx.cancelled() => return,
+                        _ = tokio::time::sleep(DEBOUNCE) => {}
+                    }
+                }
             }
         }
     }
 
-    /// One pass, with the client, the node's endpoints and IP as they are now.
-    async fn pass(&self) -> Result<Done> {
+    /// One pass, with the client and the node's endpoints as they are now.
+    async fn pass(&self, node: &str, node_ip: Option<IpAddr>) -> Result<Done> {
         let client = self.watchers.client().await?;
-        let node = self.watchers.node_name();
-        let node_ip = self.node_ip(&node);
-        reconcile(&client, &node, &self.endpoints.list(), node_ip).await
+        reconcile(&client, node, &self.endpoints.list(), node_ip).await
+    }
+
+    /// Completes when the node's IP is no longer `last`: the Nodes table changes with every
+    /// node of the cluster, and only this one's IP is in the objects.
+    async fn node_ip_changed(
+        &self,
+        mut nodes: Option<&mut watch::Receiver<u64>>,
+        node: &str,
+        last: Option<IpAddr>,
+    ) {
+        loop {
+            changed(nodes.as_deref_mut()).await;
+            if self.node_ip(node) != last {
+                return;
+            }
+        }
     }
 
     /// The node's IP: its Node's first InternalIP (else ExternalIP), when the Nodes table
