@@ -3,7 +3,7 @@
 //! - **Owns** the endpoints: their ids, records (one JSON file each under `endpoints/` in the
 //!   state directory, written atomically), veth pairs, routes and datapath entries.
 //! - **Provides** `Arc<EndpointManager>` (create, delete, check, gc, list, get, and
-//!   `changes`, a counter bumped when endpoints come and go) and the
+//!   `changes`, a counter bumped when endpoints come and go or change identity) and the
 //!   `cellium.v1.Endpoints` gRPC service the CNI plugin and `cellium endpoint` call.
 //!   `create` returns only once the datapath enforces the endpoint; `create` and `delete`
 //!   are all or nothing (recorded before the kernel is touched, finished or undone by the

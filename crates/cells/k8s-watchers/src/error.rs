@@ -42,6 +42,43 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// This node's CiliumEndpoints cannot be listed.
+    #[error("cannot list this node's CiliumEndpoints")]
+    ListEndpoints(#[source] kube::Error),
+    /// One CiliumEndpoint cannot be written or deleted.
+    #[error("cannot {verb} CiliumEndpoint {namespace}/{name}")]
+    WriteEndpoint {
+        /// `create`, `update`, `delete` or `read`.
+        verb: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Why (boxed: the other variants are small).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A CiliumEndpoint kept changing between its read and its write.
+    #[error("CiliumEndpoint {namespace}/{name} changed under every one of {attempts} writes")]
+    EndpointConflicts {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// How many writes were tried.
+        attempts: usize,
+    },
+    /// Some of a pass's writes failed; the others were made.
+    #[error("{failed} of {writes} CiliumEndpoint writes failed, the first")]
+    EndpointWrites {
+        /// How many failed.
+        failed: usize,
+        /// How many were tried.
+        writes: usize,
+        /// The first failure.
+        #[source]
+        first: Box<Error>,
+    },
 }
 
 /// The result type of this crate.

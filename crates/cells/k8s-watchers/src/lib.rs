@@ -1,11 +1,17 @@
 //! The `k8s-watchers` cell: the Kubernetes API server's objects, listed and watched into the
-//! resources tables. The only crate of the agent that talks to the API server.
+//! resources tables, and the node's CiliumEndpoints written back. The only crate of the agent
+//! that talks to the API server.
 //!
 //! - **Owns** one kube-runtime watcher per kind (Namespaces, this node's Pods by
 //!   `spec.nodeName`, Nodes, Services, EndpointSlices, NetworkPolicies, CiliumNetworkPolicies,
 //!   CiliumClusterwideNetworkPolicies, and the cluster's CiliumNodes, CiliumIdentities and
 //!   CiliumEndpoints), each with kube-runtime's default backoff. The Cilium CRDs must be
-//!   installed: a kind the API server does not serve keeps the start waiting, naming it.
+//!   installed: a kind the API server does not serve keeps the start waiting, naming it. And
+//!   the node's CiliumEndpoints (labelled [`NODE_LABEL`]`=<node>`): one per ready endpoint with a
+//!   pod, named and placed as the pod, with its id, identity and labels, addresses and the
+//!   node's IP, kept in line by the job `ciliumendpoints` (at start, when the endpoints or
+//!   the node's IP change, when one of the objects is deleted, and every [`RESYNC`]; see
+//!   `docs/kubernetes.md`).
 //! - **Provides** `Arc<K8sWatchers>` and, as `Arc<dyn ApiSource>`, the source the resources
 //!   cell runs in Kubernetes mode: each complete list replaces the kind's table (deleting what
 //!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made
@@ -13,21 +19,28 @@
 //!   its watch event arrives is read with a GET.
 //!   And, as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
 //!   of label sets, for `identity-allocation-mode: crd` (see [`CrdNumbering`]).
-//! - **Depends on** nothing but its configuration; the resources and identity cells depend
-//!   on it.
+//! - **Depends on** its configuration; the resources and identity cells depend on it. The
+//!   CiliumEndpoint job (an invoke) also takes the endpoint manager and the resources tables,
+//!   optionally: they depend on this module's `ApiSource`, so a required dependency would be a
+//!   cycle in what an agent without them may leave out. Standalone, or without an endpoint
+//!   manager, no CiliumEndpoint is written.
 //! - **Config keys** (Cilium's names): `k8s-api-server` (URL), `k8s-kubeconfig-path` (a
 //!   kubeconfig; with `k8s-api-server`, the URL replaces its server), and the in-cluster
 //!   service account when `KUBERNETES_SERVICE_HOST` is set; with none of them the agent runs
 //!   standalone. `node-name` (default `K8S_NODE_NAME`, else the host name).
 //! - **Degraded** (`k8s-watchers.<kind>`) while a kind is not listed yet, or while its list or
 //!   watch fails (retried with backoff; the tables keep their last state meanwhile);
-//!   (`k8s-watchers`) while the client cannot be built.
+//!   (`k8s-watchers`) while the client cannot be built; (`k8s-watchers.ciliumendpoints`)
+//!   while a pass fails (the API server away, a write refused), with the first error and the
+//!   delay before the next try (1 s doubling up to 30 s); OK, with the count, after a pass
+//!   that wrote everything.
 //!
 //! Only what cells read is kept: the feed converts each object into the tables' slim types at
 //! once, and managed fields are dropped before that.
 
 mod client;
 mod config;
+mod endpoints;
 mod error;
 mod identities;
 mod watchers;
@@ -35,6 +48,7 @@ mod watchers;
 use cellium_hive::Module;
 
 pub use config::K8sConfig;
+pub use endpoints::{NODE_LABEL, RESYNC};
 pub use error::{Error, Result};
 pub use identities::CrdNumbering;
 pub use watchers::K8sWatchers;
@@ -43,10 +57,11 @@ pub use watchers::K8sWatchers;
 pub fn cell() -> Module {
     Module::new(
         "k8s-watchers",
-        "Lists and watches the Kubernetes API server's objects into the resources tables",
+        "Lists and watches the Kubernetes API server's objects into the resources tables, and writes the node's CiliumEndpoints",
     )
     .config::<K8sConfig>()
     .provide(K8sWatchers::new)
     .provide(K8sWatchers::source)
     .provide(CrdNumbering::provide)
+    .invoke(endpoints::start)
 }

@@ -74,7 +74,7 @@ impl K8sWatchers {
         self.client().await
     }
 
-    async fn client(&self) -> Result<kube::Client> {
+    pub(crate) async fn client(&self) -> Result<kube::Client> {
         let Some(credentials) = &self.credentials else {
             return Err(Error::NotConfigured);
         };
@@ -250,7 +250,7 @@ fn node_name(cfg: &K8sConfig) -> Result<String> {
 }
 
 /// An error with its sources, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

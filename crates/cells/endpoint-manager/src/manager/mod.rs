@@ -200,8 +200,8 @@ impl EndpointManager {
         }
     }
 
-    /// A counter bumped whenever an endpoint is created (ready), deleted or removed, and once
-    /// when the endpoints are restored at start: for consumers that derive state from the
+    /// A counter bumped whenever an endpoint is created (ready), deleted or removed, or gets a
+    /// new identity (its labels changed), and once when the endpoints are restored at start: for consumers that derive state from the
     /// endpoint list (service backends, say) and re-read it with [`EndpointManager::list`].
     ///
     /// Trap: it says that something changed, not what; and a receiver made before the

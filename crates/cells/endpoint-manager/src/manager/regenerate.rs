@@ -265,6 +265,8 @@ impl EndpointManager {
             // must start from the identity now held, or it would give the old one back
             // twice.
             self.endpoints.insert(ep.clone());
+            // What is derived from the endpoint list (its CiliumEndpoint) shows the identity.
+            self.endpoints.changed();
             self.regeneration.needs_save(ep.id);
             tracing::info!(endpoint = %ep.describe(), identity = ep.identity, "identity changed");
         }
@@ -361,6 +363,29 @@ mod tests {
         let attempts = h.journal.only(&["write_endpoint 1"]).len();
         assert!(attempts >= 4, "three failures and a success: {attempts}");
         hive.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_new_identity_moves_the_change_counter() {
+        let h = Harness::new();
+        h.start().await.unwrap();
+        let a = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        let mut changes = h.manager.changes();
+        changes.borrow_and_update();
+        h.manager.regenerate_all().await;
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a regeneration that changes nothing is no change"
+        );
+        // The pod is relabelled: a new identity, which readers of the list must see.
+        h.pod_request("a", "a", "db");
+        h.manager.regenerate_all().await;
+        assert!(changes.has_changed().unwrap());
+        assert_ne!(h.manager.get(a.id).unwrap().identity, a.identity);
     }
 
     #[tokio::test]
