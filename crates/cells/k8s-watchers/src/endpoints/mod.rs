@@ -31,7 +31,7 @@ use cellium_resources::{ApiSource, ObjectKey, Resources};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions, TypeMeta,
 };
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
@@ -376,6 +376,12 @@ impl<'a> Write<'a> {
     fn object(&self, status: &Value, current: Option<DynamicObject>) -> DynamicObject {
         let mut obj = current
             .unwrap_or_else(|| DynamicObject::new(&self.key.1, &resource()).within(&self.key.0));
+        // The items of a list carry no apiVersion and kind, and a PUT without them is
+        // refused by a real API server.
+        obj.types = Some(TypeMeta {
+            api_version: "cilium.io/v2".into(),
+            kind: "CiliumEndpoint".into(),
+        });
         obj.metadata.managed_fields = None;
         obj.metadata
             .labels
