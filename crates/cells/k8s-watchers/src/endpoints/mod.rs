@@ -572,6 +572,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_listed_object_is_written_back_whole_with_its_kind_and_this_nodes_label() {
+        let (_server, client) = server();
+        let key = ("shop".to_string(), "web".to_string());
+        let write = Write::new(&client, "n1", &key);
+        // As a list's item: no apiVersion nor kind, someone's label, a resourceVersion.
+        let mut listed = DynamicObject::new("web", &resource()).within("shop");
+        listed.types = None;
+        listed.metadata.resource_version = Some("42".into());
+        listed.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+        listed.data = json!({"status": {"id": 1}});
+        let obj = write.object(&json!({"id": 2}), Some(listed));
+        let types = obj.types.as_ref().unwrap();
+        assert_eq!(
+            (types.api_version.as_str(), types.kind.as_str()),
+            ("cilium.io/v2", "CiliumEndpoint")
+        );
+        assert_eq!(obj.metadata.resource_version.as_deref(), Some("42"));
+        let labels = obj.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            (labels["team"].as_str(), labels[NODE_LABEL].as_str()),
+            ("a", "n1")
+        );
+        assert_eq!(obj.data["status"], json!({"id": 2}));
+    }
+
+    #[tokio::test]
     async fn the_deletion_of_one_of_the_nodes_objects_is_seen() {
         let (server, client) = server();
         put(&server, "mine", Some("n1"), json!({"id": 1}));
