@@ -83,6 +83,34 @@ pub(crate) fn start(
         tracing::info!("this agent has no endpoint manager: no CiliumEndpoints are written");
         return;
     };
+    add_job(watchers, endpoints, resources, &jobs);
+}
+
+/// What the job reads of the endpoints (a trait, so that its tests need no endpoint manager).
+trait NodeEndpoints: Send + Sync + 'static {
+    /// Every endpoint.
+    fn list(&self) -> Vec<Endpoint>;
+    /// A counter that moves when the list does.
+    fn changes(&self) -> watch::Receiver<u64>;
+}
+
+impl NodeEndpoints for EndpointManager {
+    fn list(&self) -> Vec<Endpoint> {
+        EndpointManager::list(self)
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        EndpointManager::changes(self)
+    }
+}
+
+/// Adds the job `ciliumendpoints`.
+fn add_job(
+    watchers: Arc<K8sWatchers>,
+    endpoints: Arc<dyn NodeEndpoints>,
+    resources: Option<Arc<Resources>>,
+    jobs: &Jobs,
+) {
     let sync = Arc::new(CepSync {
         watchers,
         endpoints,
@@ -101,7 +129,7 @@ pub(crate) fn start(
 /// The loop's parts.
 struct CepSync {
     watchers: Arc<K8sWatchers>,
-    endpoints: Arc<EndpointManager>,
+    endpoints: Arc<dyn NodeEndpoints>,
     resources: Option<Arc<Resources>>,
 }
 
@@ -449,14 +477,22 @@ async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
 
 #[cfg(test)]
 mod tests {
+    use cellium_hive::{ConfigSources, Hive, Level, Module};
     use cellium_test_apiserver::ApiServer;
     use serde_json::json;
 
     use super::*;
+    use crate::K8sConfig;
     use crate::endpoints::plan::tests::ep;
 
     /// A test API server with namespace `shop`, and a client of it.
     fn server() -> (ApiServer, kube::Client) {
+        let (server, client, _) = server_at();
+        (server, client)
+    }
+
+    /// The same, and its URL.
+    fn server_at() -> (ApiServer, kube::Client, String) {
         let server = ApiServer::new();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -465,7 +501,7 @@ mod tests {
             .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n")
             .unwrap();
         let config = kube::Config::new(url.parse().unwrap());
-        (server, kube::Client::try_from(config).unwrap())
+        (server, kube::Client::try_from(config).unwrap(), url)
     }
 
     fn cep(server: &ApiServer, name: &str) -> Option<Value> {
@@ -569,6 +605,95 @@ mod tests {
         let err = reconcile(&client, "n1", &eps[..1], None).await.unwrap_err();
         assert!(matches!(err, Error::ListEndpoints(_)), "{}", chain(&err));
         reconcile(&client, "n1", &eps[..1], None).await.unwrap();
+    }
+
+    /// Endpoints a test sets.
+    #[derive(Default)]
+    struct Fake {
+        list: std::sync::Mutex<Vec<Endpoint>>,
+        changes: watch::Sender<u64>,
+    }
+
+    impl Fake {
+        fn set(&self, eps: Vec<Endpoint>) {
+            *self.list.lock().unwrap() = eps;
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    impl NodeEndpoints for Fake {
+        fn list(&self) -> Vec<Endpoint> {
+            self.list.lock().unwrap().clone()
+        }
+
+        fn changes(&self) -> watch::Receiver<u64> {
+            self.changes.subscribe()
+        }
+    }
+
+    /// Waits (10 s at most) until `f` holds, polling every 5 ms.
+    async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let began = std::time::Instant::now();
+        while !f() {
+            assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_job_follows_the_endpoints_and_retries_with_backoff_while_degraded() {
+        let (server, _client, url) = server_at();
+        let fake = Arc::new(Fake::default());
+        fake.set(vec![ep(1, Some(("shop", "web")), &["10.0.0.1"])]);
+        let f = fake.clone();
+        let mut hive = Hive::new([Module::new("k8s-watchers", "under test")
+            .config::<K8sConfig>()
+            .provide(K8sWatchers::new)
+            .invoke(move |w: Arc<K8sWatchers>, jobs: Jobs| add_job(w, f.clone(), None, &jobs))
+            .into()])
+        .with_config(
+            ConfigSources::new()
+                .flag("k8s-api-server", &url)
+                .flag("node-name", "n1"),
+        );
+        let health = hive.health();
+        hive.start().await.unwrap();
+        let job = || health.node("k8s-watchers.ciliumendpoints").unwrap().status;
+        eventually("the first pass", || cep(&server, "web").is_some()).await;
+        eventually("OK after it", || job().level == Level::Ok).await;
+        assert_eq!(
+            job().message,
+            "1 CiliumEndpoints written (last pass: 1 created, 0 updated, 0 deleted)"
+        );
+
+        // A change runs a pass at once, not at the resync.
+        fake.set(vec![
+            ep(1, Some(("shop", "web")), &["10.0.0.1"]),
+            ep(2, Some(("shop", "db")), &["10.0.0.2"]),
+        ]);
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            eventually("db's object", || cep(&server, "db").is_some()),
+        )
+        .await
+        .unwrap();
+
+        // A failed pass: Degraded with the error and the delay, then OK at the retry.
+        server.fail_requests(1, 500);
+        fake.set(vec![ep(1, Some(("shop", "web")), &["10.0.0.1"])]);
+        eventually("Degraded", || job().level == Level::Degraded).await;
+        let msg = job().message;
+        assert!(
+            msg.starts_with("cannot list this node's CiliumEndpoints: ")
+                && msg.ends_with("; retrying in 1s"),
+            "{msg}"
+        );
+        eventually("db's object deleted at the retry", || {
+            cep(&server, "db").is_none()
+        })
+        .await;
+        eventually("OK again", || job().level == Level::Ok).await;
+        hive.stop().await.unwrap();
     }
 
     #[tokio::test]
