@@ -5,11 +5,12 @@
 //! A level-triggered loop, the job `k8s-watchers.ciliumendpoints`: each pass lists the
 //! node's endpoints and the CiliumEndpoints labelled [`NODE_LABEL`]`=<node>`, then creates
 //! the missing ones, replaces those whose status differs and deletes those whose endpoint
-//! is gone (`plan.rs` decides, `write.rs` writes). A pass runs at start (after the endpoints are restored, so a
-//! restart deletes the objects of pods that went meanwhile), whenever the endpoints change
-//! or the node's IP does (it is in the objects), when a watch of the node's objects sees
-//! one deleted (someone else's delete is undone at once), and every [`RESYNC`] to put back
-//! what someone else changed; [`DEBOUNCE`] after its trigger, so a burst makes one pass.
+//! is gone (`plan.rs` decides, `write.rs` writes). A pass runs at start (after the
+//! endpoints are restored, so a restart deletes the objects of pods that went meanwhile),
+//! whenever the endpoints change or the node's IP does (it is in the objects), when a watch
+//! of the node's objects sees one deleted (someone else's delete is undone at once), and
+//! every [`RESYNC`] to put back what someone else changed; [`DEBOUNCE`] after its trigger,
+//! so a burst makes one pass.
 //!
 //! Why a label: the API server filters by it, so a pass reads only this node's objects and
 //! needs no index of its own; and it does not depend on the node's IP, which may be unknown
