@@ -38,8 +38,9 @@ use crate::error::Result;
 use crate::watchers::{K8sWatchers, chain};
 use write::{Done, reconcile, resource};
 
-/// The label on every CiliumEndpoint an agent writes, with its node's name as the value:
-/// how an agent finds its own objects again, across restarts.
+/// The label on every CiliumEndpoint an agent writes, with its node's name as the value (a
+/// name longer than a label value may be is cut, with a digest of the whole: see
+/// `plan::owner_label`): how an agent finds its own objects again, across restarts.
 pub const NODE_LABEL: &str = "cellium.io/node";
 
 /// How often a pass runs when nothing triggers one: what someone else changed or deleted is
@@ -135,6 +136,7 @@ impl CepSync {
         let mut changes = self.endpoints.changes();
         let mut nodes = self.resources.as_ref().map(|r| r.nodes.revision());
         let node = self.watchers.node_name();
+        let owner = plan::owner_label(&node);
         let mut failures = 0;
         // Made after the first successful pass, when the client is known to work.
         let mut deletions: Option<BoxStream<'static, ()>> = None;
@@ -147,7 +149,7 @@ impl CepSync {
             let node_ip = self.node_ip(&node);
             let outcome = tokio::select! {
                 _ = ctx.cancelled() => return,
-                outcome = self.pass(&node, node_ip) => outcome,
+                outcome = self.pass(&owner, node_ip) => outcome,
             };
             let delay = match outcome {
                 Ok(done) => {
@@ -164,7 +166,7 @@ impl CepSync {
                     if deletions.is_none()
                         && let Ok(client) = self.watchers.client().await
                     {
-                        deletions = Some(deletions_of(client, &node));
+                        deletions = Some(deletions_of(client, &owner));
                     }
                     None
                 }
@@ -202,9 +204,9 @@ impl CepSync {
     }
 
     /// One pass, with the client and the node's endpoints as they are now.
-    async fn pass(&self, node: &str, node_ip: Option<IpAddr>) -> Result<Done> {
+    async fn pass(&self, owner: &str, node_ip: Option<IpAddr>) -> Result<Done> {
         let client = self.watchers.client().await?;
-        reconcile(&client, node, &self.endpoints.list(), node_ip).await
+        reconcile(&client, owner, &self.endpoints.list(), node_ip).await
     }
 
     /// Completes when the node's IP is no longer `last`: the Nodes table changes with every
@@ -235,13 +237,13 @@ impl CepSync {
     }
 }
 
-/// One `()` per deletion of one of `node`'s CiliumEndpoints, from a watch (kube-runtime's
+/// One `()` per deletion of a CiliumEndpoint labelled [`NODE_LABEL`]`=<owner>`, from a watch (kube-runtime's
 /// watcher, with its backoff while the API server fails): so that an object someone else
 /// deleted is written again at once rather than at the next resync. The agent's own deletes
 /// come back too, costing a pass that finds everything in line.
-fn deletions_of(client: kube::Client, node: &str) -> BoxStream<'static, ()> {
+fn deletions_of(client: kube::Client, owner: &str) -> BoxStream<'static, ()> {
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
-    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={node}"));
+    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={owner}"));
     watcher::watcher(api, config)
         .default_backoff()
         .filter_map(|event| {

@@ -41,18 +41,18 @@ impl fmt::Display for Done {
     }
 }
 
-/// One pass: brings `node`'s CiliumEndpoints in line with its `endpoints`. Every write is
-/// tried; the first failure is returned with the count.
+/// One pass: brings the CiliumEndpoints labelled [`NODE_LABEL`]`=<owner>` in line with the
+/// node's `endpoints`. Every write is tried; the first failure is returned with the count.
 pub(crate) async fn reconcile(
     client: &kube::Client,
-    node: &str,
+    owner: &str,
     endpoints: &[Endpoint],
     node_ip: Option<IpAddr>,
 ) -> Result<Done> {
     let desired = plan::desired(endpoints, node_ip);
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
     let listed = all
-        .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
+        .list(&ListParams::default().labels(&format!("{NODE_LABEL}={owner}")))
         .await
         .map_err(Error::ListEndpoints)?;
     let mut objects: BTreeMap<Key, DynamicObject> = BTreeMap::new();
@@ -74,19 +74,19 @@ pub(crate) async fn reconcile(
     let plan = plan::plan(&desired, &observed);
     let mut failed = Vec::new();
     for key in &plan.create {
-        let write = Write::new(client, node, key);
+        let write = Write::new(client, owner, key);
         if let Err(e) = write.put(&desired.write[key], None).await {
             failed.push(e);
         }
     }
     for key in &plan.update {
-        let write = Write::new(client, node, key);
+        let write = Write::new(client, owner, key);
         if let Err(e) = write.put(&desired.write[key], objects.remove(key)).await {
             failed.push(e);
         }
     }
     for (key, uid) in &plan.delete {
-        if let Err(e) = Write::new(client, node, key).delete(uid.clone()).await {
+        if let Err(e) = Write::new(client, owner, key).delete(uid.clone()).await {
             failed.push(e);
         }
     }
@@ -112,15 +112,16 @@ pub(crate) async fn reconcile(
 /// The writes of one CiliumEndpoint.
 pub(crate) struct Write<'a> {
     api: Api<DynamicObject>,
-    node: &'a str,
+    /// The value of its [`NODE_LABEL`].
+    owner: &'a str,
     key: &'a Key,
 }
 
 impl<'a> Write<'a> {
-    pub(crate) fn new(client: &kube::Client, node: &'a str, key: &'a Key) -> Write<'a> {
+    pub(crate) fn new(client: &kube::Client, owner: &'a str, key: &'a Key) -> Write<'a> {
         Write {
             api: Api::namespaced_with(client.clone(), &key.0, &resource()),
-            node,
+            owner,
             key,
         }
     }
@@ -196,7 +197,7 @@ impl<'a> Write<'a> {
         obj.metadata
             .labels
             .get_or_insert_with(Default::default)
-            .insert(NODE_LABEL.to_string(), self.node.to_string());
+            .insert(NODE_LABEL.to_string(), self.owner.to_string());
         obj.data["status"] = status.clone();
         obj
     }
