@@ -237,10 +237,10 @@ impl CepSync {
     }
 }
 
-/// One `()` per deletion of a CiliumEndpoint labelled [`NODE_LABEL`]`=<owner>`, from a watch (kube-runtime's
-/// watcher, with its backoff while the API server fails): so that an object someone else
-/// deleted is written again at once rather than at the next resync. The agent's own deletes
-/// come back too, costing a pass that finds everything in line.
+/// One `()` per deletion of a CiliumEndpoint labelled [`NODE_LABEL`]`=<owner>`, from a watch
+/// (kube-runtime's watcher, with its backoff while the API server fails): so that an object
+/// someone else deleted is written again at once rather than at the next resync. The agent's
+/// own deletes come back too, costing a pass that finds everything in line.
 fn deletions_of(client: kube::Client, owner: &str) -> BoxStream<'static, ()> {
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
     let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={owner}"));
