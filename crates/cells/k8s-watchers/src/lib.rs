@@ -15,10 +15,10 @@
 //!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made
 //!   meanwhile), then marks it synced; watch events update it. A pod a CNI ADD names before
 //!   its watch event arrives is read with a GET.
-//! - **Depends on** its configuration; the resources cell depends on it. The CiliumEndpoint
-//!   job (an invoke) also takes the endpoint manager and the resources tables, optionally:
-//!   they depend on this module's `ApiSource`, so a required dependency would be a cycle in
-//!   what an agent without them may leave out. Standalone, or without an endpoint manager,
+//! - **Depends on** its configuration; the resources cell depends on it (and the endpoint
+//!   manager on resources). The CiliumEndpoint job, an invoke, also takes the endpoint
+//!   manager and the resources tables (for the node's IP), both optional, so that an agent
+//!   built without them still has this module. Standalone, or without an endpoint manager,
 //!   no CiliumEndpoint is written.
 //! - **Config keys** (Cilium's names): `k8s-api-server` (URL), `k8s-kubeconfig-path` (a
 //!   kubeconfig; with `k8s-api-server`, the URL replaces its server), and the in-cluster

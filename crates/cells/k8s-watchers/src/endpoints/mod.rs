@@ -63,8 +63,9 @@ const BACKOFF: Backoff = Backoff {
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The invoke of the k8s-watchers module: starts the job in Kubernetes mode when the agent
-/// has an endpoint manager (optional, so that the resources cell, which the endpoint manager
-/// depends on, can depend on this module without a cycle); does nothing otherwise.
+/// has an endpoint manager (optional, as the resources tables are: an agent built without
+/// them still has this module, which the resources cell depends on); does nothing otherwise.
+/// Its jobs start after the endpoint manager's restore, which they depend on.
 pub(crate) fn start(
     watchers: Arc<K8sWatchers>,
     endpoints: Option<Arc<EndpointManager>>,
