@@ -373,6 +373,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn standalone_or_without_an_endpoint_manager_there_is_no_job() {
+        let (_server, _client, url) = server_at();
+        for server in [None, Some(url)] {
+            let mut config = ConfigSources::new().flag("node-name", "n1");
+            if let Some(url) = &server {
+                config = config.flag("k8s-api-server", url);
+            } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+                continue;
+            }
+            let mut hive = Hive::new([Module::new("k8s-watchers", "under test")
+                .config::<K8sConfig>()
+                .provide(K8sWatchers::new)
+                .invoke(|w: Arc<K8sWatchers>, jobs: Jobs| start(w, None, None, jobs))
+                .into()])
+            .with_config(config);
+            hive.start().await.unwrap();
+            assert!(
+                hive.health().node("k8s-watchers.ciliumendpoints").is_none(),
+                "server {server:?}"
+            );
+            hive.stop().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
     async fn the_deletion_of_one_of_the_nodes_objects_is_seen() {
         let (server, client) = server();
         put(&server, "mine", Some("n1"), json!({"id": 1}));
