@@ -339,7 +339,7 @@ mod tests {
         eventually("OK after it", || job().level == Level::Ok).await;
         assert_eq!(
             job().message,
-            "1 CiliumEndpoints written (last pass: 1 created, 0 updated, 0 deleted)"
+            "1 CiliumEndpoints in line (last pass: 1 created, 0 updated, 0 deleted)"
         );
 
         // A change runs a pass at once, not at the resync.

@@ -32,7 +32,7 @@ impl fmt::Display for Done {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} CiliumEndpoints written (last pass: {} created, {} updated, {} deleted)",
+            "{} CiliumEndpoints in line (last pass: {} created, {} updated, {} deleted)",
             self.in_line + self.created + self.updated,
             self.created,
             self.updated,
