@@ -337,6 +337,16 @@ fn a_restarted_agent_deletes_its_nodes_stale_ciliumendpoints() {
     );
     assert_eq!(n.cep("elsewhere").unwrap()["status"]["id"], 999);
     assert_eq!(n.cep("unmarked").unwrap()["status"]["id"], 999);
+
+    // A pod whose name another node's object still has (a pod of that name ran there)
+    // lands here: the object is taken over.
+    n.api.api().create(stale("db", "n2")).expect("other node's");
+    let db = n.add("db");
+    n.wait_in_line(
+        "db",
+        db,
+        "the other node's object of this pod is taken over",
+    );
 }
 
 #[test]
