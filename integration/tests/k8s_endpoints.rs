@@ -1,7 +1,8 @@
 //! CiliumEndpoint objects end to end: the real agent in Kubernetes mode writes one per pod it
 //! sets up (through the real `cellium-cni`), in the test API server on the node's loopback,
-//! follows the endpoint's identity, writes back what someone deleted, deletes it on DEL,
-//! deletes a restarted node's stale ones, and catches up after the API server was away.
+//! follows the endpoint's identity and the node's IP, writes back what someone deleted,
+//! deletes it on DEL, deletes a restarted node's stale ones, takes over another node's object
+//! of a pod that landed here, and catches up after the API server was away.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test k8s_endpoints -- --test-threads=1`.
