@@ -1,7 +1,8 @@
 //! CiliumEndpoint objects end to end: the real agent in Kubernetes mode writes one per pod it
 //! sets up (through the real `cellium-cni`), in the test API server on the node's loopback,
-//! follows the endpoint's identity, writes back what someone deleted, deletes it on DEL,
-//! deletes a restarted node's stale ones, and catches up after the API server was away.
+//! follows the endpoint's identity and the node's IP, writes back what someone deleted,
+//! deletes it on DEL, deletes a restarted node's stale ones, takes over another node's object
+//! of a pod that landed here, and catches up after the API server was away.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test k8s_endpoints -- --test-threads=1`.
@@ -337,6 +338,16 @@ fn a_restarted_agent_deletes_its_nodes_stale_ciliumendpoints() {
     );
     assert_eq!(n.cep("elsewhere").unwrap()["status"]["id"], 999);
     assert_eq!(n.cep("unmarked").unwrap()["status"]["id"], 999);
+
+    // A pod whose name another node's object still has (a pod of that name ran there)
+    // lands here: the object is taken over.
+    n.api.api().create(stale("db", "n2")).expect("other node's");
+    let db = n.add("db");
+    n.wait_in_line(
+        "db",
+        db,
+        "the other node's object of this pod is taken over",
+    );
 }
 
 #[test]

@@ -19,11 +19,11 @@
 //!   its watch event arrives is read with a GET.
 //!   And, as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
 //!   of label sets, for `identity-allocation-mode: crd` (see [`CrdNumbering`]).
-//! - **Depends on** its configuration; the resources and identity cells depend on it. The
-//!   CiliumEndpoint job (an invoke) also takes the endpoint manager and the resources tables,
-//!   optionally: they depend on this module's `ApiSource`, so a required dependency would be a
-//!   cycle in what an agent without them may leave out. Standalone, or without an endpoint
-//!   manager, no CiliumEndpoint is written.
+//! - **Depends on** its configuration; the resources and identity cells depend on it (and the
+//!   endpoint manager on resources). The CiliumEndpoint job, an invoke, also takes the endpoint
+//!   manager and the resources tables (for the node's IP), both optional, so that an agent
+//!   built without them still has this module. Standalone, or without an endpoint manager,
+//!   no CiliumEndpoint is written.
 //! - **Config keys** (Cilium's names): `k8s-api-server` (URL), `k8s-kubeconfig-path` (a
 //!   kubeconfig; with `k8s-api-server`, the URL replaces its server), and the in-cluster
 //!   service account when `KUBERNETES_SERVICE_HOST` is set; with none of them the agent runs

@@ -5,11 +5,12 @@
 //! A level-triggered loop, the job `k8s-watchers.ciliumendpoints`: each pass lists the
 //! node's endpoints and the CiliumEndpoints labelled [`NODE_LABEL`]`=<node>`, then creates
 //! the missing ones, replaces those whose status differs and deletes those whose endpoint
-//! is gone (see `plan.rs`). A pass runs at start (after the endpoints are restored, so a
-//! restart deletes the objects of pods that went meanwhile), whenever the endpoints change
-//! or the node's IP does (it is in the objects), when a watch of the node's objects sees
-//! one deleted (someone else's delete is undone at once), and every [`RESYNC`] to put back
-//! what someone else changed; [`DEBOUNCE`] after its trigger, so a burst makes one pass.
+//! is gone (`plan.rs` decides, `write.rs` writes). A pass runs at start (after the
+//! endpoints are restored, so a restart deletes the objects of pods that went meanwhile),
+//! whenever the endpoints change or the node's IP does (it is in the objects), when a watch
+//! of the node's objects sees one deleted (someone else's delete is undone at once), and
+//! every [`RESYNC`] to put back what someone else changed; [`DEBOUNCE`] after its trigger,
+//! so a burst makes one pass.
 //!
 //! Why a label: the API server filters by it, so a pass reads only this node's objects and
 //! needs no index of its own; and it does not depend on the node's IP, which may be unknown
@@ -18,9 +19,8 @@
 //! let the garbage collector delete the new pod's object.
 
 mod plan;
+mod write;
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,19 +30,17 @@ use cellium_hive::{Backoff, JobContext, Jobs};
 use cellium_resources::{ApiSource, ObjectKey, Resources};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
-};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::watchers::{K8sWatchers, chain};
-use plan::{Key, Observed};
+use write::{Done, reconcile, resource};
 
-/// The label on every CiliumEndpoint an agent writes, with its node's name as the value:
-/// how an agent finds its own objects again, across restarts.
+/// The label on every CiliumEndpoint an agent writes, with its node's name as the value (a
+/// name longer than a label value may be is cut, with a digest of the whole: see
+/// `plan::owner_label`): how an agent finds its own objects again, across restarts.
 pub const NODE_LABEL: &str = "cellium.io/node";
 
 /// How often a pass runs when nothing triggers one: what someone else changed or deleted is
@@ -64,12 +62,10 @@ const BACKOFF: Backoff = Backoff {
 /// How long a pass waits after what triggered it, so that a burst of changes makes one.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// How many times one object is written when it keeps changing between read and write.
-const WRITE_ATTEMPTS: usize = 3;
-
 /// The invoke of the k8s-watchers module: starts the job in Kubernetes mode when the agent
-/// has an endpoint manager (optional, so that the resources cell, which the endpoint manager
-/// depends on, can depend on this module without a cycle); does nothing otherwise.
+/// has an endpoint manager (optional, as the resources tables are: an agent built without
+/// them still has this module, which the resources cell depends on); does nothing otherwise.
+/// Its jobs start after the endpoint manager's restore, which they depend on.
 pub(crate) fn start(
     watchers: Arc<K8sWatchers>,
     endpoints: Option<Arc<EndpointManager>>,
@@ -83,6 +79,34 @@ pub(crate) fn start(
         tracing::info!("this agent has no endpoint manager: no CiliumEndpoints are written");
         return;
     };
+    add_job(watchers, endpoints, resources, &jobs);
+}
+
+/// What the job reads of the endpoints (a trait, so that its tests need no endpoint manager).
+trait NodeEndpoints: Send + Sync + 'static {
+    /// Every endpoint.
+    fn list(&self) -> Vec<Endpoint>;
+    /// A counter that moves when the list does.
+    fn changes(&self) -> watch::Receiver<u64>;
+}
+
+impl NodeEndpoints for EndpointManager {
+    fn list(&self) -> Vec<Endpoint> {
+        EndpointManager::list(self)
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        EndpointManager::changes(self)
+    }
+}
+
+/// Adds the job `ciliumendpoints`.
+fn add_job(
+    watchers: Arc<K8sWatchers>,
+    endpoints: Arc<dyn NodeEndpoints>,
+    resources: Option<Arc<Resources>>,
+    jobs: &Jobs,
+) {
     let sync = Arc::new(CepSync {
         watchers,
         endpoints,
@@ -101,30 +125,8 @@ pub(crate) fn start(
 /// The loop's parts.
 struct CepSync {
     watchers: Arc<K8sWatchers>,
-    endpoints: Arc<EndpointManager>,
+    endpoints: Arc<dyn NodeEndpoints>,
     resources: Option<Arc<Resources>>,
-}
-
-/// What a successful pass did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Done {
-    in_line: usize,
-    created: usize,
-    updated: usize,
-    deleted: usize,
-}
-
-impl fmt::Display for Done {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} CiliumEndpoints written (last pass: {} created, {} updated, {} deleted)",
-            self.in_line + self.created + self.updated,
-            self.created,
-            self.updated,
-            self.deleted
-        )
-    }
 }
 
 impl CepSync {
@@ -135,6 +137,7 @@ impl CepSync {
         let mut changes = self.endpoints.changes();
         let mut nodes = self.resources.as_ref().map(|r| r.nodes.revision());
         let node = self.watchers.node_name();
+        let owner = plan::owner_label(&node);
         let mut failures = 0;
         // Made after the first successful pass, when the client is known to work.
         let mut deletions: Option<BoxStream<'static, ()>> = None;
@@ -147,7 +150,7 @@ impl CepSync {
             let node_ip = self.node_ip(&node);
             let outcome = tokio::select! {
                 _ = ctx.cancelled() => return,
-                outcome = self.pass(&node, node_ip) => outcome,
+                outcome = self.pass(&owner, node_ip) => outcome,
             };
             let delay = match outcome {
                 Ok(done) => {
@@ -164,7 +167,7 @@ impl CepSync {
                     if deletions.is_none()
                         && let Ok(client) = self.watchers.client().await
                     {
-                        deletions = Some(deletions_of(client, &node));
+                        deletions = Some(deletions_of(client, &owner));
                     }
                     None
                 }
@@ -202,9 +205,9 @@ impl CepSync {
     }
 
     /// One pass, with the client and the node's endpoints as they are now.
-    async fn pass(&self, node: &str, node_ip: Option<IpAddr>) -> Result<Done> {
+    async fn pass(&self, owner: &str, node_ip: Option<IpAddr>) -> Result<Done> {
         let client = self.watchers.client().await?;
-        reconcile(&client, node, &self.endpoints.list(), node_ip).await
+        reconcile(&client, owner, &self.endpoints.list(), node_ip).await
     }
 
     /// Completes when the node's IP is no longer `last`: the Nodes table changes with every
@@ -235,184 +238,13 @@ impl CepSync {
     }
 }
 
-/// One pass: brings `node`'s CiliumEndpoints in line with its `endpoints`. Every write is
-/// tried; the first failure is returned with the count.
-async fn reconcile(
-    client: &kube::Client,
-    node: &str,
-    endpoints: &[Endpoint],
-    node_ip: Option<IpAddr>,
-) -> Result<Done> {
-    let desired = plan::desired(endpoints, node_ip);
-    let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
-    let listed = all
-        .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
-        .await
-        .map_err(Error::ListEndpoints)?;
-    let mut objects: BTreeMap<Key, DynamicObject> = BTreeMap::new();
-    for obj in listed.items {
-        if let (Some(ns), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) {
-            objects.insert((ns.clone(), name.clone()), obj);
-        }
-    }
-    let observed: BTreeMap<Key, Observed> = objects
-        .iter()
-        .map(|(key, obj)| {
-            let seen = Observed {
-                uid: obj.metadata.uid.clone(),
-                status: obj.data.get("status").cloned().unwrap_or(Value::Null),
-            };
-            (key.clone(), seen)
-        })
-        .collect();
-    let plan = plan::plan(&desired, &observed);
-    let mut failed = Vec::new();
-    for key in &plan.create {
-        let write = Write::new(client, node, key);
-        if let Err(e) = write.put(&desired.write[key], None).await {
-            failed.push(e);
-        }
-    }
-    for key in &plan.update {
-        let write = Write::new(client, node, key);
-        if let Err(e) = write.put(&desired.write[key], objects.remove(key)).await {
-            failed.push(e);
-        }
-    }
-    for (key, uid) in &plan.delete {
-        if let Err(e) = Write::new(client, node, key).delete(uid.clone()).await {
-            failed.push(e);
-        }
-    }
-    let writes = plan.writes();
-    for e in &failed {
-        tracing::warn!(error = %chain(e), "CiliumEndpoint write failed");
-    }
-    if failed.is_empty() {
-        return Ok(Done {
-            in_line: plan.in_line,
-            created: plan.create.len(),
-            updated: plan.update.len(),
-            deleted: plan.delete.len(),
-        });
-    }
-    Err(Error::EndpointWrites {
-        failed: failed.len(),
-        writes,
-        first: Box::new(failed.swap_remove(0)),
-    })
-}
-
-/// The writes of one CiliumEndpoint.
-struct Write<'a> {
-    api: Api<DynamicObject>,
-    node: &'a str,
-    key: &'a Key,
-}
-
-impl<'a> Write<'a> {
-    fn new(client: &kube::Client, node: &'a str, key: &'a Key) -> Write<'a> {
-        Write {
-            api: Api::namespaced_with(client.clone(), &key.0, &resource()),
-            node,
-            key,
-        }
-    }
-
-    /// Creates the object with `status`, or replaces `current` (as listed) with it.
-    async fn put(&self, status: &Value, mut current: Option<DynamicObject>) -> Result<()> {
-        for _ in 0..WRITE_ATTEMPTS {
-            let creating = current.is_none();
-            let obj = self.object(status, current.take());
-            let params = PostParams::default();
-            let written = if creating {
-                self.api.create(&params, &obj).await
-            } else {
-                self.api.replace(&self.key.1, &params, &obj).await
-            };
-            match written {
-                Ok(_) => return Ok(()),
-                // AlreadyExists: written since the list, or by someone else without this
-                // node's label (a pod of that name that ran elsewhere before): the pod's
-                // endpoint is here now, so the object is taken over. Conflict: changed
-                // since it was read. Either way, read it again and replace that.
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    current = (self.api.get_opt(&self.key.1).await)
-                        .map_err(|source| self.error("read", source))?;
-                }
-                Err(source) => {
-                    return Err(self.error(if creating { "create" } else { "update" }, source));
-                }
-            }
-        }
-        Err(Error::EndpointConflicts {
-            namespace: self.key.0.clone(),
-            name: self.key.1.clone(),
-            attempts: WRITE_ATTEMPTS,
-        })
-    }
-
-    /// Deletes the object if it still has `uid` (the one it was listed with): one written
-    /// since then, for a new pod of the same name, is the next pass's to judge.
-    async fn delete(&self, uid: Option<String>) -> Result<()> {
-        let params = DeleteParams {
-            preconditions: uid.map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api.delete(&self.key.1, &params).await {
-            Ok(_) => Ok(()),
-            // Gone already, or replaced since the list (the precondition failed).
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-            Err(source) => Err(self.error("delete", source)),
-        }
-    }
-
-    /// The object to write: `current` (keeping its metadata, resourceVersion included, so a
-    /// replace of a changed object fails with a conflict) or a new one, with this node's
-    /// label and `status`.
-    fn object(&self, status: &Value, current: Option<DynamicObject>) -> DynamicObject {
-        let mut obj = current
-            .unwrap_or_else(|| DynamicObject::new(&self.key.1, &resource()).within(&self.key.0));
-        obj.metadata.managed_fields = None;
-        obj.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(NODE_LABEL.to_string(), self.node.to_string());
-        obj.data["status"] = status.clone();
-        obj
-    }
-
-    fn error(&self, verb: &'static str, source: kube::Error) -> Error {
-        Error::WriteEndpoint {
-            verb,
-            namespace: self.key.0.clone(),
-            name: self.key.1.clone(),
-            source: Box::new(source),
-        }
-    }
-}
-
-/// `cilium.io/v2` CiliumEndpoints.
-fn resource() -> ApiResource {
-    ApiResource {
-        group: "cilium.io".into(),
-        version: "v2".into(),
-        api_version: "cilium.io/v2".into(),
-        kind: "CiliumEndpoint".into(),
-        plural: "ciliumendpoints".into(),
-    }
-}
-
-/// One `()` per deletion of one of `node`'s CiliumEndpoints, from a watch (kube-runtime's
-/// watcher, with its backoff while the API server fails): so that an object someone else
-/// deleted is written again at once rather than at the next resync. The agent's own deletes
-/// come back too, costing a pass that finds everything in line.
-fn deletions_of(client: kube::Client, node: &str) -> BoxStream<'static, ()> {
+/// One `()` per deletion of a CiliumEndpoint labelled [`NODE_LABEL`]`=<owner>`, from a watch
+/// (kube-runtime's watcher, with its backoff while the API server fails): so that an object
+/// someone else deleted is written again at once rather than at the next resync. The agent's
+/// own deletes come back too, costing a pass that finds everything in line.
+fn deletions_of(client: kube::Client, owner: &str) -> BoxStream<'static, ()> {
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
-    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={node}"));
+    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={owner}"));
     watcher::watcher(api, config)
         .default_backoff()
         .filter_map(|event| {
@@ -443,126 +275,126 @@ async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
 
 #[cfg(test)]
 mod tests {
-    use cellium_test_apiserver::ApiServer;
+    use cellium_hive::{ConfigSources, Hive, Level, Module};
     use serde_json::json;
 
     use super::*;
+    use crate::K8sConfig;
     use crate::endpoints::plan::tests::ep;
+    use crate::endpoints::write::tests::{cep, put, server, server_at};
 
-    /// A test API server with namespace `shop`, and a client of it.
-    fn server() -> (ApiServer, kube::Client) {
-        let server = ApiServer::new();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        server.serve(listener).unwrap();
-        server
-            .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n")
-            .unwrap();
-        let config = kube::Config::new(url.parse().unwrap());
-        (server, kube::Client::try_from(config).unwrap())
+    /// Endpoints a test sets.
+    #[derive(Default)]
+    struct Fake {
+        list: std::sync::Mutex<Vec<Endpoint>>,
+        changes: watch::Sender<u64>,
     }
 
-    fn cep(server: &ApiServer, name: &str) -> Option<Value> {
-        server.get("cilium.io/v2", "CiliumEndpoint", Some("shop"), name)
-    }
-
-    fn put(server: &ApiServer, name: &str, node: Option<&str>, status: Value) {
-        let labels = node.map_or(json!({}), |n| json!({ NODE_LABEL: n }));
-        server
-            .create(json!({
-                "apiVersion": "cilium.io/v2",
-                "kind": "CiliumEndpoint",
-                "metadata": {"name": name, "namespace": "shop", "labels": labels},
-                "status": status,
-            }))
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_pass_writes_the_nodes_objects_and_only_those() {
-        let (server, client) = server();
-        let node_ip: IpAddr = "192.168.5.1".parse().unwrap();
-        let eps = [
-            ep(1, Some(("shop", "web")), &["10.0.0.1"]),
-            ep(2, Some(("shop", "moved")), &["10.0.0.2"]),
-            ep(3, Some(("shop", "taken")), &["10.0.0.3"]),
-        ];
-        // Left by this node's agent before a restart, for pods that have gone since.
-        put(&server, "stale", Some("n1"), json!({"id": 9}));
-        // Of the pod that moved: its old status.
-        put(
-            &server,
-            "moved",
-            Some("n1"),
-            json!({"id": 2, "state": "ready"}),
-        );
-        // Another node's object, and one of this pod's name that nobody labelled (written
-        // for a pod of that name elsewhere, say).
-        put(&server, "elsewhere", Some("n2"), json!({"id": 7}));
-        put(&server, "taken", None, json!({"id": 70}));
-
-        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
-        assert_eq!(
-            done,
-            Done {
-                in_line: 0,
-                created: 2,
-                updated: 1,
-                deleted: 1
-            }
-        );
-        assert!(cep(&server, "stale").is_none());
-        assert_eq!(cep(&server, "elsewhere").unwrap()["status"]["id"], 7);
-        for (name, e) in [("web", &eps[0]), ("moved", &eps[1]), ("taken", &eps[2])] {
-            let obj = cep(&server, name).unwrap();
-            assert_eq!(obj["metadata"]["labels"][NODE_LABEL], "n1", "{name}");
-            let want = serde_json::to_value(plan::status(e, Some(node_ip))).unwrap();
-            assert_eq!(obj["status"], want, "{name}");
+    impl Fake {
+        fn set(&self, eps: Vec<Endpoint>) {
+            *self.list.lock().unwrap() = eps;
+            self.changes.send_modify(|n| *n += 1);
         }
-        assert_eq!(
-            cep(&server, "web").unwrap()["status"]["networking"]["node"],
-            "192.168.5.1"
-        );
+    }
 
-        // In line: one LIST, no write.
-        let before = server.requests();
-        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
-        assert_eq!((done.in_line, done.created + done.updated), (3, 0));
-        assert_eq!(server.requests() - before, 1);
+    impl NodeEndpoints for Fake {
+        fn list(&self) -> Vec<Endpoint> {
+            self.list.lock().unwrap().clone()
+        }
 
-        // Deleted by someone else: written again. Its pod's endpoint gone: deleted.
-        server
-            .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), "web")
-            .unwrap();
-        let done = reconcile(&client, "n1", &eps[..2], Some(node_ip))
-            .await
-            .unwrap();
-        assert_eq!((done.created, done.deleted), (1, 1));
-        assert!(cep(&server, "web").is_some() && cep(&server, "taken").is_none());
+        fn changes(&self) -> watch::Receiver<u64> {
+            self.changes.subscribe()
+        }
+    }
+
+    /// Waits (10 s at most) until `f` holds, polling every 5 ms.
+    async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let began = std::time::Instant::now();
+        while !f() {
+            assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     #[tokio::test]
-    async fn failures_are_counted_and_the_other_writes_made() {
-        let (server, client) = server();
-        let eps = [
+    async fn the_job_follows_the_endpoints_and_retries_with_backoff_while_degraded() {
+        let (server, _client, url) = server_at();
+        let fake = Arc::new(Fake::default());
+        fake.set(vec![ep(1, Some(("shop", "web")), &["10.0.0.1"])]);
+        let f = fake.clone();
+        let mut hive = Hive::new([Module::new("k8s-watchers", "under test")
+            .config::<K8sConfig>()
+            .provide(K8sWatchers::new)
+            .invoke(move |w: Arc<K8sWatchers>, jobs: Jobs| add_job(w, f.clone(), None, &jobs))
+            .into()])
+        .with_config(
+            ConfigSources::new()
+                .flag("k8s-api-server", &url)
+                .flag("node-name", "n1"),
+        );
+        let health = hive.health();
+        hive.start().await.unwrap();
+        let job = || health.node("k8s-watchers.ciliumendpoints").unwrap().status;
+        eventually("the first pass", || cep(&server, "web").is_some()).await;
+        eventually("OK after it", || job().level == Level::Ok).await;
+        assert_eq!(
+            job().message,
+            "1 CiliumEndpoints in line (last pass: 1 created, 0 updated, 0 deleted)"
+        );
+
+        // A change runs a pass at once, not at the resync.
+        fake.set(vec![
             ep(1, Some(("shop", "web")), &["10.0.0.1"]),
-            ep(2, Some(("no-such-ns", "db")), &["10.0.0.2"]),
-        ];
-        let err = reconcile(&client, "n1", &eps, None).await.unwrap_err();
-        let msg = chain(&err);
+            ep(2, Some(("shop", "db")), &["10.0.0.2"]),
+        ]);
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            eventually("db's object", || cep(&server, "db").is_some()),
+        )
+        .await
+        .unwrap();
+
+        // A failed pass: Degraded with the error and the delay, then OK at the retry.
+        server.fail_requests(1, 500);
+        fake.set(vec![ep(1, Some(("shop", "web")), &["10.0.0.1"])]);
+        eventually("Degraded", || job().level == Level::Degraded).await;
+        let msg = job().message;
         assert!(
-            msg.starts_with(
-                "1 of 2 CiliumEndpoint writes failed, the first: cannot create CiliumEndpoint no-such-ns/db"
-            ),
+            msg.starts_with("cannot list this node's CiliumEndpoints: ")
+                && msg.ends_with("; retrying in 1s"),
             "{msg}"
         );
-        assert!(cep(&server, "web").is_some(), "the other write was made");
+        eventually("db's object deleted at the retry", || {
+            cep(&server, "db").is_none()
+        })
+        .await;
+        eventually("OK again", || job().level == Level::Ok).await;
+        hive.stop().await.unwrap();
+    }
 
-        // A 500 (kube's client retries 429, 503 and 504 itself): the pass fails at its list.
-        server.fail_requests(1, 500);
-        let err = reconcile(&client, "n1", &eps[..1], None).await.unwrap_err();
-        assert!(matches!(err, Error::ListEndpoints(_)), "{}", chain(&err));
-        reconcile(&client, "n1", &eps[..1], None).await.unwrap();
+    #[tokio::test]
+    async fn standalone_or_without_an_endpoint_manager_there_is_no_job() {
+        let (_server, _client, url) = server_at();
+        for server in [None, Some(url)] {
+            let mut config = ConfigSources::new().flag("node-name", "n1");
+            if let Some(url) = &server {
+                config = config.flag("k8s-api-server", url);
+            } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+                continue;
+            }
+            let mut hive = Hive::new([Module::new("k8s-watchers", "under test")
+                .config::<K8sConfig>()
+                .provide(K8sWatchers::new)
+                .invoke(|w: Arc<K8sWatchers>, jobs: Jobs| start(w, None, None, jobs))
+                .into()])
+            .with_config(config);
+            hive.start().await.unwrap();
+            assert!(
+                hive.health().node("k8s-watchers.ciliumendpoints").is_none(),
+                "server {server:?}"
+            );
+            hive.stop().await.unwrap();
+        }
     }
 
     #[tokio::test]
@@ -584,41 +416,5 @@ mod tests {
             .unwrap();
         let more = tokio::time::timeout(Duration::from_millis(300), deletions.next()).await;
         assert!(more.is_err(), "another node's object is not watched");
-    }
-
-    #[tokio::test]
-    async fn a_write_that_conflicts_reads_the_object_again() {
-        let (server, client) = server();
-        let key = ("shop".to_string(), "web".to_string());
-        let write = Write::new(&client, "n1", &key);
-        write.put(&json!({"id": 1}), None).await.unwrap();
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "shop", &resource());
-        let listed = api.get("web").await.unwrap();
-        // Changed by someone else after it was read: the replace of the stale copy gets a
-        // 409, and the write is made on the object as it is now.
-        let mut theirs = listed.clone();
-        theirs.data["status"] = json!({"id": 50});
-        api.replace("web", &PostParams::default(), &theirs)
-            .await
-            .unwrap();
-        write.put(&json!({"id": 2}), Some(listed)).await.unwrap();
-        assert_eq!(cep(&server, "web").unwrap()["status"], json!({"id": 2}));
-
-        // Deleted since it was listed: the delete by the listed uid is a no-op, and so is
-        // one whose object was replaced by a new one (another uid).
-        let uid = cep(&server, "web").unwrap()["metadata"]["uid"]
-            .as_str()
-            .map(String::from);
-        server
-            .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), "web")
-            .unwrap();
-        write.delete(uid.clone()).await.unwrap();
-        write.put(&json!({"id": 3}), None).await.unwrap();
-        write.delete(uid).await.unwrap();
-        assert_eq!(
-            cep(&server, "web").unwrap()["status"]["id"],
-            3,
-            "a new object of the name is not deleted by the old uid"
-        );
     }
 }

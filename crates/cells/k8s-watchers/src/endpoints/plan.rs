@@ -106,6 +106,29 @@ impl Plan {
     }
 }
 
+/// The longest label value the API server accepts.
+const LABEL_VALUE_MAX: usize = 63;
+
+/// The [`NODE_LABEL`](super::NODE_LABEL) value of the objects of `node`: its name, or, for a
+/// name longer than a label value may be (node names may have 253 characters), its first 46
+/// characters, `-` and the 64-bit FNV-1a digest of the whole name in hex, so that two long
+/// names that share their start still differ. The digest is computed here, not by a hasher
+/// of the standard library, because it must not change between builds: it is how a
+/// restarted agent finds its objects.
+pub(crate) fn owner_label(node: &str) -> String {
+    if node.len() <= LABEL_VALUE_MAX {
+        return node.to_string();
+    }
+    let digest = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    // Node names are DNS subdomains: ASCII, so any byte index is a character boundary, and
+    // they start with an alphanumeric, as a label value must (it must end with one too,
+    // which the hex digest does).
+    let stem = node.get(..LABEL_VALUE_MAX - 17).unwrap_or(node);
+    format!("{stem}-{digest:016x}")
+}
+
 /// The CiliumEndpoints the node's endpoints ask for: one per pod, from its ready endpoint.
 /// Endpoints without a pod (a runtime that named none) have no object. A pod with several
 /// endpoints (a sandbox being replaced) gets the newest one's.
@@ -252,6 +275,28 @@ pub(crate) mod tests {
 
     fn key(ns: &str, name: &str) -> Key {
         (ns.into(), name.into())
+    }
+
+    #[test]
+    fn a_long_node_name_is_cut_with_a_digest_of_the_whole() {
+        assert_eq!(owner_label("n1"), "n1");
+        let max = "a".repeat(63);
+        assert_eq!(owner_label(&max), max);
+        let long = format!(
+            "{}.compute.internal",
+            "ip-10-0-0-1.eu-west-1-long-zone-name".repeat(2)
+        );
+        let label = owner_label(&long);
+        assert_eq!(label.len(), 63, "{label}");
+        assert_eq!(label[..46], long[..46]);
+        assert!(label[46..].starts_with('-') && label[47..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(owner_label(&long.replace("internal", "external")), label);
+        assert_eq!(owner_label(&long), label, "the same at every start");
+        // FNV-1a of a known input, so a change of the digest is caught here.
+        assert_eq!(
+            owner_label(&format!("{}-b", "a".repeat(62))),
+            format!("{}-dc037d49f43b6d38", "a".repeat(46))
+        );
     }
 
     #[test]
