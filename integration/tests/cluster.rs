@@ -202,3 +202,92 @@ fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity() {
         reaches(&other_ns, web)
     });
 }
+
+#[test]
+fn ipam_cluster_pool_registers_the_node_and_waits_for_the_operators_cidrs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut agent = Agent::prepare(AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    })
+    .expect("node");
+    let api = K8sApi::start(agent.node()).expect("API server");
+    api.api().apply_yaml(NODES).expect("nodes");
+    api.apply(PODS).expect("pods");
+    let mut env = api.agent_env("n1");
+    env.retain(|(k, _)| k != "CELLIUM_IPAM");
+    env.push(("CELLIUM_IPAM".into(), "cluster-pool".into()));
+    agent.options_mut().env = env;
+    agent.launch().expect("agent");
+
+    // The agent creates its CiliumNode with its addresses, and waits for pod CIDRs.
+    let began = Instant::now();
+    let cn = loop {
+        if let Some(cn) = api.api().get("cilium.io/v2", "CiliumNode", None, "n1") {
+            break cn;
+        }
+        assert!(began.elapsed() < CONVERGE, "no CiliumNode\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(cn["spec"]["addresses"][0]["ip"], "192.0.2.1", "{cn}");
+    assert!(agent.is_running(), "waits\n{}", agent.log());
+    assert!(
+        agent.cli(&["status"]).is_err(),
+        "not serving before the CIDRs"
+    );
+
+    // What the operator says when it has none to give is what the agent says.
+    api.kubectl(
+        &[
+            "patch",
+            "ciliumnode",
+            "n1",
+            "--subresource=status",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"ipam":{"operator-status":{"error":"all pools are exhausted"}}}}"#,
+        ],
+        "",
+    )
+    .expect("operator status");
+    let began = Instant::now();
+    while !agent
+        .log()
+        .contains("the operator says: all pools are exhausted")
+    {
+        assert!(
+            began.elapsed() < CONVERGE,
+            "the operator's error is not reported\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The operator assigns a CIDR: the agent starts and hands out its addresses.
+    api.kubectl(
+        &[
+            "patch",
+            "ciliumnode",
+            "n1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"ipam":{"podCIDRs":["10.245.20.0/24"]}}}"#,
+        ],
+        "",
+    )
+    .expect("operator assigns");
+    agent.wait_ready().expect("ready once assigned");
+    let ns = NetNs::new().expect("netns");
+    let ip = agent
+        .add_pod(&ns, "cid-client", "shop", "client")
+        .expect("ADD");
+    assert_eq!(ip.octets()[..3], [10, 245, 20], "{ip}");
+    // The operator's field is left alone by the agent's upkeep.
+    let cn = api
+        .api()
+        .get("cilium.io/v2", "CiliumNode", None, "n1")
+        .unwrap();
+    assert_eq!(cn["spec"]["ipam"]["podCIDRs"][0], "10.245.20.0/24");
+}

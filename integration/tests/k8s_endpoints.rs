@@ -55,6 +55,11 @@ spec: { nodeName: n1, containers: [ { name: c, image: db } ] }
 ---
 apiVersion: v1
 kind: Pod
+metadata: { name: web-2, namespace: shop, labels: { app: web } }
+spec: { nodeName: n1, containers: [ { name: c, image: web } ] }
+---
+apiVersion: v1
+kind: Pod
 metadata: { name: ghost, namespace: shop, labels: { app: ghost } }
 spec: { nodeName: n1, containers: [ { name: c, image: ghost } ] }
 "#;
@@ -357,10 +362,10 @@ fn objects_written_while_the_api_server_was_away_arrive_after() {
     let web = n.add("web");
     n.wait_in_line("web", web, "written after ADD");
 
-    // Away: the pod is known from the tables, so ADD works; its object cannot be written,
-    // and the job says so.
+    // Away: the pod is known from the tables and its labels have an identity number
+    // already (web's), so ADD works; its object cannot be written, and the job says so.
     n.api.stop();
-    let db = n.add("db");
+    let db = n.add("web-2");
     let began = Instant::now();
     loop {
         let health = n.job_health();
@@ -383,7 +388,7 @@ fn objects_written_while_the_api_server_was_away_arrive_after() {
 
     // Back: the object arrives within the backoff's longest delay, and the job is OK again.
     n.api.restart().expect("API server back");
-    n.wait_in_line("db", db, "written once the API server is back");
+    n.wait_in_line("web-2", db, "written once the API server is back");
     let began = Instant::now();
     while n.job_health()["level"] != "OK" {
         assert!(began.elapsed() < RESYNC, "{:#}", n.job_health());

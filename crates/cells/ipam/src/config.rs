@@ -15,14 +15,18 @@ pub enum IpamMode {
     /// From this node's Node object, `spec.podCIDRs` (Cilium's "Kubernetes host scope"):
     /// Kubernetes mode only.
     Kubernetes,
+    /// From this node's CiliumNode, `spec.ipam.podCIDRs`, which `cellium-operator` assigns from
+    /// its cluster pools: Kubernetes mode only.
+    ClusterPool,
 }
 
 /// Which addresses pods get, and how soon a released one is reused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct IpamConfig {
-    /// Where the pod CIDRs come from: `config` (`pod-cidr`, the default) or `kubernetes`
-    /// (the Node's `spec.podCIDRs`; `pod-cidr` is then not used).
+    /// Where the pod CIDRs come from: `config` (`pod-cidr`, the default), `kubernetes` (the
+    /// Node's `spec.podCIDRs`) or `cluster-pool` (the CiliumNode's `spec.ipam.podCIDRs`, from
+    /// the operator); `pod-cidr` is not used by the last two.
     pub ipam: IpamMode,
     /// The node's pod CIDRs, IPv4 and/or IPv6. A pod gets one address of each family
     /// configured, from the first pool of that family with room.

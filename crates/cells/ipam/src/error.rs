@@ -55,7 +55,7 @@ pub enum Error {
     },
     /// `ipam: kubernetes` without Kubernetes mode.
     #[error(
-        "ipam: kubernetes needs Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)"
+        "ipam: kubernetes and cluster-pool need Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)"
     )]
     NotKubernetes,
     /// A CIDR that cannot serve pods.

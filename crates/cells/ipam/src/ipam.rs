@@ -153,10 +153,10 @@ impl Ipam {
     ) -> Result<Arc<Ipam>> {
         let from_node = match cfg.ipam {
             IpamMode::Config => None,
-            IpamMode::Kubernetes => {
+            mode => {
                 let resources = resources.ok_or(Error::NotKubernetes)?;
                 let node = resources.node_name().ok_or(Error::NotKubernetes)?;
-                Some((resources, node))
+                Some((resources, node, mode))
             }
         };
         let cidrs: &[IpNet] = if from_node.is_some() {
@@ -177,8 +177,8 @@ impl Ipam {
         // come later): restored endpoints re-reserve against the restored quarantine, and
         // within the Node's pools.
         lc.append(Hook::new("restore-ipam").on_start(move |ctx| async move {
-            if let Some((resources, node)) = from_node {
-                node_cidrs::wait_and_add(&this, &resources, &node, &waiting, &ctx).await?;
+            if let Some((resources, node, mode)) = from_node {
+                node_cidrs::wait_and_add(&this, &resources, &node, mode, &waiting, &ctx).await?;
                 waiting.remove();
             } else {
                 waiting.remove();

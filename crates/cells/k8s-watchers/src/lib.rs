@@ -38,6 +38,7 @@
 //! Only what cells read is kept: the feed converts each object into the tables' slim types at
 //! once, and managed fields are dropped before that.
 
+mod cilium_node;
 mod client;
 mod config;
 mod endpoints;

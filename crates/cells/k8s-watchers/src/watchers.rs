@@ -132,7 +132,13 @@ impl ApiSource for K8sWatchers {
                 };
                 kind_watch.run(cancel.clone())
             });
-            futures::future::join_all(watches).await;
+            let upkeep = crate::cilium_node::upkeep(
+                client.clone(),
+                self.node_name.clone(),
+                feed.clone(),
+                cancel.clone(),
+            );
+            futures::future::join(futures::future::join_all(watches), upkeep).await;
         }
         .boxed()
     }

@@ -129,7 +129,15 @@ async fn the_policy_directory_feeds_the_tables_through_the_record() {
     }
     assert_eq!(r.pods.len(), 1);
     assert!(tmp.path().join("resources/Pod~shop~web.yaml").exists());
-    let job = h.health().node("resources.policy-dir").unwrap();
+    // The objects are in the tables a moment before the job's run ends and reports.
+    let mut job = h.health().node("resources.policy-dir").unwrap();
+    for _ in 0..500 {
+        if job.status.level != Level::Unknown {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        job = h.health().node("resources.policy-dir").unwrap();
+    }
     assert_eq!(job.status.level, Level::Ok, "{}", job.status.message);
     h.stop().await.unwrap();
 }

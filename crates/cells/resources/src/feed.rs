@@ -98,6 +98,11 @@ impl Feed {
         Feed { resources }
     }
 
+    /// The tables, to read what the API server said so far.
+    pub fn tables(&self) -> &Resources {
+        &self.resources
+    }
+
     /// Creates or updates the object `value` of `kind` (as the API server sent it), or rejects
     /// it when it cannot be put in force.
     pub fn apply(&self, kind: &str, value: Value) {

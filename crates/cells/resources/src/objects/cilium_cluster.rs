@@ -22,6 +22,9 @@ pub struct CiliumNode {
     pub addresses: Vec<IpAddr>,
     /// `spec.ipam.podCIDRs`: the pod CIDRs the operator gave it (`ipam: cluster-pool`).
     pub pod_cidrs: Vec<IpNet>,
+    /// `status.ipam.operator-status.error`: why the operator gave it none (its pools are
+    /// exhausted, say).
+    pub operator_error: Option<String>,
 }
 
 /// A cluster-wide security identity: its number and its labels.
@@ -117,10 +120,16 @@ impl CiliumNode {
         let pod_cidrs = strings(value, "/spec/ipam/podCIDRs")
             .map(|(i, c)| parse::<IpNet>(&format!("spec.ipam.podCIDRs[{i}]"), c).map(|n| n.trunc()))
             .collect::<Result<_, _>>()?;
+        let operator_error = value
+            .pointer("/status/ipam/operator-status/error")
+            .and_then(Value::as_str)
+            .filter(|e| !e.is_empty())
+            .map(String::from);
         Ok(CiliumNode {
             name,
             addresses,
             pod_cidrs,
+            operator_error,
         })
     }
 }
