@@ -50,8 +50,8 @@ pub struct ConfigArgs {
     /// else the host name).
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Where the node's pod CIDRs come from: `config` (`pod-cidr`) or `kubernetes` (the Node's
-    /// `spec.podCIDRs`) (key `ipam`).
+    /// Where the node's pod CIDRs come from: `config` (`pod-cidr`), `kubernetes` (the Node's
+    /// `spec.podCIDRs`) or `cluster-pool` (the CiliumNode's `spec.ipam.podCIDRs`) (key `ipam`).
     #[arg(long, value_name = "MODE")]
     pub ipam: Option<String>,
 }
