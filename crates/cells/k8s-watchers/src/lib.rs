@@ -20,7 +20,7 @@
 //!   And, as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
 //!   of label sets, for `identity-allocation-mode: crd` (see [`CrdNumbering`]).
 //! - **Depends on** its configuration; the resources and identity cells depend on it (and the
-//!   endpoint manager on resources). The CiliumEndpoint job, an invoke, also takes the endpoint
+//!   endpoint manager on resources). The CiliumEndpoint job (set up by the module's status-note contribution) also takes the endpoint
 //!   manager and the resources tables (for the node's IP), both optional, so that an agent
 //!   built without them still has this module. Standalone, or without an endpoint manager,
 //!   no CiliumEndpoint is written.
@@ -64,5 +64,5 @@ pub fn cell() -> Module {
     .provide(K8sWatchers::new)
     .provide(K8sWatchers::source)
     .provide(CrdNumbering::provide)
-    .invoke(endpoints::start)
+    .contribute(endpoints::start)
 }

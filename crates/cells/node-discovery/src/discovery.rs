@@ -38,6 +38,8 @@ pub struct NodeDiscovery {
     /// The identities learnt, with their labels.
     learnt: Mutex<BTreeMap<u32, Labels>>,
     netlink: OnceCell<rtnetlink::Handle>,
+    /// What the last pass found, or why it failed.
+    last: Mutex<Option<String>>,
 }
 
 impl NodeDiscovery {
@@ -65,11 +67,24 @@ impl NodeDiscovery {
             claimed: Mutex::default(),
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
+            last: Mutex::default(),
         });
         if this.active {
             this.follow(&jobs);
         }
         Ok(this)
+    }
+
+    /// What `cellium status` says of the cluster: `None` standalone.
+    pub fn note(&self) -> Option<String> {
+        if !self.active {
+            return None;
+        }
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Some(format!(
+            "cluster (routing-mode native): {}",
+            last.unwrap_or_else(|| "not looked at yet".into())
+        ))
     }
 
     /// Whether this node is in a cluster it learns from (Kubernetes mode).
@@ -95,8 +110,13 @@ impl NodeDiscovery {
         jobs.timer("reconcile", RESYNC_INTERVAL, move |ctx| {
             let this = this.clone();
             async move {
-                let summary = this.pass().await?;
-                ctx.reporter().ok(summary);
+                let result = this.pass().await;
+                let note = match &result {
+                    Ok(summary) => summary.clone(),
+                    Err(e) => format!("the last pass failed: {e}"),
+                };
+                *this.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(note);
+                ctx.reporter().ok(result?);
                 Ok::<(), BoxError>(())
             }
         })

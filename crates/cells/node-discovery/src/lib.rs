@@ -3,7 +3,9 @@
 //! - **Owns** the node's routes to other nodes' pod CIDRs (marked with routing protocol
 //!   [`routes::PROTOCOL`], `ip route show proto 206`), the ipcache entries of other nodes and
 //!   their pods (source `remote`), and the identities learnt from the cluster.
-//! - **Provides** `Arc<NodeDiscovery>`, inactive standalone, where there is no cluster.
+//! - **Provides** `Arc<NodeDiscovery>`, inactive standalone, where there is no cluster; and a
+//!   status note (`cellium status`) saying how many other nodes are routed and how many remote
+//!   addresses and cluster identities are known.
 //! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
 //!   server), ipcache, identity.
 //! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
@@ -26,6 +28,9 @@ mod discovery;
 mod error;
 pub mod routes;
 
+use std::sync::Arc;
+
+use cellium_api::StatusNote;
 use cellium_hive::Module;
 
 pub use config::{NodeDiscoveryConfig, RoutingMode};
@@ -40,6 +45,7 @@ pub fn cell() -> Module {
     )
     .config::<NodeDiscoveryConfig>()
     .provide(NodeDiscovery::new)
-    // Nothing else asks for it: its jobs are its work.
-    .invoke(|_: std::sync::Arc<NodeDiscovery>| {})
+    // `cellium status` says what the node knows of the cluster; and the API, which takes every
+    // note, so starts after this cell's jobs and stops before them.
+    .contribute(|nd: Arc<NodeDiscovery>| Arc::new(StatusNote::new(move || nd.note())))
 }

@@ -25,6 +25,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cellium_api::StatusNote;
 use cellium_endpoint_manager::{Endpoint, EndpointManager};
 use cellium_hive::{Backoff, JobContext, Jobs};
 use cellium_resources::{ApiSource, ObjectKey, Resources};
@@ -62,24 +63,37 @@ const BACKOFF: Backoff = Backoff {
 /// How long a pass waits after what triggered it, so that a burst of changes makes one.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// The invoke of the k8s-watchers module: starts the job in Kubernetes mode when the agent
+/// The contribution of the k8s-watchers module: starts the job in Kubernetes mode when the agent
 /// has an endpoint manager (optional, as the resources tables are: an agent built without
 /// them still has this module, which the resources cell depends on); does nothing otherwise.
 /// Its jobs start after the endpoint manager's restore, which they depend on.
+///
+/// Returns the status note of Kubernetes mode (`cellium status`: the API server and the node's
+/// name), which the API server takes: so the API starts after this job and stops before it,
+/// as it does for every cell.
 pub(crate) fn start(
     watchers: Arc<K8sWatchers>,
     endpoints: Option<Arc<EndpointManager>>,
     resources: Option<Arc<Resources>>,
     jobs: Jobs,
-) {
+) -> Arc<StatusNote> {
+    let note = {
+        let (server, node) = (watchers.server(), watchers.node_name());
+        Arc::new(StatusNote::new(move || {
+            server
+                .as_ref()
+                .map(|s| format!("Kubernetes mode: API server {s}, node {node}"))
+        }))
+    };
     if watchers.server().is_none() {
-        return;
+        return note;
     }
     let Some(endpoints) = endpoints else {
         tracing::info!("this agent has no endpoint manager: no CiliumEndpoints are written");
-        return;
+        return note;
     };
     add_job(watchers, endpoints, resources, &jobs);
+    note
 }
 
 /// What the job reads of the endpoints (a trait, so that its tests need no endpoint manager).
@@ -385,7 +399,9 @@ mod tests {
             let mut hive = Hive::new([Module::new("k8s-watchers", "under test")
                 .config::<K8sConfig>()
                 .provide(K8sWatchers::new)
-                .invoke(|w: Arc<K8sWatchers>, jobs: Jobs| start(w, None, None, jobs))
+                .invoke(|w: Arc<K8sWatchers>, jobs: Jobs| {
+                    start(w, None, None, jobs);
+                })
                 .into()])
             .with_config(config);
             hive.start().await.unwrap();
