@@ -84,7 +84,11 @@ fn main() -> Result<()> {
         policies: cli.policies,
         services: cli.services,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // A worker of its own drives the API clients' connections between the polls too: a
+    // connection left idle and undriven is one the agent's API server waits for when it stops
+    // (its shutdown is graceful).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
 
