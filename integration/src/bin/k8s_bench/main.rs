@@ -63,6 +63,9 @@ struct Cli {
     /// Timed restarts (and floor runs).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Where to copy the agent's log (every start) when the benchmark ends, for a profile.
+    #[arg(long)]
+    agent_log: Option<std::path::PathBuf>,
 }
 
 /// One round: the floor's run and the agent's restart.
@@ -163,6 +166,9 @@ fn main() -> Result<()> {
         });
     }
     report(&samples, shape, local.len());
+    if let Some(path) = &cli.agent_log {
+        std::fs::write(path, agent.log()).with_context(|| format!("{}", path.display()))?;
+    }
     Ok(())
 }
 
