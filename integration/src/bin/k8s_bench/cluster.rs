@@ -35,7 +35,7 @@ pub struct Shape {
 impl Shape {
     /// Whether pod `i` runs on this node.
     pub fn local(&self, i: usize) -> bool {
-        i % self.nodes == 0
+        i.is_multiple_of(self.nodes)
     }
 
     /// `(namespace, name)` of pod `i`.
@@ -107,12 +107,13 @@ impl Shape {
             });
             if !self.local(i) {
                 let ip = self.remote_ip(i);
-                pod["status"] = json!({ "phase": "Running", "podIP": ip, "podIPs": [ { "ip": ip } ] });
+                pod["status"] =
+                    json!({ "phase": "Running", "podIP": ip, "podIPs": [ { "ip": ip } ] });
             }
             create(pod).context("a pod")?;
         }
         for j in 0..self.policies {
-            let port = if j % 2 == 0 {
+            let port = if j.is_multiple_of(2) {
                 json!("http")
             } else {
                 json!(8080)

@@ -183,7 +183,9 @@ fn create_pods(agent: &Agent, shape: Shape, local: &[usize]) -> Result<Vec<NetNs
         let (namespace, name) = shape.pod(i);
         let call = CniCall::new("ADD", &format!("k8sbench{i}x{}", std::process::id()))
             .netns(ns.path())
-            .args(&format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"));
+            .args(&format!(
+                "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"
+            ));
         if running.len() >= PARALLEL_ADDS
             && let Some(p) = running.pop_front()
         {
@@ -217,7 +219,11 @@ async fn settle(agent: &Agent, n: usize) -> Result<()> {
 
 /// Runs the floor in the node namespace; returns how long from exec to exit, its RSS (KiB)
 /// and the objects it listed.
-fn run_floor(bin: &std::path::Path, agent: &Agent, api: &K8sApi) -> Result<(Duration, u64, String)> {
+fn run_floor(
+    bin: &std::path::Path,
+    agent: &Agent,
+    api: &K8sApi,
+) -> Result<(Duration, u64, String)> {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net={}", agent.node().path().display()))
         .arg("--")
@@ -327,10 +333,7 @@ fn hooks(samples: &[Sample]) {
                 .push(*d);
         }
     }
-    let mut rows: Vec<_> = by_hook
-        .into_iter()
-        .map(|(k, v)| (median(&v), k))
-        .collect();
+    let mut rows: Vec<_> = by_hook.into_iter().map(|(k, v)| (median(&v), k)).collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.0));
     let total: Duration = rows.iter().map(|r| r.0).sum();
     println!("  start hooks (median): {:.1} ms in all", ms(total));
