@@ -9,6 +9,10 @@
 //! kinds are k8s-openapi's types; the two Cilium kinds, which have none there, are dynamic
 //! objects.
 //!
+//! With `--dynamic`, every kind is listed as dynamic objects and each object is also converted
+//! into a `serde_json::Value`, as the agent's watchers do before their feed parses it: the
+//! floor with the agent's decoding, to tell the decoding's share of the time from the rest.
+//!
 //! Prints one line, `objects <kind>=<count> ... rss_kib=<VmRSS> elapsed_ms=<from main>`.
 
 use std::fmt::Debug;
@@ -16,15 +20,17 @@ use std::hash::Hash;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Lists every kind the agent watches into kube-runtime stores, and exits once all are ready.
@@ -37,6 +43,9 @@ struct Cli {
     /// The node whose pods are listed (`spec.nodeName`).
     #[arg(long)]
     node: String,
+    /// Every kind as dynamic objects, each also converted into JSON (the agent's decoding).
+    #[arg(long)]
+    dynamic: bool,
 }
 
 /// What is left once a store is ready: how many objects it holds.
@@ -70,51 +79,98 @@ async fn run(cli: &Cli) -> Result<Vec<(&'static str, usize)>> {
     let client = Client::try_from(kube::Config::new(uri))?;
     let pods = watcher::Config::default().fields(&format!("spec.nodeName={}", cli.node));
     let all = watcher::Config::default;
-    let cilium = |kind: &str, plural: &str| ApiResource {
-        group: "cilium.io".into(),
-        version: "v2".into(),
-        api_version: "cilium.io/v2".into(),
-        kind: kind.into(),
-        plural: plural.into(),
+    let dynamic = |api_version: &str, kind: &str, plural: &str| {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        }
     };
-    let stores: Vec<Count> = vec![
-        reflect::<Namespace>("Namespace", Api::all(client.clone()), (), all()),
-        reflect::<Pod>("Pod", Api::all(client.clone()), (), pods),
-        reflect::<Node>("Node", Api::all(client.clone()), (), all()),
-        reflect::<Service>("Service", Api::all(client.clone()), (), all()),
-        reflect::<EndpointSlice>("EndpointSlice", Api::all(client.clone()), (), all()),
-        reflect::<NetworkPolicy>("NetworkPolicy", Api::all(client.clone()), (), all()),
-        {
-            let ar = cilium("CiliumNetworkPolicy", "ciliumnetworkpolicies");
-            let api = Api::all_with(client.clone(), &ar);
-            reflect::<DynamicObject>("CiliumNetworkPolicy", api, ar, all())
-        },
-        {
-            let ar = cilium(
+    let stores: Vec<Count> = if cli.dynamic {
+        let kinds = [
+            ("v1", "Namespace", "namespaces"),
+            ("v1", "Pod", "pods"),
+            ("v1", "Node", "nodes"),
+            ("v1", "Service", "services"),
+            ("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+            ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+            (
+                "cilium.io/v2",
+                "CiliumNetworkPolicy",
+                "ciliumnetworkpolicies",
+            ),
+            (
+                "cilium.io/v2",
                 "CiliumClusterwideNetworkPolicy",
                 "ciliumclusterwidenetworkpolicies",
-            );
-            let api = Api::all_with(client.clone(), &ar);
-            reflect::<DynamicObject>("CiliumClusterwideNetworkPolicy", api, ar, all())
-        },
-    ];
+            ),
+        ];
+        kinds
+            .into_iter()
+            .map(|(api_version, kind, plural)| {
+                let ar = dynamic(api_version, kind, plural);
+                let api = Api::all_with(client.clone(), &ar);
+                let config = if kind == "Pod" { pods.clone() } else { all() };
+                reflect::<DynamicObject>(kind, api, ar, config, true)
+            })
+            .collect()
+    } else {
+        vec![
+            reflect::<Namespace>("Namespace", Api::all(client.clone()), (), all(), false),
+            reflect::<Pod>("Pod", Api::all(client.clone()), (), pods, false),
+            reflect::<Node>("Node", Api::all(client.clone()), (), all(), false),
+            reflect::<Service>("Service", Api::all(client.clone()), (), all(), false),
+            reflect::<EndpointSlice>("EndpointSlice", Api::all(client.clone()), (), all(), false),
+            reflect::<NetworkPolicy>("NetworkPolicy", Api::all(client.clone()), (), all(), false),
+            {
+                let ar = dynamic(
+                    "cilium.io/v2",
+                    "CiliumNetworkPolicy",
+                    "ciliumnetworkpolicies",
+                );
+                let api = Api::all_with(client.clone(), &ar);
+                reflect::<DynamicObject>("CiliumNetworkPolicy", api, ar, all(), false)
+            },
+            {
+                let ar = dynamic(
+                    "cilium.io/v2",
+                    "CiliumClusterwideNetworkPolicy",
+                    "ciliumclusterwidenetworkpolicies",
+                );
+                let api = Api::all_with(client.clone(), &ar);
+                reflect::<DynamicObject>("CiliumClusterwideNetworkPolicy", api, ar, all(), false)
+            },
+        ]
+    };
     futures::future::try_join_all(stores).await
 }
 
-/// Starts a reflector of `api` on its own task; the future ends once its store is ready.
+/// Starts a reflector of `api` on its own task (each object also converted into JSON when
+/// `convert`); the future ends once its store is ready.
 fn reflect<K>(
     kind: &'static str,
     api: Api<K>,
     dyntype: K::DynamicType,
     config: watcher::Config,
+    convert: bool,
 ) -> Count
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
     let writer = reflector::store::Writer::new(dyntype);
     let store: Store<K> = writer.as_reader();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let events = watcher::watcher(api, config)
+        .default_backoff()
+        .inspect_ok(move |event| {
+            if let (true, Event::InitApply(obj) | Event::Apply(obj)) = (convert, event) {
+                std::hint::black_box(serde_json::to_value(obj).ok());
+            }
+        });
+    let stream = reflector::reflector(writer, events);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {

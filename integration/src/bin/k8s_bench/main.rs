@@ -12,7 +12,8 @@
 //! - the agent is stopped (SIGTERM, its exit waited for);
 //! - the floor, `cellium-k8s-reflector-floor` (one kube-runtime reflector per kind, exiting
 //!   when every store is ready), runs in the same node namespace against the same server,
-//!   timed from its exec to its exit;
+//!   timed from its exec to its exit; then again with `--dynamic`, the agent's decoding
+//!   (shown, not in the ratio);
 //! - the agent is executed again on its state and timed ([`restart`]) from the exec until
 //!   every kind is synced and every endpoint of this node is restored and enforcing at the
 //!   repository's policy revision; its VmRSS is read then.
@@ -73,6 +74,8 @@ struct Cli {
 struct Sample {
     floor: Duration,
     floor_rss_kib: u64,
+    /// The floor with the agent's decoding (`--dynamic`).
+    floor_dynamic: Duration,
     timeline: Timeline,
     rss_kib: u64,
 }
@@ -145,22 +148,25 @@ fn main() -> Result<()> {
         if !status.success() {
             bail!("the agent exited with {status} on SIGTERM");
         }
-        let (floor, floor_rss_kib, objects) = run_floor(&floor_bin, &agent, &api)?;
+        let (floor, floor_rss_kib, objects) = run_floor(&floor_bin, &agent, &api, false)?;
+        let (floor_dynamic, _, _) = run_floor(&floor_bin, &agent, &api, true)?;
         let timeline = restart::start(&mut agent, local.len(), &runtime)?;
         let rss_kib = bench::rss_kib(agent.pid().context("the agent's pid")?)?;
         eprintln!(
-            "round {round}: agent {:.0} ms (synced at {:.0} ms, API at {:.0} ms), {:.1} MiB; floor {:.0} ms, {:.1} MiB ({objects})",
+            "round {round}: agent {:.0} ms (synced at {:.0} ms, API at {:.0} ms), {:.1} MiB; floor {:.0} ms, {:.1} MiB ({objects}); floor with the agent's decoding {:.0} ms",
             ms(timeline.ready),
             ms(timeline.synced),
             ms(timeline.api),
             rss_kib as f64 / 1024.0,
             ms(floor),
             floor_rss_kib as f64 / 1024.0,
+            ms(floor_dynamic),
         );
         eprintln!("  restore: {}", timeline.phases);
         samples.push(Sample {
             floor,
             floor_rss_kib,
+            floor_dynamic,
             timeline,
             rss_kib,
         });
@@ -217,12 +223,13 @@ async fn settle(agent: &Agent, n: usize) -> Result<()> {
     }
 }
 
-/// Runs the floor in the node namespace; returns how long from exec to exit, its RSS (KiB)
-/// and the objects it listed.
+/// Runs the floor in the node namespace (`--dynamic` if `dynamic`); returns how long from
+/// exec to exit, its RSS (KiB) and the objects it listed.
 fn run_floor(
     bin: &std::path::Path,
     agent: &Agent,
     api: &K8sApi,
+    dynamic: bool,
 ) -> Result<(Duration, u64, String)> {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net={}", agent.node().path().display()))
@@ -232,6 +239,7 @@ fn run_floor(
         .arg(api.url())
         .arg("--node")
         .arg(NODE)
+        .args(dynamic.then_some("--dynamic"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -309,6 +317,12 @@ fn report(samples: &[Sample], shape: Shape, local: usize) {
         ms(min(|s| s.floor)),
         ms(max(|s| s.floor)),
         ms(pick(|s| s.timeline.synced)) / ms(floor).max(1e-9),
+    );
+    println!(
+        "  floor with the agent's decoding (every kind as dynamic objects, each converted into JSON): median {:.1} ms (min {:.1}, max {:.1})",
+        ms(pick(|s| s.floor_dynamic)),
+        ms(min(|s| s.floor_dynamic)),
+        ms(max(|s| s.floor_dynamic)),
     );
     let rss = kib(|s| s.rss_kib) as f64 / 1024.0;
     println!(
