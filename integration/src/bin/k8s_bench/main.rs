@@ -149,9 +149,18 @@ fn main() -> Result<()> {
             bail!("the agent exited with {status} on SIGTERM");
         }
         let (floor, floor_rss_kib, objects) = run_floor(&floor_bin, &agent, &api, false)?;
-        let (floor_dynamic, _, _) = run_floor(&floor_bin, &agent, &api, true)?;
+        let (floor_dynamic, _, listed) = run_floor(&floor_bin, &agent, &api, true)?;
+        if listed != objects {
+            bail!("the floor listed {objects}, with --dynamic {listed}");
+        }
         let timeline = restart::start(&mut agent, local.len(), &runtime)?;
         let rss_kib = bench::rss_kib(agent.pid().context("the agent's pid")?)?;
+        if timeline.objects != objects {
+            bail!(
+                "the agent and the floor listed different objects:\n  agent: {}\n  floor: {objects}",
+                timeline.objects
+            );
+        }
         eprintln!(
             "round {round}: agent {:.0} ms (synced at {:.0} ms, API at {:.0} ms), {:.1} MiB; floor {:.0} ms, {:.1} MiB ({objects}); floor with the agent's decoding {:.0} ms",
             ms(timeline.ready),

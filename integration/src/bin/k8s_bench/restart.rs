@@ -33,6 +33,9 @@ pub struct Timeline {
     pub hooks: Vec<(String, String, Duration)>,
     /// The phases of the endpoints' restore, as the log reports them.
     pub phases: String,
+    /// The objects of each kind the agent synced, as the log reports them (`Kind=count`,
+    /// in the order of the floor's line).
+    pub objects: String,
 }
 
 /// Executes the stopped agent and waits until its `endpoints` endpoints are restored and
@@ -63,6 +66,7 @@ pub fn start(
         ready: ready - launched,
         hooks: start_hooks(log),
         phases: restore_phases(log),
+        objects: synced_objects(log),
     })
 }
 
@@ -167,6 +171,43 @@ fn restore_phases(log: &str) -> String {
         .map(|(_, rest)| rest.trim().to_string())
         .unwrap_or_default()
 }
+
+/// The `synced from the API server kind="K" objects=N` lines, as `K=N ...` in the order of
+/// the agent's kinds.
+fn synced_objects(log: &str) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for l in log
+        .lines()
+        .filter(|l| l.contains("synced from the API server kind="))
+    {
+        let field = |name: &str| {
+            let at = l.find(&format!("{name}="))? + name.len() + 1;
+            let rest = &l[at..];
+            let end = rest.find(' ').unwrap_or(rest.len());
+            Some(rest[..end].trim_matches('"').to_string())
+        };
+        if let (Some(kind), Some(n)) = (field("kind"), field("objects")) {
+            counts.insert(kind, n);
+        }
+    }
+    KINDS
+        .iter()
+        .map(|k| format!("{k}={}", counts.get(*k).map_or("?", String::as_str)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The kinds the agent watches, in the order the floor prints them.
+const KINDS: [&str; 8] = [
+    "Namespace",
+    "Pod",
+    "Node",
+    "Service",
+    "EndpointSlice",
+    "NetworkPolicy",
+    "CiliumNetworkPolicy",
+    "CiliumClusterwideNetworkPolicy",
+];
 
 /// Parses a `Duration`'s `Debug` text (`1.234ms`, `56.7µs`, `2.1s`, `890ns`).
 fn parse_debug_duration(text: &str) -> Option<Duration> {
