@@ -8,14 +8,17 @@
 #   (release build, ipam: kubernetes) started on it once and this node's pods created through
 #   cellium-cni; then ROUNDS times: the agent stopped (SIGTERM), the floor
 #   (cellium-k8s-reflector-floor: one kube-runtime reflector per kind the agent watches,
-#   exiting when every store is ready) timed from exec to exit, and the agent executed again,
+#   exiting when every store is ready) timed from exec to exit FLOOR_RUNS times (the round's
+#   figure is their median; each followed by a run with the agent's decoding, --dynamic,
+#   shown but not in the ratio), and the agent executed again,
 #   timed from exec until every kind is synced and every endpoint of this node is restored
 #   and enforcing at the repository's policy revision; its VmRSS read then.
 # Everything runs in namespaces the benchmark creates and removes; the host network is not
 # touched.
 #
 # Usage (root): integration/bench/k8s.sh
-#   NAMESPACES=1000 PODS=10000 NODES=100 POLICIES=2000 SERVICES=2000 ROUNDS=5 integration/bench/k8s.sh
+#   NAMESPACES=1000 PODS=10000 NODES=100 POLICIES=2000 SERVICES=2000 ROUNDS=5 FLOOR_RUNS=3 \
+#     integration/bench/k8s.sh
 # Last line: RESULT k8s sync_ms=<median> sync_ratio_vs_reflector=<median / floor's median> rss_mib=<median>
 set -euo pipefail
 
@@ -25,6 +28,7 @@ NODES=${NODES:-100}
 POLICIES=${POLICIES:-2000}
 SERVICES=${SERVICES:-2000}
 ROUNDS=${ROUNDS:-5}
+FLOOR_RUNS=${FLOOR_RUNS:-3}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
@@ -43,7 +47,7 @@ cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
 # (SIGINT or SIGTERM, which this script passes on).
 "$target/release/cellium-k8s-bench" \
   --namespaces "$NAMESPACES" --pods "$PODS" --nodes "$NODES" \
-  --policies "$POLICIES" --services "$SERVICES" --rounds "$ROUNDS" &
+  --policies "$POLICIES" --services "$SERVICES" --rounds "$ROUNDS" --floor-runs "$FLOOR_RUNS" &
 bench_pid=$!
 trap 'kill -TERM "$bench_pid" 2>/dev/null || true' INT TERM
 status=0

@@ -11,9 +11,9 @@
 //!
 //! - the agent is stopped (SIGTERM, its exit waited for);
 //! - the floor, `cellium-k8s-reflector-floor` (one kube-runtime reflector per kind, exiting
-//!   when every store is ready), runs in the same node namespace against the same server,
-//!   timed from its exec to its exit; then again with `--dynamic`, the agent's decoding
-//!   (shown, not in the ratio);
+//!   when every store is ready), runs `--floor-runs` times in the same node namespace against
+//!   the same server, timed from its exec to its exit (the round's figure is the median), each
+//!   time followed by a run with `--dynamic`, the agent's decoding (shown, not in the ratio);
 //! - the agent is executed again on its state and timed ([`restart`]) from the exec until
 //!   every kind is synced and every endpoint of this node is restored and enforcing at the
 //!   repository's policy revision; its VmRSS is read then.
@@ -64,6 +64,10 @@ struct Cli {
     /// Timed restarts (and floor runs).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Runs of the floor (and of the floor with the agent's decoding) in each round; the
+    /// round's figure is their median.
+    #[arg(long, default_value_t = 3)]
+    floor_runs: usize,
     /// Where to copy the agent's log (every start) when the benchmark ends, for a profile.
     #[arg(long)]
     agent_log: Option<std::path::PathBuf>,
@@ -72,6 +76,7 @@ struct Cli {
 /// One round: the floor's run and the agent's restart.
 #[derive(Debug)]
 struct Sample {
+    /// The floor's median over the round's runs.
     floor: Duration,
     floor_rss_kib: u64,
     /// The floor with the agent's decoding (`--dynamic`).
@@ -148,11 +153,20 @@ fn main() -> Result<()> {
         if !status.success() {
             bail!("the agent exited with {status} on SIGTERM");
         }
-        let (floor, floor_rss_kib, objects) = run_floor(&floor_bin, &agent, &api, false)?;
-        let (floor_dynamic, _, listed) = run_floor(&floor_bin, &agent, &api, true)?;
-        if listed != objects {
-            bail!("the floor listed {objects}, with --dynamic {listed}");
+        let (mut floors, mut dynamics) = (Vec::new(), Vec::new());
+        let (mut floor_rss_kib, mut objects) = (0, String::new());
+        for _ in 0..cli.floor_runs.max(1) {
+            let (took, rss, listed) = run_floor(&floor_bin, &agent, &api, false)?;
+            floors.push(took);
+            floor_rss_kib = floor_rss_kib.max(rss);
+            objects = listed;
+            let (took, _, listed) = run_floor(&floor_bin, &agent, &api, true)?;
+            dynamics.push(took);
+            if listed != objects {
+                bail!("the floor listed {objects}, with --dynamic {listed}");
+            }
         }
+        let (floor, floor_dynamic) = (median(&floors), median(&dynamics));
         let timeline = restart::start(&mut agent, local.len(), &runtime)?;
         let rss_kib = bench::rss_kib(agent.pid().context("the agent's pid")?)?;
         if timeline.objects != objects {
