@@ -75,6 +75,9 @@ impl ApiServer {
     }
 }
 
+/// How long the API's calls in flight may go on once the agent stops.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn serve(
     jobs: &Jobs,
     listener: tokio::net::UnixListener,
@@ -92,13 +95,23 @@ fn serve(
                 listener.ok_or("the API listener is gone; it is not re-bound on retry")?;
             reporter.ok("serving");
             ctx.reporter().ok("serving");
-            Server::builder()
+            let server = Server::builder()
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
                     cellium_api::incoming(listener, HANDSHAKE_TIMEOUT),
                     ctx.cancelled(),
-                )
-                .await?;
+                );
+            // A graceful stop waits for every open connection, and an idle client (a CLI
+            // suspended, a watcher that keeps its channel) would hold the agent's stop for as
+            // long as it likes: calls in flight get STOP_GRACE, then the connections are cut.
+            let cut = async {
+                ctx.cancelled().await;
+                tokio::time::sleep(STOP_GRACE).await;
+            };
+            tokio::select! {
+                served = server => served?,
+                () = cut => tracing::info!(grace = ?STOP_GRACE, "API connections still open when stopping; closed"),
+            }
             Ok(())
         }
     })

@@ -59,3 +59,49 @@ async fn notes_and_readiness_come_from_the_cells() {
     assert!(status.notes.is_empty(), "{:?}", status.notes);
     hive.stop().await.unwrap();
 }
+
+/// An idle client that keeps its connection open and never reads it (a suspended CLI, a
+/// process whose runtime is busy elsewhere) does not hold the agent's stop: calls get a short
+/// grace, then the connections are cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_client_does_not_hold_the_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api.sock");
+    let cells = [cellium_api_server::cell()
+        .provide(|| Arc::new(DatapathModules::new(["none"])))
+        .into()];
+    let mut hive = Hive::new(cells).with_config(ConfigSources::new().flag("api-socket", &socket));
+    hive.start().await.unwrap();
+    // The client lives on a runtime of its own that, after one call, is never driven again.
+    let (called, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let path = socket.clone();
+    let client = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            let mut c = AgentClient::new(cellium_api::connect(&path).await.unwrap());
+            c.status(StatusRequest {}).await.unwrap();
+            c
+        });
+        called.0.send(()).unwrap();
+        let _ = release.1.recv();
+        drop(client);
+    });
+    called.1.recv().unwrap();
+    let began = std::time::Instant::now();
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), hive.stop()).await;
+    let took = began.elapsed();
+    release.0.send(()).unwrap();
+    client.join().unwrap();
+    assert!(
+        stopped.is_ok(),
+        "the stop waited more than 15 s for an idle client"
+    );
+    stopped.unwrap().unwrap();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the stop took {took:?}"
+    );
+}
