@@ -27,6 +27,7 @@
 
 mod pool;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -137,6 +138,8 @@ impl Allocator {
         let mut pool = self.template.clone();
         let mut initial: Vec<DynamicObject> = Vec::new();
         let mut synced = false;
+        // The nodes refused (a conflict, an exhausted pool), as last seen.
+        let mut waiting: BTreeMap<String, DynamicObject> = BTreeMap::new();
         // The watcher relists by itself after an error (an expired watch, the API server
         // away), with kube-runtime's backoff; the tables of a relist start over at InitDone.
         let mut events = watcher(api.clone(), watcher::Config::default())
@@ -158,6 +161,7 @@ impl Allocator {
                 Event::InitDone => {
                     // A relist (after a watch expired) starts over from what is written.
                     pool = self.template.clone();
+                    waiting.clear();
                     initial.sort_by(|a, b| {
                         let created = |o: &DynamicObject| o.metadata.creation_timestamp.clone();
                         created(a)
@@ -169,16 +173,24 @@ impl Allocator {
                         pool.occupy(&name(node), &pod_cidrs(node));
                     }
                     for node in std::mem::take(&mut initial) {
-                        self.reconcile(&api, &mut pool, &node).await?;
+                        self.reconcile(&api, &mut pool, &node, &mut waiting).await?;
                     }
                     synced = true;
                 }
-                Event::Apply(node) if synced => self.reconcile(&api, &mut pool, &node).await?,
+                Event::Apply(node) if synced => {
+                    self.reconcile(&api, &mut pool, &node, &mut waiting).await?
+                }
                 Event::Apply(_) => {}
                 Event::Delete(node) => {
+                    waiting.remove(&name(&node));
                     let released = pool.release(&name(&node));
                     if !released.is_empty() {
                         tracing::info!(node = %name(&node), cidrs = ?released, "node gone: pod CIDRs back in the pool");
+                        // The nodes refused get their turn now rather than at their next
+                        // change: a conflict may be gone, a CIDR free.
+                        for (_, node) in std::mem::take(&mut waiting) {
+                            self.reconcile(&api, &mut pool, &node, &mut waiting).await?;
+                        }
                     }
                 }
             }
@@ -195,6 +207,7 @@ impl Allocator {
         api: &Api<DynamicObject>,
         pool: &mut ClusterPool,
         node: &DynamicObject,
+        waiting: &mut BTreeMap<String, DynamicObject>,
     ) -> Result<()> {
         let name = name(node);
         let Assignment {
@@ -202,6 +215,11 @@ impl Allocator {
             changed,
             refusals,
         } = pool.assign(&name, &pod_cidrs(node));
+        if refusals.is_empty() {
+            waiting.remove(&name);
+        } else {
+            waiting.insert(name.clone(), node.clone());
+        }
         if changed {
             let cidrs: Vec<String> = pod_cidrs.iter().map(ToString::to_string).collect();
             let patch = json!({
