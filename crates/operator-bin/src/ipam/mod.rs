@@ -210,6 +210,11 @@ impl Allocator {
         waiting: &mut BTreeMap<String, DynamicObject>,
     ) -> Result<()> {
         let name = name(node);
+        // Leadership may have gone since the event: the session ends at its next await, but
+        // nothing is written meanwhile.
+        if !self.leadership.leading() {
+            return Ok(());
+        }
         let Assignment {
             pod_cidrs,
             changed,
