@@ -188,3 +188,84 @@ async fn only_the_leader_hands_out_cidrs_and_the_next_one_hands_out_none_twice()
     }
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_away_and_back_the_leader_goes_on_without_handing_out_twice() {
+    let cluster = Cluster::new();
+    let op = cluster
+        .operator("op-a", &pools(&["10.0.0.0/16"], &[]))
+        .await;
+    for i in 0..3 {
+        cluster.create_cilium_node(&format!("n{i}"), &[]);
+    }
+    eventually("three nodes get CIDRs", WAIT, || {
+        (0..3).all(|i| !cluster.pod_cidrs(&format!("n{i}")).is_empty())
+    })
+    .await;
+    let addr: std::net::SocketAddr = cluster.url.trim_start_matches("http://").parse().unwrap();
+    cluster.server.stop();
+    eventually("the leader stops leading", WAIT, || !op.leading()).await;
+    let status = op
+        .hive
+        .health()
+        .node("cluster-pool.ciliumnodes")
+        .unwrap()
+        .status;
+    assert!(status.message.contains("not leading"), "{status:?}");
+    // Created while the API server is away from the operator.
+    for i in 3..6 {
+        cluster.create_cilium_node(&format!("n{i}"), &[]);
+    }
+    // Back on the same address.
+    cluster
+        .server
+        .serve(std::net::TcpListener::bind(addr).unwrap())
+        .unwrap();
+    eventually("it leads again", WAIT, || op.leading()).await;
+    eventually("the three new nodes get CIDRs", WAIT, || {
+        (3..6).all(|i| !cluster.pod_cidrs(&format!("n{i}")).is_empty())
+    })
+    .await;
+    let mut all = BTreeSet::new();
+    for i in 0..6 {
+        let cidrs = cluster.pod_cidrs(&format!("n{i}"));
+        assert!(
+            all.insert(cidrs[0].clone()),
+            "{} handed out twice",
+            cidrs[0]
+        );
+    }
+    op.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_dropped_watches_relist_without_handing_out_twice() {
+    let cluster = Cluster::new();
+    let op = cluster
+        .operator("op-a", &pools(&["10.0.0.0/16"], &[]))
+        .await;
+    for i in 0..8 {
+        cluster.create_cilium_node(&format!("n{i}"), &[]);
+        if i % 3 == 1 {
+            cluster.server.expire_watches();
+        } else if i % 3 == 2 {
+            cluster.server.drop_watches();
+        }
+    }
+    eventually("eight nodes get CIDRs", WAIT, || {
+        (0..8).all(|i| !cluster.pod_cidrs(&format!("n{i}")).is_empty())
+    })
+    .await;
+    let mut all = BTreeSet::new();
+    for i in 0..8 {
+        let cidrs = cluster.pod_cidrs(&format!("n{i}"));
+        assert_eq!(cidrs.len(), 1, "n{i}: {cidrs:?}");
+        assert!(
+            all.insert(cidrs[0].clone()),
+            "{} handed out twice",
+            cidrs[0]
+        );
+        assert_eq!(cluster.operator_error(&format!("n{i}")), None);
+    }
+    op.stop().await;
+}
