@@ -117,3 +117,35 @@ async fn a_leader_that_cannot_renew_stops_leading_before_the_lease_expires() {
     assert_eq!(status.level, cellium_hive::Level::Degraded, "{status:?}");
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_operators_started_at_once_elect_exactly_one() {
+    let cluster = Cluster::new();
+    let (a, b, c) = tokio::join!(
+        cluster.operator("op-a", &[]),
+        cluster.operator("op-b", &[]),
+        cluster.operator("op-c", &[]),
+    );
+    let ops = [&a, &b, &c];
+    eventually("one leads", Duration::from_secs(5), || {
+        ops.iter().any(|o| o.leading())
+    })
+    .await;
+    let holder = cluster.holder().unwrap();
+    always(
+        "exactly one leads, the Lease's holder",
+        Duration::from_secs(4),
+        || {
+            let leaders: Vec<&str> = ops
+                .iter()
+                .filter(|o| o.leading())
+                .map(|o| o.leadership.id())
+                .collect();
+            leaders == [holder.as_str()] && cluster.holder().as_deref() == Some(holder.as_str())
+        },
+    )
+    .await;
+    for op in [a, b, c] {
+        op.stop().await;
+    }
+}
