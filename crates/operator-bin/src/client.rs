@@ -1,9 +1,15 @@
-//! The API server, as the operator's cells reach it: the `k8s-client` module and the kinds
+//! The `k8s-client` cell: the API server, as the operator's cells reach it, and the kinds
 //! the operator reads and writes.
 //!
-//! The client is the k8s-watchers cell's: the same keys (`k8s-api-server`,
-//! `k8s-kubeconfig-path`, the in-cluster service account) and the same checks at start. Only
-//! its client is used here, not its watchers, which feed an agent's tables.
+//! - **Owns** nothing of its own: the client is the k8s-watchers cell's (`K8sWatchers`,
+//!   constructed here without its watchers, which feed an agent's tables), built at first use.
+//! - **Provides** `Arc<Client>` (and the `Arc<K8sWatchers>` it wraps).
+//! - **Depends on** its configuration only.
+//! - **Config keys**: the k8s-watchers ones, `k8s-api-server`, `k8s-kubeconfig-path` (and
+//!   the in-cluster service account); with none of them the operator refuses to start, naming
+//!   them. `node-name` is accepted and unused.
+//! - **Degraded** never: a client that cannot be built fails the requests of the cells that
+//!   use it, which report it.
 
 use std::sync::Arc;
 

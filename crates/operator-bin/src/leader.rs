@@ -97,6 +97,23 @@ impl Leadership {
     /// Trap: a value read is already old. A cell checks it before each write and stops
     /// writing when it turns false; the renew deadline, shorter than the lease duration, is
     /// what keeps an old and a new leader's writes from overlapping.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use cellium_operator::Leadership;
+    /// use cellium_operator::leader::{wait_leader, wait_lost};
+    ///
+    /// async fn work_while_leading(leadership: Arc<Leadership>) {
+    ///     let mut rx = leadership.is_leader();
+    ///     while wait_leader(&mut rx).await {
+    ///         let mut lost = leadership.is_leader();
+    ///         tokio::select! {
+    ///             _ = wait_lost(&mut lost) => {}          // stop writing at once
+    ///             _ = std::future::pending::<()>() => {}  // the leader's work
+    ///         }
+    ///     }
+    /// }
+    /// ```
     pub fn is_leader(&self) -> watch::Receiver<bool> {
         self.tx.subscribe()
     }
