@@ -7,6 +7,7 @@ use anyhow::Context;
 use cellium_hive::{ConfigSources, Hive};
 use cellium_operator::cells;
 use clap::{Parser, Subcommand};
+use ipnet::IpNet;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The Cellium operator: cluster-pool IPAM and garbage collection, one leader at a time.
@@ -47,6 +48,18 @@ struct ConfigArgs {
     /// This operator's name in the Lease (key `operator-id`).
     #[arg(long, value_name = "NAME")]
     operator_id: Option<String>,
+    /// IPv4 pools of pod CIDRs; repeat or separate with commas (key `cluster-pool-ipv4-cidr`).
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    cluster_pool_ipv4_cidr: Vec<IpNet>,
+    /// The prefix length of each node's IPv4 pod CIDR (key `cluster-pool-ipv4-mask-size`).
+    #[arg(long, value_name = "LEN")]
+    cluster_pool_ipv4_mask_size: Option<u8>,
+    /// IPv6 pools of pod CIDRs; repeat or separate with commas (key `cluster-pool-ipv6-cidr`).
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    cluster_pool_ipv6_cidr: Vec<IpNet>,
+    /// The prefix length of each node's IPv6 pod CIDR (key `cluster-pool-ipv6-mask-size`).
+    #[arg(long, value_name = "LEN")]
+    cluster_pool_ipv6_mask_size: Option<u8>,
 }
 
 impl ConfigArgs {
@@ -64,6 +77,28 @@ impl ConfigArgs {
         }
         if let Some(v) = &self.operator_id {
             sources = sources.flag("operator-id", v);
+        }
+        for (key, pools) in [
+            ("cluster-pool-ipv4-cidr", &self.cluster_pool_ipv4_cidr),
+            ("cluster-pool-ipv6-cidr", &self.cluster_pool_ipv6_cidr),
+        ] {
+            if !pools.is_empty() {
+                sources = sources.flag(key, pools);
+            }
+        }
+        for (key, len) in [
+            (
+                "cluster-pool-ipv4-mask-size",
+                self.cluster_pool_ipv4_mask_size,
+            ),
+            (
+                "cluster-pool-ipv6-mask-size",
+                self.cluster_pool_ipv6_mask_size,
+            ),
+        ] {
+            if let Some(len) = len {
+                sources = sources.flag(key, len);
+            }
         }
         sources
     }

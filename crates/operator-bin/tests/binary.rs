@@ -82,7 +82,7 @@ async fn a_run_leads_allocates_and_releases_its_lease_on_sigterm() {
     let config = dir.path().join("operator.yaml");
     std::fs::write(
         &config,
-        "cluster-pool-ipv4-cidr: [10.20.0.0/16]\nleader-election-retry-period: 200ms\n",
+        "leader-election-retry-period: 200ms\ncluster-pool-ipv6-cidr: [fd00:20::/104]\n",
     )
     .unwrap();
     let mut child = operator()
@@ -92,8 +92,9 @@ async fn a_run_leads_allocates_and_releases_its_lease_on_sigterm() {
             "op-bin",
             "--k8s-api-server",
             &cluster.url,
-            "--config",
         ])
+        .args(["--cluster-pool-ipv4-cidr", "10.20.0.0/16"])
+        .args(["--cluster-pool-ipv4-mask-size", "26", "--config"])
         .arg(&config)
         .stderr(Stdio::null())
         .spawn()
@@ -105,7 +106,7 @@ async fn a_run_leads_allocates_and_releases_its_lease_on_sigterm() {
     )
     .await;
     eventually("n1 gets a CIDR", Duration::from_secs(10), || {
-        cluster.pod_cidrs("n1") == ["10.20.0.0/24"]
+        cluster.pod_cidrs("n1") == ["10.20.0.0/26", "fd00:20::/112"]
     })
     .await;
     let status = Command::new("kill")
