@@ -269,3 +269,39 @@ async fn expired_and_dropped_watches_relist_without_handing_out_twice() {
     }
     op.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_taken_stops_handing_out_at_once() {
+    let cluster = Cluster::new();
+    let op = cluster
+        .operator("op-a", &pools(&["10.0.0.0/16"], &[]))
+        .await;
+    cluster.create_cilium_node("n0", &[]);
+    eventually("n0 gets a CIDR", WAIT, || {
+        !cluster.pod_cidrs("n0").is_empty()
+    })
+    .await;
+    // Another holder, for an hour: op-a sees it at its next renewal.
+    cluster
+        .server
+        .apply_yaml(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: cellium-operator, namespace: kube-system}\nspec: {holderIdentity: elsewhere, leaseDurationSeconds: 3600}\n",
+        )
+        .unwrap();
+    eventually("op-a stops leading", WAIT, || !op.leading()).await;
+    cluster.create_cilium_node("n1", &[]);
+    always(
+        "n1 gets nothing from a follower",
+        Duration::from_secs(2),
+        || cluster.pod_cidrs("n1").is_empty() && cluster.holder().as_deref() == Some("elsewhere"),
+    )
+    .await;
+    let status = op
+        .hive
+        .health()
+        .node("cluster-pool.ciliumnodes")
+        .unwrap()
+        .status;
+    assert!(status.message.contains("not leading"), "{status:?}");
+    op.stop().await;
+}
