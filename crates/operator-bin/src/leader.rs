@@ -231,6 +231,9 @@ impl Elector {
                     None => std::future::pending().await,
                 }
             };
+            // A renewal counts from when it was sent, not from its answer: the write took
+            // effect in between, and others count their wait from no earlier than that.
+            let attempt = Instant::now();
             let outcome = tokio::select! {
                 _ = ctx.cancelled() => break,
                 _ = lost => {
@@ -244,7 +247,7 @@ impl Elector {
             };
             match outcome {
                 Ok(Outcome::Leading) => {
-                    renewed = Some(Instant::now());
+                    renewed = Some(attempt);
                     self.leadership.set(true);
                     reporter.ok(format!(
                         "leading: Lease {lease} held by {}",
