@@ -291,3 +291,80 @@ fn ipam_cluster_pool_registers_the_node_and_waits_for_the_operators_cidrs() {
         .unwrap();
     assert_eq!(cn["spec"]["ipam"]["podCIDRs"][0], "10.245.20.0/24");
 }
+
+/// `cellium-operator` in a node namespace, killed (and waited for) on drop.
+struct Operator(std::process::Child);
+
+impl Operator {
+    fn start(agent: &Agent, api: &K8sApi) -> Operator {
+        let program = agent.binaries().dir().join("cellium-operator");
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", agent.node().path().display()))
+            .arg("--")
+            .arg(program)
+            .args(["run", "--k8s-api-server", &api.url()])
+            .args(["--cluster-pool-ipv4-cidr", "10.246.0.0/16"])
+            .args(["--cluster-pool-ipv4-mask-size", "24"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("cellium-operator (cargo build --workspace first)");
+        Operator(child)
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let no_cidr = || AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    };
+    let mut one = Agent::prepare(no_cidr()).expect("node 1");
+    let mut two = Agent::prepare(no_cidr()).expect("node 2");
+    underlay(one.node(), two.node());
+    let api = K8sApi::start(one.node()).expect("API server");
+    api.serve_on(two.node()).expect("served on node 2");
+    // Nodes without pod CIDRs: the operator's cluster pool gives them.
+    let nodes = NODES
+        .replace("spec: { podCIDRs: [ 10.245.11.0/24 ] }\n", "")
+        .replace("spec: { podCIDRs: [ 10.245.12.0/24 ] }\n", "");
+    api.api().apply_yaml(&nodes).expect("nodes");
+    api.apply(PODS).expect("pods");
+    let _operator = Operator::start(&one, &api);
+    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
+        let mut env = api.agent_env(name);
+        env.retain(|(k, _)| k != "CELLIUM_IPAM");
+        env.push(("CELLIUM_IPAM".into(), "cluster-pool".into()));
+        agent.options_mut().env = env;
+        agent.start().expect("agent with ipam: cluster-pool");
+    }
+    let (client_ns, web_ns) = (NetNs::new().expect("netns"), NetNs::new().expect("netns"));
+    let client = one
+        .add_pod(&client_ns, "cid-client", "shop", "client")
+        .expect("ADD client");
+    let web = two
+        .add_pod(&web_ns, "cid-web", "shop", "web")
+        .expect("ADD web");
+    assert_eq!(client.octets()[..2], [10, 246], "{client}");
+    assert_eq!(web.octets()[..2], [10, 246], "{web}");
+    assert_ne!(
+        client.octets()[2],
+        web.octets()[2],
+        "each node has its own /24 of the pool"
+    );
+    let _server =
+        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    eventually(
+        "client reaches web over the operator's CIDRs",
+        &[&one, &two],
+        || reaches(&client_ns, web),
+    );
+}

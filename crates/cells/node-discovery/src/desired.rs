@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use cellium_resources::{CiliumEndpoint, Node};
+use cellium_resources::{CiliumEndpoint, CiliumNode, Node};
 use ipnet::IpNet;
 
 /// A route to another node's pod CIDR via that node's address.
@@ -16,20 +16,35 @@ pub struct NodeRoute {
 }
 
 /// The routes to every other node's pod CIDRs, each via that node's first address of the
-/// CIDR's family; a node without one of that family gets no route for it.
-pub fn routes<'a>(nodes: impl IntoIterator<Item = &'a Node>, me: &str) -> BTreeSet<NodeRoute> {
+/// CIDR's family; a node without one of that family gets no route for it. A node's CIDRs are
+/// its Node's `spec.podCIDRs` (`ipam: kubernetes`) and its CiliumNode's `spec.ipam.podCIDRs`
+/// (`ipam: cluster-pool`); its addresses, its Node's, else its CiliumNode's.
+pub fn routes<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    cilium_nodes: impl IntoIterator<Item = &'a CiliumNode>,
+    me: &str,
+) -> BTreeSet<NodeRoute> {
+    let mut known: BTreeMap<&str, (Vec<IpNet>, Vec<IpAddr>)> = BTreeMap::new();
+    for node in nodes {
+        let entry = known.entry(&node.name).or_default();
+        entry.0.extend(&node.pod_cidrs);
+        entry.1.extend(&node.addresses);
+    }
+    for node in cilium_nodes {
+        let entry = known.entry(&node.name).or_default();
+        entry.0.extend(&node.pod_cidrs);
+        if entry.1.is_empty() {
+            entry.1.extend(&node.addresses);
+        }
+    }
     let mut out = BTreeSet::new();
-    for node in nodes.into_iter().filter(|n| n.name != me) {
-        for cidr in &node.pod_cidrs {
-            let via = node
-                .addresses
+    for (_, (cidrs, addresses)) in known.into_iter().filter(|(name, _)| *name != me) {
+        for cidr in cidrs {
+            let via = addresses
                 .iter()
                 .find(|a| a.is_ipv4() == matches!(cidr, IpNet::V4(_)));
             if let Some(via) = via {
-                out.insert(NodeRoute {
-                    cidr: *cidr,
-                    via: *via,
-                });
+                out.insert(NodeRoute { cidr, via: *via });
             }
         }
     }
@@ -103,7 +118,13 @@ mod tests {
             ),
             node("n3", &["192.0.2.3"], &["10.3.0.0/24", "fd00:3::/64"]),
         ];
-        let r: Vec<String> = routes(&nodes, "n1")
+        let cilium = [CiliumNode {
+            name: "n4".into(),
+            addresses: vec!["192.0.2.4".parse().unwrap()],
+            pod_cidrs: vec!["10.4.0.0/24".parse().unwrap()],
+            operator_error: None,
+        }];
+        let r: Vec<String> = routes(&nodes, &cilium, "n1")
             .iter()
             .map(|r| format!("{} via {}", r.cidr, r.via))
             .collect();
@@ -112,6 +133,7 @@ mod tests {
             [
                 "10.2.0.0/24 via 192.0.2.2",
                 "10.3.0.0/24 via 192.0.2.3",
+                "10.4.0.0/24 via 192.0.2.4",
                 "fd00:2::/64 via 2001:db8::2"
             ]
         );

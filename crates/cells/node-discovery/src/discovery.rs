@@ -98,6 +98,7 @@ impl NodeDiscovery {
         let r = &self.resources;
         let changes = futures::stream::select_all([
             WatchStream::from_changes(r.nodes.revision()).boxed(),
+            WatchStream::from_changes(r.cilium_nodes.revision()).boxed(),
             WatchStream::from_changes(r.cilium_endpoints.revision()).boxed(),
             WatchStream::from_changes(r.cilium_identities.revision()).boxed(),
         ]);
@@ -138,7 +139,12 @@ impl NodeDiscovery {
         );
         let entry_count = entries.len();
         self.claim(entries)?;
-        let routes = desired::routes(nodes.iter().map(|n| &**n), &self.node);
+        let cilium_nodes = self.resources.cilium_nodes.list();
+        let routes = desired::routes(
+            nodes.iter().map(|n| &**n),
+            cilium_nodes.iter().map(|n| &**n),
+            &self.node,
+        );
         let handle = self.netlink().await?;
         let changed = routes::reconcile(handle, &routes).await?;
         if changed > 0 {
