@@ -28,6 +28,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_policy_repo::cell().into(),
             cellium_endpoint_manager::cell().into(),
             cellium_svc_lb::cell().into(),
+            cellium_flows::cell().into(),
         ])
         .into(),
     ]
@@ -96,6 +97,7 @@ mod tests {
             "resources",
             "ipam",
             "svc-lb",
+            "flows",
         ] {
             assert!(text.contains(module), "{module} missing from:\n{text}");
         }

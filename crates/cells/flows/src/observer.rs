@@ -1,0 +1,198 @@
+//! The cell's object: switches the datapath's events on, reads them into the ring.
+//!
+//! Start order: the loader's start hook has loaded the datapath, the endpoint manager's has
+//! restored the endpoints (both are dependencies, so their hooks ran first). The `observe`
+//! hook sets the trace and verdict flags in `cel_config` as configured (clearing what is
+//! off, so a previous run's setting does not linger) and opens a reader; the `read-events`
+//! job reads until the agent stops, and the stop hook ends every follow with a clear
+//! error before the API server goes away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellium_datapath_bpf::{Datapath, DatapathConfig, EventReader};
+use cellium_endpoint_manager::EndpointManager;
+use cellium_hive::{BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
+use cellium_identity::Identities;
+use cellium_ipcache::Ipcache;
+use cellium_loader::Loader;
+use cellium_metrics::Metrics;
+use cellium_svc_lb::ServiceLb;
+
+use crate::config::FlowsConfig;
+use crate::enrich::{Enricher, Sources};
+use crate::ring::Ring;
+use crate::sources::CellSources;
+use crate::stats::{Stats, StatsCollector};
+
+/// How often the datapath's lost-events counter is read.
+const LOST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The observer: the ring of flows, its counters, and the node's name.
+#[derive(Debug)]
+pub struct Flows {
+    ring: Arc<Ring>,
+    stats: Arc<Stats>,
+    node_name: String,
+    enabled: bool,
+}
+
+impl Flows {
+    /// Declares the cell; its start hook switches the events on and starts the reader.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: Config<FlowsConfig>,
+        lc: Lifecycle,
+        jobs: Jobs,
+        reporter: Reporter,
+        loader: Arc<Loader>,
+        endpoints: Arc<EndpointManager>,
+        identities: Option<Arc<Identities>>,
+        ipcache: Option<Arc<Ipcache>>,
+        services: Option<Arc<ServiceLb>>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Arc<Flows> {
+        let flows = Arc::new(Flows::in_memory(&cfg, node_name()));
+        if let Some(metrics) = metrics {
+            metrics.register_collector(Box::new(StatsCollector {
+                stats: flows.stats.clone(),
+                ring: flows.ring.clone(),
+            }));
+        }
+        let sources: Arc<dyn Sources> =
+            Arc::new(CellSources::new(endpoints, identities, ipcache, services));
+        let this = flows.clone();
+        let cfg = (*cfg).clone();
+        let ring = flows.ring.clone();
+        lc.append(
+            Hook::new("observe")
+                .on_start(move |_| async move {
+                    let dp = loader.datapath()?;
+                    switch_events(&dp, &cfg)?;
+                    if !cfg.enable_hubble {
+                        reporter.ok("off (enable-hubble: false)");
+                        return Ok(());
+                    }
+                    let reader = dp.events()?;
+                    reporter.ok(format!(
+                        "reading events into a ring of {} flows (traces {}, policy verdicts {})",
+                        this.ring.capacity(),
+                        on_off(cfg.bpf_events_trace_enabled),
+                        on_off(cfg.bpf_events_policy_verdict_enabled),
+                    ));
+                    let state = std::sync::Mutex::new(Some((reader, Enricher::new(sources))));
+                    let this = this.clone();
+                    jobs.one_shot("read-events", move |ctx| {
+                        let taken = state.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        let (this, dp) = (this.clone(), dp.clone());
+                        async move {
+                            let Some((reader, enricher)) = taken else {
+                                return Ok(());
+                            };
+                            this.read(ctx, dp, reader, enricher).await
+                        }
+                    })
+                    .add();
+                    Ok(())
+                })
+                .on_stop(move |_| async move {
+                    ring.stop();
+                    Ok(())
+                }),
+        );
+        flows
+    }
+
+    /// An observer with no reader, for tests and tools that push flows themselves.
+    pub fn in_memory(cfg: &FlowsConfig, node_name: String) -> Flows {
+        Flows {
+            ring: Arc::new(Ring::new(cfg.capacity(), cfg.hubble_follow_queue_size)),
+            stats: Arc::new(Stats::default()),
+            node_name,
+            enabled: cfg.enable_hubble,
+        }
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Arc<Ring> {
+        &self.ring
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The node's name as flows carry it.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Whether the observer runs (`enable-hubble`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Keeps `flow` and counts it.
+    pub fn record(&self, flow: crate::Flow) {
+        self.stats.count(&flow);
+        self.ring.push(flow);
+    }
+
+    async fn read(
+        &self,
+        ctx: JobContext,
+        dp: Arc<Datapath>,
+        mut reader: EventReader,
+        mut enricher: Enricher,
+    ) -> Result<(), BoxError> {
+        let mut tick = tokio::time::interval(LOST_INTERVAL);
+        // The counter lives as long as the pinned map; only what is lost from now on is ours.
+        let mut lost = dp.metrics().events_lost().unwrap_or(0);
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(()),
+                event = reader.next() => {
+                    let flow = enricher.flow(event?);
+                    self.record(flow);
+                }
+                _ = tick.tick() => {
+                    if let Ok(now) = dp.metrics().events_lost() {
+                        self.ring.lost(now.saturating_sub(lost));
+                        lost = now;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}
+
+/// Sets or clears the trace and verdict flags as configured (both off when the observer is).
+fn switch_events(dp: &Datapath, cfg: &FlowsConfig) -> cellium_datapath_bpf::Result<()> {
+    let config = dp.config();
+    config.set_flag(
+        DatapathConfig::TRACE_EVENTS,
+        cfg.enable_hubble && cfg.bpf_events_trace_enabled,
+    )?;
+    config.set_flag(
+        DatapathConfig::POLICY_VERDICT_EVENTS,
+        cfg.enable_hubble && cfg.bpf_events_policy_verdict_enabled,
+    )
+}
+
+/// `K8S_NODE_NAME`, else the host name, as the Kubernetes watchers name the node.
+fn node_name() -> String {
+    std::env::var("K8S_NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default()
+}
