@@ -4,15 +4,16 @@
 //! restored the endpoints (both are dependencies, so their hooks ran first). The `observe`
 //! hook sets the trace and verdict flags in `cel_config` as configured (clearing what is
 //! off, so a previous run's setting does not linger) and opens a reader; the `read-events`
-//! job reads until the agent stops, and the stop hook ends every follow with a clear
-//! error before the API server goes away.
+//! job reads until the agent stops. Every follow ends with a clear error as soon as the
+//! agent begins to stop (the API server's graceful stop waits for calls in flight, and it
+//! stops before this cell).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cellium_datapath_bpf::{Datapath, DatapathConfig, EventReader};
 use cellium_endpoint_manager::EndpointManager;
-use cellium_hive::{BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
+use cellium_hive::{BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter, Shutdowner};
 use cellium_identity::Identities;
 use cellium_ipcache::Ipcache;
 use cellium_loader::Loader;
@@ -51,6 +52,7 @@ impl Flows {
         ipcache: Option<Arc<Ipcache>>,
         services: Option<Arc<ServiceLb>>,
         metrics: Option<Arc<Metrics>>,
+        shutdowner: Shutdowner,
     ) -> Arc<Flows> {
         let flows = Arc::new(Flows::in_memory(&cfg, node_name()));
         if let Some(metrics) = metrics {
@@ -67,6 +69,13 @@ impl Flows {
         lc.append(
             Hook::new("observe")
                 .on_start(move |_| async move {
+                    // Follows end as soon as the agent begins to stop, not at this cell's
+                    // stop hook: the API server stops first and waits for calls in flight.
+                    let stopping = this.ring.clone();
+                    tokio::spawn(async move {
+                        shutdowner.requested().await;
+                        stopping.stop();
+                    });
                     let dp = loader.datapath()?;
                     switch_events(&dp, &cfg)?;
                     if !cfg.enable_hubble {
