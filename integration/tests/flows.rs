@@ -185,6 +185,18 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
         "{compact}"
     );
     assert!(compact.contains("DROPPED"), "{compact}");
+    // The drop counts against shop/db, whose ingress policy decided: in `endpoint get` and
+    // in the metrics.
+    let db_id = lab.endpoints().unwrap()["shop/db"]["id"].as_u64().unwrap();
+    let ep = lab
+        .agent()
+        .cli_json(&["endpoint", "get", &db_id.to_string()])
+        .unwrap();
+    assert_eq!(ep["drops"]["POLICY_DENIED"], 1, "{ep:#}");
+    let metrics = lab.agent().metrics().unwrap();
+    let series =
+        format!("cellium_endpoint_drops_total{{endpoint=\"{db_id}\",reason=\"POLICY_DENIED\"}} 1");
+    assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
 
     let web = &lab.pod("shop/web").unwrap().netns;
     probe::tcp_request(web, addr(&lab, "shop/db", 5432), TIMEOUT).expect("web -> db allowed");

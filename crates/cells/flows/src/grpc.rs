@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use cellium_api::ApiService;
 use cellium_api::v1::observer_server::{Observer as ObserverApi, ObserverServer};
 use cellium_api::v1::{
-    self, GetFlowsRequest, GetFlowsResponse, LostEvent, LostEventSource, ServerStatusRequest,
-    ServerStatusResponse, get_flows_response::ResponseTypes,
+    self, EndpointDrops, GetEndpointDropsRequest, GetFlowsRequest, GetFlowsResponse, LostEvent,
+    LostEventSource, ServerStatusRequest, ServerStatusResponse, get_flows_response::ResponseTypes,
 };
 use futures::Stream;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -187,6 +187,19 @@ impl ObserverApi for ObserverService {
             lost_events: ring.lost_datapath(),
             lost_by_followers: ring.lost_followers(),
         }))
+    }
+
+    async fn get_endpoint_drops(
+        &self,
+        req: Request<GetEndpointDropsRequest>,
+    ) -> Result<Response<EndpointDrops>, Status> {
+        let id = req.into_inner().endpoint_id;
+        let id = u16::try_from(id)
+            .map_err(|_| Status::invalid_argument(format!("{id} is not an endpoint id")))?;
+        let by_reason: std::collections::HashMap<String, u64> =
+            self.0.stats().drops_of(id).into_iter().collect();
+        let total = by_reason.values().sum();
+        Ok(Response::new(EndpointDrops { by_reason, total }))
     }
 }
 
