@@ -55,7 +55,7 @@ enum Command {
     Service(service::Command),
     /// The flows the datapath saw: who talked to whom, what was dropped and why. Filters
     /// as `hubble observe`'s; `--not` before a filter flag negates it.
-    Observe(observe::Args),
+    Observe(Box<observe::Args>),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -74,7 +74,7 @@ async fn main() -> ExitCode {
         Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
         Command::Policy(command) => policy::exec(&cli.socket, command).await,
         Command::Service(command) => service::exec(&cli.socket, command).await,
-        Command::Observe(args) => observe::exec(&cli.socket, args.with_negated(negated)).await,
+        Command::Observe(args) => observe::exec(&cli.socket, (*args).with_negated(negated)).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

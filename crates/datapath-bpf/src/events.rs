@@ -342,7 +342,10 @@ mod tests {
 
     #[test]
     fn traces_carry_both_matches_and_the_service() {
-        let mut r = raw(Ipv4Addr::new(10, 0, 0, 1).into(), Ipv4Addr::new(10, 0, 0, 2).into());
+        let mut r = raw(
+            Ipv4Addr::new(10, 0, 0, 1).into(),
+            Ipv4Addr::new(10, 0, 0, 2).into(),
+        );
         r.kind = 3;
         r.reason = 0;
         r.verdict = 0;

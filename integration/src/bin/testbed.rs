@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cellium_datapath_bpf::{
-    AttachMode, Datapath, DatapathConfig, DatapathOptions, Direction, EndpointFlags, IpNet, PolicyRule, Verdict,
-    compile_policy,
+    AttachMode, Datapath, DatapathConfig, DatapathOptions, Direction, EndpointFlags, IpNet,
+    PolicyRule, Verdict, compile_policy,
 };
 use cellium_integration::topology::pod_ip6;
 use cellium_integration::{Topology, pingpong};
@@ -261,7 +261,8 @@ fn observe(bpf_root: PathBuf, duration: Duration) -> Result<()> {
     })
     .context("opening the datapath")?;
     let mut reader = dp.events()?;
-    let flows = cellium_flows::Flows::in_memory(&cellium_flows::FlowsConfig::default(), "bench".into());
+    let flows =
+        cellium_flows::Flows::in_memory(&cellium_flows::FlowsConfig::default(), "bench".into());
     let mut enricher = cellium_flows::Enricher::new(std::sync::Arc::new(NoSources));
     let lost_before = dp.metrics().events_lost()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -317,7 +318,10 @@ fn connections(addr: IpAddr, count: u32) -> Result<()> {
         }
     }
     let secs = began.elapsed().as_secs_f64();
-    println!("connections={sent} seconds={secs:.2} per_s={:.0}", f64::from(sent) / secs);
+    println!(
+        "connections={sent} seconds={secs:.2} per_s={:.0}",
+        f64::from(sent) / secs
+    );
     Ok(())
 }
 

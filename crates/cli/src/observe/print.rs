@@ -285,7 +285,7 @@ fn rfc3339(t: Option<&v1::Timestamp>) -> Value {
 pub fn json(f: &Flow) -> Value {
     let l4 = match f.l4.as_ref().and_then(|l| l.protocol.as_ref()) {
         Some(v1::layer4::Protocol::Tcp(t)) => {
-            let fl = t.flags.clone().unwrap_or_default();
+            let fl = t.flags.unwrap_or_default();
             let mut flags = serde_json::Map::new();
             for (on, name) in [
                 (fl.fin, "FIN"),
