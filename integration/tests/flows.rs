@@ -227,6 +227,24 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
         .cli(&["observe", "--all", "--type", "trace", "--to-pod", "shop/db"])
         .unwrap();
     assert!(compact.contains("ingress L3-L4"), "{compact}");
+
+    // IPv6 alike: the denied one dropped, the allowed one traced, both named.
+    let db6 = SocketAddr::new(lab.pod("shop/db").unwrap().ip6.unwrap().into(), 5432);
+    assert!(probe::tcp_connect(tool, db6, SHORT).is_err());
+    probe::tcp_request(web, db6, TIMEOUT).expect("web -> db over IPv6");
+    let v6 = wait_for("the IPv6 flows", || {
+        let f = observe(lab.agent(), &["--all", "--to-ip", &db6.ip().to_string()]);
+        (f.len() >= 2).then_some(f)
+    });
+    let verdicts: Vec<&str> = v6
+        .iter()
+        .map(|f| f["flow"]["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["DROPPED", "FORWARDED"], "{v6:#?}");
+    assert_eq!(v6[0]["flow"]["IP"]["ipVersion"], "IPv6");
+    assert_eq!(v6[0]["flow"]["source"]["pod_name"], "tool");
+    assert_eq!(v6[1]["flow"]["source"]["pod_name"], "web");
+    assert_eq!(v6[1]["flow"]["destination"]["pod_name"], "db");
 }
 
 #[test]
