@@ -245,6 +245,12 @@ impl EventReader {
         Ok(self.drain())
     }
 
+    /// Every event available now, without waiting (none: an empty list).
+    pub fn available(&mut self) -> Result<Vec<Event>> {
+        self.consume()?;
+        Ok(self.drain())
+    }
+
     /// The next event, waiting without blocking the executor. Must run
     /// inside a tokio runtime (with I/O enabled).
     pub async fn next(&mut self) -> Result<Event> {

@@ -260,42 +260,43 @@ fn observe(bpf_root: PathBuf, duration: Duration) -> Result<()> {
         ..Default::default()
     })
     .context("opening the datapath")?;
-    let mut reader = dp.events()?;
+    let reader = dp.events()?;
     let flows =
         cellium_flows::Flows::in_memory(&cellium_flows::FlowsConfig::default(), "bench".into());
-    let mut enricher = cellium_flows::Enricher::new(std::sync::Arc::new(NoSources));
+    let enricher = cellium_flows::Enricher::new(std::sync::Arc::new(NoSources));
     let lost_before = dp.metrics().events_lost()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     println!("observing");
-    let (events, cpu) = rt.block_on(async {
-        let began = std::time::Instant::now();
-        let mut events = 0u64;
-        let mut cpu_at_first = None;
-        loop {
-            let wait = if events == 0 {
-                duration.saturating_sub(began.elapsed())
-            } else {
-                Duration::from_secs(1)
-            };
-            match tokio::time::timeout(wait, reader.next()).await {
-                Ok(event) => {
-                    if cpu_at_first.is_none() {
-                        cpu_at_first = Some(cpu_seconds()?);
-                    }
-                    flows.record(enricher.flow(event?));
-                    events += 1;
+    // The flows cell's own reader; it stops once events came and then none for a second.
+    let cpu_at_first = std::cell::Cell::new(None);
+    let seen = |f: &cellium_flows::Flows| f.ring().seen();
+    rt.block_on(async {
+        let stop = async {
+            let began = std::time::Instant::now();
+            let (mut last, mut quiet) = (0, Duration::ZERO);
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let now = seen(&flows);
+                if now > 0 && cpu_at_first.get().is_none() {
+                    cpu_at_first.set(cpu_seconds().ok());
                 }
-                Err(_) => break,
+                quiet = if now == last && now > 0 {
+                    quiet + Duration::from_millis(10)
+                } else {
+                    Duration::ZERO
+                };
+                last = now;
+                if quiet >= Duration::from_secs(1) || began.elapsed() > duration {
+                    return;
+                }
             }
-            if began.elapsed() > duration {
-                break;
-            }
-        }
-        let cpu = cpu_seconds()? - cpu_at_first.unwrap_or(0.0);
-        anyhow::Ok((events, cpu))
+        };
+        flows.read_events(&dp, reader, enricher, stop).await
     })?;
+    let events = seen(&flows);
+    let cpu = cpu_seconds()? - cpu_at_first.get().unwrap_or(0.0);
     let lost = dp.metrics().events_lost()? - lost_before;
     let per_s = if cpu > 0.0 { events as f64 / cpu } else { 0.0 };
     println!("events={events} cpu_s={cpu:.2} lost={lost} events_per_cpu_s={per_s:.0}");
