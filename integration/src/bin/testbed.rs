@@ -239,19 +239,20 @@ impl cellium_flows::Sources for NoSources {
     }
 }
 
-/// User plus system CPU seconds of this process so far (`/proc/self/stat`, clock ticks).
+/// CPU seconds this process's threads ran so far, in nanoseconds' precision: the sum of
+/// `/proc/self/task/*/schedstat`'s first field (the clock-tick counters of `/proc/self/stat`
+/// are too coarse for a reader that needs tens of milliseconds).
 fn cpu_seconds() -> Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Fields after the command name (which may hold spaces), from field 3 on.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields
-        .get(11..13)
-        .context("utime and stime in /proc/self/stat")?
-        .iter()
-        .map(|f| f.parse::<f64>().unwrap_or(0.0))
-        .sum();
-    Ok(ticks / 100.0)
+    let mut ns: u64 = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(ns as f64 / 1e9)
 }
 
 fn observe(bpf_root: PathBuf, duration: Duration) -> Result<()> {
@@ -299,7 +300,7 @@ fn observe(bpf_root: PathBuf, duration: Duration) -> Result<()> {
     let cpu = cpu_seconds()? - cpu_at_first.get().unwrap_or(0.0);
     let lost = dp.metrics().events_lost()? - lost_before;
     let per_s = if cpu > 0.0 { events as f64 / cpu } else { 0.0 };
-    println!("events={events} cpu_s={cpu:.2} lost={lost} events_per_cpu_s={per_s:.0}");
+    println!("events={events} cpu_s={cpu:.4} lost={lost} events_per_cpu_s={per_s:.0}");
     Ok(())
 }
 
