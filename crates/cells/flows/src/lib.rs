@@ -12,7 +12,8 @@
 //!   (labels of remote identities), ipcache (identities of addresses the event did not
 //!   name), svc-lb (services by rev-NAT id) and metrics (`cellium_flows_processed_total`,
 //!   `cellium_policy_verdicts_total`, `cellium_endpoint_drops_total`,
-//!   `cellium_flows_lost_events_total`).
+//!   `cellium_flows_lost_events_total`); and the hive's `Shutdowner`, to end every follow as
+//!   soon as the agent begins to stop.
 //! - **Config keys** (Cilium's names): `enable-hubble` (default true),
 //!   `hubble-event-buffer-capacity` (default 4095 flows), `bpf-events-trace-enabled`
 //!   (default true), `bpf-events-policy-verdict-enabled` (default false),
