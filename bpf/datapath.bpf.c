@@ -113,8 +113,10 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	ct6_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup6(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
+		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
+
 		t.dst_identity = dst ? dst->identity : ipcache_identity6(cfg, p.daddr);
-		ret = policy_check6(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg);
+		ret = policy_check6(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
 		if (dst) {
@@ -122,13 +124,16 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 
 			it.direction = CEL_DIR_INGRESS;
 			it.endpoint_id = dst->id;
-			ret = policy_check6(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+			ret = policy_check6(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+					    &im);
 			if (ret)
 				return drop6(skb, &p, &it, ret);
 		}
 		ret = ct_create6(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
+		if (trace_events(cfg))
+			trace_new6(skb, &p, &t, em | (im << 4), lb.rev_nat_id);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
@@ -192,13 +197,17 @@ static __always_inline int to_container6(struct __sk_buff *skb, const struct dat
 	ct6_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup6(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
 		t.src_identity = identity_of6(cfg, p.saddr);
-		ret = policy_check6(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+		ret = policy_check6(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg, &im);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
 		ret = ct_create6(&key, &p, cfg, now, 0, 0);
 		if (ret)
 			return drop6(skb, &p, &t, ret);
+		if (trace_events(cfg))
+			trace_new6(skb, &p, &t, im << 4, 0);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
@@ -255,8 +264,10 @@ int cel_from_container(struct __sk_buff *skb)
 	ct_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup4(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
+		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
+
 		t.dst_identity = dst ? dst->identity : ipcache_identity4(cfg, p.daddr);
-		ret = policy_check(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg);
+		ret = policy_check(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
 		if (ret)
 			return drop(skb, &p, &t, ret);
 		if (dst) {
@@ -266,13 +277,17 @@ int cel_from_container(struct __sk_buff *skb)
 
 			it.direction = CEL_DIR_INGRESS;
 			it.endpoint_id = dst->id;
-			ret = policy_check(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+			ret = policy_check(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+					   &im);
 			if (ret)
 				return drop(skb, &p, &it, ret);
 		}
 		ret = ct_create4(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
 		if (ret)
 			return drop(skb, &p, &t, ret);
+		/* One flag test per new connection: nothing when tracing is off. */
+		if (trace_events(cfg))
+			trace_new(skb, &p, &t, em | (im << 4), lb.rev_nat_id);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
@@ -329,13 +344,17 @@ int cel_to_container(struct __sk_buff *skb)
 	ct_key_from_pkt(&key, &p, 0);
 	ct = ct_lookup4(&key, &p, cfg, now, &ce);
 	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
 		t.src_identity = identity_of4(cfg, p.saddr);
-		ret = policy_check(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg);
+		ret = policy_check(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg, &im);
 		if (ret)
 			return drop(skb, &p, &t, ret);
 		ret = ct_create4(&key, &p, cfg, now, 0, 0);
 		if (ret)
 			return drop(skb, &p, &t, ret);
+		if (trace_events(cfg))
+			trace_new(skb, &p, &t, im << 4, 0);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 

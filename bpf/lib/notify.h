@@ -21,6 +21,8 @@ struct trace {
 	__u32 dst_identity;
 	__u16 endpoint_id;
 	__u8 direction;
+	__u8 match;       /* CEL_MATCH_*, set for verdicts and traces */
+	__u16 rev_nat_id; /* set for traces of translated connections */
 };
 
 static __always_inline void count(__u8 direction, __u8 reason, __u32 len)
@@ -45,8 +47,11 @@ static __always_inline struct event *event_start(struct __sk_buff *skb, const st
 {
 	struct event *e = bpf_ringbuf_reserve(&cel_events, sizeof(*e), 0);
 
-	if (!e)
+	if (!e) {
+		/* Counted where no reader can miss it. */
+		count(CEL_DIR_INGRESS, CEL_REASON_EVENTS_LOST, 0);
 		return NULL;
+	}
 	/* Reserved memory holds whatever was there before: nothing of it
 	 * may reach a reader. */
 	__builtin_memset(e, 0, sizeof(*e));
@@ -59,6 +64,8 @@ static __always_inline struct event *event_start(struct __sk_buff *skb, const st
 	e->dst_identity = t->dst_identity;
 	e->ifindex = skb->ifindex;
 	e->verdict = verdict;
+	e->match = t->match;
+	e->rev_nat_id = t->rev_nat_id;
 	return e;
 }
 
@@ -72,6 +79,7 @@ static __always_inline void emit_event(struct __sk_buff *skb, const struct pkt *
 		return;
 	e->family = CEL_FAMILY_IPV4;
 	e->protocol = p->protocol;
+	e->tcp_flags = p->tcp_flags;
 	__builtin_memcpy(e->saddr, &p->saddr, 4);
 	__builtin_memcpy(e->daddr, &p->daddr, 4);
 	e->sport = p->sport;
@@ -98,6 +106,7 @@ static __always_inline void emit_event6(struct __sk_buff *skb, const struct pkt6
 		return;
 	e->family = CEL_FAMILY_IPV6;
 	e->protocol = p->protocol;
+	e->tcp_flags = p->tcp_flags;
 	__builtin_memcpy(e->saddr, p->saddr, 16);
 	__builtin_memcpy(e->daddr, p->daddr, 16);
 	e->sport = p->sport;
@@ -112,6 +121,33 @@ static __always_inline int drop6(struct __sk_buff *skb, const struct pkt6 *p,
 	count(t->direction, reason, skb->len);
 	emit_event6(skb, p, t, CEL_EVENT_DROP, reason, CEL_VERDICT_DENIED);
 	return TC_ACT_SHOT;
+}
+
+static __always_inline int trace_events(const struct datapath_config *cfg)
+{
+	return cfg && (cfg->flags & CEL_CFG_F_TRACE_EVENTS);
+}
+
+/* A new connection forwarded: `match` as event.match describes it,
+ * `rev_nat_id` the frontend it was translated through (0: none). */
+static __always_inline void trace_new(struct __sk_buff *skb, const struct pkt *p,
+				      const struct trace *t, __u8 match, __u16 rev_nat_id)
+{
+	struct trace tt = *t;
+
+	tt.match = match;
+	tt.rev_nat_id = rev_nat_id;
+	emit_event(skb, p, &tt, CEL_EVENT_TRACE, CEL_REASON_FORWARDED, CEL_VERDICT_ALLOWED);
+}
+
+static __always_inline void trace_new6(struct __sk_buff *skb, const struct pkt6 *p,
+				       const struct trace *t, __u8 match, __u16 rev_nat_id)
+{
+	struct trace tt = *t;
+
+	tt.match = match;
+	tt.rev_nat_id = rev_nat_id;
+	emit_event6(skb, p, &tt, CEL_EVENT_TRACE, CEL_REASON_FORWARDED, CEL_VERDICT_ALLOWED);
 }
 
 #endif /* CELLIUM_LIB_NOTIFY_H */

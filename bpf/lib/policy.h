@@ -16,9 +16,10 @@
 #include "notify.h"
 #include "packet.h"
 
-/* Returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason. */
+/* Returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason;
+ * *by_peer is set when the entry for the peer's own identity matched. */
 static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u32 identity,
-					 __u8 protocol, __be16 dport)
+					 __u8 protocol, __be16 dport, int *by_peer)
 {
 	struct policy_key key = {};
 	struct policy_value *v;
@@ -36,6 +37,7 @@ static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u3
 	if (v) {
 		deny |= v->deny;
 		allow = 1;
+		*by_peer = 1;
 	}
 	key.identity = 0;
 	v = bpf_map_lookup_elem(&cel_policy, &key);
@@ -51,20 +53,51 @@ static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u3
 	return CEL_REASON_POLICY_DEFAULT_DENY;
 }
 
+/* Whether `identity` has an entry for any protocol and port: events only,
+ * so the lookup costs nothing while they are off. */
+static __always_inline int policy_any_port(__u16 endpoint_id, __u8 direction, __u32 identity)
+{
+	struct policy_key key = {};
+
+	key.prefixlen = CEL_POLICY_PREFIX_ANY_PROTO;
+	key.endpoint_id = endpoint_id;
+	key.direction = direction;
+	key.identity = identity;
+	return bpf_map_lookup_elem(&cel_policy, &key) != NULL;
+}
+
 /* Whether endpoint `ep` lets a new connection through in `direction`:
- * CEL_REASON_FORWARDED (0) or the drop reason. */
+ * CEL_REASON_FORWARDED (0) or the drop reason. *by_peer as policy_lookup
+ * sets it; -1 when the direction is not enforced. */
 static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 direction,
-					  __u32 peer_identity, __u8 protocol, __be16 dport)
+					  __u32 peer_identity, __u8 protocol, __be16 dport,
+					  int *by_peer)
 {
 	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
 						     : CEL_EP_F_ENFORCE_EGRESS;
 
-	if (!(ep->flags & enforce))
+	if (!(ep->flags & enforce)) {
+		*by_peer = -1;
 		return CEL_REASON_FORWARDED;
+	}
 	/* ICMP has no port; its policy entries are protocol-wide. */
 	if (protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6)
 		dport = 0;
-	return policy_lookup(ep->id, direction, peer_identity, protocol, dport);
+	return policy_lookup(ep->id, direction, peer_identity, protocol, dport, by_peer);
+}
+
+/* The CEL_MATCH_* of a decision, for events. */
+static __always_inline __u8 policy_match(const struct endpoint_info *ep, __u8 direction,
+					 __u32 peer_identity, int reason, int by_peer)
+{
+	if (reason)
+		return CEL_MATCH_NONE;
+	if (by_peer < 0)
+		return CEL_MATCH_ALL;
+	if (by_peer)
+		return policy_any_port(ep->id, direction, peer_identity) ? CEL_MATCH_L3_ONLY
+									 : CEL_MATCH_L3_L4;
+	return policy_any_port(ep->id, direction, 0) ? CEL_MATCH_ALL : CEL_MATCH_L4_ONLY;
 }
 
 static __always_inline int verdict_events(const struct datapath_config *cfg)
@@ -86,18 +119,25 @@ static __always_inline struct trace verdict_trace(const struct trace *t,
 
 /*
  * Decides one direction for endpoint `ep` and reports the verdict when the
- * configuration asks for it. `peer_identity` is the other side's identity.
+ * configuration asks for it. `peer_identity` is the other side's identity;
+ * *match is set (CEL_MATCH_*) only while verdict or trace events are on.
  */
 static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt *p,
 					const struct trace *t,
 					const struct endpoint_info *ep, __u8 direction,
-					__u32 peer_identity, const struct datapath_config *cfg)
+					__u32 peer_identity, const struct datapath_config *cfg,
+					__u8 *match)
 {
-	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport);
+	int by_peer = 0;
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
+	int verdicts = verdict_events(cfg);
 
-	if (verdict_events(cfg)) {
+	if (verdicts || trace_events(cfg))
+		*match = policy_match(ep, direction, peer_identity, reason, by_peer);
+	if (verdicts) {
 		struct trace vt = verdict_trace(t, ep, direction);
 
+		vt.match = *match;
 		emit_event(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
 			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
 	}
@@ -107,15 +147,21 @@ static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt 
 static __always_inline int policy_check6(struct __sk_buff *skb, const struct pkt6 *p,
 					 const struct trace *t,
 					 const struct endpoint_info *ep, __u8 direction,
-					 __u32 peer_identity, const struct datapath_config *cfg)
+					 __u32 peer_identity, const struct datapath_config *cfg,
+					 __u8 *match)
 {
-	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport);
+	int by_peer = 0;
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
+	int verdicts = verdict_events(cfg);
 
-	if (verdict_events(cfg)) {
+	if (verdicts || trace_events(cfg))
+		*match = policy_match(ep, direction, peer_identity, reason, by_peer);
+	if (verdicts) {
 		struct trace vt = verdict_trace(t, ep, direction);
 
+		vt.match = *match;
 		emit_event6(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
-			    reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
+			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
 	}
 	return reason;
 }

@@ -3,21 +3,27 @@
 #   (a) plain kernel routing between the veths, no BPF attached, and
 #   (b) through the Cellium datapath: programs on both host veths, policy
 #       enforced in both directions with an allow policy, conntrack on,
+#   (c) as (b) with trace events of new connections on (`bpf-events-trace-enabled`),
 # in IPv4 and in IPv6.
 # Throughput: iperf3, one TCP stream. Latency: TCP ping-pong p50 of 64-byte
 # messages (sockperf for IPv4; cellium-testbed's own ping-pong for IPv6, which
 # the sockperf of Debian 12 does not speak).
-# Each mode runs ROUNDS times, interleaved (a, b, a, b, ...) so that drift
-# of the machine hits both alike; the medians are compared within a family.
+# Each mode runs ROUNDS times, interleaved (a, b, c, a, b, c, ...) so that drift
+# of the machine hits all alike; the medians are compared within a family.
+# Then the flows reader alone (`cellium-testbed observe`: the flows cell's
+# enrichment, ring and counters) reads the trace events of CONNECTIONS new
+# UDP connections; its CPU per event is the agent's cost of observing.
 #
 # Usage (root): integration/bench/datapath.sh
 #   DURATION=4 ROUNDS=5 integration/bench/datapath.sh
 # Last line: RESULT datapath throughput_ratio=<b/a> latency_ratio=<b/a>
 #            throughput_ratio_v6=<b/a> latency_ratio_v6=<b/a>
+#            trace_on_tput_ratio=<c/b> events_per_cpu_s=<events / reader CPU s>
 set -euo pipefail
 
 DURATION=${DURATION:-4}
 ROUNDS=${ROUNDS:-5}
+CONNECTIONS=${CONNECTIONS:-100000}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 name="bench$$"
 bpf_root="/run/cellium-bench-$$"
@@ -27,6 +33,7 @@ server_ip=10.244.0.12
 server_ip6=fd00:10:244::12
 sockperf_pid=""
 pingpong_pid=""
+observe_pid=""
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "datapath.sh: run as root (it creates network namespaces and loads BPF)" >&2
@@ -42,6 +49,7 @@ testbed="${CARGO_TARGET_DIR:-$root/target}/release/cellium-testbed"
 cleanup() {
   [ -n "$sockperf_pid" ] && kill "$sockperf_pid" 2>/dev/null || true
   [ -n "$pingpong_pid" ] && kill "$pingpong_pid" 2>/dev/null || true
+  [ -n "$observe_pid" ] && kill "$observe_pid" 2>/dev/null || true
   "$testbed" down --name "$name" --pods 2 || true
   if mountpoint -q "$bpf_root"; then umount -l "$bpf_root"; fi
   rmdir "$bpf_root" 2>/dev/null || true
@@ -77,7 +85,7 @@ ip netns exec "$pod2" "$testbed" pingpong-server --addr "[$server_ip6]:11112" >/
 pingpong_pid=$!
 sleep 0.5
 
-declare -a tput_a tput_b lat_a lat_b tput6_a tput6_b lat6_a lat6_b
+declare -a tput_a tput_b tput_c lat_a lat_b lat_c tput6_a tput6_b tput6_c lat6_a lat6_b lat6_c
 for round in $(seq 1 "$ROUNDS"); do
   # (a) plain routing: nothing attached.
   "$testbed" detach --name "$name" --pods 2 --bpf-root "$bpf_root" >/dev/null 2>&1 || true
@@ -86,17 +94,39 @@ for round in $(seq 1 "$ROUNDS"); do
   tput_a+=("$t"); lat_a+=("$l"); tput6_a+=("$t6"); lat6_a+=("$l6")
   echo "round $round routing:  IPv4 throughput ${t} Mbit/s latency p50 ${l} us  IPv6 throughput ${t6} Mbit/s latency p50 ${l6} us"
   # (b) the datapath with conntrack and an allow policy in both directions.
-  "$testbed" attach --name "$name" --pods 2 --bpf-root "$bpf_root" --policy allow >/dev/null
+  "$testbed" attach --name "$name" --pods 2 --bpf-root "$bpf_root" --policy allow --trace off >/dev/null
   t=$(throughput "$server_ip"); l=$(latency)
   t6=$(throughput "$server_ip6"); l6=$(latency6)
   tput_b+=("$t"); lat_b+=("$l"); tput6_b+=("$t6"); lat6_b+=("$l6")
   echo "round $round datapath: IPv4 throughput ${t} Mbit/s latency p50 ${l} us  IPv6 throughput ${t6} Mbit/s latency p50 ${l6} us"
+  # (c) the same with trace events of new connections on.
+  "$testbed" attach --name "$name" --pods 2 --bpf-root "$bpf_root" --policy allow --trace on >/dev/null
+  t=$(throughput "$server_ip"); l=$(latency)
+  t6=$(throughput "$server_ip6"); l6=$(latency6)
+  tput_c+=("$t"); lat_c+=("$l"); tput6_c+=("$t6"); lat6_c+=("$l6")
+  echo "round $round tracing:  IPv4 throughput ${t} Mbit/s latency p50 ${l} us  IPv6 throughput ${t6} Mbit/s latency p50 ${l6} us"
 done
+
+# The flows reader: trace events of CONNECTIONS new connections, read as the agent does.
+"$testbed" attach --name "$name" --pods 2 --bpf-root "$bpf_root" --policy allow --trace on >/dev/null
+observe_out=$(mktemp)
+"$testbed" observe --bpf-root "$bpf_root" --duration 120 >"$observe_out" &
+observe_pid=$!
+for _ in $(seq 50); do grep -q observing "$observe_out" && break; sleep 0.1; done
+ip netns exec "$pod1" "$testbed" connections --addr "$server_ip" --count "$CONNECTIONS"
+wait "$observe_pid" || true
+observe_pid=""
+cat "$observe_out"
+events_per_cpu_s=$(awk -F'events_per_cpu_s=' '/events_per_cpu_s=/ { print $2 }' "$observe_out")
+rm -f "$observe_out"
 
 m() { printf '%s\n' "$@" | median; }
 ta=$(m "${tput_a[@]}"); tb=$(m "${tput_b[@]}"); la=$(m "${lat_a[@]}"); lb=$(m "${lat_b[@]}")
 t6a=$(m "${tput6_a[@]}"); t6b=$(m "${tput6_b[@]}"); l6a=$(m "${lat6_a[@]}"); l6b=$(m "${lat6_b[@]}")
+tc=$(m "${tput_c[@]}"); lc=$(m "${lat_c[@]}"); t6c=$(m "${tput6_c[@]}"); l6c=$(m "${lat6_c[@]}")
 echo "median routing:  IPv4 throughput ${ta} Mbit/s latency p50 ${la} us  IPv6 throughput ${t6a} Mbit/s latency p50 ${l6a} us"
 echo "median datapath: IPv4 throughput ${tb} Mbit/s latency p50 ${lb} us  IPv6 throughput ${t6b} Mbit/s latency p50 ${l6b} us"
+echo "median tracing:  IPv4 throughput ${tc} Mbit/s latency p50 ${lc} us  IPv6 throughput ${t6c} Mbit/s latency p50 ${l6c} us"
 awk -v ta="$ta" -v tb="$tb" -v la="$la" -v lb="$lb" -v t6a="$t6a" -v t6b="$t6b" -v l6a="$l6a" -v l6b="$l6b" \
-  'BEGIN { printf "RESULT datapath throughput_ratio=%.3f latency_ratio=%.3f throughput_ratio_v6=%.3f latency_ratio_v6=%.3f\n", tb / ta, lb / la, t6b / t6a, l6b / l6a }'
+  -v tc="$tc" -v eps="${events_per_cpu_s:-0}" \
+  'BEGIN { printf "RESULT datapath throughput_ratio=%.3f latency_ratio=%.3f throughput_ratio_v6=%.3f latency_ratio_v6=%.3f trace_on_tput_ratio=%.3f events_per_cpu_s=%d\n", tb / ta, lb / la, t6b / t6a, l6b / l6a, tc / tb, eps }'

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::{
     AttachKind, AttachMode, Backend, CtTuple, Datapath, DatapathConfig, DatapathOptions, Direction,
-    EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin, PolicyRule, Protocol, Reason,
-    Verdict, compile_policy,
+    EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin, PolicyMatch, PolicyRule, Protocol,
+    Reason, Verdict, compile_policy,
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::topology::GATEWAY;
@@ -841,4 +841,95 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     {
         assert_eq!(a.program_id, Some(second_ids.0));
     }
+}
+
+#[test]
+fn traces_and_verdicts_carry_their_match_and_the_service_when_switched_on() {
+    let _serial = serial();
+    let env = env(2, |i| {
+        if i == 2 {
+            EndpointFlags::ENFORCE_INGRESS
+        } else {
+            EndpointFlags::NONE
+        }
+    });
+    let (p1, p2) = (env.topo.pod(1), env.topo.pod(2));
+    set_policy(
+        &env.dp,
+        2,
+        &[rule(
+            identity(1),
+            Direction::Ingress,
+            Some(Protocol::Tcp),
+            Some(8080),
+            Verdict::Allow,
+        )],
+    );
+    let _server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+
+    // Off (the default): a new connection emits nothing.
+    let mut reader = env.dp.events().unwrap();
+    probe::tcp_request(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+    assert!(reader.poll(Duration::from_millis(200)).unwrap().is_empty());
+
+    env.dp
+        .config()
+        .set_flag(DatapathConfig::TRACE_EVENTS, true)
+        .unwrap();
+    env.dp
+        .config()
+        .set_flag(DatapathConfig::POLICY_VERDICT_EVENTS, true)
+        .unwrap();
+    let verdict = wait_event(
+        &env.dp,
+        || {
+            probe::tcp_request(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+        },
+        |e| e.kind == EventKind::PolicyVerdict && e.direction == Direction::Ingress,
+    );
+    assert!(verdict.allowed);
+    assert_eq!(verdict.egress_match, PolicyMatch::L3L4);
+    let trace = wait_event(
+        &env.dp,
+        || {
+            probe::tcp_request(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+        },
+        |e| e.kind == EventKind::Trace,
+    );
+    assert_eq!((trace.saddr, trace.daddr), (p1.ip.into(), p2.ip.into()));
+    assert_eq!(trace.direction, Direction::Egress);
+    // pod1's egress is not enforced (all); pod2's ingress allowed identity and port.
+    assert_eq!(trace.egress_match, PolicyMatch::All);
+    assert_eq!(trace.ingress_match, PolicyMatch::L3L4);
+    assert_eq!(trace.rev_nat_id, 0);
+    assert_eq!(trace.tcp_flags & 0x02, 0x02, "the SYN");
+
+    // Through a frontend: the trace names its rev-NAT id, the destination is the backend.
+    let vip = Ipv4Addr::new(10, 96, 0, 10);
+    let svc = env.dp.services();
+    svc.put_backend(
+        1,
+        &Backend {
+            addr: p2.ip.into(),
+            port: 8080,
+            protocol: Protocol::Tcp,
+        },
+    )
+    .unwrap();
+    let fe = Frontend {
+        vip: vip.into(),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    svc.put_service(&fe, 7, &[1]).unwrap();
+    let trace = wait_event(
+        &env.dp,
+        || {
+            probe::tcp_request(&p1.ns, addr(vip, 80), TIMEOUT).unwrap();
+        },
+        |e| e.kind == EventKind::Trace && e.rev_nat_id != 0,
+    );
+    assert_eq!(trace.rev_nat_id, 7);
+    assert_eq!(trace.daddr, std::net::IpAddr::from(p2.ip));
+    assert_eq!(trace.dport, 8080);
 }

@@ -57,6 +57,9 @@
  * CEL_IPV6_MAX_EXT_HDRS headers): never passed unchecked. */
 #define CEL_REASON_EXTENSION_HEADER 12
 #define CEL_REASON_SLOTS 256
+/* Not a verdict: the ingress slot counts the events cel_events had no room
+ * for (packets: events, bytes: 0). */
+#define CEL_REASON_EVENTS_LOST 255
 
 /* IP protocol numbers used in keys (IPPROTO_* without pulling libc in). */
 #define CEL_PROTO_ICMP 1

@@ -14,6 +14,9 @@
  * world-ipv4 (9) or world-ipv6 (10), as in Cilium's dual-stack mode, instead
  * of world (2). */
 #define CEL_CFG_F_WORLD_PER_FAMILY (1 << 1)
+/* Emit a TRACE event for every new connection forwarded. Checked once per
+ * new connection: established traffic never looks at it. */
+#define CEL_CFG_F_TRACE_EVENTS (1 << 2)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

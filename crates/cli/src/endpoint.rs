@@ -48,6 +48,9 @@ struct EndpointView {
     ingress_enforced: bool,
     egress_enforced: bool,
     labels: std::collections::BTreeMap<String, String>,
+    /// Drops seen by the observer, by reason; absent when the agent has no observer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drops: Option<std::collections::BTreeMap<String, u64>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     peers: Vec<PeerView>,
     created: String,
@@ -107,7 +110,8 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
         }
         Command::Get { id, output } => {
             let ep = output::answer(client.get(GetEndpointRequest { id }).await, "Endpoints.Get")?;
-            let v = view(&ep);
+            let mut v = view(&ep);
+            v.drops = drops(socket, id).await;
             match output {
                 Format::Json => output::print_json(&v),
                 Format::Table => {
@@ -117,6 +121,30 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The endpoint's drops as the observer counted them; `None` when the agent has none (an
+/// agent built without the flows cell, or with `enable-hubble: false`).
+async fn drops(socket: &Path, id: u32) -> Option<std::collections::BTreeMap<String, u64>> {
+    let channel = cellium_api::connect(socket).await.ok()?;
+    let mut observer = cellium_api::v1::observer_client::ObserverClient::new(channel);
+    let reply = observer
+        .get_endpoint_drops(cellium_api::v1::GetEndpointDropsRequest { endpoint_id: id })
+        .await
+        .ok()?;
+    Some(reply.into_inner().by_reason.into_iter().collect())
+}
+
+fn drops_text(drops: Option<&std::collections::BTreeMap<String, u64>>) -> String {
+    let Some(drops) = drops else {
+        return "unknown (no observer)".into();
+    };
+    let total: u64 = drops.values().sum();
+    if total == 0 {
+        return "0".into();
+    }
+    let parts: Vec<String> = drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    format!("{total} ({})", parts.join(", "))
 }
 
 fn print_details(v: &EndpointView) {
@@ -139,6 +167,7 @@ fn print_details(v: &EndpointView) {
         ("Policy revision", v.policy_revision.to_string()),
         ("Enforced", enforced(v)),
         ("Created", v.created.clone()),
+        ("Drops", drops_text(v.drops.as_ref())),
     ];
     for (k, val) in rows {
         println!("{:<16} {val}", format!("{k}:"));
@@ -227,6 +256,7 @@ fn view(ep: &Endpoint) -> EndpointView {
         ingress_enforced: ep.ingress_enforced,
         egress_enforced: ep.egress_enforced,
         labels: ep.labels.clone().into_iter().collect(),
+        drops: None,
         peers: ep
             .peers
             .iter()

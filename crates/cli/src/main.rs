@@ -5,6 +5,7 @@ mod endpoint;
 mod identity;
 mod ipam;
 mod ipcache;
+mod observe;
 mod output;
 mod policy;
 mod service;
@@ -52,12 +53,17 @@ enum Command {
     /// The ClusterIP services the node load-balances, with their backends.
     #[command(subcommand)]
     Service(service::Command),
+    /// The flows the datapath saw: who talked to whom, what was dropped and why. Filters
+    /// as `hubble observe`'s; `--not` before a filter flag negates it.
+    Observe(Box<observe::Args>),
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
+    // `--not` is positional (it negates the flag after it), which clap cannot express.
+    let (argv, negated) = observe::split_not(std::env::args().collect());
+    let cli = Cli::parse_from(argv);
     let result = match cli.command {
         Command::Status(args) => status::exec(&cli.socket, args).await,
         Command::Apply(args) => apply::exec(&cli.socket, apply::Verb::Apply, args).await,
@@ -68,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
         Command::Policy(command) => policy::exec(&cli.socket, command).await,
         Command::Service(command) => service::exec(&cli.socket, command).await,
+        Command::Observe(args) => observe::exec(&cli.socket, (*args).with_negated(negated)).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

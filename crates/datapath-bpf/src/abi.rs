@@ -631,6 +631,9 @@ impl DatapathConfig {
     /// The node has pods of both families: an address outside the ipcache is world-ipv4 (9)
     /// or world-ipv6 (10), as in Cilium's dual-stack mode, instead of world (2).
     pub const WORLD_PER_FAMILY: u32 = 1 << 1;
+    /// Emit a trace event for every new connection forwarded (with its policy match and
+    /// service). Tested once per new connection, so established traffic pays nothing.
+    pub const TRACE_EVENTS: u32 = 1 << 2;
 }
 
 impl Default for DatapathConfig {
@@ -678,8 +681,8 @@ pub struct RawEvent {
     pub endpoint_id: u16,
     /// 4 or 6.
     pub family: u8,
-    /// Zero.
-    pub pad: u8,
+    /// TCP: the packet's flags byte.
+    pub tcp_flags: u8,
     /// Source identity (0 if not yet known).
     pub src_identity: u32,
     /// Destination identity (0 if not yet known).
@@ -698,8 +701,10 @@ pub struct RawEvent {
     pub len: u32,
     /// `CEL_VERDICT_*`.
     pub verdict: u8,
-    /// Zero.
-    pub pad2: [u8; 3],
+    /// `CEL_MATCH_*`: egress in the low four bits, ingress in the high four.
+    pub match_type: u8,
+    /// Traces: the rev-NAT id of the frontend the connection was translated through.
+    pub rev_nat_id: u16,
 }
 plain!(RawEvent {
     ktime,
@@ -709,7 +714,7 @@ plain!(RawEvent {
     protocol,
     endpoint_id,
     family,
-    pad,
+    tcp_flags,
     src_identity,
     dst_identity,
     saddr,
@@ -719,7 +724,8 @@ plain!(RawEvent {
     ifindex,
     len,
     verdict,
-    pad2
+    match_type,
+    rev_nat_id
 });
 
 #[cfg(test)]
@@ -813,6 +819,7 @@ mod tests {
             src_identity => src_identity,
             dst_identity => dst_identity, saddr => saddr, daddr => daddr, sport => sport,
             dport => dport, ifindex => ifindex, len => len, verdict => verdict,
+            tcp_flags => tcp_flags, match_type => match, rev_nat_id => rev_nat_id,
         });
     }
 
@@ -827,6 +834,24 @@ mod tests {
             u64::from(DatapathConfig::WORLD_PER_FAMILY),
             c::CEL_CFG_F_WORLD_PER_FAMILY
         );
+        assert_eq!(
+            u64::from(DatapathConfig::TRACE_EVENTS),
+            c::CEL_CFG_F_TRACE_EVENTS
+        );
+        assert_eq!(c::CEL_EVENT_TRACE, 3);
+        assert_eq!(
+            u64::from(crate::maps::metrics::EVENTS_LOST_REASON),
+            c::CEL_REASON_EVENTS_LOST
+        );
+        for (ours, theirs) in [
+            (crate::events::PolicyMatch::None, c::CEL_MATCH_NONE),
+            (crate::events::PolicyMatch::L3Only, c::CEL_MATCH_L3_ONLY),
+            (crate::events::PolicyMatch::L3L4, c::CEL_MATCH_L3_L4),
+            (crate::events::PolicyMatch::L4Only, c::CEL_MATCH_L4_ONLY),
+            (crate::events::PolicyMatch::All, c::CEL_MATCH_ALL),
+        ] {
+            assert_eq!(u64::from(ours as u8), theirs);
+        }
         let d = DatapathConfig::default();
         assert_eq!(u64::from(d.ct_tcp_syn), c::CEL_CT_DEFAULT_TCP_SYN);
         assert_eq!(

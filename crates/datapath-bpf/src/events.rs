@@ -1,4 +1,5 @@
-//! Reading `cel_events`: drops and policy verdicts, blocking or async.
+//! Reading `cel_events`: drops, policy verdicts and traces of new connections, blocking or
+//! async.
 //!
 //! Trap: the ring buffer is shared by every reader of the node and a full
 //! buffer loses events (never packets), so read continuously; counters in
@@ -30,8 +31,49 @@ pub enum EventKind {
     Drop,
     /// The policy decision for a new connection (when enabled).
     PolicyVerdict,
+    /// A new connection forwarded, after policy and service translation (when enabled).
+    Trace,
     /// A number this version does not know.
     Unknown(u8),
+}
+
+/// Which kind of policy entry let a connection through (Cilium's policy match types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PolicyMatch {
+    /// Denied, or not decided where the event was emitted.
+    None = 0,
+    /// An entry for the peer's identity, any protocol and port.
+    L3Only = 1,
+    /// An entry for the peer's identity and the port.
+    L3L4 = 2,
+    /// An entry for any identity and the port.
+    L4Only = 3,
+    /// An entry for anything, or the direction is not enforced.
+    All = 4,
+}
+
+impl PolicyMatch {
+    fn from_nibble(n: u8) -> Self {
+        match n & 0x0f {
+            1 => PolicyMatch::L3Only,
+            2 => PolicyMatch::L3L4,
+            3 => PolicyMatch::L4Only,
+            4 => PolicyMatch::All,
+            _ => PolicyMatch::None,
+        }
+    }
+
+    /// The name `hubble observe` prints: `L3-Only`, `L3-L4`, `L4-Only`, `all`, `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyMatch::None => "none",
+            PolicyMatch::L3Only => "L3-Only",
+            PolicyMatch::L3L4 => "L3-L4",
+            PolicyMatch::L4Only => "L4-Only",
+            PolicyMatch::All => "all",
+        }
+    }
 }
 
 /// One datapath event.
@@ -68,6 +110,14 @@ pub struct Event {
     pub len: u32,
     /// Whether the packet was let through (policy verdicts).
     pub allowed: bool,
+    /// TCP: the packet's flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10, ...).
+    pub tcp_flags: u8,
+    /// Policy verdicts: the match of this decision; traces: the egress decision of the hook.
+    pub egress_match: PolicyMatch,
+    /// Traces: the destination's ingress decision when taken by the same hook.
+    pub ingress_match: PolicyMatch,
+    /// Traces: the rev-NAT id of the service frontend the connection went through (0: none).
+    pub rev_nat_id: u16,
 }
 
 impl Event {
@@ -78,6 +128,7 @@ impl Event {
             kind: match raw.kind {
                 1 => EventKind::Drop,
                 2 => EventKind::PolicyVerdict,
+                3 => EventKind::Trace,
                 n => EventKind::Unknown(n),
             },
             reason: Reason::from(raw.reason),
@@ -93,6 +144,10 @@ impl Event {
             ifindex: raw.ifindex,
             len: raw.len,
             allowed: raw.verdict == 0,
+            tcp_flags: raw.tcp_flags,
+            egress_match: PolicyMatch::from_nibble(raw.match_type),
+            ingress_match: PolicyMatch::from_nibble(raw.match_type >> 4),
+            rev_nat_id: raw.rev_nat_id,
         })
     }
 }
@@ -190,6 +245,12 @@ impl EventReader {
         Ok(self.drain())
     }
 
+    /// Every event available now, without waiting (none: an empty list).
+    pub fn available(&mut self) -> Result<Vec<Event>> {
+        self.consume()?;
+        Ok(self.drain())
+    }
+
     /// The next event, waiting without blocking the executor. Must run
     /// inside a tokio runtime (with I/O enabled).
     pub async fn next(&mut self) -> Result<Event> {
@@ -283,6 +344,26 @@ mod tests {
         assert_eq!(e.dport, 80);
         assert!(!e.allowed);
         assert!(Event::decode(&[0u8; 8]).is_none());
+    }
+
+    #[test]
+    fn traces_carry_both_matches_and_the_service() {
+        let mut r = raw(
+            Ipv4Addr::new(10, 0, 0, 1).into(),
+            Ipv4Addr::new(10, 0, 0, 2).into(),
+        );
+        r.kind = 3;
+        r.reason = 0;
+        r.verdict = 0;
+        r.match_type = 2 | (4 << 4);
+        r.rev_nat_id = 7;
+        r.tcp_flags = 0x02;
+        let e = Event::decode(&r.encode()).unwrap();
+        assert_eq!(e.kind, EventKind::Trace);
+        assert_eq!(e.egress_match, PolicyMatch::L3L4);
+        assert_eq!(e.ingress_match, PolicyMatch::All);
+        assert_eq!((e.rev_nat_id, e.tcp_flags), (7, 0x02));
+        assert!(e.allowed);
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub use cellium_policy::{
 pub use clock::ktime_now_ns;
 pub use datapath::{Datapath, DatapathOptions, HookAttach};
 pub use error::{Error, Result};
-pub use events::{Event, EventKind, EventReader};
+pub use events::{Event, EventKind, EventReader, PolicyMatch};
 pub use ipnet::IpNet;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::frag::Fragmented;

@@ -272,6 +272,9 @@ impl Hive {
     /// `stop-timeout`; all of them run, and every failure is reported.
     /// Does nothing if the hive is not started.
     pub async fn stop(&mut self) -> Result<()> {
+        // Before any stop hook: long-lived calls (followed streams) end on it, so that the
+        // API server's graceful stop, which waits for calls in flight, is not held up.
+        self.shutdowner.mark_stopping();
         if self.state != State::Started {
             self.lifecycle.close();
             if self.state != State::Failed {

@@ -64,8 +64,16 @@ impl Shutdowner {
         *self.inner.requested.borrow()
     }
 
-    /// Completes once a shutdown is requested.
-    pub(crate) async fn requested(&self) {
+    /// Marks the hive as stopping without requesting anything (the hive does, as its stop
+    /// begins).
+    pub(crate) fn mark_stopping(&self) {
+        self.inner.requested.send_replace(true);
+    }
+
+    /// Completes once a shutdown is requested or the hive's stop has begun: a long-lived call
+    /// (a followed stream) ends here, before the stop hooks run, since the API server's
+    /// graceful stop waits for the calls in flight.
+    pub async fn requested(&self) {
         let mut rx = self.inner.requested.subscribe();
         // The sender lives in `self`, so `wait_for` cannot fail while we wait.
         let _ = rx.wait_for(|r| *r).await;

@@ -9,6 +9,9 @@
 //! cellium-testbed down --name bench --pods 2
 //! ip netns exec cel-bench-pod2 cellium-testbed pingpong-server --addr [fd00:10:244::12]:11112 &
 //! ip netns exec cel-bench-pod1 cellium-testbed pingpong --addr [fd00:10:244::12]:11112
+//! cellium-testbed attach ... --trace on      # trace events of new connections on
+//! cellium-testbed observe --bpf-root /run/cellium-bench &   # the flows reader, measured
+//! ip netns exec cel-bench-pod1 cellium-testbed connections --addr 10.244.0.12 --count 100000
 //! ```
 
 use std::net::{IpAddr, SocketAddr};
@@ -17,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cellium_datapath_bpf::{
-    AttachMode, Datapath, DatapathOptions, Direction, EndpointFlags, IpNet, PolicyRule, Verdict,
-    compile_policy,
+    AttachMode, Datapath, DatapathConfig, DatapathOptions, Direction, EndpointFlags, IpNet,
+    PolicyRule, Verdict, compile_policy,
 };
 use cellium_integration::topology::pod_ip6;
 use cellium_integration::{Topology, pingpong};
@@ -37,6 +40,12 @@ enum Policy {
     None,
     /// Enforce both directions, allow every pod to talk to every other.
     Allow,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -78,6 +87,27 @@ enum Cmd {
         policy: Policy,
         #[arg(long, value_enum, default_value_t = Mode::Auto)]
         mode: Mode,
+        /// Trace events of every new connection forwarded (`cel_config`'s TRACE_EVENTS).
+        #[arg(long, value_enum, default_value_t = Switch::Off)]
+        trace: Switch,
+    },
+    /// Read the datapath's events with the flows cell's reader (enrichment, ring, counters)
+    /// until none came for a second (after the first) or `duration` passed; print
+    /// `events=<n> cpu_s=<s> lost=<n> events_per_cpu_s=<n>`, the CPU being this process's.
+    Observe {
+        #[arg(long)]
+        bpf_root: PathBuf,
+        /// Seconds at most.
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+    },
+    /// Open `count` new UDP connections to `addr` (a fresh socket, so a fresh source port,
+    /// each; destination ports 20000-59999 in turn), one datagram each; print the rate.
+    Connections {
+        #[arg(long)]
+        addr: IpAddr,
+        #[arg(long, default_value_t = 100_000)]
+        count: u32,
     },
     /// Detach the datapath from every pod's host veth.
     Detach {
@@ -111,7 +141,14 @@ fn identity(i: u8) -> u32 {
     1000 + u32::from(i)
 }
 
-fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -> Result<()> {
+fn attach(
+    name: &str,
+    pods: u8,
+    bpf_root: PathBuf,
+    policy: Policy,
+    mode: Mode,
+    trace: Switch,
+) -> Result<()> {
     let topo = Topology::open_named(name, pods).with_context(|| format!("topology {name}"))?;
     let attach_mode = match mode {
         Mode::Auto => AttachMode::Auto,
@@ -126,6 +163,8 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
     for r in dp.maps_report() {
         println!("map {} {}", r.name, r.origin);
     }
+    dp.config()
+        .set_flag(DatapathConfig::TRACE_EVENTS, trace == Switch::On)?;
     let flags = match policy {
         Policy::None => EndpointFlags::NONE,
         Policy::Allow => EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS,
@@ -175,6 +214,119 @@ fn attach(name: &str, pods: u8, bpf_root: PathBuf, policy: Policy, mode: Mode) -
     Ok(())
 }
 
+/// Enrichment without the agent's cells: every address is looked up and misses, as an
+/// address outside the node's pods does.
+struct NoSources;
+
+impl cellium_flows::Sources for NoSources {
+    fn endpoints_version(&self) -> u64 {
+        0
+    }
+    fn endpoints(&self) -> Vec<cellium_flows::LocalEndpoint> {
+        Vec::new()
+    }
+    fn identity_labels(&self, _: u32) -> Option<cellium_labels::Labels> {
+        None
+    }
+    fn ipcache_identity(&self, _: IpAddr) -> Option<u32> {
+        None
+    }
+    fn world_identity(&self, _: IpAddr) -> u32 {
+        2
+    }
+    fn services(&self) -> Vec<(u16, cellium_flows::ServiceRef)> {
+        Vec::new()
+    }
+}
+
+/// CPU seconds this process's threads ran so far, in nanoseconds' precision: the sum of
+/// `/proc/self/task/*/schedstat`'s first field (the clock-tick counters of `/proc/self/stat`
+/// are too coarse for a reader that needs tens of milliseconds).
+fn cpu_seconds() -> Result<f64> {
+    let mut ns: u64 = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(ns as f64 / 1e9)
+}
+
+fn observe(bpf_root: PathBuf, duration: Duration) -> Result<()> {
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root,
+        ..Default::default()
+    })
+    .context("opening the datapath")?;
+    let reader = dp.events()?;
+    let flows =
+        cellium_flows::Flows::in_memory(&cellium_flows::FlowsConfig::default(), "bench".into());
+    let enricher = cellium_flows::Enricher::new(std::sync::Arc::new(NoSources));
+    let lost_before = dp.metrics().events_lost()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!("observing");
+    // The flows cell's own reader; it stops once events came and then none for a second.
+    let cpu_at_first = std::cell::Cell::new(None);
+    let seen = |f: &cellium_flows::Flows| f.ring().seen();
+    rt.block_on(async {
+        let stop = async {
+            let began = std::time::Instant::now();
+            let (mut last, mut quiet) = (0, Duration::ZERO);
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let now = seen(&flows);
+                if now > 0 && cpu_at_first.get().is_none() {
+                    cpu_at_first.set(cpu_seconds().ok());
+                }
+                quiet = if now == last && now > 0 {
+                    quiet + Duration::from_millis(10)
+                } else {
+                    Duration::ZERO
+                };
+                last = now;
+                if quiet >= Duration::from_secs(1) || began.elapsed() > duration {
+                    return;
+                }
+            }
+        };
+        flows.read_events(&dp, reader, enricher, stop).await
+    })?;
+    let events = seen(&flows);
+    let cpu = cpu_seconds()? - cpu_at_first.get().unwrap_or(0.0);
+    let lost = dp.metrics().events_lost()? - lost_before;
+    let per_s = if cpu > 0.0 { events as f64 / cpu } else { 0.0 };
+    println!("events={events} cpu_s={cpu:.4} lost={lost} events_per_cpu_s={per_s:.0}");
+    Ok(())
+}
+
+fn connections(addr: IpAddr, count: u32) -> Result<()> {
+    let began = std::time::Instant::now();
+    let any: IpAddr = if addr.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    let mut sent = 0u32;
+    for i in 0..count {
+        let port = 20_000 + (i % 40_000) as u16;
+        let s = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
+        if s.send_to(b"x", SocketAddr::new(addr, port)).is_ok() {
+            sent += 1;
+        }
+    }
+    let secs = began.elapsed().as_secs_f64();
+    println!(
+        "connections={sent} seconds={secs:.2} per_s={:.0}",
+        f64::from(sent) / secs
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -213,7 +365,10 @@ fn main() -> Result<()> {
             bpf_root,
             policy,
             mode,
-        } => attach(&name, pods, bpf_root, policy, mode)?,
+            trace,
+        } => attach(&name, pods, bpf_root, policy, mode, trace)?,
+        Cmd::Observe { bpf_root, duration } => observe(bpf_root, Duration::from_secs(duration))?,
+        Cmd::Connections { addr, count } => connections(addr, count)?,
         Cmd::Detach {
             name,
             pods,

@@ -13,6 +13,10 @@ pub const NAME: &str = "cel_metrics";
 /// Slots per direction (`CEL_REASON_SLOTS`).
 const REASON_SLOTS: u32 = 256;
 
+/// `CEL_REASON_EVENTS_LOST`: not a verdict; its ingress slot counts the events `cel_events`
+/// had no room for.
+pub const EVENTS_LOST_REASON: u8 = 255;
+
 /// One counter, summed over CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetricSample {
@@ -65,6 +69,14 @@ impl Metrics {
             sample.bytes += v.bytes;
         }
         Ok(sample)
+    }
+
+    /// Events the datapath could not submit because `cel_events` was full, since the map was
+    /// created (summed over CPUs).
+    pub fn events_lost(&self) -> Result<u64> {
+        Ok(self
+            .get(Direction::Ingress, Reason::from(EVENTS_LOST_REASON))?
+            .packets)
     }
 
     /// Every non-zero counter of the reasons this version knows.

@@ -1,0 +1,326 @@
+//! Who a flow is about: endpoints, identities and services, looked up once and cached.
+//!
+//! The reader runs this for every event, so nothing here may cost a lock of another cell per
+//! event: local endpoints are copied into a table by address when the endpoint manager says
+//! they changed (an atomic read per event), identity labels are cached by number (a number
+//! keeps its labels until it is released, and the cache is dropped whenever endpoints
+//! change), and services by rev-NAT id are read again on a miss, at most once a second.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use cellium_datapath_bpf::Event;
+use cellium_labels::Labels;
+
+use crate::flow::{EndpointRef, Flow, Peer, ServiceRef};
+
+/// A local endpoint with what flows say of it.
+#[derive(Debug, Clone)]
+pub struct LocalEndpoint {
+    /// Its addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Its id and pod.
+    pub endpoint: EndpointRef,
+    /// Its identity.
+    pub identity: u32,
+    /// Its labels.
+    pub labels: Labels,
+}
+
+/// What enrichment reads from the other cells; [`crate::CellSources`] is the agent's.
+pub trait Sources: Send + Sync + 'static {
+    /// A number that changes whenever endpoints come, go or change.
+    fn endpoints_version(&self) -> u64;
+    /// Every local endpoint.
+    fn endpoints(&self) -> Vec<LocalEndpoint>;
+    /// The labels of identity `id`, if it exists.
+    fn identity_labels(&self, id: u32) -> Option<Labels>;
+    /// The identity the ipcache gives `ip`, if any prefix holds it.
+    fn ipcache_identity(&self, ip: IpAddr) -> Option<u32>;
+    /// The identity the datapath gives an address no prefix holds (world, or world of its
+    /// family).
+    fn world_identity(&self, ip: IpAddr) -> u32;
+    /// Every service frontend by rev-NAT id.
+    fn services(&self) -> Vec<(u16, ServiceRef)>;
+}
+
+/// How often a rev-NAT id that names no known service may trigger a new read.
+const SERVICE_REFRESH: Duration = Duration::from_secs(1);
+
+/// Turns events into flows.
+pub struct Enricher {
+    sources: Arc<dyn Sources>,
+    version: Option<u64>,
+    by_ip: HashMap<IpAddr, (Arc<EndpointRef>, u32, Arc<Labels>)>,
+    identities: HashMap<u32, Arc<Labels>>,
+    services: HashMap<u16, Arc<ServiceRef>>,
+    services_read: Option<Instant>,
+    empty: Arc<Labels>,
+    // ktime -> wall clock: the offset measured at construction (both clocks tick alike
+    // while the node runs; a wall clock step shows up only after a restart).
+    boot_offset: Duration,
+}
+
+impl std::fmt::Debug for Enricher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enricher")
+            .field("endpoints", &self.by_ip.len())
+            .field("identities", &self.identities.len())
+            .field("services", &self.services.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cached identities beyond which the cache starts afresh.
+const MAX_IDENTITIES: usize = 65_536;
+
+impl Enricher {
+    /// An enricher reading `sources`, converting times with the current clocks.
+    pub fn new(sources: Arc<dyn Sources>) -> Enricher {
+        let wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let kt = Duration::from_nanos(cellium_datapath_bpf::ktime_now_ns().unwrap_or(0));
+        Enricher {
+            sources,
+            version: None,
+            by_ip: HashMap::new(),
+            identities: HashMap::new(),
+            services: HashMap::new(),
+            services_read: None,
+            empty: Arc::new(Labels::new()),
+            boot_offset: wall.saturating_sub(kt),
+        }
+    }
+
+    /// The flow of `event`.
+    pub fn flow(&mut self, event: Event) -> Flow {
+        self.refresh_endpoints();
+        let source = self.peer(event.saddr, event.src_identity);
+        let destination = self.peer(event.daddr, event.dst_identity);
+        let service = match event.rev_nat_id {
+            0 => None,
+            id => self.service(id),
+        };
+        Flow {
+            time: SystemTime::UNIX_EPOCH + self.boot_offset + Duration::from_nanos(event.ktime_ns),
+            event,
+            source,
+            destination,
+            service,
+        }
+    }
+
+    fn refresh_endpoints(&mut self) {
+        let version = self.sources.endpoints_version();
+        if self.version == Some(version) {
+            return;
+        }
+        self.version = Some(version);
+        self.by_ip.clear();
+        self.identities.clear();
+        for ep in self.sources.endpoints() {
+            let (r, labels) = (Arc::new(ep.endpoint), Arc::new(ep.labels));
+            for ip in ep.addresses {
+                self.by_ip
+                    .insert(ip, (r.clone(), ep.identity, labels.clone()));
+            }
+        }
+    }
+
+    fn peer(&mut self, ip: IpAddr, identity: u32) -> Peer {
+        if let Some((ep, id, labels)) = self.by_ip.get(&ip) {
+            return Peer {
+                // The event's identity is what the datapath enforced; the record's is the
+                // fallback when the event did not know it yet.
+                identity: if identity != 0 { identity } else { *id },
+                endpoint: Some(ep.clone()),
+                labels: labels.clone(),
+            };
+        }
+        let identity = match identity {
+            0 => self
+                .sources
+                .ipcache_identity(ip)
+                .unwrap_or_else(|| self.sources.world_identity(ip)),
+            id => id,
+        };
+        Peer {
+            identity,
+            endpoint: None,
+            labels: self.labels(identity),
+        }
+    }
+
+    fn labels(&mut self, identity: u32) -> Arc<Labels> {
+        if let Some(l) = self.identities.get(&identity) {
+            return l.clone();
+        }
+        let labels = match self.sources.identity_labels(identity) {
+            Some(l) => Arc::new(l),
+            None => self.empty.clone(),
+        };
+        if self.identities.len() >= MAX_IDENTITIES {
+            self.identities.clear();
+        }
+        self.identities.insert(identity, labels.clone());
+        labels
+    }
+
+    fn service(&mut self, id: u16) -> Option<Arc<ServiceRef>> {
+        if let Some(s) = self.services.get(&id) {
+            return Some(s.clone());
+        }
+        if self
+            .services_read
+            .is_some_and(|at| at.elapsed() < SERVICE_REFRESH)
+        {
+            return None;
+        }
+        self.services_read = Some(Instant::now());
+        self.services = self
+            .sources
+            .services()
+            .into_iter()
+            .map(|(id, s)| (id, Arc::new(s)))
+            .collect();
+        self.services.get(&id).cloned()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Sources held in memory, for tests.
+    #[derive(Default)]
+    pub(crate) struct FakeSources {
+        pub version: AtomicU64,
+        pub endpoints: Mutex<Vec<LocalEndpoint>>,
+        pub identities: Mutex<HashMap<u32, Labels>>,
+        pub services: Mutex<Vec<(u16, ServiceRef)>>,
+        pub service_reads: AtomicU64,
+    }
+
+    impl FakeSources {
+        pub fn pod(&self, id: u16, ip: &str, ns: &str, name: &str, identity: u32, labels: &[&str]) {
+            let labels: Labels = labels.iter().map(|l| l.parse().unwrap()).collect();
+            self.identities
+                .lock()
+                .unwrap()
+                .insert(identity, labels.clone());
+            self.endpoints.lock().unwrap().push(LocalEndpoint {
+                addresses: vec![ip.parse().unwrap()],
+                endpoint: EndpointRef {
+                    id,
+                    namespace: ns.into(),
+                    pod_name: name.into(),
+                },
+                identity,
+                labels,
+            });
+            self.version.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Sources for FakeSources {
+        fn endpoints_version(&self) -> u64 {
+            self.version.load(Ordering::SeqCst)
+        }
+        fn endpoints(&self) -> Vec<LocalEndpoint> {
+            self.endpoints.lock().unwrap().clone()
+        }
+        fn identity_labels(&self, id: u32) -> Option<Labels> {
+            if id == 2 {
+                return Some(["reserved:world".parse().unwrap()].into_iter().collect());
+            }
+            self.identities.lock().unwrap().get(&id).cloned()
+        }
+        fn ipcache_identity(&self, _: IpAddr) -> Option<u32> {
+            None
+        }
+        fn world_identity(&self, _: IpAddr) -> u32 {
+            2
+        }
+        fn services(&self) -> Vec<(u16, ServiceRef)> {
+            self.service_reads.fetch_add(1, Ordering::SeqCst);
+            self.services.lock().unwrap().clone()
+        }
+    }
+
+    pub(crate) fn event(src: &str, dst: &str) -> Event {
+        Event {
+            ktime_ns: 1_000,
+            kind: cellium_datapath_bpf::EventKind::Drop,
+            reason: cellium_datapath_bpf::Reason::PolicyDeny,
+            direction: cellium_datapath_bpf::Direction::Ingress,
+            protocol: cellium_datapath_bpf::Protocol::Tcp,
+            endpoint_id: 2,
+            src_identity: 0,
+            dst_identity: 0,
+            saddr: src.parse().unwrap(),
+            daddr: dst.parse().unwrap(),
+            sport: 40000,
+            dport: 80,
+            ifindex: 7,
+            len: 60,
+            allowed: false,
+            tcp_flags: 0x02,
+            egress_match: cellium_datapath_bpf::PolicyMatch::None,
+            ingress_match: cellium_datapath_bpf::PolicyMatch::None,
+            rev_nat_id: 0,
+        }
+    }
+
+    #[test]
+    fn both_sides_are_named_and_the_world_by_its_identity() {
+        let s = Arc::new(FakeSources::default());
+        s.pod(1, "10.0.0.1", "shop", "client", 300, &["k8s:app=client"]);
+        s.pod(2, "10.0.0.2", "shop", "web", 301, &["k8s:app=web"]);
+        let mut e = Enricher::new(s.clone());
+        let f = e.flow(event("10.0.0.1", "10.0.0.2"));
+        assert_eq!(f.source.pod(), Some(("shop", "client")));
+        assert_eq!(f.destination.pod(), Some(("shop", "web")));
+        assert_eq!((f.source.identity, f.destination.identity), (300, 301));
+        assert_eq!(f.destination.labels.to_strings(), ["k8s:app=web"]);
+
+        let f = e.flow(event("10.0.0.1", "8.8.8.8"));
+        assert_eq!(f.destination.identity, 2);
+        assert_eq!(f.destination.labels.to_strings(), ["reserved:world"]);
+        assert!(f.destination.endpoint.is_none());
+
+        // A pod created later is known from the next event on.
+        s.pod(3, "10.0.0.3", "shop", "db", 302, &["k8s:app=db"]);
+        let f = e.flow(event("10.0.0.3", "10.0.0.2"));
+        assert_eq!(f.source.pod(), Some(("shop", "db")));
+    }
+
+    #[test]
+    fn services_are_read_again_on_a_miss_at_most_once_a_second() {
+        let s = Arc::new(FakeSources::default());
+        let mut e = Enricher::new(s.clone());
+        let mut ev = event("10.0.0.1", "10.0.0.2");
+        ev.rev_nat_id = 4;
+        assert!(e.flow(ev.clone()).service.is_none());
+        s.services.lock().unwrap().push((
+            4,
+            ServiceRef {
+                namespace: "shop".into(),
+                name: "web".into(),
+            },
+        ));
+        // Within the second: not read again.
+        assert!(e.flow(ev.clone()).service.is_none());
+        assert_eq!(s.service_reads.load(Ordering::SeqCst), 1);
+        e.services_read = None;
+        let f = e.flow(ev.clone());
+        assert_eq!(f.service.unwrap().name, "web");
+        // Known: no read at all.
+        e.flow(ev);
+        assert_eq!(s.service_reads.load(Ordering::SeqCst), 2);
+    }
+}
