@@ -486,3 +486,56 @@ fn a_follower_gets_a_clear_error_when_the_agent_restarts() {
     let status = lab.agent().cli(&["observe", "--status"]).unwrap();
     assert!(status.contains("Current/Max Flows:"), "{status}");
 }
+
+#[test]
+fn hubble_s_method_path_answers_with_the_same_flows() {
+    let _serial = serial();
+    let mut lab = lab_with(Vec::new());
+    lab.serve(&[Tcp(8080)]).unwrap();
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    probe::tcp_request(tool, addr(&lab, "shop/web", 8080), TIMEOUT).unwrap();
+    wait_for("a flow", || {
+        (!observe(lab.agent(), &["--all"]).is_empty()).then_some(())
+    });
+    let socket = lab.agent().socket();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let flows = rt.block_on(async {
+        let channel = cellium_api::connect(&socket).await.expect("the API");
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let req = cellium_api::v1::GetFlowsRequest {
+            number: 10,
+            ..Default::default()
+        };
+        let mut stream = grpc
+            .server_streaming(
+                tonic::Request::new(req),
+                http::uri::PathAndQuery::from_static("/observer.Observer/GetFlows"),
+                tonic_prost::ProstCodec::<
+                    cellium_api::v1::GetFlowsRequest,
+                    cellium_api::v1::GetFlowsResponse,
+                >::default(),
+            )
+            .await
+            .expect("observer.Observer/GetFlows")
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(r) = stream.message().await.unwrap() {
+            out.push(r);
+        }
+        out
+    });
+    let pods: Vec<String> = flows
+        .iter()
+        .filter_map(|r| match &r.response_types {
+            Some(cellium_api::v1::get_flows_response::ResponseTypes::Flow(f)) => {
+                Some(f.destination.as_ref()?.pod_name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(pods.iter().any(|p| p == "web"), "{pods:?}");
+}

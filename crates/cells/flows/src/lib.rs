@@ -4,7 +4,8 @@
 //!   and traces of new connections), the flags in `cel_config` that switch traces and
 //!   verdicts on, and the ring of the last flows.
 //! - **Provides** `Arc<Flows>` (the [`Ring`] and its counters, [`Stats`]) and the
-//!   `cellium.v1.Observer` gRPC service, modelled on Hubble's observer (`cellium observe`):
+//!   `cellium.v1.Observer` gRPC service, modelled on Hubble's observer (`cellium observe`),
+//!   also served as Hubble's `observer.Observer` ([`HubbleObserver`]):
 //!   each event becomes a [`Flow`] naming both sides (local pods by endpoint, namespace and
 //!   labels; anything else by identity, `reserved:world` and the like), the service a
 //!   translated connection went through, and the verdict and its reason.
@@ -31,6 +32,7 @@ mod enrich;
 mod filter;
 mod flow;
 mod grpc;
+mod hubble;
 mod observer;
 mod ring;
 mod sources;
@@ -43,6 +45,7 @@ pub use enrich::{Enricher, LocalEndpoint, Sources};
 pub use filter::{Filter, FilterError, Filters};
 pub use flow::{EndpointRef, Flow, FlowVerdict, Peer, ServiceRef};
 pub use grpc::{ObserverService, flow_of};
+pub use hubble::{HUBBLE_SERVICE, HubbleObserver};
 pub use observer::Flows;
 pub use ring::{Item, LostSource, Ring, Subscription};
 pub use sources::CellSources;
@@ -57,4 +60,5 @@ pub fn cell() -> Module {
     .config::<FlowsConfig>()
     .provide(Flows::new)
     .contribute(ObserverService::api)
+    .contribute(HubbleObserver::api)
 }
