@@ -201,6 +201,43 @@ fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity() {
     eventually("relabelled other is allowed", &[&one, &two], || {
         reaches(&other_ns, web)
     });
+
+    // A ClusterIP whose backend runs on the other node: translated on the client's node,
+    // routed across, and the reply translated back.
+    let service = format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec: {{ ports: [ {{ name: http, port: 80, targetPort: {PORT} }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+ports: [ {{ name: http, port: {PORT}, protocol: TCP }} ]
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+"#
+    );
+    api.apply(&service).expect("service with a remote backend");
+    let vip: Ipv4Addr = api
+        .api()
+        .get("v1", "Service", Some("shop"), "web")
+        .expect("stored")["spec"]["clusterIP"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    eventually(
+        "client reaches the remote backend through the ClusterIP",
+        &[&one, &two],
+        || {
+            matches!(
+                probe(&client_ns, None, vip, Probe::Tcp(80), PROBE_TIMEOUT),
+                Ok(Outcome::Answered)
+            )
+        },
+    );
 }
 
 #[test]
