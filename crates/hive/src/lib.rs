@@ -32,6 +32,7 @@ mod job;
 mod lifecycle;
 mod module;
 mod populate;
+pub mod process;
 mod shutdown;
 pub mod testing;
 mod typename;

@@ -4,12 +4,10 @@ mod flags;
 
 use std::process::ExitCode;
 
-use anyhow::Context;
-use cellium_hive::Hive;
+use cellium_hive::process;
 use cellium_operator::cells;
 use clap::{Parser, Subcommand};
 use flags::ConfigArgs;
-use tokio::signal::unix::{SignalKind, signal};
 
 /// The Cellium operator: cluster-pool IPAM and garbage collection, one leader at a time.
 #[derive(Debug, Parser)]
@@ -50,45 +48,12 @@ fn main() -> ExitCode {
 }
 
 fn run(config: ConfigArgs) -> anyhow::Result<()> {
-    init_logging();
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        let hive = Hive::new(cells()).with_config(config.sources());
-        hive.run(shutdown_signal()).await?;
-        tracing::info!("stopped");
-        Ok(())
-    })
+    process::run("operator", cells(), config.sources()).map_err(anyhow::Error::from_boxed)
 }
 
 fn describe(config: ConfigArgs, dot: bool) -> anyhow::Result<()> {
-    let mut hive = Hive::new(cells()).with_config(config.sources());
-    hive.populate()?;
-    print!("{}", if dot { hive.dot() } else { hive.describe() });
+    let text =
+        process::describe(cells(), config.sources(), dot).map_err(anyhow::Error::from_boxed)?;
+    print!("{text}");
     Ok(())
-}
-
-/// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the operator with SIGKILL");
-        return std::future::pending().await;
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "stopping");
-}
-
-/// Logs to stderr; `RUST_LOG` filters, default `info`.
-fn init_logging() {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
