@@ -35,6 +35,8 @@
 #include "lib/notify.h"
 #include "lib/packet.h"
 #include "lib/policy.h"
+#include "lib/scratch.h"
+#include "lib/tunnel.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -66,94 +68,142 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	struct endpoint_info *src, *dst;
 	struct lb6_choice lb = {};
 	struct ct_entry *ce = NULL;
-	struct ct6_key key = {};
-	struct pkt6 p = {};
+	struct scratch6 *s = scratch6();
+	struct ct6_key *key;
+	struct pkt6 *p;
 	__u64 now;
 	int ret, ct;
 
-	ret = parse_ipv6(skb, &p);
+	if (!s)
+		return TC_ACT_SHOT;
+	p = &s->p;
+	key = &s->key;
+	ret = parse_ipv6(skb, p);
 	if (ret)
-		return drop6(skb, &p, &t, ret);
+		return drop6(skb, p, &t, ret);
 
 	/* The source counts as the pod's only if its entry names this very
 	 * interface: another pod's address is as spoofed as a made-up one. */
-	src = endpoint_lookup6(p.saddr);
+	src = endpoint_lookup6(p->saddr);
 	if (src && src->ifindex != skb->ifindex)
 		src = NULL;
 	if (src) {
 		t.endpoint_id = src->id;
 		t.src_identity = src->identity;
 	}
-	if (ipv6_link_control(&p)) {
-		ret = nd_answer(skb, &p, src, cfg);
+	if (ipv6_link_control(p)) {
+		ret = nd_answer(skb, p, src, cfg);
 		if (ret >= 0)
 			return ret;
 		/* A pod's own ND and MLD: from the unspecified address (DAD),
 		 * its link-local address (which it may choose freely, so it
 		 * is not in the endpoint map) or one of its own; to the link. */
-		if (ipv6_link_scope(p.daddr) &&
-		    (src || ipv6_unspecified(p.saddr) || ipv6_link_local(p.saddr))) {
+		if (ipv6_link_scope(p->daddr) &&
+		    (src || ipv6_unspecified(p->saddr) || ipv6_link_local(p->saddr))) {
 			count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 			return TC_ACT_OK;
 		}
 	}
 	if (!src)
-		return drop6(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
-	ret = frag6_track(&p);
+		return drop6(skb, p, &t, CEL_REASON_INVALID_SOURCE);
+	ret = frag6_track(p);
 	if (ret)
-		return drop6(skb, &p, &t, ret);
+		return drop6(skb, p, &t, ret);
 
 	now = bpf_ktime_get_ns();
-	ret = lb6_dnat(skb, &p, cfg, now, &lb);
+	ret = lb6_dnat(skb, p, cfg, now, &lb);
 	if (ret)
-		return drop6(skb, &p, &t, ret);
+		return drop6(skb, p, &t, ret);
 
 	/* After DNAT: the destination is the backend. */
-	dst = endpoint_lookup6(p.daddr);
-	ct6_key_from_pkt(&key, &p, 0);
-	ct = ct_lookup6(&key, &p, cfg, now, &ce);
+	dst = endpoint_lookup6(p->daddr);
+	ct6_key_from_pkt(key, p, 0);
+	ct = ct_lookup6(key, p, cfg, now, &ce);
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
-		t.dst_identity = dst ? dst->identity : ipcache_identity6(cfg, p.daddr);
-		ret = policy_check6(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
+		t.dst_identity = dst ? dst->identity : ipcache_identity6(cfg, p->daddr);
+		ret = policy_check6(skb, p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
 		if (ret)
-			return drop6(skb, &p, &t, ret);
+			return drop6(skb, p, &t, ret);
 		if (dst) {
 			struct trace it = t;
 
 			it.direction = CEL_DIR_INGRESS;
 			it.endpoint_id = dst->id;
-			ret = policy_check6(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+			ret = policy_check6(skb, p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
 					    &im);
 			if (ret)
-				return drop6(skb, &p, &it, ret);
+				return drop6(skb, p, &it, ret);
 		}
-		ret = ct_create6(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
+		ret = ct_create6(key, p, cfg, now, lb.rev_nat_id, lb.backend_id);
 		if (ret)
-			return drop6(skb, &p, &t, ret);
+			return drop6(skb, p, &t, ret);
 		if (trace_events(cfg))
-			trace_new6(skb, &p, &t, em | (im << 4), lb.rev_nat_id);
+			trace_new6(skb, p, &t, em | (im << 4), lb.rev_nat_id);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
 		if (id) {
-			ret = lb6_rev_nat(skb, &p, id, cfg, now);
+			ret = lb6_rev_nat(skb, p, id, cfg, now);
 			if (ret)
-				return drop6(skb, &p, &t, ret);
+				return drop6(skb, p, &t, ret);
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
-	ret = lb6_commit(&lb, &p, cfg, now);
+	ret = lb6_commit(&lb, p, cfg, now);
 	if (ret)
-		return drop6(skb, &p, &t, ret);
+		return drop6(skb, p, &t, ret);
 
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
-		return ret < 0 ? drop6(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+		return ret < 0 ? drop6(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
 	}
+	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV6, p->daddr, t.src_identity);
+	if (ret > 0)
+		return drop6(skb, p, &t, ret);
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
-	return TC_ACT_OK;
+	return ret == 0 && cfg ? bpf_redirect(cfg->tunnel_ifindex, 0) : TC_ACT_OK;
+}
+
+/* As endpoint_ingress4, for IPv6. */
+static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 *p,
+					     struct trace *t, struct endpoint_info *dst,
+					     __u32 src_identity, const struct datapath_config *cfg)
+{
+	struct ct_entry *ce = NULL;
+	struct ct6_key key = {};
+	__u64 now;
+	int ret, ct;
+
+	t->endpoint_id = dst->id;
+	t->dst_identity = dst->identity;
+	ret = frag6_track(p);
+	if (ret)
+		return ret;
+
+	now = bpf_ktime_get_ns();
+	ct6_key_from_pkt(&key, p, 0);
+	ct = ct_lookup6(&key, p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
+		t->src_identity = src_identity ?: identity_of6(cfg, p->saddr);
+		ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
+		if (ret)
+			return ret;
+		ret = ct_create6(&key, p, cfg, now, 0, 0);
+		if (ret)
+			return ret;
+		if (trace_events(cfg))
+			trace_new6(skb, p, t, im << 4, 0);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id)
+			return lb6_rev_nat(skb, p, id, cfg, now);
+	}
+	return 0;
 }
 
 /* IPv6 the node's stack sends the pod: as cel_to_container does for IPv4,
@@ -163,11 +213,8 @@ static __always_inline int to_container6(struct __sk_buff *skb, const struct dat
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS };
 	struct endpoint_info *dst;
-	struct ct_entry *ce = NULL;
-	struct ct6_key key = {};
 	struct pkt6 p = {};
-	__u64 now;
-	int ret, ct;
+	int ret;
 
 	ret = parse_ipv6(skb, &p);
 	if (ret)
@@ -187,37 +234,9 @@ static __always_inline int to_container6(struct __sk_buff *skb, const struct dat
 	 * from the node, which every endpoint admits (allow-localhost). */
 	if (!dst)
 		return TC_ACT_OK;
-	t.endpoint_id = dst->id;
-	t.dst_identity = dst->identity;
-	ret = frag6_track(&p);
+	ret = endpoint_ingress6(skb, &p, &t, dst, 0, cfg);
 	if (ret)
 		return drop6(skb, &p, &t, ret);
-
-	now = bpf_ktime_get_ns();
-	ct6_key_from_pkt(&key, &p, 0);
-	ct = ct_lookup6(&key, &p, cfg, now, &ce);
-	if (ct == CT_NEW) {
-		__u8 im = CEL_MATCH_NONE;
-
-		t.src_identity = identity_of6(cfg, p.saddr);
-		ret = policy_check6(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg, &im);
-		if (ret)
-			return drop6(skb, &p, &t, ret);
-		ret = ct_create6(&key, &p, cfg, now, 0, 0);
-		if (ret)
-			return drop6(skb, &p, &t, ret);
-		if (trace_events(cfg))
-			trace_new6(skb, &p, &t, im << 4, 0);
-	} else if (ct == CT_REPLY && ce) {
-		__u16 id = ce->rev_nat_id;
-
-		if (id) {
-			ret = lb6_rev_nat(skb, &p, id, cfg, now);
-			if (ret)
-				return drop6(skb, &p, &t, ret);
-		}
-	}
-
 	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
 	return TC_ACT_OK;
 }
@@ -306,8 +325,54 @@ int cel_from_container(struct __sk_buff *skb)
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
 		return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
 	}
+	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &p.daddr, t.src_identity);
+	if (ret > 0)
+		return drop(skb, &p, &t, ret);
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
-	return TC_ACT_OK;
+	return ret == 0 && cfg ? bpf_redirect(cfg->tunnel_ifindex, 0) : TC_ACT_OK;
+}
+
+/* A packet for local endpoint dst, past its interface checks: conntrack,
+ * dst's ingress policy for a new connection (with the source identity
+ * given, or resolved from the source address when 0) and reverse NAT of
+ * replies. Returns 0 to deliver, or the CEL_REASON_* to drop with. */
+static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *p,
+					     struct trace *t, struct endpoint_info *dst,
+					     __u32 src_identity, const struct datapath_config *cfg)
+{
+	struct ct_entry *ce = NULL;
+	struct ct_key key = {};
+	__u64 now;
+	int ret, ct;
+
+	t->endpoint_id = dst->id;
+	t->dst_identity = dst->identity;
+	ret = frag4_track(p);
+	if (ret)
+		return ret;
+
+	now = bpf_ktime_get_ns();
+	ct_key_from_pkt(&key, p, 0);
+	ct = ct_lookup4(&key, p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
+		t->src_identity = src_identity ?: identity_of4(cfg, p->saddr);
+		ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
+		if (ret)
+			return ret;
+		ret = ct_create4(&key, p, cfg, now, 0, 0);
+		if (ret)
+			return ret;
+		if (trace_events(cfg))
+			trace_new(skb, p, t, im << 4, 0);
+	} else if (ct == CT_REPLY && ce) {
+		__u16 id = ce->rev_nat_id;
+
+		if (id)
+			return lb4_rev_nat(skb, p, id, cfg, now);
+	}
+	return 0;
 }
 
 SEC("tc")
@@ -316,11 +381,8 @@ int cel_to_container(struct __sk_buff *skb)
 	struct datapath_config *cfg = config_get();
 	struct trace t = { .direction = CEL_DIR_INGRESS };
 	struct endpoint_info *dst;
-	struct ct_entry *ce = NULL;
-	struct ct_key key = {};
 	struct pkt p = {};
-	__u64 now;
-	int ret, ct;
+	int ret;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return to_container6(skb, cfg);
@@ -334,37 +396,73 @@ int cel_to_container(struct __sk_buff *skb)
 	dst = endpoint_lookup4(p.daddr);
 	if (!dst || dst->ifindex != skb->ifindex)
 		return TC_ACT_OK;
-	t.endpoint_id = dst->id;
-	t.dst_identity = dst->identity;
-	ret = frag4_track(&p);
+	ret = endpoint_ingress4(skb, &p, &t, dst, 0, cfg);
 	if (ret)
 		return drop(skb, &p, &t, ret);
-
-	now = bpf_ktime_get_ns();
-	ct_key_from_pkt(&key, &p, 0);
-	ct = ct_lookup4(&key, &p, cfg, now, &ce);
-	if (ct == CT_NEW) {
-		__u8 im = CEL_MATCH_NONE;
-
-		t.src_identity = identity_of4(cfg, p.saddr);
-		ret = policy_check(skb, &p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg, &im);
-		if (ret)
-			return drop(skb, &p, &t, ret);
-		ret = ct_create4(&key, &p, cfg, now, 0, 0);
-		if (ret)
-			return drop(skb, &p, &t, ret);
-		if (trace_events(cfg))
-			trace_new(skb, &p, &t, im << 4, 0);
-	} else if (ct == CT_REPLY && ce) {
-		__u16 id = ce->rev_nat_id;
-
-		if (id) {
-			ret = lb4_rev_nat(skb, &p, id, cfg, now);
-			if (ret)
-				return drop(skb, &p, &t, ret);
-		}
-	}
-
 	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+	return TC_ACT_OK;
+}
+
+/* IPv4 out of the tunnel: for a local endpoint, its ingress with the
+ * identity the VNI carries, then straight into the pod. */
+static __always_inline int from_overlay4(struct __sk_buff *skb, const struct datapath_config *cfg,
+					 __u32 src_identity)
+{
+	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	struct endpoint_info *dst;
+	struct pkt p = {};
+	int ret;
+
+	ret = parse_ipv4(skb, &p);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+	/* Only pods are reached through the tunnel; anything else is the
+	 * node's stack's to route or refuse. */
+	dst = endpoint_lookup4(p.daddr);
+	if (!dst)
+		return TC_ACT_OK;
+	if (!src_identity)
+		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
+	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, cfg);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
+	return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+}
+
+/* IPv6 out of the tunnel: as from_overlay4. */
+static __always_inline int from_overlay6(struct __sk_buff *skb, const struct datapath_config *cfg,
+					 __u32 src_identity)
+{
+	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	struct endpoint_info *dst;
+	struct pkt6 p = {};
+	int ret;
+
+	ret = parse_ipv6(skb, &p);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+	dst = endpoint_lookup6(p.daddr);
+	if (!dst)
+		return TC_ACT_OK;
+	if (!src_identity)
+		return drop6(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
+	ret = endpoint_ingress6(skb, &p, &t, dst, src_identity, cfg);
+	if (ret)
+		return drop6(skb, &p, &t, ret);
+	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
+	return ret < 0 ? drop6(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+}
+
+SEC("tc")
+int cel_from_overlay(struct __sk_buff *skb)
+{
+	struct datapath_config *cfg = config_get();
+	__u32 src_identity = tunnel_source_identity(skb);
+
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return from_overlay4(skb, cfg, src_identity);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return from_overlay6(skb, cfg, src_identity);
 	return TC_ACT_OK;
 }

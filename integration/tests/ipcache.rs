@@ -102,6 +102,7 @@ impl Agent {
             .entries()
             .expect("map entries")
             .into_iter()
+            .map(|(net, info)| (net, info.identity))
             .collect()
     }
 

@@ -29,6 +29,8 @@
 #define CEL_IDENTITY_UNKNOWN 0
 #define CEL_IDENTITY_HOST 1
 #define CEL_IDENTITY_WORLD 2
+/* Another node of the cluster. */
+#define CEL_IDENTITY_REMOTE_NODE 6
 /* The world of one family, on a node with both (Cilium's dual-stack split). */
 #define CEL_IDENTITY_WORLD_IPV4 9
 #define CEL_IDENTITY_WORLD_IPV6 10
@@ -56,6 +58,9 @@
  * does not know, a routing header with segments left, more than
  * CEL_IPV6_MAX_EXT_HDRS headers): never passed unchecked. */
 #define CEL_REASON_EXTENSION_HEADER 12
+/* Tunnel mode: the tunnel key could not be set on a packet for another
+ * node's pod, or a packet came out of the tunnel without one. */
+#define CEL_REASON_ENCAP_FAILED 13
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room
  * for (packets: events, bytes: 0). */

@@ -36,6 +36,10 @@ struct datapath_config {
 	__u32 ct_udp;
 	__u32 ct_icmp;
 	__u32 ct_other;
+	/* Tunnel mode: the ifindex of the node's VXLAN device (collect
+	 * metadata), where traffic to other nodes' pods is redirected; 0 when
+	 * routing is native. */
+	__u32 tunnel_ifindex;
 };
 
 #endif /* CELLIUM_CONFIG_H */

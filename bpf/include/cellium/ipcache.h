@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * cel_ipcache: IP prefix -> security identity. A miss means world (2).
+ * In tunnel mode a prefix of another node's pods also names that node: the
+ * datapath encapsulates traffic to it towards tunnel_endpoint.
  */
 #ifndef CELLIUM_IPCACHE_H
 #define CELLIUM_IPCACHE_H
@@ -18,7 +20,10 @@ struct ipcache_key {
 
 struct ipcache_value {
 	__u32 identity;
-	__u32 flags; /* reserved, zero */
+	/* IPv4 address of the node hosting the prefix, network order; 0 when
+	 * traffic to it is not tunnelled (was a reserved zero field: entries
+	 * written before tunnel mode read as not tunnelled). */
+	__be32 tunnel_endpoint;
 };
 
 #endif /* CELLIUM_IPCACHE_H */

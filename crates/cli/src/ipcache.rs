@@ -37,6 +37,8 @@ struct EntryView {
     prefix: String,
     identity: u32,
     source: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    tunnel_endpoint: String,
     shadowed: Vec<ClaimView>,
 }
 
@@ -95,6 +97,7 @@ fn view(e: IpcacheEntry) -> EntryView {
         prefix: e.prefix.clone(),
         identity: e.identity,
         source: source_name(e.source()),
+        tunnel_endpoint: e.tunnel_endpoint.clone(),
         shadowed: e
             .shadowed
             .iter()
@@ -129,9 +132,19 @@ fn print_table(views: &[EntryView]) {
                 v.prefix.clone(),
                 v.identity.to_string(),
                 v.source.to_string(),
+                v.tunnel_endpoint.clone(),
                 shadowed.join(", "),
             ]
         })
         .collect();
-    output::print_table(&["PREFIX", "IDENTITY", "SOURCE", "SHADOWED"], &rows);
+    output::print_table(
+        &[
+            "PREFIX",
+            "IDENTITY",
+            "SOURCE",
+            "TUNNEL ENDPOINT",
+            "SHADOWED",
+        ],
+        &rows,
+    );
 }

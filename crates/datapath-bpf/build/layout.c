@@ -43,7 +43,7 @@ int main(void)
 	OFF(ipcache_key, addr);
 	SIZE(ipcache_value);
 	OFF(ipcache_value, identity);
-	OFF(ipcache_value, flags);
+	OFF(ipcache_value, tunnel_endpoint);
 
 	SIZE(policy_key);
 	OFF(policy_key, prefixlen);
@@ -138,6 +138,7 @@ int main(void)
 	OFF(datapath_config, ct_udp);
 	OFF(datapath_config, ct_icmp);
 	OFF(datapath_config, ct_other);
+	OFF(datapath_config, tunnel_ifindex);
 
 	SIZE(metrics_value);
 	OFF(metrics_value, packets);
@@ -181,6 +182,8 @@ int main(void)
 	CONST(CEL_REASON_FRAGMENT_NOT_FOUND);
 	CONST(CEL_REASON_FRAGMENT_TABLE_FULL);
 	CONST(CEL_REASON_EXTENSION_HEADER);
+	CONST(CEL_REASON_ENCAP_FAILED);
+	CONST(CEL_IDENTITY_REMOTE_NODE);
 	CONST(CEL_IDENTITY_WORLD);
 	CONST(CEL_IDENTITY_WORLD_IPV4);
 	CONST(CEL_IDENTITY_WORLD_IPV6);

@@ -242,10 +242,15 @@ plain!(IpcacheKey {
 pub struct IpcacheValue {
     /// Security identity.
     pub identity: u32,
-    /// Reserved, zero.
-    pub flags: u32,
+    /// Tunnel mode: the IPv4 address of the node hosting the prefix, as its four bytes in
+    /// network order read natively (`u32::from_ne_bytes(ip.octets())`); 0 when traffic to it
+    /// is not tunnelled.
+    pub tunnel_endpoint: u32,
 }
-plain!(IpcacheValue { identity, flags });
+plain!(IpcacheValue {
+    identity,
+    tunnel_endpoint
+});
 
 /// `struct policy_key`.
 #[repr(C)]
@@ -613,6 +618,8 @@ pub struct DatapathConfig {
     pub ct_icmp: u32,
     /// Other protocols.
     pub ct_other: u32,
+    /// Tunnel mode: the ifindex of the node's VXLAN device; 0 in native routing.
+    pub tunnel_ifindex: u32,
 }
 plain!(DatapathConfig {
     layout_version,
@@ -622,7 +629,8 @@ plain!(DatapathConfig {
     ct_tcp_closing,
     ct_udp,
     ct_icmp,
-    ct_other
+    ct_other,
+    tunnel_ifindex
 });
 
 impl DatapathConfig {
@@ -648,6 +656,7 @@ impl Default for DatapathConfig {
             ct_udp: 60,
             ct_icmp: 60,
             ct_other: 60,
+            tunnel_ifindex: 0,
         }
     }
 }
@@ -772,7 +781,7 @@ mod tests {
             host_mac => host_mac, pod_mac => pod_mac,
         });
         check!(IpcacheKey, ipcache_key { prefixlen => prefixlen, family => family, addr => addr });
-        check!(IpcacheValue, ipcache_value { identity => identity, flags => flags });
+        check!(IpcacheValue, ipcache_value { identity => identity, tunnel_endpoint => tunnel_endpoint });
         check!(PolicyKey, policy_key {
             prefixlen => prefixlen, endpoint_id => endpoint_id, direction => direction,
             identity => identity, protocol => protocol, dport => dport,
@@ -811,6 +820,7 @@ mod tests {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,
             ct_udp => ct_udp, ct_icmp => ct_icmp, ct_other => ct_other,
+            tunnel_ifindex => tunnel_ifindex,
         });
         check!(MetricsValue, metrics_value { packets => packets, bytes => bytes });
         check!(RawEvent, event {

@@ -1,5 +1,6 @@
-//! Attaching the two programs to a pod's host-side veth, replacing them in
-//! place on upgrade, and detaching them.
+//! Attaching the two programs to a pod's host-side veth (and, in tunnel mode,
+//! `cel_from_overlay` to the node's VXLAN device), replacing them in place on
+//! upgrade, and detaching them.
 //!
 //! tcx (kernel >= 6.6) is preferred: each attachment is a BPF link pinned at
 //! `<bpf_root>/links/<ifindex>-<hook>`, so it outlives the agent, and a new
@@ -34,24 +35,29 @@ pub enum AttachMode {
     Clsact,
 }
 
-/// Which of the two hooks of a veth.
+/// Where a program is attached: one of the two hooks of a pod's veth, or the VXLAN device's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Hook {
     /// TC ingress of the host veth: `cel_from_container`.
     FromContainer,
     /// TC egress of the host veth: `cel_to_container`.
     ToContainer,
+    /// TC ingress of the node's VXLAN device (tunnel mode): `cel_from_overlay`.
+    FromOverlay,
 }
 
 impl Hook {
-    /// Both hooks.
-    pub const ALL: [Hook; 2] = [Hook::FromContainer, Hook::ToContainer];
+    /// The hooks of a pod's veth.
+    pub const ENDPOINT: [Hook; 2] = [Hook::FromContainer, Hook::ToContainer];
+    /// Every hook.
+    pub const ALL: [Hook; 3] = [Hook::FromContainer, Hook::ToContainer, Hook::FromOverlay];
 
     /// The program attached at this hook.
     pub fn program(self) -> &'static str {
         match self {
             Hook::FromContainer => "cel_from_container",
             Hook::ToContainer => "cel_to_container",
+            Hook::FromOverlay => "cel_from_overlay",
         }
     }
 
@@ -59,12 +65,13 @@ impl Hook {
         match self {
             Hook::FromContainer => "ingress",
             Hook::ToContainer => "egress",
+            Hook::FromOverlay => "overlay",
         }
     }
 
     fn tcx(self) -> TcxHook {
         match self {
-            Hook::FromContainer => TcxHook::Ingress,
+            Hook::FromContainer | Hook::FromOverlay => TcxHook::Ingress,
             Hook::ToContainer => TcxHook::Egress,
         }
     }
@@ -124,10 +131,11 @@ pub(crate) struct Attacher {
     clsact: Mutex<BTreeSet<(u32, Hook)>>,
 }
 
-/// The two loaded programs.
+/// The loaded programs.
 pub(crate) struct Programs<'a> {
     pub(crate) from_container: BorrowedFd<'a>,
     pub(crate) to_container: BorrowedFd<'a>,
+    pub(crate) from_overlay: BorrowedFd<'a>,
 }
 
 impl Programs<'_> {
@@ -135,6 +143,7 @@ impl Programs<'_> {
         match hook {
             Hook::FromContainer => self.from_container,
             Hook::ToContainer => self.to_container,
+            Hook::FromOverlay => self.from_overlay,
         }
     }
 }
@@ -153,15 +162,16 @@ impl Attacher {
             .join(format!("{ifindex}-{}", hook.pin_suffix()))
     }
 
-    /// Attaches both programs to `ifindex`, or moves existing attachments to
+    /// Attaches the programs of `hooks` to `ifindex`, or moves existing attachments to
     /// these programs.
     pub(crate) fn attach(
         &self,
         progs: &Programs<'_>,
         ifindex: u32,
+        hooks: &[Hook],
     ) -> Result<Vec<(Hook, AttachKind, AttachAction)>> {
-        let mut done = Vec::with_capacity(2);
-        for hook in Hook::ALL {
+        let mut done = Vec::with_capacity(hooks.len());
+        for &hook in hooks {
             let prog = progs.fd(hook);
             let result = match self.mode {
                 AttachMode::Clsact => self
@@ -262,10 +272,10 @@ impl Attacher {
         })
     }
 
-    /// Detaches both programs from `ifindex`; a hook with nothing attached
+    /// Detaches the programs of `hooks` from `ifindex`; a hook with nothing attached
     /// is not an error (the interface may be gone already).
-    pub(crate) fn detach(&self, progs: &Programs<'_>, ifindex: u32) -> Result<()> {
-        for hook in Hook::ALL {
+    pub(crate) fn detach(&self, progs: &Programs<'_>, ifindex: u32, hooks: &[Hook]) -> Result<()> {
+        for &hook in hooks {
             self.detach_tcx(ifindex, hook)?;
             let was_clsact = self
                 .clsact
@@ -409,7 +419,7 @@ fn clsact_hook(prog: BorrowedFd<'_>, ifindex: u32, hook: Hook) -> Result<libbpf_
     let index = i32::try_from(ifindex)
         .map_err(|_| Error::invalid(format!("ifindex {ifindex}"), "out of range"))?;
     let point = match hook {
-        Hook::FromContainer => TC_INGRESS,
+        Hook::FromContainer | Hook::FromOverlay => TC_INGRESS,
         Hook::ToContainer => TC_EGRESS,
     };
     Ok(TcHookBuilder::new(prog)

@@ -77,6 +77,7 @@ pub struct Datapath {
     events: MapHandle,
     from_container: OwnedFd,
     to_container: OwnedFd,
+    from_overlay: OwnedFd,
     attacher: Attacher,
     maps_report: Vec<MapReport>,
 }
@@ -194,6 +195,7 @@ impl Datapath {
             events: handle("cel_events", &m.cel_events)?,
             from_container: dup("cel_from_container", &skel.progs.cel_from_container)?,
             to_container: dup("cel_to_container", &skel.progs.cel_to_container)?,
+            from_overlay: dup("cel_from_overlay", &skel.progs.cel_from_overlay)?,
             attacher: Attacher::new(links_dir, options.attach_mode),
             root,
             maps_report,
@@ -296,6 +298,7 @@ impl Datapath {
         Programs {
             from_container: self.from_container.as_fd(),
             to_container: self.to_container.as_fd(),
+            from_overlay: self.from_overlay.as_fd(),
         }
     }
 
@@ -303,17 +306,34 @@ impl Datapath {
     /// thread's network namespace), or switches an existing attachment to
     /// this datapath's programs without a moment in between.
     pub fn attach(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
-        Ok(self
-            .attacher
-            .attach(&self.programs(), ifindex)?
-            .into_iter()
-            .map(|(hook, kind, action)| HookAttach { hook, kind, action })
-            .collect())
+        self.attach_hooks(ifindex, &Hook::ENDPOINT)
     }
 
     /// Detaches both programs from `ifindex`. Nothing attached is fine.
     pub fn detach(&self, ifindex: u32) -> Result<()> {
-        self.attacher.detach(&self.programs(), ifindex)
+        self.attacher
+            .detach(&self.programs(), ifindex, &Hook::ENDPOINT)
+    }
+
+    /// Attaches `cel_from_overlay` to the node's VXLAN device (tunnel mode), or switches an
+    /// existing attachment to this datapath's program.
+    pub fn attach_overlay(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
+        self.attach_hooks(ifindex, &[Hook::FromOverlay])
+    }
+
+    /// Detaches `cel_from_overlay` from `ifindex`. Nothing attached is fine.
+    pub fn detach_overlay(&self, ifindex: u32) -> Result<()> {
+        self.attacher
+            .detach(&self.programs(), ifindex, &[Hook::FromOverlay])
+    }
+
+    fn attach_hooks(&self, ifindex: u32, hooks: &[Hook]) -> Result<Vec<HookAttach>> {
+        Ok(self
+            .attacher
+            .attach(&self.programs(), ifindex, hooks)?
+            .into_iter()
+            .map(|(hook, kind, action)| HookAttach { hook, kind, action })
+            .collect())
     }
 
     /// Current attachments: live pinned tcx links, and clsact filters

@@ -38,13 +38,16 @@ pub enum Reason {
     /// An IPv6 extension-header chain the datapath does not parse (an unknown extension
     /// header, a routing header with segments left, too many headers): never passed unchecked.
     ExtensionHeader,
+    /// Tunnel mode: a packet for another node's pod could not be given its tunnel key, or a
+    /// packet came out of the tunnel without one.
+    EncapFailed,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 11] = [
+    pub const KNOWN: [Reason; 12] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
@@ -56,6 +59,7 @@ impl Reason {
         Reason::FragmentNotFound,
         Reason::FragmentTableFull,
         Reason::ExtensionHeader,
+        Reason::EncapFailed,
     ];
 
     /// The reason's number.
@@ -74,6 +78,7 @@ impl Reason {
             Reason::FragmentNotFound => 10,
             Reason::FragmentTableFull => 11,
             Reason::ExtensionHeader => 12,
+            Reason::EncapFailed => 13,
             Reason::Unknown(n) => n,
         }
     }
@@ -108,6 +113,7 @@ impl fmt::Display for Reason {
             Reason::FragmentNotFound => f.write_str("first fragment not seen"),
             Reason::FragmentTableFull => f.write_str("fragment table full"),
             Reason::ExtensionHeader => f.write_str("unsupported extension header"),
+            Reason::EncapFailed => f.write_str("encapsulation failed"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -237,6 +243,7 @@ mod tests {
             (Reason::FragmentNotFound, c::CEL_REASON_FRAGMENT_NOT_FOUND),
             (Reason::FragmentTableFull, c::CEL_REASON_FRAGMENT_TABLE_FULL),
             (Reason::ExtensionHeader, c::CEL_REASON_EXTENSION_HEADER),
+            (Reason::EncapFailed, c::CEL_REASON_ENCAP_FAILED),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");

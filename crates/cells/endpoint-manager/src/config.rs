@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct EndpointConfig {
-    /// The MTU of pods' interfaces unless the CNI configuration sets one.
+    /// The MTU of the node's network. Pods' interfaces get it, minus the encapsulation's
+    /// headers in tunnel mode (50 bytes for VXLAN), unless the CNI configuration sets one.
     pub mtu: u32,
     /// At start, remove restored endpoints whose addresses the configured pod CIDRs no longer
     /// cover (their pods lose their interfaces). Off, such endpoints stop the agent from

@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use cellium_datapath_bpf::{Datapath, EndpointInfo, PolicyEntry, Result, Verdict};
+use cellium_datapath_bpf::{Datapath, EndpointInfo, Hook, PolicyEntry, Result, Verdict};
 
 use crate::endpoint::Endpoint;
 use crate::program::{self, Enforcement};
@@ -63,6 +63,12 @@ pub(crate) trait EndpointDatapath: Send + Sync {
 
     /// Detaches the programs from interface `ifindex`. Nothing attached is fine.
     fn detach(&self, ifindex: u32) -> Result<()>;
+
+    /// The bytes the datapath's encapsulation adds to pods' packets (tunnel mode), which
+    /// their MTU leaves room for; 0 when it cannot be read.
+    fn encap_overhead(&self) -> u32 {
+        0
+    }
 }
 
 impl EndpointDatapath for Datapath {
@@ -118,13 +124,19 @@ impl EndpointDatapath for Datapath {
     }
 
     fn attached(&self) -> Result<Vec<u32>> {
+        // The overlay device's program is node discovery's, not an endpoint's.
         Ok(Datapath::attached(self)?
             .into_iter()
+            .filter(|a| Hook::ENDPOINT.contains(&a.hook))
             .map(|a| a.ifindex)
             .collect())
     }
 
     fn detach(&self, ifindex: u32) -> Result<()> {
         Datapath::detach(self, ifindex)
+    }
+
+    fn encap_overhead(&self) -> u32 {
+        self.config().encap_overhead().unwrap_or(0)
     }
 }

@@ -31,6 +31,7 @@ pub fn drop_reason(reason: Reason) -> v1::DropReason {
         Reason::FragmentNotFound => D::FirstLogicalDatagramFragmentNotFound,
         Reason::FragmentTableFull => D::IpFragmentationNotSupported,
         Reason::ExtensionHeader => D::InvalidIpv6ExtensionHeader,
+        Reason::EncapFailed => D::ErrorRetrievingTunnelKey,
         Reason::Forwarded | Reason::Unknown(_) => D::Unknown,
     }
 }

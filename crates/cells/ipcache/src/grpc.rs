@@ -68,6 +68,10 @@ fn message(e: IpcacheEntry) -> EntryMessage {
     EntryMessage {
         prefix: e.prefix.to_string(),
         identity: e.identity,
+        tunnel_endpoint: e
+            .tunnel_endpoint
+            .map(|ip| ip.to_string())
+            .unwrap_or_default(),
         source: source(e.source),
         shadowed: e
             .shadowed

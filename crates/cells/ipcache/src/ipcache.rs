@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cellium_datapath_bpf::{Datapath, DatapathConfig};
+use cellium_datapath_bpf::{Datapath, DatapathConfig, IpcacheInfo};
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_identity::Reserved;
 use cellium_loader::Loader;
@@ -144,15 +144,24 @@ impl Ipcache {
     /// Errors: identity 0 (nothing changes); a failed map write ([`Error::Write`]): the
     /// claim is kept and the `ipcache-sync` job retries the write, the error tells the
     /// caller that the datapath does not see it yet.
-    pub fn upsert(&self, prefix: IpNet, identity: u32, source: Source) -> Result<()> {
-        if identity == 0 {
+    ///
+    /// `info` is an identity, or an [`IpcacheInfo`] that also names the node hosting the
+    /// prefix (tunnel mode).
+    pub fn upsert(
+        &self,
+        prefix: IpNet,
+        info: impl Into<IpcacheInfo>,
+        source: Source,
+    ) -> Result<()> {
+        let info = info.into();
+        if info.identity == 0 {
             return Err(Error::ZeroIdentity {
                 prefix,
                 claimant: source,
             });
         }
         let mut state = self.lock();
-        let change = state.table.claim(prefix, source, identity);
+        let change = state.table.claim(prefix, source, info);
         // The prefix's ports may now count for another identity, or another claim's.
         if state.named_ports.has(prefix) {
             self.named_ports_changed();

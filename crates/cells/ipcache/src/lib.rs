@@ -33,6 +33,7 @@ mod table;
 
 use cellium_hive::Module;
 
+pub use cellium_datapath_bpf::IpcacheInfo;
 pub use config::IpcacheConfig;
 pub use error::{Error, Result};
 pub use grpc::IpcacheService;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use cellium_datapath_bpf::Datapath;
+use cellium_datapath_bpf::{Datapath, IpcacheInfo};
 use ipnet::IpNet;
 
 use crate::error::{Error, Result};
@@ -23,15 +23,14 @@ pub struct SyncStats {
 /// Writes one change in effect to the map.
 pub(crate) fn write(dp: &Datapath, change: Change) -> Result<()> {
     match change.after {
-        Some(identity) => {
-            dp.ipcache()
-                .put(change.prefix, identity)
-                .map_err(|source| Error::Write {
-                    prefix: change.prefix,
-                    identity,
-                    source,
-                })
-        }
+        Some(info) => dp
+            .ipcache()
+            .put(change.prefix, info)
+            .map_err(|source| Error::Write {
+                prefix: change.prefix,
+                identity: info.identity,
+                source,
+            }),
         None => dp
             .ipcache()
             .delete(change.prefix)
@@ -47,7 +46,7 @@ pub(crate) fn write(dp: &Datapath, change: Change) -> Result<()> {
 /// map entry that is not desired. Every entry is tried; the first failure is returned.
 pub(crate) fn reconcile(state: &State, prune: bool) -> Result<SyncStats> {
     let dp = state.datapath.clone().ok_or(Error::NotMirrored)?;
-    let actual: HashMap<IpNet, u32> = dp
+    let actual: HashMap<IpNet, IpcacheInfo> = dp
         .ipcache()
         .entries()
         .map_err(Error::List)?
@@ -59,14 +58,14 @@ pub(crate) fn reconcile(state: &State, prune: bool) -> Result<SyncStats> {
         ..SyncStats::default()
     };
     let mut first_err = None;
-    for (&prefix, &identity) in &desired {
-        if actual.get(&prefix) == Some(&identity) {
+    for (&prefix, &info) in &desired {
+        if actual.get(&prefix) == Some(&info) {
             continue;
         }
         let change = Change {
             prefix,
             before: actual.get(&prefix).copied(),
-            after: Some(identity),
+            after: Some(info),
         };
         match write(&dp, change) {
             Ok(()) => stats.written += 1,
@@ -76,14 +75,14 @@ pub(crate) fn reconcile(state: &State, prune: bool) -> Result<SyncStats> {
         }
     }
     if prune {
-        for (&prefix, &identity) in &actual {
+        for (&prefix, &info) in &actual {
             if desired.contains_key(&prefix) {
                 continue;
             }
-            tracing::debug!(%prefix, identity, "stale ipcache entry removed");
+            tracing::debug!(%prefix, identity = info.identity, "stale ipcache entry removed");
             let change = Change {
                 prefix,
-                before: Some(identity),
+                before: Some(info),
                 after: None,
             };
             match write(&dp, change) {

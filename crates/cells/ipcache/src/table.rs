@@ -1,8 +1,9 @@
 //! The desired state: every prefix with its claims, and longest-prefix lookups.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use cellium_datapath_bpf::IpcacheInfo;
 use ipnet::IpNet;
 
 use crate::source::Source;
@@ -14,6 +15,9 @@ pub struct IpcacheEntry {
     pub prefix: IpNet,
     /// The identity in effect: that of the highest-precedence claim.
     pub identity: u32,
+    /// Tunnel mode: the node that claim says hosts the prefix (traffic to it is encapsulated
+    /// towards it).
+    pub tunnel_endpoint: Option<Ipv4Addr>,
     /// Who made that claim.
     pub source: Source,
     /// The lower-precedence claims on the same prefix, highest first.
@@ -22,17 +26,17 @@ pub struct IpcacheEntry {
 
 /// The claims on one prefix, by source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Claims([Option<u32>; Source::BY_PRECEDENCE.len()]);
+struct Claims([Option<IpcacheInfo>; Source::BY_PRECEDENCE.len()]);
 
 impl Claims {
-    fn effective(&self) -> Option<(Source, u32)> {
+    fn effective(&self) -> Option<(Source, IpcacheInfo)> {
         self.ordered().next()
     }
 
-    fn ordered(&self) -> impl Iterator<Item = (Source, u32)> + '_ {
+    fn ordered(&self) -> impl Iterator<Item = (Source, IpcacheInfo)> + '_ {
         Source::BY_PRECEDENCE
             .into_iter()
-            .filter_map(|s| self.0[s.index()].map(|id| (s, id)))
+            .filter_map(|s| self.0[s.index()].map(|info| (s, info)))
     }
 
     fn is_empty(&self) -> bool {
@@ -40,12 +44,12 @@ impl Claims {
     }
 }
 
-/// What a change did to the identity a prefix has in effect.
+/// What a change did to what a prefix has in effect (identity and tunnel endpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Change {
     pub(crate) prefix: IpNet,
-    pub(crate) before: Option<u32>,
-    pub(crate) after: Option<u32>,
+    pub(crate) before: Option<IpcacheInfo>,
+    pub(crate) after: Option<IpcacheInfo>,
 }
 
 impl Change {
@@ -67,16 +71,22 @@ pub(crate) struct PrefixTable {
 }
 
 impl PrefixTable {
-    /// Records `source`'s claim of `prefix` for `identity`, replacing its earlier claim.
-    pub(crate) fn claim(&mut self, prefix: IpNet, source: Source, identity: u32) -> Change {
+    /// Records `source`'s claim of `prefix` for `info` (an identity, perhaps with a tunnel
+    /// endpoint), replacing its earlier claim.
+    pub(crate) fn claim(
+        &mut self,
+        prefix: IpNet,
+        source: Source,
+        info: impl Into<IpcacheInfo>,
+    ) -> Change {
         let prefix = prefix.trunc();
         let claims = self.entries.entry(prefix).or_default();
-        let before = claims.effective().map(|(_, id)| id);
+        let before = claims.effective().map(|(_, info)| info);
         if claims.is_empty() {
             *self.lengths.entry(length_key(prefix)).or_default() += 1;
         }
-        claims.0[source.index()] = Some(identity);
-        let after = claims.effective().map(|(_, id)| id);
+        claims.0[source.index()] = Some(info.into());
+        let after = claims.effective().map(|(_, info)| info);
         Change {
             prefix,
             before,
@@ -88,9 +98,9 @@ impl PrefixTable {
     pub(crate) fn unclaim(&mut self, prefix: IpNet, source: Source) -> Option<Change> {
         let prefix = prefix.trunc();
         let claims = self.entries.get_mut(&prefix)?;
-        let before = claims.effective().map(|(_, id)| id);
+        let before = claims.effective().map(|(_, info)| info);
         claims.0[source.index()].take()?;
-        let after = claims.effective().map(|(_, id)| id);
+        let after = claims.effective().map(|(_, info)| info);
         if claims.is_empty() {
             self.entries.remove(&prefix);
             let key = length_key(prefix);
@@ -116,8 +126,8 @@ impl PrefixTable {
             .rev()
             .find_map(|(&(_, len), _)| {
                 let net = IpNet::new(ip, len).ok()?.trunc();
-                let (source, id) = self.entries.get(&net)?.effective()?;
-                Some((net, id, source))
+                let (source, info) = self.entries.get(&net)?.effective()?;
+                Some((net, info.identity, source))
             })
     }
 
@@ -138,17 +148,17 @@ impl PrefixTable {
         out
     }
 
-    /// Every prefix with the identity the datapath should see.
-    pub(crate) fn desired(&self) -> HashMap<IpNet, u32> {
+    /// Every prefix with what the datapath should see.
+    pub(crate) fn desired(&self) -> HashMap<IpNet, IpcacheInfo> {
         self.entries
             .iter()
-            .filter_map(|(p, c)| c.effective().map(|(_, id)| (*p, id)))
+            .filter_map(|(p, c)| c.effective().map(|(_, info)| (*p, info)))
             .collect()
     }
 
     /// The identity `source` claims for exactly `prefix`, if it has a claim.
     pub(crate) fn claim_of(&self, prefix: IpNet, source: Source) -> Option<u32> {
-        self.entries.get(&prefix.trunc())?.0[source.index()]
+        self.entries.get(&prefix.trunc())?.0[source.index()].map(|info| info.identity)
     }
 
     /// The prefixes `source` claims.
@@ -169,12 +179,13 @@ impl PrefixTable {
 
 fn entry(prefix: IpNet, claims: &Claims) -> Option<IpcacheEntry> {
     let mut ordered = claims.ordered();
-    let (source, identity) = ordered.next()?;
+    let (source, info) = ordered.next()?;
     Some(IpcacheEntry {
         prefix,
-        identity,
+        identity: info.identity,
+        tunnel_endpoint: info.tunnel_endpoint,
         source,
-        shadowed: ordered.collect(),
+        shadowed: ordered.map(|(s, info)| (s, info.identity)).collect(),
     })
 }
 
@@ -185,6 +196,10 @@ fn length_key(prefix: IpNet) -> (bool, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ids(c: Change) -> (Option<u32>, Option<u32>) {
+        (c.before.map(|i| i.identity), c.after.map(|i| i.identity))
+    }
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
@@ -218,9 +233,9 @@ mod tests {
         let mut t = PrefixTable::default();
         let p = net("10.0.0.5/32");
         let c = t.claim(p, Source::Policy, 16_777_216);
-        assert_eq!((c.before, c.after), (None, Some(16_777_216)));
+        assert_eq!(ids(c), (None, Some(16_777_216)));
         let c = t.claim(p, Source::Endpoint, 300);
-        assert_eq!((c.before, c.after), (Some(16_777_216), Some(300)));
+        assert_eq!(ids(c), (Some(16_777_216), Some(300)));
         let c = t.claim(p, Source::Host, 1);
         assert!(
             !c.is_visible(),
@@ -234,9 +249,9 @@ mod tests {
         );
         // Deleting a claim reveals the next one.
         let c = t.unclaim(p, Source::Endpoint).unwrap();
-        assert_eq!((c.before, c.after), (Some(300), Some(1)));
+        assert_eq!(ids(c), (Some(300), Some(1)));
         let c = t.unclaim(p, Source::Host).unwrap();
-        assert_eq!(c.after, Some(16_777_216));
+        assert_eq!(ids(c).1, Some(16_777_216));
         assert!(t.unclaim(p, Source::Host).is_none());
         let c = t.unclaim(p, Source::Policy).unwrap();
         assert_eq!(c.after, None);
@@ -252,7 +267,7 @@ mod tests {
         t.claim(net("1.0.0.0/8"), Source::Policy, 9);
         let list: Vec<String> = t.list().iter().map(|e| e.prefix.to_string()).collect();
         assert_eq!(list, vec!["1.0.0.0/8", "10.0.0.0/8", "fd00::/64"]);
-        assert_eq!(t.desired()[&net("10.0.0.0/8")], 7);
+        assert_eq!(t.desired()[&net("10.0.0.0/8")].identity, 7);
         assert_eq!(t.claimed_by(Source::Policy).len(), 3);
         assert!(t.claimed_by(Source::Host).is_empty());
     }
@@ -262,7 +277,7 @@ mod tests {
         let mut t = PrefixTable::default();
         t.claim(net("10.0.0.1/32"), Source::Endpoint, 300);
         let c = t.claim(net("10.0.0.1/32"), Source::Endpoint, 301);
-        assert_eq!((c.before, c.after), (Some(300), Some(301)));
+        assert_eq!(ids(c), (Some(300), Some(301)));
         assert!(t.get(net("10.0.0.1/32")).unwrap().shadowed.is_empty());
     }
 }

@@ -1,8 +1,10 @@
 //! What the cluster says this node should know of the others: a pure function of the tables.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use cellium_ipcache::IpcacheInfo;
 use cellium_resources::{CiliumEndpoint, CiliumNode, Node};
 use ipnet::IpNet;
 
@@ -24,6 +26,27 @@ pub fn routes<'a>(
     cilium_nodes: impl IntoIterator<Item = &'a CiliumNode>,
     me: &str,
 ) -> BTreeSet<NodeRoute> {
+    let mut out = BTreeSet::new();
+    for (_, (cidrs, addresses)) in others(nodes, cilium_nodes, me) {
+        for cidr in cidrs {
+            let via = addresses
+                .iter()
+                .find(|a| a.is_ipv4() == matches!(cidr, IpNet::V4(_)));
+            if let Some(via) = via {
+                out.insert(NodeRoute { cidr, via: *via });
+            }
+        }
+    }
+    out
+}
+
+/// Every other node by name with its pod CIDRs and addresses: its Node's and its CiliumNode's
+/// CIDRs; its Node's addresses, else its CiliumNode's.
+fn others<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    cilium_nodes: impl IntoIterator<Item = &'a CiliumNode>,
+    me: &str,
+) -> BTreeMap<&'a str, (Vec<IpNet>, Vec<IpAddr>)> {
     let mut known: BTreeMap<&str, (Vec<IpNet>, Vec<IpAddr>)> = BTreeMap::new();
     for node in nodes {
         let entry = known.entry(&node.name).or_default();
@@ -37,50 +60,81 @@ pub fn routes<'a>(
             entry.1.extend(&node.addresses);
         }
     }
-    let mut out = BTreeSet::new();
-    for (_, (cidrs, addresses)) in known.into_iter().filter(|(name, _)| *name != me) {
-        for cidr in cidrs {
-            let via = addresses
-                .iter()
-                .find(|a| a.is_ipv4() == matches!(cidr, IpNet::V4(_)));
-            if let Some(via) = via {
-                out.insert(NodeRoute { cidr, via: *via });
-            }
-        }
-    }
-    out
+    known.remove(me);
+    known
 }
 
 /// The ipcache entries of the cluster's other nodes and their pods: each other node's
 /// addresses as `remote-node`, each pod address of a CiliumEndpoint that another node hosts
 /// as its identity. A CiliumEndpoint this node hosts (its `node_ip` is one of `my_ips`) is
 /// skipped: this node knows its own pods better.
+///
+/// With `tunnel` (tunnel mode), a pod's entry also names its node's IPv4 address as the
+/// tunnel endpoint, and each other node's pod CIDRs enter with the world's identity (the
+/// closure gives it per address family) and that node as the tunnel endpoint, so that traffic
+/// to a pod not known yet still takes the tunnel, as in Cilium.
 pub fn ipcache<'a>(
-    nodes: impl IntoIterator<Item = &'a Node>,
+    nodes: &'a [impl Borrow<Node>],
+    cilium_nodes: &'a [impl Borrow<CiliumNode>],
     endpoints: impl IntoIterator<Item = &'a CiliumEndpoint>,
     me: &str,
     remote_node: u32,
-) -> BTreeMap<IpNet, u32> {
+    tunnel: Option<&dyn Fn(IpAddr) -> u32>,
+) -> BTreeMap<IpNet, IpcacheInfo> {
     let mut out = BTreeMap::new();
-    let mut my_ips = BTreeSet::new();
-    for node in nodes {
-        if node.name == me {
-            my_ips.extend(node.addresses.iter().copied());
-            continue;
+    let my_ips: BTreeSet<IpAddr> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|n| n.name == me)
+        .flat_map(|n| n.addresses.iter().copied())
+        .collect();
+    let others = others(
+        nodes.iter().map(Borrow::borrow),
+        cilium_nodes.iter().map(Borrow::borrow),
+        me,
+    );
+    for (cidrs, addresses) in others.values() {
+        if let (Some(world), Some(endpoint)) = (tunnel, ipv4_of(addresses)) {
+            for cidr in cidrs {
+                let info = IpcacheInfo {
+                    identity: world(cidr.addr()),
+                    tunnel_endpoint: Some(endpoint),
+                };
+                out.insert(*cidr, info);
+            }
         }
+    }
+    // A node's own addresses are its Node's only: a CiliumNode's may lag behind.
+    for node in nodes.iter().map(Borrow::borrow).filter(|n| n.name != me) {
         for ip in &node.addresses {
-            out.insert(IpNet::from(*ip), remote_node);
+            out.insert(IpNet::from(*ip), IpcacheInfo::from(remote_node));
         }
     }
     for ep in endpoints {
         if ep.identity == 0 || ep.node_ip.is_some_and(|ip| my_ips.contains(&ip)) {
             continue;
         }
+        let tunnel_endpoint = match (tunnel, ep.node_ip) {
+            (Some(_), Some(IpAddr::V4(node))) => Some(node),
+            _ => None,
+        };
         for ip in &ep.addresses {
-            out.insert(IpNet::from(*ip), ep.identity);
+            let info = IpcacheInfo {
+                identity: ep.identity,
+                tunnel_endpoint,
+            };
+            out.insert(IpNet::from(*ip), info);
         }
     }
     out
+}
+
+/// A node's first IPv4 address: the one tunnels go to.
+fn ipv4_of(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
 }
 
 #[cfg(test)]
@@ -150,8 +204,44 @@ mod tests {
             cep("b", "10.2.0.5", 301, "192.0.2.2"),
             cep("c", "10.2.0.6", 0, "192.0.2.2"),
         ];
-        let m = ipcache(&nodes, &eps, "n1", 6);
-        let text: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let m = ipcache(&nodes, &[] as &[CiliumNode], &eps, "n1", 6, None);
+        let text: Vec<String> = m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.identity))
+            .collect();
         assert_eq!(text, ["10.2.0.5/32=301", "192.0.2.2/32=6"]);
+        assert!(m.values().all(|v| v.tunnel_endpoint.is_none()));
+    }
+
+    #[test]
+    fn tunnel_mode_names_the_hosting_node_of_pods_and_pod_cidrs() {
+        let nodes = [
+            node("n1", &["192.0.2.1"], &["10.1.0.0/24"]),
+            node(
+                "n2",
+                &["2001:db8::2", "192.0.2.2"],
+                &["10.2.0.0/24", "fd00:2::/64"],
+            ),
+        ];
+        let eps = [cep("a", "10.2.0.5", 301, "192.0.2.2")];
+        let world = |ip: IpAddr| if ip.is_ipv4() { 9 } else { 10 };
+        let m = ipcache(&nodes, &[] as &[CiliumNode], &eps, "n1", 6, Some(&world));
+        let text: Vec<String> = m
+            .iter()
+            .map(|(k, v)| {
+                let via = v.tunnel_endpoint.map(|t| t.to_string()).unwrap_or_default();
+                format!("{k}={}@{via}", v.identity)
+            })
+            .collect();
+        assert_eq!(
+            text,
+            [
+                "10.2.0.0/24=9@192.0.2.2",
+                "10.2.0.5/32=301@192.0.2.2",
+                "192.0.2.2/32=6@",
+                "2001:db8::2/128=6@",
+                "fd00:2::/64=10@192.0.2.2",
+            ]
+        );
     }
 }

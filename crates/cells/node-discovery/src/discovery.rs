@@ -5,20 +5,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cellium_hive::{BoxError, Config, Jobs, Trigger};
+use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Trigger};
 use cellium_identity::{Identities, Reserved};
-use cellium_ipcache::{Ipcache, Source};
+use cellium_ipcache::{Ipcache, IpcacheInfo, Source};
 use cellium_labels::{Label, Labels};
+use cellium_loader::Loader;
 use cellium_resources::{CiliumIdentity, Resources};
 use futures::StreamExt;
 use ipnet::IpNet;
 use tokio::sync::OnceCell;
 use tokio_stream::wrappers::WatchStream;
 
-use crate::config::{NodeDiscoveryConfig, RoutingMode};
+use crate::config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
 use crate::desired;
 use crate::error::{Error, Result};
-use crate::routes;
+use crate::{routes, tunnel};
 
 /// How often a pass runs when nothing changed: a route or entry removed by someone else comes
 /// back within this.
@@ -29,12 +30,14 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 pub struct NodeDiscovery {
     /// Whether there is a cluster to learn from (Kubernetes mode).
     active: bool,
+    /// Tunnel mode, in a cluster.
+    tunnel: bool,
     resources: Arc<Resources>,
     ipcache: Arc<Ipcache>,
     identities: Arc<Identities>,
     node: String,
     /// The ipcache entries claimed, as last written.
-    claimed: Mutex<BTreeMap<IpNet, u32>>,
+    claimed: Mutex<BTreeMap<IpNet, IpcacheInfo>>,
     /// The identities learnt, with their labels.
     learnt: Mutex<BTreeMap<u32, Labels>>,
     netlink: OnceCell<rtnetlink::Handle>,
@@ -43,23 +46,28 @@ pub struct NodeDiscovery {
 }
 
 impl NodeDiscovery {
-    /// The cell's constructor. Standalone (no API server) it does nothing; `routing-mode:
-    /// tunnel` fails the start, naming the key.
+    /// The cell's constructor. Standalone (no API server) it learns nothing; `tunnel-protocol:
+    /// geneve` fails the start, naming the key. Its start hook puts the tunnel device in place
+    /// in tunnel mode, and removes a previous run's otherwise.
     pub fn new(
         cfg: Config<NodeDiscoveryConfig>,
+        lc: Lifecycle,
         jobs: Jobs,
         resources: Option<Arc<Resources>>,
         ipcache: Arc<Ipcache>,
         identities: Arc<Identities>,
+        loader: Arc<Loader>,
     ) -> Result<Arc<NodeDiscovery>> {
-        if cfg.routing_mode == RoutingMode::Tunnel {
+        if cfg.tunnel_protocol == TunnelProtocol::Geneve {
             return Err(Error::Mode(
-                "tunnel is not available in this version; use native".into(),
+                "tunnel-protocol geneve is not available in this version; use vxlan".into(),
             ));
         }
         let node = resources.as_ref().and_then(|r| r.node_name());
+        let active = node.is_some();
         let this = Arc::new(NodeDiscovery {
-            active: node.is_some(),
+            active,
+            tunnel: active && cfg.routing_mode == RoutingMode::Tunnel,
             node: node.unwrap_or_default(),
             resources: resources.unwrap_or_else(Resources::new),
             ipcache,
@@ -69,10 +77,41 @@ impl NodeDiscovery {
             netlink: OnceCell::new(),
             last: Mutex::default(),
         });
+        let setup = this.clone();
+        let port = cfg.tunnel_port;
+        lc.append(Hook::new("tunnel-device").on_start(move |_| async move {
+            setup.set_up_tunnel(&loader, port).await?;
+            Ok(())
+        }));
         if this.active {
             this.follow(&jobs);
         }
         Ok(this)
+    }
+
+    /// Tunnel mode: the VXLAN device, `cel_from_overlay` on its ingress, and its index in the
+    /// datapath's configuration (from then on pods' traffic to other nodes' pods takes it).
+    /// Otherwise: a previous run's device and setting removed.
+    async fn set_up_tunnel(&self, loader: &Loader, port: u16) -> Result<()> {
+        let dp = loader.datapath()?;
+        let handle = self.netlink().await?;
+        let ifindex = if self.tunnel {
+            let ifindex = tunnel::ensure(handle, port).await?;
+            dp.attach_overlay(ifindex).map_err(|source| Error::Tunnel {
+                what: "program",
+                source,
+            })?;
+            ifindex
+        } else {
+            tunnel::remove(handle).await?;
+            0
+        };
+        dp.config()
+            .set_tunnel_ifindex(ifindex)
+            .map_err(|source| Error::Tunnel {
+                what: "setting",
+                source,
+            })
     }
 
     /// What `cellium status` says of the cluster: `None` standalone.
@@ -81,8 +120,13 @@ impl NodeDiscovery {
             return None;
         }
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mode = if self.tunnel {
+            format!("tunnel via {}", tunnel::DEVICE)
+        } else {
+            "native".into()
+        };
         Some(format!(
-            "cluster (routing-mode native): {}",
+            "cluster (routing-mode {mode}): {}",
             last.unwrap_or_else(|| "not looked at yet".into())
         ))
     }
@@ -130,16 +174,19 @@ impl NodeDiscovery {
     pub async fn pass(&self) -> Result<String> {
         let identities = self.learn_identities();
         let nodes = self.resources.nodes.list();
+        let cilium_nodes = self.resources.cilium_nodes.list();
         let endpoints = self.resources.cilium_endpoints.list();
+        let world = |ip| self.ipcache.world_identity(ip);
         let entries = desired::ipcache(
-            nodes.iter().map(|n| &**n),
+            &nodes,
+            &cilium_nodes,
             endpoints.iter().map(|e| &**e),
             &self.node,
             Reserved::RemoteNode.id(),
+            self.tunnel.then_some(&world as &dyn Fn(_) -> u32),
         );
         let entry_count = entries.len();
         self.claim(entries)?;
-        let cilium_nodes = self.resources.cilium_nodes.list();
         let routes = desired::routes(
             nodes.iter().map(|n| &**n),
             cilium_nodes.iter().map(|n| &**n),
@@ -187,12 +234,12 @@ impl NodeDiscovery {
     }
 
     /// Claims `entries` in the ipcache as [`Source::Remote`], and gives up the rest.
-    fn claim(&self, entries: BTreeMap<IpNet, u32>) -> Result<()> {
+    fn claim(&self, entries: BTreeMap<IpNet, IpcacheInfo>) -> Result<()> {
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
-        for (prefix, id) in &entries {
-            if claimed.get(prefix) != Some(id) {
-                self.ipcache.upsert(*prefix, *id, Source::Remote)?;
-                claimed.insert(*prefix, *id);
+        for (prefix, info) in &entries {
+            if claimed.get(prefix) != Some(info) {
+                self.ipcache.upsert(*prefix, *info, Source::Remote)?;
+                claimed.insert(*prefix, *info);
             }
         }
         let gone: Vec<IpNet> = claimed

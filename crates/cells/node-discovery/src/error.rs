@@ -23,6 +23,18 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The datapath is not loaded.
+    #[error("datapath")]
+    Loader(#[from] cellium_loader::Error),
+    /// The tunnel device's program or setting cannot be put in place.
+    #[error("tunnel device {what}")]
+    Tunnel {
+        /// What failed.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
     /// An ipcache write failed.
     #[error("ipcache")]
     Ipcache(#[from] cellium_ipcache::Error),

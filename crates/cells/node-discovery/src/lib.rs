@@ -2,16 +2,20 @@
 //!
 //! - **Owns** the node's routes to other nodes' pod CIDRs (marked with routing protocol
 //!   [`routes::PROTOCOL`], `ip route show proto 206`), the ipcache entries of other nodes and
-//!   their pods (source `remote`), and the identities learnt from the cluster.
+//!   their pods (source `remote`, with the hosting node as tunnel endpoint in tunnel mode), the
+//!   tunnel device, and the identities learnt from the cluster.
 //! - **Provides** `Arc<NodeDiscovery>`, inactive standalone, where there is no cluster; and a
 //!   status note (`cellium status`) saying how many other nodes are routed and how many remote
 //!   addresses and cluster identities are known.
 //! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
-//!   server), ipcache, identity.
+//!   server), ipcache, identity, the loader (the datapath, for the tunnel).
 //! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
 //!   pod CIDRs via that node's address of the CIDR's family, as Cilium's native routing with
-//!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (refused: not available
-//!   in this version).
+//!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (the VXLAN device
+//!   [`tunnel::DEVICE`], the source's identity in the VNI; see [`tunnel`]); `tunnel-protocol`
+//!   (`vxlan`; `geneve` is refused) and `tunnel-port` (8472).
+//! - **Start hook** `tunnel-device`: in tunnel mode, the device, `cel_from_overlay` on it and its
+//!   index in the datapath's configuration; otherwise a previous run's device removed.
 //! - **Degraded** (`node-discovery.reconcile`) while a pass fails (a netlink or ipcache
 //!   write), retried every 30 s and at every change.
 //!
@@ -27,13 +31,14 @@ pub mod desired;
 mod discovery;
 mod error;
 pub mod routes;
+pub mod tunnel;
 
 use std::sync::Arc;
 
 use cellium_api::StatusNote;
 use cellium_hive::Module;
 
-pub use config::{NodeDiscoveryConfig, RoutingMode};
+pub use config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
 pub use discovery::NodeDiscovery;
 pub use error::{Error, Result};
 

@@ -7,6 +7,10 @@ use crate::maps::TypedMap;
 /// The map name.
 pub const NAME: &str = "cel_config";
 
+/// What VXLAN adds to every packet over IPv4: outer IPv4 (20), UDP (8), VXLAN (8) and inner
+/// Ethernet (14) headers. Pods get the node network's MTU minus this in tunnel mode.
+pub const VXLAN_OVERHEAD: u32 = 50;
+
 /// The config array.
 #[derive(Debug)]
 pub struct ConfigMap {
@@ -30,6 +34,7 @@ impl ConfigMap {
             ct_udp: 0,
             ct_icmp: 0,
             ct_other: 0,
+            tunnel_ifindex: 0,
         }))
     }
 
@@ -43,6 +48,26 @@ impl ConfigMap {
             config.flags & !flag
         };
         self.set(&config)
+    }
+
+    /// Sets the VXLAN device traffic to other nodes' pods is redirected to (tunnel mode), or
+    /// 0 (native routing), keeping the other settings.
+    pub fn set_tunnel_ifindex(&self, ifindex: u32) -> Result<()> {
+        let config = self.get()?;
+        self.set(&DatapathConfig {
+            tunnel_ifindex: ifindex,
+            ..config
+        })
+    }
+
+    /// The bytes the datapath's encapsulation adds to pods' packets: [`VXLAN_OVERHEAD`] in
+    /// tunnel mode, else 0.
+    pub fn encap_overhead(&self) -> Result<u32> {
+        Ok(if self.get()?.tunnel_ifindex != 0 {
+            VXLAN_OVERHEAD
+        } else {
+            0
+        })
     }
 
     /// Replaces the settings; the layout version is always this build's.

@@ -1,7 +1,7 @@
 //! `cel_ipcache`: IP prefixes -> security identities (an LPM trie; a miss
 //! means world).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 
@@ -15,7 +15,44 @@ pub const NAME: &str = "cel_ipcache";
 /// The family and pad bytes every key's prefix covers before the address.
 const FAMILY_BITS: u32 = 32;
 
-/// Prefix -> identity.
+/// What the datapath knows of a prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcacheInfo {
+    /// The prefix's security identity.
+    pub identity: u32,
+    /// Tunnel mode: the node hosting the prefix, towards which traffic to it is encapsulated.
+    pub tunnel_endpoint: Option<Ipv4Addr>,
+}
+
+impl From<u32> for IpcacheInfo {
+    fn from(identity: u32) -> Self {
+        IpcacheInfo {
+            identity,
+            tunnel_endpoint: None,
+        }
+    }
+}
+
+impl IpcacheInfo {
+    fn value(self) -> IpcacheValue {
+        IpcacheValue {
+            identity: self.identity,
+            tunnel_endpoint: self
+                .tunnel_endpoint
+                .map_or(0, |ip| u32::from_ne_bytes(ip.octets())),
+        }
+    }
+
+    fn of(value: IpcacheValue) -> Self {
+        let endpoint = value.tunnel_endpoint.to_ne_bytes();
+        IpcacheInfo {
+            identity: value.identity,
+            tunnel_endpoint: (value.tunnel_endpoint != 0).then(|| Ipv4Addr::from(endpoint)),
+        }
+    }
+}
+
+/// Prefix -> identity (and tunnel endpoint).
 #[derive(Debug)]
 pub struct Ipcache {
     map: TypedMap<IpcacheKey, IpcacheValue>,
@@ -53,10 +90,10 @@ impl Ipcache {
         Self { map }
     }
 
-    /// Maps every address of `net` (host bits ignored) to `identity`.
-    pub fn put(&self, net: IpNet, identity: u32) -> Result<()> {
-        self.map
-            .put(&key_of(net), &IpcacheValue { identity, flags: 0 })
+    /// Maps every address of `net` (host bits ignored) to `info` (an identity, or an
+    /// [`IpcacheInfo`] with a tunnel endpoint).
+    pub fn put(&self, net: IpNet, info: impl Into<IpcacheInfo>) -> Result<()> {
+        self.map.put(&key_of(net), &info.into().value())
     }
 
     /// The identity stored for exactly `net`. The kernel's lookup returns
@@ -86,12 +123,12 @@ impl Ipcache {
         self.map.delete(&key_of(net))
     }
 
-    /// Every prefix with its identity.
-    pub fn entries(&self) -> Result<Vec<(IpNet, u32)>> {
+    /// Every prefix with what the datapath knows of it.
+    pub fn entries(&self) -> Result<Vec<(IpNet, IpcacheInfo)>> {
         self.map
             .entries()?
             .into_iter()
-            .map(|(k, v)| Ok((net_of(&k)?, v.identity)))
+            .map(|(k, v)| Ok((net_of(&k)?, IpcacheInfo::of(v))))
             .collect()
     }
 }

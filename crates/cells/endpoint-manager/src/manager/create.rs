@@ -40,7 +40,10 @@ impl EndpointManager {
             // that this create starts from nothing.
             self.remove(&backends, &ep).await?;
         }
-        let mtu = req.mtu.unwrap_or(self.cfg.mtu);
+        let mtu = req.mtu.unwrap_or_else(|| {
+            let overhead = backends.datapath.encap_overhead();
+            self.cfg.mtu.saturating_sub(overhead)
+        });
         let mut ep = self.endpoints.reserve(|id| record(id, &req, mtu))?;
         if let Err(e) = self.allocate(&mut ep, &req.requested_ips) {
             self.endpoints.forget(&ep);

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Per-CPU scratch space for the largest per-packet state of the IPv6 path,
+ * kept off the 512-byte BPF stack that the inlined programs share. A program
+ * runs to completion on its CPU before another packet's program may start
+ * there (tc runs with bottom halves off), so one slot per CPU is enough.
+ */
+#ifndef CELLIUM_LIB_SCRATCH_H
+#define CELLIUM_LIB_SCRATCH_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "ipv6.h"
+#include "maps.h"
+
+struct scratch6 {
+	struct pkt6 p;
+	struct ct6_key key;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct scratch6);
+	__uint(max_entries, 1);
+} cel_scratch6 SEC(".maps");
+
+/* This CPU's slot, zeroed; NULL only if the map is missing. */
+static __always_inline struct scratch6 *scratch6(void)
+{
+	__u32 zero = 0;
+	struct scratch6 *s = bpf_map_lookup_elem(&cel_scratch6, &zero);
+
+	if (s)
+		__builtin_memset(s, 0, sizeof(*s));
+	return s;
+}
+
+#endif /* CELLIUM_LIB_SCRATCH_H */
