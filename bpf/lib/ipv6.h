@@ -77,7 +77,8 @@ struct pkt6 {
 	__u8 first_hdr;  /* the fixed header's next header */
 	__u8 ext_hdrs;   /* extension headers before the upper layer */
 	__u8 icmp_type;  /* valid when protocol is ICMPv6 and not a later fragment */
-	__u8 pad[2];
+	__u8 icmp_code;  /* likewise */
+	__u8 pad;
 };
 
 /* Reads the upper layer's ports (ICMPv6: type and echo identifier). A first
@@ -113,6 +114,7 @@ static __always_inline int parse_l4_6(struct __sk_buff *skb, struct pkt6 *p)
 		if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)) < 0)
 			return CEL_REASON_MALFORMED;
 		p->icmp_type = hdr[0];
+		p->icmp_code = hdr[1];
 		__builtin_memcpy(&id, &hdr[4], 2);
 		/* As for ICMP: the echo identifier plays the port. */
 		if (hdr[0] == CEL_ICMP6_ECHO_REQUEST)

@@ -80,6 +80,8 @@ static __always_inline void emit_event(struct __sk_buff *skb, const struct pkt *
 	e->family = CEL_FAMILY_IPV4;
 	e->protocol = p->protocol;
 	e->tcp_flags = p->tcp_flags;
+	e->icmp_type = p->icmp_type;
+	e->icmp_code = p->icmp_code;
 	__builtin_memcpy(e->saddr, &p->saddr, 4);
 	__builtin_memcpy(e->daddr, &p->daddr, 4);
 	e->sport = p->sport;
@@ -107,6 +109,8 @@ static __always_inline void emit_event6(struct __sk_buff *skb, const struct pkt6
 	e->family = CEL_FAMILY_IPV6;
 	e->protocol = p->protocol;
 	e->tcp_flags = p->tcp_flags;
+	e->icmp_type = p->icmp_type;
+	e->icmp_code = p->icmp_code;
 	__builtin_memcpy(e->saddr, p->saddr, 16);
 	__builtin_memcpy(e->daddr, p->daddr, 16);
 	e->sport = p->sport;

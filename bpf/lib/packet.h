@@ -44,7 +44,8 @@ struct pkt {
 	__u16 l4_off;
 	__be16 frag_id; /* the IP identification of a fragment */
 	__u8 frag;      /* CEL_FRAG_* */
-	__u8 pad;
+	__u8 icmp_type; /* ICMP, not a later fragment: the message's type */
+	__u8 icmp_code; /* and code */
 };
 
 /* Returns 0 or a CEL_REASON_* drop reason. */
@@ -75,6 +76,8 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 	p->sport = 0;
 	p->dport = 0;
 	p->tcp_flags = 0;
+	p->icmp_type = 0;
+	p->icmp_code = 0;
 	p->frag = CEL_FRAG_NONE;
 	p->frag_id = ip->id;
 	/* A later fragment has no L4 header to read: frag4_track gives it its
@@ -115,6 +118,8 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 		if (bpf_skb_load_bytes(skb, p->l4_off, hdr, sizeof(hdr)) < 0)
 			return CEL_REASON_MALFORMED;
 		__builtin_memcpy(&id, &hdr[4], 2);
+		p->icmp_type = hdr[0];
+		p->icmp_code = hdr[1];
 		/* The echo identifier plays the port: the request's "source
 		 * port", the reply's "destination port", so a reply's tuple
 		 * is the request's reversed. Other ICMP types carry none. */

@@ -245,6 +245,46 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
     assert_eq!(v6[0]["flow"]["source"]["pod_name"], "tool");
     assert_eq!(v6[1]["flow"]["source"]["pod_name"], "web");
     assert_eq!(v6[1]["flow"]["destination"]["pod_name"], "db");
+
+    // A denied ping says what it was: ICMP's type and code, both families.
+    let db = lab.pod("shop/db").unwrap();
+    let (db4, db6) = (db.ip, db.ip6.unwrap());
+    assert!(!probe::ping(tool, db4, 1).unwrap(), "ping is not allowed");
+    assert!(!probe::ping(tool, db6, 1).unwrap(), "ping6 is not allowed");
+    let pings = wait_for("the pings' drops", || {
+        let f = observe(
+            lab.agent(),
+            &[
+                "--all",
+                "--verdict",
+                "DROPPED",
+                "--protocol",
+                "icmp",
+                "--protocol",
+                "icmpv6",
+            ],
+        );
+        (f.len() >= 2).then_some(f)
+    });
+    let l4: Vec<&Value> = pings.iter().map(|f| &f["flow"]["l4"]).collect();
+    assert!(
+        l4.iter()
+            .any(|l| l["ICMPv4"]["type"] == 8 && l["ICMPv4"]["code"] == 0),
+        "{l4:#?}"
+    );
+    assert!(l4.iter().any(|l| l["ICMPv6"]["type"] == 128), "{l4:#?}");
+    let compact = lab
+        .agent()
+        .cli(&[
+            "observe",
+            "--all",
+            "--verdict",
+            "DROPPED",
+            "--protocol",
+            "icmp",
+        ])
+        .unwrap();
+    assert!(compact.contains("ICMPv4 EchoRequest"), "{compact}");
 }
 
 #[test]

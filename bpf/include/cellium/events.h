@@ -54,6 +54,9 @@ struct event {
 	__u8 match;    /* CEL_MATCH_* (see above), verdicts and traces */
 	__u16 rev_nat_id; /* traces: the frontend the connection was translated
 			   * through (its rev-NAT id), 0 when none */
+	__u8 icmp_type;   /* ICMP and ICMPv6 (not a later fragment): the type */
+	__u8 icmp_code;   /* and the code */
+	__u8 pad[6];
 };
 
 #endif /* CELLIUM_EVENTS_H */

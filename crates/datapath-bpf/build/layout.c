@@ -164,6 +164,9 @@ int main(void)
 	OFF(event, tcp_flags);
 	OFF(event, match);
 	OFF(event, rev_nat_id);
+	OFF(event, icmp_type);
+	OFF(event, icmp_code);
+	OFF(event, pad);
 
 	CONST(CEL_LAYOUT_VERSION);
 	CONST(CEL_FAMILY_IPV4);

@@ -714,6 +714,12 @@ pub struct RawEvent {
     pub match_type: u8,
     /// Traces: the rev-NAT id of the frontend the connection was translated through.
     pub rev_nat_id: u16,
+    /// ICMP and ICMPv6: the message's type.
+    pub icmp_type: u8,
+    /// ICMP and ICMPv6: the message's code.
+    pub icmp_code: u8,
+    /// Padding, zero.
+    pub pad: [u8; 6],
 }
 plain!(RawEvent {
     ktime,
@@ -734,7 +740,10 @@ plain!(RawEvent {
     len,
     verdict,
     match_type,
-    rev_nat_id
+    rev_nat_id,
+    icmp_type,
+    icmp_code,
+    pad
 });
 
 #[cfg(test)]
@@ -830,6 +839,7 @@ mod tests {
             dst_identity => dst_identity, saddr => saddr, daddr => daddr, sport => sport,
             dport => dport, ifindex => ifindex, len => len, verdict => verdict,
             tcp_flags => tcp_flags, match_type => match, rev_nat_id => rev_nat_id,
+            icmp_type => icmp_type, icmp_code => icmp_code, pad => pad,
         });
     }
 

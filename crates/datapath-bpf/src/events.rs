@@ -118,6 +118,8 @@ pub struct Event {
     pub ingress_match: PolicyMatch,
     /// Traces: the rev-NAT id of the service frontend the connection went through (0: none).
     pub rev_nat_id: u16,
+    /// ICMP and ICMPv6 (not a later fragment): the message's type and code.
+    pub icmp: (u8, u8),
 }
 
 impl Event {
@@ -148,6 +150,7 @@ impl Event {
             egress_match: PolicyMatch::from_nibble(raw.match_type),
             ingress_match: PolicyMatch::from_nibble(raw.match_type >> 4),
             rev_nat_id: raw.rev_nat_id,
+            icmp: (raw.icmp_type, raw.icmp_code),
         })
     }
 }

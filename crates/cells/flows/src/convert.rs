@@ -167,8 +167,14 @@ pub fn to_proto(flow: &Flow, node: &str) -> v1::Flow {
             source_port: ports.0,
             destination_port: ports.1,
         })),
-        Protocol::Icmp => Some(v1::layer4::Protocol::IcmPv4(v1::IcmPv4::default())),
-        Protocol::Other(58) => Some(v1::layer4::Protocol::IcmPv6(v1::IcmPv6::default())),
+        Protocol::Icmp => Some(v1::layer4::Protocol::IcmPv4(v1::IcmPv4 {
+            r#type: e.icmp.0.into(),
+            code: e.icmp.1.into(),
+        })),
+        Protocol::Other(58) => Some(v1::layer4::Protocol::IcmPv6(v1::IcmPv6 {
+            r#type: e.icmp.0.into(),
+            code: e.icmp.1.into(),
+        })),
         Protocol::Other(_) => None,
     };
     let dropped = flow.verdict() == FlowVerdict::Dropped;

@@ -273,6 +273,7 @@ pub(crate) mod tests {
             egress_match: cellium_datapath_bpf::PolicyMatch::None,
             ingress_match: cellium_datapath_bpf::PolicyMatch::None,
             rev_nat_id: 0,
+            icmp: (0, 0),
         }
     }
 

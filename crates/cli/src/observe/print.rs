@@ -163,7 +163,7 @@ fn flags(f: &v1::TcpFlags) -> String {
         .join(", ")
 }
 
-/// `TCP Flags: SYN`, `UDP`, `ICMPv4`.
+/// `TCP Flags: SYN`, `UDP`, `ICMPv4 EchoRequest`, as Hubble prints them.
 fn summary(f: &Flow) -> String {
     match f.l4.as_ref().and_then(|l| l.protocol.as_ref()) {
         Some(v1::layer4::Protocol::Tcp(t)) => {
@@ -174,9 +174,39 @@ fn summary(f: &Flow) -> String {
         }
         Some(v1::layer4::Protocol::Udp(_)) => "UDP".into(),
         Some(v1::layer4::Protocol::Sctp(_)) => "SCTP".into(),
-        Some(v1::layer4::Protocol::IcmPv4(_)) => "ICMPv4".into(),
-        Some(v1::layer4::Protocol::IcmPv6(_)) => "ICMPv6".into(),
+        Some(v1::layer4::Protocol::IcmPv4(i)) => format!("ICMPv4 {}", icmpv4_name(i.r#type)),
+        Some(v1::layer4::Protocol::IcmPv6(i)) => format!("ICMPv6 {}", icmpv6_name(i.r#type)),
         None => String::new(),
+    }
+}
+
+/// Hubble's names of the ICMPv4 types it names, else the number.
+fn icmpv4_name(t: u32) -> String {
+    match t {
+        0 => "EchoReply".into(),
+        3 => "DestinationUnreachable".into(),
+        5 => "Redirect".into(),
+        8 => "EchoRequest".into(),
+        11 => "TimeExceeded".into(),
+        12 => "ParameterProblem".into(),
+        n => format!("type {n}"),
+    }
+}
+
+/// Hubble's names of the ICMPv6 types it names, else the number.
+fn icmpv6_name(t: u32) -> String {
+    match t {
+        1 => "DestinationUnreachable".into(),
+        2 => "PacketTooBig".into(),
+        3 => "TimeExceeded".into(),
+        4 => "ParameterProblem".into(),
+        128 => "EchoRequest".into(),
+        129 => "EchoReply".into(),
+        133 => "RouterSolicitation".into(),
+        134 => "RouterAdvertisement".into(),
+        135 => "NeighborSolicitation".into(),
+        136 => "NeighborAdvertisement".into(),
+        n => format!("type {n}"),
     }
 }
 
