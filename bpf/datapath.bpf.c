@@ -454,6 +454,40 @@ static __always_inline int from_overlay6(struct __sk_buff *skb, const struct dat
 	return ret < 0 ? drop6(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
 }
 
+/* The node's own packets routed into the tunnel device (tunnel mode routes
+ * other nodes' pod CIDRs there): the tunnel key of the node hosting the
+ * destination, with the host identity; no such node, or no key, no packet.
+ * Pods' packets come with their key and pass. */
+SEC("tc")
+int cel_to_overlay(struct __sk_buff *skb)
+{
+	struct datapath_config *cfg = config_get();
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	int ret = TUNNEL_PASS;
+
+	if (tunnel_has_key(skb))
+		return TC_ACT_OK;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) <= data_end)
+			ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &ip->daddr, CEL_IDENTITY_HOST);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) <= data_end)
+			ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV6, &ip6->daddr, CEL_IDENTITY_HOST);
+	}
+	if (ret == 0)
+		return TC_ACT_OK;
+	/* No node to send it to: the kernel's own link-local chatter on the
+	 * device (IPv6 router solicitations, MLD), which no tunnel carries. */
+	if (ret > 0)
+		count(CEL_DIR_EGRESS, CEL_REASON_ENCAP_FAILED, skb->len);
+	return TC_ACT_SHOT;
+}
+
 SEC("tc")
 int cel_from_overlay(struct __sk_buff *skb)
 {

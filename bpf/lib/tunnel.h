@@ -83,6 +83,15 @@ static __always_inline int tunnel_to(struct __sk_buff *skb, const struct datapat
 	return 0;
 }
 
+/* Whether the packet already has a tunnel key: a pod's, set by
+ * cel_from_container before the redirect to the device. */
+static __always_inline int tunnel_has_key(struct __sk_buff *skb)
+{
+	struct tunnel_scratch *s = tunnel_scratch();
+
+	return s && bpf_skb_get_tunnel_key(skb, &s->key, sizeof(s->key), 0) == 0;
+}
+
 /* The source identity a packet out of the tunnel carries in its VNI; 0 when
  * it has no tunnel key. The sending node's own traffic (host) is, seen from
  * here, remote-node, as in Cilium. */

@@ -54,6 +54,26 @@ metadata: { name: web, namespace: shop, labels: { app: web } }
 spec: { nodeName: n2, containers: [ { name: c, image: x, ports: [ { name: http, containerPort: 8080 } ] } ] }
 "#;
 
+/// Other nodes themselves may reach web.
+const WEB_FROM_REMOTE_NODES: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web-from-remote-nodes, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  ingress: [ { fromEntities: [ remote-node ] } ]
+"#;
+
+/// Anything in the cluster may reach web.
+const WEB_FROM_CLUSTER: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web-from-cluster, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  ingress: [ { fromEntities: [ cluster ] } ]
+"#;
+
 const WEB_FROM_CLIENT: &str = r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -108,6 +128,13 @@ fn eventually(what: &str, agents: &[&Agent], mut ok: impl FnMut() -> bool) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+fn apply_and_settle(api: &K8sApi, agent: &Agent, yaml: &str) {
+    let before = agent.policy_revision().expect("revision");
+    api.apply(yaml).expect("policy");
+    agent.wait_policy_revision_after(before).expect("taken in");
+    agent.settle().expect("enforced");
 }
 
 /// One echo round trip of `len` bytes on an open connection.
@@ -184,6 +211,16 @@ fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
         || reaches(&client_ns, web, PORT),
     );
     assert!(reaches(&other_ns, web, PORT), "no policy yet");
+    // Node 1's own traffic takes the tunnel too (its route leads into the device).
+    let routes = one
+        .node()
+        .ip(&["route", "show", "proto", "206"])
+        .expect("routes");
+    assert!(routes.contains("10.245.22.0/24 dev cel_vxlan"), "{routes}");
+    assert!(
+        reaches(one.node(), web, PORT),
+        "node 1 reaches web through the tunnel"
+    );
     // A bulk transfer: segments of the full pod MTU fit in the tunnel.
     let mut stream = tcp_connect(
         &client_ns,
@@ -204,6 +241,39 @@ fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
         !reaches(&other_ns, web, PORT)
     });
     assert!(reaches(&client_ns, web, PORT), "client is still allowed");
+    // The entities, as Cilium means them: node 2 itself is `host` (allowed, as the local node
+    // always is); node 1 is `remote-node` (its tunnelled `host` identity), not selected yet.
+    assert!(reaches(two.node(), web, PORT), "the local node is allowed");
+    assert!(
+        !reaches(one.node(), web, PORT),
+        "remote-node is not selected"
+    );
+    apply_and_settle(&api, &two, WEB_FROM_REMOTE_NODES);
+    eventually("remote-node is allowed", &[&one, &two], || {
+        reaches(one.node(), web, PORT)
+    });
+    assert!(
+        !reaches(&other_ns, web, PORT),
+        "remote-node is not its pods"
+    );
+    apply_and_settle(&api, &two, WEB_FROM_CLUSTER);
+    eventually("cluster takes in the remote pods", &[&one, &two], || {
+        reaches(&other_ns, web, PORT)
+    });
+    api.kubectl(
+        &[
+            "delete",
+            "ciliumnetworkpolicy",
+            "web-from-cluster",
+            "-n",
+            "shop",
+        ],
+        "",
+    )
+    .expect("kubectl delete");
+    eventually("other is denied again", &[&one, &two], || {
+        !reaches(&other_ns, web, PORT)
+    });
     let flows = two
         .cli(&[
             "observe",

@@ -44,13 +44,22 @@ pub enum Hook {
     ToContainer,
     /// TC ingress of the node's VXLAN device (tunnel mode): `cel_from_overlay`.
     FromOverlay,
+    /// TC egress of the node's VXLAN device (tunnel mode): `cel_to_overlay`.
+    ToOverlay,
 }
 
 impl Hook {
     /// The hooks of a pod's veth.
     pub const ENDPOINT: [Hook; 2] = [Hook::FromContainer, Hook::ToContainer];
+    /// The hooks of the VXLAN device.
+    pub const OVERLAY: [Hook; 2] = [Hook::FromOverlay, Hook::ToOverlay];
     /// Every hook.
-    pub const ALL: [Hook; 3] = [Hook::FromContainer, Hook::ToContainer, Hook::FromOverlay];
+    pub const ALL: [Hook; 4] = [
+        Hook::FromContainer,
+        Hook::ToContainer,
+        Hook::FromOverlay,
+        Hook::ToOverlay,
+    ];
 
     /// The program attached at this hook.
     pub fn program(self) -> &'static str {
@@ -58,6 +67,7 @@ impl Hook {
             Hook::FromContainer => "cel_from_container",
             Hook::ToContainer => "cel_to_container",
             Hook::FromOverlay => "cel_from_overlay",
+            Hook::ToOverlay => "cel_to_overlay",
         }
     }
 
@@ -66,13 +76,14 @@ impl Hook {
             Hook::FromContainer => "ingress",
             Hook::ToContainer => "egress",
             Hook::FromOverlay => "overlay",
+            Hook::ToOverlay => "overlay_egress",
         }
     }
 
     fn tcx(self) -> TcxHook {
         match self {
             Hook::FromContainer | Hook::FromOverlay => TcxHook::Ingress,
-            Hook::ToContainer => TcxHook::Egress,
+            Hook::ToContainer | Hook::ToOverlay => TcxHook::Egress,
         }
     }
 }
@@ -136,6 +147,7 @@ pub(crate) struct Programs<'a> {
     pub(crate) from_container: BorrowedFd<'a>,
     pub(crate) to_container: BorrowedFd<'a>,
     pub(crate) from_overlay: BorrowedFd<'a>,
+    pub(crate) to_overlay: BorrowedFd<'a>,
 }
 
 impl Programs<'_> {
@@ -144,6 +156,7 @@ impl Programs<'_> {
             Hook::FromContainer => self.from_container,
             Hook::ToContainer => self.to_container,
             Hook::FromOverlay => self.from_overlay,
+            Hook::ToOverlay => self.to_overlay,
         }
     }
 }
@@ -420,7 +433,7 @@ fn clsact_hook(prog: BorrowedFd<'_>, ifindex: u32, hook: Hook) -> Result<libbpf_
         .map_err(|_| Error::invalid(format!("ifindex {ifindex}"), "out of range"))?;
     let point = match hook {
         Hook::FromContainer | Hook::FromOverlay => TC_INGRESS,
-        Hook::ToContainer => TC_EGRESS,
+        Hook::ToContainer | Hook::ToOverlay => TC_EGRESS,
     };
     Ok(TcHookBuilder::new(prog)
         .ifindex(index)

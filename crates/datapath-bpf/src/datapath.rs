@@ -78,6 +78,7 @@ pub struct Datapath {
     from_container: OwnedFd,
     to_container: OwnedFd,
     from_overlay: OwnedFd,
+    to_overlay: OwnedFd,
     attacher: Attacher,
     maps_report: Vec<MapReport>,
 }
@@ -196,6 +197,7 @@ impl Datapath {
             from_container: dup("cel_from_container", &skel.progs.cel_from_container)?,
             to_container: dup("cel_to_container", &skel.progs.cel_to_container)?,
             from_overlay: dup("cel_from_overlay", &skel.progs.cel_from_overlay)?,
+            to_overlay: dup("cel_to_overlay", &skel.progs.cel_to_overlay)?,
             attacher: Attacher::new(links_dir, options.attach_mode),
             root,
             maps_report,
@@ -299,6 +301,7 @@ impl Datapath {
             from_container: self.from_container.as_fd(),
             to_container: self.to_container.as_fd(),
             from_overlay: self.from_overlay.as_fd(),
+            to_overlay: self.to_overlay.as_fd(),
         }
     }
 
@@ -315,16 +318,16 @@ impl Datapath {
             .detach(&self.programs(), ifindex, &Hook::ENDPOINT)
     }
 
-    /// Attaches `cel_from_overlay` to the node's VXLAN device (tunnel mode), or switches an
-    /// existing attachment to this datapath's program.
+    /// Attaches `cel_from_overlay` and `cel_to_overlay` to the node's VXLAN device (tunnel
+    /// mode), or switches existing attachments to this datapath's programs.
     pub fn attach_overlay(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
-        self.attach_hooks(ifindex, &[Hook::FromOverlay])
+        self.attach_hooks(ifindex, &Hook::OVERLAY)
     }
 
-    /// Detaches `cel_from_overlay` from `ifindex`. Nothing attached is fine.
+    /// Detaches the overlay programs from `ifindex`. Nothing attached is fine.
     pub fn detach_overlay(&self, ifindex: u32) -> Result<()> {
         self.attacher
-            .detach(&self.programs(), ifindex, &[Hook::FromOverlay])
+            .detach(&self.programs(), ifindex, &Hook::OVERLAY)
     }
 
     fn attach_hooks(&self, ifindex: u32, hooks: &[Hook]) -> Result<Vec<HookAttach>> {

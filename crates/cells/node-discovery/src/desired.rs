@@ -8,13 +8,40 @@ use cellium_ipcache::IpcacheInfo;
 use cellium_resources::{CiliumEndpoint, CiliumNode, Node};
 use ipnet::IpNet;
 
-/// A route to another node's pod CIDR via that node's address.
+/// A route to another node's pod CIDR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeRoute {
     /// The pod CIDR.
     pub cidr: IpNet,
-    /// The node's address of the CIDR's family.
-    pub via: IpAddr,
+    /// Where the node's packets for it go.
+    pub next_hop: NextHop,
+}
+
+/// Where a route to another node's pods leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NextHop {
+    /// Native routing: the other node's address of the CIDR's family.
+    Via(IpAddr),
+    /// Tunnel mode: the tunnel device (whose egress program finds the node to encapsulate
+    /// towards), from this node's own address of the family, so that replies come back by
+    /// the underlay.
+    Tunnel {
+        /// The device's ifindex.
+        ifindex: u32,
+        /// This node's address.
+        src: IpAddr,
+    },
+}
+
+impl std::fmt::Display for NodeRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.next_hop {
+            NextHop::Via(via) => write!(f, "{} via {via}", self.cidr),
+            NextHop::Tunnel { ifindex, src } => {
+                write!(f, "{} dev #{ifindex} src {src}", self.cidr)
+            }
+        }
+    }
 }
 
 /// The routes to every other node's pod CIDRs, each via that node's first address of the
@@ -33,11 +60,54 @@ pub fn routes<'a>(
                 .iter()
                 .find(|a| a.is_ipv4() == matches!(cidr, IpNet::V4(_)));
             if let Some(via) = via {
-                out.insert(NodeRoute { cidr, via: *via });
+                out.insert(NodeRoute {
+                    cidr,
+                    next_hop: NextHop::Via(*via),
+                });
             }
         }
     }
     out
+}
+
+/// Tunnel mode's routes: the same CIDRs as `native`, into the tunnel device `ifindex`, from this
+/// node's address of each CIDR's family among `mine` (a CIDR of a family this node has no
+/// address of gets no route).
+pub fn tunnelled(
+    native: &BTreeSet<NodeRoute>,
+    ifindex: u32,
+    mine: &[IpAddr],
+) -> BTreeSet<NodeRoute> {
+    native
+        .iter()
+        .filter_map(|r| {
+            let src = mine
+                .iter()
+                .find(|a| a.is_ipv4() == matches!(r.cidr, IpNet::V4(_)))?;
+            Some(NodeRoute {
+                cidr: r.cidr,
+                next_hop: NextHop::Tunnel { ifindex, src: *src },
+            })
+        })
+        .collect()
+}
+
+/// This node's own addresses: its Node's, else its CiliumNode's.
+pub fn own_addresses(
+    nodes: &[impl Borrow<Node>],
+    cilium_nodes: &[impl Borrow<CiliumNode>],
+    me: &str,
+) -> Vec<IpAddr> {
+    let node = nodes.iter().map(Borrow::borrow).find(|n| n.name == me);
+    match node {
+        Some(n) if !n.addresses.is_empty() => n.addresses.clone(),
+        _ => cilium_nodes
+            .iter()
+            .map(Borrow::borrow)
+            .find(|n| n.name == me)
+            .map(|n| n.addresses.clone())
+            .unwrap_or_default(),
+    }
 }
 
 /// Every other node by name with its pod CIDRs and addresses: its Node's and its CiliumNode's
@@ -180,7 +250,7 @@ mod tests {
         }];
         let r: Vec<String> = routes(&nodes, &cilium, "n1")
             .iter()
-            .map(|r| format!("{} via {}", r.cidr, r.via))
+            .map(|r| r.to_string())
             .collect();
         assert_eq!(
             r,
@@ -211,6 +281,26 @@ mod tests {
             .collect();
         assert_eq!(text, ["10.2.0.5/32=301", "192.0.2.2/32=6"]);
         assert!(m.values().all(|v| v.tunnel_endpoint.is_none()));
+    }
+
+    #[test]
+    fn tunnel_routes_go_into_the_device_from_this_node_s_address_of_the_family() {
+        let nodes = [
+            node("n1", &["192.0.2.1"], &["10.1.0.0/24"]),
+            node(
+                "n2",
+                &["192.0.2.2", "2001:db8::2"],
+                &["10.2.0.0/24", "fd00:2::/64"],
+            ),
+        ];
+        let native = routes(&nodes, &[], "n1");
+        let mine = own_addresses(&nodes, &[] as &[CiliumNode], "n1");
+        let r: Vec<String> = tunnelled(&native, 7, &mine)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        // n1 has no IPv6 address: no IPv6 route.
+        assert_eq!(r, ["10.2.0.0/24 dev #7 src 192.0.2.1"]);
     }
 
     #[test]

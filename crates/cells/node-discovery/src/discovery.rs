@@ -2,6 +2,7 @@
 //! entries and routes, reconciled level-triggered from the resources tables.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub struct NodeDiscovery {
     active: bool,
     /// Tunnel mode, in a cluster.
     tunnel: bool,
+    /// The tunnel device's ifindex, once it is in place (0 before, and in native mode).
+    tunnel_ifindex: AtomicU32,
     resources: Arc<Resources>,
     ipcache: Arc<Ipcache>,
     identities: Arc<Identities>,
@@ -68,6 +71,7 @@ impl NodeDiscovery {
         let this = Arc::new(NodeDiscovery {
             active,
             tunnel: active && cfg.routing_mode == RoutingMode::Tunnel,
+            tunnel_ifindex: AtomicU32::new(0),
             node: node.unwrap_or_default(),
             resources: resources.unwrap_or_else(Resources::new),
             ipcache,
@@ -111,7 +115,9 @@ impl NodeDiscovery {
             .map_err(|source| Error::Tunnel {
                 what: "setting",
                 source,
-            })
+            })?;
+        self.tunnel_ifindex.store(ifindex, Ordering::Relaxed);
+        Ok(())
     }
 
     /// What `cellium status` says of the cluster: `None` standalone.
@@ -187,11 +193,16 @@ impl NodeDiscovery {
         );
         let entry_count = entries.len();
         self.claim(entries)?;
-        let routes = desired::routes(
+        let mut routes = desired::routes(
             nodes.iter().map(|n| &**n),
             cilium_nodes.iter().map(|n| &**n),
             &self.node,
         );
+        let ifindex = self.tunnel_ifindex.load(Ordering::Relaxed);
+        if ifindex != 0 {
+            let mine = desired::own_addresses(&nodes, &cilium_nodes, &self.node);
+            routes = desired::tunnelled(&routes, ifindex, &mine);
+        }
         let handle = self.netlink().await?;
         let changed = routes::reconcile(handle, &routes).await?;
         if changed > 0 {

@@ -11,7 +11,7 @@ use futures::TryStreamExt;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
-use crate::desired::NodeRoute;
+use crate::desired::{NextHop, NodeRoute};
 use crate::error::{Error, Result};
 
 /// The routing protocol number of the agent's routes (`ip route show proto 206`): outside the
@@ -31,7 +31,7 @@ pub async fn reconcile(handle: &Handle, desired: &BTreeSet<NodeRoute>) -> Result
             .execute()
             .await
             .map_err(|source| Error::Netlink {
-                what: format!("add route {} via {}", route.cidr, route.via),
+                what: format!("add route {route}"),
                 source,
             })?;
         changed += 1;
@@ -46,7 +46,7 @@ pub async fn reconcile(handle: &Handle, desired: &BTreeSet<NodeRoute>) -> Result
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc_esrch() => {}
             Err(source) => {
                 return Err(Error::Netlink {
-                    what: format!("delete route {} via {}", route.cidr, route.via),
+                    what: format!("delete route {route}"),
                     source,
                 });
             }
@@ -81,17 +81,23 @@ async fn ours(handle: &Handle) -> Result<BTreeSet<NodeRoute>> {
 }
 
 fn node_route(msg: &RouteMessage) -> Option<NodeRoute> {
-    let mut dst = None;
-    let mut via = None;
+    let (mut dst, mut via, mut oif, mut src) = (None, None, None, None);
     for attr in &msg.attributes {
         match attr {
             RouteAttribute::Destination(a) => dst = address(a),
             RouteAttribute::Gateway(a) => via = address(a),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::PrefSource(a) => src = address(a),
             _ => {}
         }
     }
     let cidr = ipnet::IpNet::new(dst?, msg.header.destination_prefix_length).ok()?;
-    Some(NodeRoute { cidr, via: via? })
+    let next_hop = match (via, oif, src) {
+        (Some(via), _, _) => NextHop::Via(via),
+        (None, Some(ifindex), Some(src)) => NextHop::Tunnel { ifindex, src },
+        _ => return None,
+    };
+    Some(NodeRoute { cidr, next_hop })
 }
 
 fn address(a: &RouteAddress) -> Option<IpAddr> {
@@ -104,14 +110,19 @@ fn address(a: &RouteAddress) -> Option<IpAddr> {
 
 fn message(route: &NodeRoute) -> Result<RouteMessage> {
     let bad = |reason: String| Error::Route {
-        route: format!("{} via {}", route.cidr, route.via),
+        route: route.to_string(),
         reason,
     };
-    Ok(RouteMessageBuilder::<IpAddr>::new()
+    let builder = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(route.cidr.addr(), route.cidr.prefix_len())
         .map_err(|e| bad(e.to_string()))?
-        .gateway(route.via)
-        .map_err(|e| bad(e.to_string()))?
-        .protocol(RouteProtocol::Other(PROTOCOL))
-        .build())
+        .protocol(RouteProtocol::Other(PROTOCOL));
+    let builder = match route.next_hop {
+        NextHop::Via(via) => builder.gateway(via).map_err(|e| bad(e.to_string()))?,
+        NextHop::Tunnel { ifindex, src } => builder
+            .output_interface(ifindex)
+            .pref_source(src)
+            .map_err(|e| bad(e.to_string()))?,
+    };
+    Ok(builder.build())
 }

@@ -43,6 +43,7 @@ pub async fn ensure(handle: &Handle, port: u16) -> Result<u32> {
         .collect_metadata(true)
         .port(port)
         .learning(false)
+        .arp(false)
         .up()
         .build();
     handle
@@ -122,10 +123,12 @@ async fn find(handle: &Handle, port: u16) -> Result<Option<Found>> {
     }))
 }
 
+/// Up, and without ARP: the node's packets routed into the device need no neighbour (its
+/// egress program gives them their tunnel key), so the kernel must not ask for one.
 async fn set_up(handle: &Handle, index: u32) -> Result<()> {
     handle
         .link()
-        .set(LinkUnspec::new_with_index(index).up().build())
+        .set(LinkUnspec::new_with_index(index).arp(false).up().build())
         .execute()
         .await
         .map_err(|source| Error::Netlink {
