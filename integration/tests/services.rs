@@ -374,6 +374,86 @@ fn an_agent_restart_keeps_an_established_connection_to_a_service() {
     assert!(seen.contains(&backend), "{seen:?}");
 }
 
+/// A service without selector whose slice lists the two web pods with the given conditions.
+fn drain_slice(env: &Env, conditions: [&str; 2]) -> String {
+    let endpoints: String = env
+        .web
+        .iter()
+        .zip(conditions)
+        .map(|((_, ip, _), c)| format!("- {{ addresses: [ {ip} ], conditions: {c} }}\n"))
+        .collect();
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: drain }}
+spec: {{ clusterIP: 10.96.0.60, ports: [ {{ name: http, port: 8000 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: drain-1, labels: {{ kubernetes.io/service-name: drain }} }}
+addressType: IPv4
+endpoints:
+{endpoints}ports: [ {{ name: http, port: 8080 }} ]
+"#
+    )
+}
+
+#[test]
+fn a_terminating_backend_keeps_its_connections_and_serves_new_ones_only_when_alone() {
+    let _serial = serial();
+    let env = setup();
+    const READY: &str = "{ ready: true }";
+    const TERMINATING: &str = "{ ready: false, serving: true, terminating: true }";
+    const GONE: &str = "{ ready: false, serving: false, terminating: true }";
+    env.agent
+        .objects("apply", &drain_slice(&env, [READY, READY]))
+        .expect("apply");
+    let to = vip(&frontend_with(&env.agent, "drain", 2));
+    let mut stream = probe::tcp_connect(&env.client, to, TIMEOUT).expect("connect to the VIP");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+    let pinned = line(&mut reader);
+    let index = env.web.iter().position(|(_, _, n)| *n == pinned).unwrap();
+    let other = &env.web[1 - index].2;
+
+    // Its backend turns terminating (a rolling update): the open connection goes on, new
+    // ones go to the other backend only.
+    let mut conditions = [READY, READY];
+    conditions[index] = TERMINATING;
+    env.agent
+        .objects("apply", &drain_slice(&env, conditions))
+        .expect("apply");
+    let fe = frontend_with(&env.agent, "drain", 1);
+    assert_eq!(fe["draining"].as_array().map(Vec::len), Some(1), "{fe:#}");
+    echo(&mut stream, &mut reader, "still here");
+    for _ in 0..20 {
+        let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request");
+        assert_eq!(
+            &reply.banner, other,
+            "a new connection went to the draining backend"
+        );
+    }
+    echo(
+        &mut stream,
+        &mut reader,
+        "still here after others came and went",
+    );
+
+    // The other stops serving: the terminating one, still serving, takes new connections.
+    conditions[1 - index] = GONE;
+    env.agent
+        .objects("apply", &drain_slice(&env, conditions))
+        .expect("apply");
+    wait_for("the terminating backend serves alone", || {
+        let fe = frontends(&env.agent).ok()?;
+        let fe = fe.iter().find(|f| f["service"] == "default/drain")?;
+        (fe["backends"][0]["address"] == format!("{}:8080", env.web[index].1)).then_some(())
+    });
+    let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request");
+    assert_eq!(reply.banner, pinned);
+    echo(&mut stream, &mut reader, "to the end");
+}
+
 /// The frontends of service `default/<name>` once it has `count` of them, each with `backends`
 /// backends.
 fn frontends_with(agent: &Agent, name: &str, count: usize, backends: usize) -> Vec<Value> {

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use cellium_api::v1::services_client::ServicesClient;
-use cellium_api::v1::{ListServicesRequest, ServiceFrontend};
+use cellium_api::v1::{ListServicesRequest, ServiceBackend, ServiceFrontend};
 use serde::Serialize;
 
 use crate::output::{self, Format};
@@ -32,6 +32,8 @@ struct FrontendView {
     backends_from: String,
     rev_nat_id: u32,
     backends: Vec<BackendView>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    draining: Vec<BackendView>,
     #[serde(skip_serializing_if = "String::is_empty")]
     error: String,
 }
@@ -84,29 +86,36 @@ fn view(f: ServiceFrontend) -> FrontendView {
         target_port: f.target_port,
         backends_from: f.backends_from,
         rev_nat_id: f.rev_nat_id,
-        backends: f
-            .backends
-            .into_iter()
-            .map(|b| BackendView {
-                id: b.id,
-                address: host_port(&b.ip, b.port),
-                source: b.source,
-            })
-            .collect(),
+        backends: f.backends.into_iter().map(backend_view).collect(),
+        draining: f.draining.into_iter().map(backend_view).collect(),
         error: f.error,
     }
 }
 
+fn backend_view(b: ServiceBackend) -> BackendView {
+    BackendView {
+        id: b.id,
+        address: host_port(&b.ip, b.port),
+        source: b.source,
+    }
+}
+
 /// One line per frontend; a frontend that is not programmed shows why instead of backends.
+/// Draining backends follow the others, marked `(draining)`.
 fn row(v: &FrontendView) -> Vec<String> {
     let backends = if !v.error.is_empty() {
         format!("not programmed: {}", v.error)
-    } else if v.backends.is_empty() {
+    } else if v.backends.is_empty() && v.draining.is_empty() {
         "(none)".to_string()
     } else {
         v.backends
             .iter()
-            .map(|b| b.address.as_str())
+            .map(|b| b.address.clone())
+            .chain(
+                v.draining
+                    .iter()
+                    .map(|b| format!("{} (draining)", b.address)),
+            )
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -128,7 +137,6 @@ fn row(v: &FrontendView) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellium_api::v1::ServiceBackend;
 
     #[test]
     fn rows_show_backends_or_why_there_are_none() {
@@ -156,6 +164,12 @@ mod tests {
                     source: "endpoint 3 (shop/web-1)".into(),
                 },
             ],
+            draining: vec![ServiceBackend {
+                id: 3,
+                ip: "10.244.0.7".into(),
+                port: 8080,
+                source: "EndpointSlice shop/web-1".into(),
+            }],
             error: String::new(),
         });
         assert_eq!(
@@ -166,10 +180,12 @@ mod tests {
                 "10.96.1.1:80/TCP",
                 "http",
                 "selector",
-                "10.244.0.5:8080, 10.244.0.6:8080"
+                "10.244.0.5:8080, 10.244.0.6:8080, 10.244.0.7:8080 (draining)"
             ]
         );
         f.backends.clear();
+        assert_eq!(row(&f)[5], "10.244.0.7:8080 (draining)");
+        f.draining.clear();
         assert_eq!(row(&f)[5], "(none)");
         f.error = "no rev-NAT id left".into();
         assert_eq!(row(&f)[5], "not programmed: no rev-NAT id left");

@@ -5,7 +5,12 @@
 //! - A service some EndpointSlice names (label `kubernetes.io/service-name`, same namespace)
 //!   takes its backends from its slices, each frontend from the slices of its family
 //!   (`addressType`): for each slice port of the service port's name and protocol, every ready
-//!   endpoint's first address at that port (as kube-proxy reads slices).
+//!   endpoint's first address at that port (as kube-proxy reads slices); when none is ready,
+//!   the endpoints still serving while terminating (kube-proxy's fallback). Every other
+//!   endpoint the slices list (not ready, or terminating while others serve) is *draining*:
+//!   no new connection goes to it, but its backend stays so that the connections it has keep
+//!   flowing until they end, as with kube-proxy and Cilium (a rolling update does not cut long
+//!   connections).
 //! - Otherwise, a service with a selector takes this node's ready endpoints whose pod (in the
 //!   service's namespace) matches it, their addresses of the frontend's family, at the target
 //!   port: a number as is, a name resolved through the pod's container port of that name and
@@ -71,8 +76,11 @@ pub struct Plan {
     pub frontend: Frontend,
     /// Where the backends come from.
     pub from: BackendsFrom,
-    /// The backends, ordered by address and port, without duplicates.
+    /// The backends new connections go to, ordered by address and port, without duplicates.
     pub backends: Vec<PlannedBackend>,
+    /// Backends that take no new connection but keep those they have (see the module), ordered
+    /// likewise, none of them among `backends`.
+    pub draining: Vec<PlannedBackend>,
     /// Why it cannot be programmed, if it cannot.
     pub error: Option<String>,
 }
@@ -174,7 +182,7 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             .flat_map(|vip| svc.ports.iter().map(move |port| (vip, port)))
         {
             let family = IpFamily::of(vip);
-            let (from, backends) = if !slices.is_empty() {
+            let (from, (backends, draining)) = if !slices.is_empty() {
                 (
                     BackendsFrom::EndpointSlices,
                     from_slices(slices, family, port),
@@ -182,12 +190,14 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             } else if !svc.selector.is_empty() {
                 (
                     BackendsFrom::Selector,
-                    from_selector(svc, family, port, inputs),
+                    (from_selector(svc, family, port, inputs), Vec::new()),
                 )
             } else {
-                (BackendsFrom::None, Vec::new())
+                (BackendsFrom::None, (Vec::new(), Vec::new()))
             };
             let backends = dedup_sorted(backends);
+            let mut draining = dedup_sorted(draining);
+            draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
             let error = (backends.len() > MAX_BACKENDS).then(|| {
                 format!(
                     "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
@@ -204,6 +214,7 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
                 },
                 from,
                 backends,
+                draining,
                 error,
             });
         }
@@ -211,12 +222,13 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     out
 }
 
+/// The backends of a frontend from its service's slices, and those draining (see the module).
 fn from_slices(
     slices: &[&EndpointSlice],
     family: IpFamily,
     port: &ServicePort,
-) -> Vec<PlannedBackend> {
-    let mut out = Vec::new();
+) -> (Vec<PlannedBackend>, Vec<PlannedBackend>) {
+    let (mut ready, mut terminating, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let source = format!("EndpointSlice {}", slice.key());
         let numbers = slice
@@ -225,19 +237,31 @@ fn from_slices(
             .filter(|p| p.name == port.name && p.protocol == port.protocol)
             .filter_map(|p| p.port);
         for number in numbers {
-            for ep in slice.endpoints.iter().filter(|e| e.ready) {
-                out.push(PlannedBackend {
+            for ep in &slice.endpoints {
+                let planned = PlannedBackend {
                     backend: Backend {
                         addr: ep.address(),
                         port: number,
                         protocol: datapath_protocol(port.protocol),
                     },
                     source: source.clone(),
-                });
+                };
+                if ep.ready {
+                    ready.push(planned);
+                } else if ep.serving && ep.terminating {
+                    terminating.push(planned);
+                } else {
+                    rest.push(planned);
+                }
             }
         }
     }
-    out
+    if ready.is_empty() {
+        (terminating, rest)
+    } else {
+        rest.extend(terminating);
+        (ready, rest)
+    }
 }
 
 fn from_selector(
@@ -416,6 +440,58 @@ spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] 
         );
         inputs.endpoints[1].ready = false;
         assert!(plans(&inputs)[0].backends.is_empty());
+    }
+
+    #[test]
+    fn terminating_and_unready_endpoints_drain_and_serve_only_when_nothing_is_ready() {
+        let slice = |ready_one: &str| {
+            format!(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec: {{ clusterIP: 10.96.0.20, ports: [ {{ name: http, port: 80 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-a, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+endpoints:
+- {{ addresses: [ 10.1.0.1 ], conditions: {{ ready: {ready_one} }} }}
+- {{ addresses: [ 10.1.0.2 ], conditions: {{ ready: false, serving: true, terminating: true }} }}
+- {{ addresses: [ 10.1.0.3 ], conditions: {{ ready: false, serving: false, terminating: true }} }}
+- {{ addresses: [ 10.1.0.4 ], conditions: {{ ready: false }} }}
+ports: [ {{ name: http, port: 8080 }} ]
+"#
+            )
+        };
+        let drained = |p: &Plan| -> Vec<String> {
+            p.draining
+                .iter()
+                .map(|b| SocketAddr::new(b.backend.addr, b.backend.port).to_string())
+                .collect()
+        };
+        // One is ready: it alone takes new connections; the rest keep theirs.
+        let plan = &plans(&setup(&slice("true")))[0];
+        assert_eq!(
+            backends(plan),
+            vec!["10.1.0.1:8080 EndpointSlice shop/web-a"]
+        );
+        assert_eq!(
+            drained(plan),
+            ["10.1.0.2:8080", "10.1.0.3:8080", "10.1.0.4:8080"]
+        );
+        // None is ready: the one still serving while terminating takes them (kube-proxy's
+        // fallback).
+        let plan = &plans(&setup(&slice("false")))[0];
+        assert_eq!(
+            backends(plan),
+            vec!["10.1.0.2:8080 EndpointSlice shop/web-a"]
+        );
+        assert_eq!(
+            drained(plan),
+            ["10.1.0.1:8080", "10.1.0.3:8080", "10.1.0.4:8080"]
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use cellium_api::v1::services_server::{Services as ServicesApi, ServicesServer};
 use cellium_api::v1::{ListServicesRequest, ListServicesResponse, ServiceBackend, ServiceFrontend};
 use tonic::{Request, Response, Status};
 
+use crate::desired::PlannedBackend;
 use crate::service_lb::ServiceLb;
 use crate::sync::FrontendStatus;
 
@@ -35,17 +36,18 @@ impl ServicesApi for ServicesService {
 /// A frontend's status as the API sends it.
 pub fn to_proto(s: &FrontendStatus) -> ServiceFrontend {
     let plan = &s.plan;
-    let backends = plan
-        .backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| ServiceBackend {
-            id: s.backend_ids.get(i).copied().unwrap_or(0),
-            ip: b.backend.addr.to_string(),
-            port: u32::from(b.backend.port),
-            source: b.source.clone(),
-        })
-        .collect();
+    let listed = |planned: &[PlannedBackend], ids: &[u32]| {
+        planned
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ServiceBackend {
+                id: ids.get(i).copied().unwrap_or(0),
+                ip: b.backend.addr.to_string(),
+                port: u32::from(b.backend.port),
+                source: b.source.clone(),
+            })
+            .collect()
+    };
     ServiceFrontend {
         namespace: plan.service.namespace.clone(),
         name: plan.service.name.clone(),
@@ -56,7 +58,8 @@ pub fn to_proto(s: &FrontendStatus) -> ServiceFrontend {
         target_port: plan.port.target_port.to_string(),
         backends_from: plan.from.to_string(),
         rev_nat_id: u32::from(s.rev_nat_id),
-        backends,
+        backends: listed(&plan.backends, &s.backend_ids),
+        draining: listed(&plan.draining, &s.draining_ids),
         error: s.error.clone().unwrap_or_default(),
     }
 }

@@ -5,7 +5,8 @@
 //! (`Services::put_service` writes its rev-NAT entry, its slots, then the slot count, so the
 //! datapath never picks a missing slot). Only then are frontends that no plan wants removed,
 //! and after them the backends no frontend uses any more (a connection pinned to a removed
-//! backend chooses again). A frontend that fails keeps what the maps hold for it, and so do
+//! backend chooses again). A draining backend (terminating, not ready) is written but in no
+//! slot: connections pinned to it keep it, new ones never choose it. A frontend that fails keeps what the maps hold for it, and so do
 //! its backends. A removed frontend's rev-NAT entry stays until no connection carries its id
 //! ([`Programmer::collect_rev_nats`]): replies of connections still open are translated to the
 //! address their client knows until they end.
@@ -27,6 +28,8 @@ pub struct FrontendStatus {
     pub rev_nat_id: u16,
     /// The backends' ids, in the order of `plan.backends`; empty when not programmed.
     pub backend_ids: Vec<u32>,
+    /// The draining backends' ids, in the order of `plan.draining`.
+    pub draining_ids: Vec<u32>,
     /// Why it is not programmed as planned.
     pub error: Option<String>,
 }
@@ -46,6 +49,15 @@ pub struct SyncReport {
     pub removed_backends: usize,
     /// Failures removing stale entries (retried by the next pass).
     pub removal_errors: Vec<String>,
+}
+
+/// What programming one plan did.
+struct Programmed {
+    rev_nat_id: u16,
+    backend_ids: Vec<u32>,
+    draining_ids: Vec<u32>,
+    /// Whether the frontend was written.
+    written: bool,
 }
 
 /// Programs plans into a datapath and remembers what it needs for the next pass: the ids, the
@@ -96,13 +108,19 @@ impl Programmer {
         let mut status = Vec::with_capacity(plans.len());
         for plan in plans {
             match self.program(dp, &plan, &backends, &frontends) {
-                Ok((rev_nat_id, backend_ids, written)) => {
+                Ok(Programmed {
+                    rev_nat_id,
+                    backend_ids,
+                    draining_ids,
+                    written,
+                }) => {
                     report.programmed += 1;
                     report.written += usize::from(written);
                     status.push(FrontendStatus {
                         plan,
                         rev_nat_id,
                         backend_ids,
+                        draining_ids,
                         error: None,
                     });
                 }
@@ -114,6 +132,7 @@ impl Programmer {
                         rev_nat_id: self.ids.rev_nat(&plan.frontend).unwrap_or(0),
                         plan,
                         backend_ids: Vec::new(),
+                        draining_ids: Vec::new(),
                         error: Some(message),
                     });
                 }
@@ -124,15 +143,14 @@ impl Programmer {
         Ok(report)
     }
 
-    /// Writes one plan's backends and frontend where the maps differ. Returns the rev-NAT
-    /// id, the backend ids and whether the frontend was written.
+    /// Writes one plan's backends (draining ones too) and frontend where the maps differ.
     fn program(
         &mut self,
         dp: &Datapath,
         plan: &Plan,
         backends: &BTreeMap<u32, Backend>,
         frontends: &BTreeMap<Frontend, ServiceEntry>,
-    ) -> Result<(u16, Vec<u32>, bool)> {
+    ) -> Result<Programmed> {
         let lb = dp.services();
         let describe = || plan.describe();
         if let Some(reason) = &plan.error {
@@ -145,19 +163,24 @@ impl Programmer {
             frontend: describe(),
             source,
         };
-        let mut ids = Vec::with_capacity(plan.backends.len());
-        for b in &plan.backends {
-            // An id the map holds for another backend (a duplicate adopted at start, about
-            // to be removed) is not reused in the same pass.
-            let id = self
-                .ids
-                .backend_or_new(b.backend, |id| backends.contains_key(&id))
-                .ok_or_else(|| Error::BackendIdsExhausted(describe()))?;
-            if backends.get(&id) != Some(&b.backend) {
-                lb.put_backend(id, &b.backend).map_err(write_err)?;
+        let mut write_backends = |planned: &[crate::desired::PlannedBackend]| {
+            let mut ids = Vec::with_capacity(planned.len());
+            for b in planned {
+                // An id the map holds for another backend (a duplicate adopted at start,
+                // about to be removed) is not reused in the same pass.
+                let id = self
+                    .ids
+                    .backend_or_new(b.backend, |id| backends.contains_key(&id))
+                    .ok_or_else(|| Error::BackendIdsExhausted(describe()))?;
+                if backends.get(&id) != Some(&b.backend) {
+                    lb.put_backend(id, &b.backend).map_err(write_err)?;
+                }
+                ids.push(id);
             }
-            ids.push(id);
-        }
+            Ok::<_, Error>(ids)
+        };
+        let ids = write_backends(&plan.backends)?;
+        let draining_ids = write_backends(&plan.draining)?;
         let Programmer {
             ids: table,
             released,
@@ -185,7 +208,12 @@ impl Programmer {
                 "frontend programmed"
             );
         }
-        Ok((rev_nat_id, ids, !same))
+        Ok(Programmed {
+            rev_nat_id,
+            backend_ids: ids,
+            draining_ids,
+            written: !same,
+        })
     }
 
     /// Removes the frontends no plan wants, then the backends no frontend in the map uses.
@@ -221,9 +249,14 @@ impl Programmer {
                 self.released.insert(id);
             }
         }
+        let draining = self
+            .status
+            .iter()
+            .flat_map(|s| s.draining_ids.iter().copied());
         let used: HashSet<u32> = after
             .values()
             .flat_map(|s| s.backend_ids.iter().copied())
+            .chain(draining)
             .collect();
         for (id, _) in lb
             .backends()

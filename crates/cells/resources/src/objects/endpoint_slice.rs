@@ -35,6 +35,11 @@ pub struct SliceEndpoint {
     pub addresses: Vec<IpAddr>,
     /// `conditions.ready`; absent counts as ready, as the API asks consumers to read it.
     pub ready: bool,
+    /// `conditions.serving`: it answers, even if terminating; absent is `ready`, as the API
+    /// says.
+    pub serving: bool,
+    /// `conditions.terminating`; absent is false.
+    pub terminating: bool,
 }
 
 impl SliceEndpoint {
@@ -169,9 +174,13 @@ fn endpoint(field: &str, family: IpFamily, e: k8s::Endpoint) -> Result<SliceEndp
     if let Some(node) = &e.node_name {
         validate::dns1123_subdomain(&format!("{field}.nodeName"), node)?;
     }
+    let conditions = e.conditions.unwrap_or_default();
+    let ready = conditions.ready.unwrap_or(true);
     Ok(SliceEndpoint {
         addresses,
-        ready: e.conditions.and_then(|c| c.ready).unwrap_or(true),
+        ready,
+        serving: conditions.serving.unwrap_or(ready),
+        terminating: conditions.terminating.unwrap_or(false),
     })
 }
 
