@@ -255,6 +255,23 @@ impl Agent {
         Ok(())
     }
 
+    /// Kills the agent and unmounts its BPF root, so that its pinned programs, maps and tcx
+    /// links go with their last reference: the node keeps the devices, addresses and routes
+    /// the agent made, with no BPF attached to them (a benchmark's baseline of plain kernel
+    /// routing). [`Agent::start`] afterwards loads and attaches everything afresh.
+    pub fn kill_and_unpin(&mut self) -> Result<()> {
+        self.kill()?;
+        let root = self.bpf_root();
+        if is_bpffs(&root) {
+            umount2(&root, MntFlags::MNT_DETACH).map_err(|e| Error::Io {
+                op: "unmount",
+                path: root.display().to_string(),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits for the agent to exit; returns its exit status and how long it
     /// took. An agent still running after 20 s is killed and reported as an error.
     pub fn stop(&mut self) -> Result<(ExitStatus, Duration)> {
