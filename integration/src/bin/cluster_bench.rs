@@ -3,8 +3,8 @@
 //!
 //! - `up --routing-mode <mode>`: a two-node [`Cluster`] (underlay bridge, test API server,
 //!   agents), a client pod on node 1 and a server pod on node 2, held up while a script
-//!   measures between them. It prints `client_ns=<netns> server_ns=<netns> server_ip=<ip>`
-//!   and `ready`, then reads commands on stdin, one a line, answering `ready` to each once
+//!   measures between them. It prints `client_ns=<netns> server_ns=<netns> server_ip=<ip>
+//!   client_node_ns=<netns> server_node_ns=<netns>` and `ready`, then reads commands on stdin, one a line, answering `ready` to each once
 //!   the client reaches the server again:
 //!   - `plain`: the agents killed and their BPF roots unmounted, so that the programs and
 //!     tcx links go and the same devices, addresses and routes carry the traffic with plain
@@ -116,10 +116,12 @@ fn up(mode: RoutingMode) -> Result<()> {
     cluster.add_pod(1, "bench/server", "app=server", &[])?;
     let (client, server) = (cluster.pod("bench/client")?, cluster.pod("bench/server")?);
     println!(
-        "client_ns={} server_ns={} server_ip={}",
+        "client_ns={} server_ns={} server_ip={} client_node_ns={} server_node_ns={}",
         client.netns.name(),
         server.netns.name(),
-        server.ip
+        server.ip,
+        cluster.agent(0).node().name(),
+        cluster.agent(1).node().name()
     );
     let connected = |cluster: &Cluster| -> Result<()> {
         cluster
