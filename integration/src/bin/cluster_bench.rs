@@ -80,6 +80,9 @@ enum Cmd {
         /// New CiliumEndpoints whose propagation is timed, one at a time.
         #[arg(long, default_value_t = 100)]
         propagate: usize,
+        /// Keeps the agent's log in this file (for a profile of where the time goes).
+        #[arg(long)]
+        agent_log: Option<std::path::PathBuf>,
     },
 }
 
@@ -101,7 +104,8 @@ fn main() -> Result<()> {
             pods,
             identities,
             propagate,
-        } => scale(nodes, pods, identities, propagate),
+            agent_log,
+        } => scale(nodes, pods, identities, propagate, agent_log.as_deref()),
     }
 }
 
@@ -165,7 +169,13 @@ fn synthetic_pod_ip(n: usize, p: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 64 + (n / 256) as u8, (n % 256) as u8, p as u8 + 2)
 }
 
-fn scale(nodes: usize, pods: usize, identities: u32, propagate: usize) -> Result<()> {
+fn scale(
+    nodes: usize,
+    pods: usize,
+    identities: u32,
+    propagate: usize,
+    agent_log: Option<&Path>,
+) -> Result<()> {
     if nodes > 250 * 250 || pods + propagate.div_ceil(nodes.max(1)) > 250 || identities == 0 {
         bail!("at most 62,500 nodes of 250 pods each, and one identity at least");
     }
@@ -274,6 +284,10 @@ fn scale(nodes: usize, pods: usize, identities: u32, propagate: usize) -> Result
             std::thread::sleep(Duration::from_micros(200));
         }
         took.push(created.elapsed());
+    }
+    if let Some(path) = agent_log {
+        std::fs::write(path, cluster.agent(0).log())
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     took.sort();
     let pct = |q: f64| {
