@@ -83,6 +83,10 @@ enum Cmd {
         /// Keeps the agent's log in this file (for a profile of where the time goes).
         #[arg(long)]
         agent_log: Option<std::path::PathBuf>,
+        /// Runs this program as the agent instead of `cellium-agent run`, with the same flags
+        /// (a wrapper under a profiler, say, that execs `cellium-agent run "$@"`).
+        #[arg(long)]
+        agent_program: Option<std::path::PathBuf>,
     },
 }
 
@@ -105,7 +109,15 @@ fn main() -> Result<()> {
             identities,
             propagate,
             agent_log,
-        } => scale(nodes, pods, identities, propagate, agent_log.as_deref()),
+            agent_program,
+        } => scale(
+            nodes,
+            pods,
+            identities,
+            propagate,
+            agent_log.as_deref(),
+            agent_program,
+        ),
     }
 }
 
@@ -175,6 +187,7 @@ fn scale(
     identities: u32,
     propagate: usize,
     agent_log: Option<&Path>,
+    agent_program: Option<std::path::PathBuf>,
 ) -> Result<()> {
     if nodes > 250 * 250 || pods + propagate.div_ceil(nodes.max(1)) > 250 || identities == 0 {
         bail!("at most 62,500 nodes of 250 pods each, and one identity at least");
@@ -185,6 +198,7 @@ fn scale(
         ..ClusterOptions::default()
     })
     .context("the cluster")?;
+    cluster.agent_mut(0).options_mut().program = agent_program;
     cluster
         .agent(0)
         .node()
@@ -285,6 +299,12 @@ fn scale(
         }
         took.push(created.elapsed());
     }
+    // What the agent holds once the ingest is over (the list's transient copies freed):
+    // shown, not in the result, which is the figure at the ingest.
+    eprintln!(
+        "VmRSS after the propagation: {:.1} MiB",
+        bench::rss_kib(pid)? as f64 / 1024.0
+    );
     if let Some(path) = agent_log {
         std::fs::write(path, cluster.agent(0).log())
             .with_context(|| format!("writing {}", path.display()))?;
