@@ -255,6 +255,51 @@ impl Agent {
         Ok(())
     }
 
+    /// Kills the agent and takes its datapath off the node: the BPF root unmounted (so pinned
+    /// maps and tcx links go with their last reference) and every device's clsact qdisc
+    /// deleted (with the filters that hold the programs). The node keeps the devices,
+    /// addresses and routes the agent made, with no BPF attached to them: a benchmark's
+    /// baseline of plain kernel routing. Fails if a BPF filter is still on a device.
+    /// [`Agent::start`] afterwards loads and attaches everything afresh.
+    pub fn kill_and_unpin(&mut self) -> Result<()> {
+        self.kill()?;
+        let root = self.bpf_root();
+        if is_bpffs(&root) {
+            umount2(&root, MntFlags::MNT_DETACH).map_err(|e| Error::Io {
+                op: "unmount",
+                path: root.display().to_string(),
+                source: e.into(),
+            })?;
+        }
+        let links = self.node.ip(&["-o", "link", "show"])?;
+        let devices: Vec<&str> = links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|name| name.split('@').next().unwrap_or(name))
+            .collect();
+        for dev in &devices {
+            // No clsact on a device is no error: there is nothing to take off.
+            let _ = self
+                .node
+                .exec("tc", &["qdisc", "del", "dev", dev, "clsact"]);
+        }
+        for dev in &devices {
+            for hook in ["ingress", "egress"] {
+                let filters = self
+                    .node
+                    .exec("tc", &["filter", "show", "dev", dev, hook])
+                    .unwrap_or_default();
+                if filters.contains("bpf") {
+                    return Err(Error::Unexpected {
+                        what: "BPF filter left on a device",
+                        detail: format!("{dev} {hook}: {filters}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits for the agent to exit; returns its exit status and how long it
     /// took. An agent still running after 20 s is killed and reported as an error.
     pub fn stop(&mut self) -> Result<(ExitStatus, Duration)> {

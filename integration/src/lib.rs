@@ -2,11 +2,12 @@
 //! namespaces with drop guards ([`NetNs`]), the node-and-pods topology the
 //! datapath serves ([`Topology`]), a private bpffs mount ([`BpffsMount`]),
 //! traffic probes ([`probe`]), hand-made frames sent as they are ([`frame`]), and a running
-//! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), reachability probes that tell a
-//! policy drop apart ([`reach`]), a directory made read-only for real ([`ReadOnlyDir`]), a
-//! policy lab of pods in Kubernetes namespaces with truth tables ([`lab`]), a TCP ping-pong
-//! of both families for latency benchmarks ([`pingpong`]), and what the benchmarks that run
-//! an agent at scale share ([`bench`]).
+//! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), a cluster of node namespaces on
+//! an underlay with the test API server, operators and an agent per node ([`Cluster`]),
+//! reachability probes that tell a policy drop apart ([`reach`]), a directory made read-only
+//! for real ([`ReadOnlyDir`]), a policy lab of pods in Kubernetes namespaces with truth tables
+//! ([`lab`]), a TCP ping-pong of both families for latency benchmarks ([`pingpong`]), and what
+//! the benchmarks that run an agent at scale share ([`bench`]).
 //!
 //! Everything here needs root. Tests built on it create their own
 //! namespaces, send traffic only to addresses inside them, and clean up
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod bench;
 pub mod bpffs;
+pub mod cluster;
 pub mod cmd;
 pub mod cni;
 mod error;
@@ -31,6 +33,7 @@ pub mod veth;
 
 pub use agent::{Agent, AgentOptions};
 pub use bpffs::BpffsMount;
+pub use cluster::{Cluster, ClusterOptions};
 pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};
 pub use k8s::K8sApi;

@@ -1,211 +1,157 @@
-//! Two nodes in Kubernetes mode: two real agents in two node namespaces joined by an underlay
-//! the test makes (a veth pair, 192.0.2.1 and 192.0.2.2), one test API server served on both
-//! nodes' loopback, pods through the real `cellium-cni` on each, `routing-mode: native`.
+//! Clusters in network namespaces ([`Cluster`]): node namespaces on an underlay bridge, the test
+//! API server served on every node's loopback, real agents in Kubernetes mode, real
+//! `cellium-operator`s, pods through the real `cellium-cni` on each node.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test cluster -- --test-threads=1`.
 //!
-//! Every test makes its own namespaces, agents and API server and removes them through guards;
-//! traffic goes only to addresses inside the namespaces it made.
+//! Every test that depends on how nodes route to each other takes the routing mode as its
+//! parameter and is listed in [`every_mode!`]: a mode is one more line there.
+//!
+//! Every test makes its own namespaces, agents, operators and API server and removes them
+//! through guards (also on failure); traffic goes only to addresses inside the namespaces it
+//! made.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use cellium_integration::probe::TcpServer;
-use cellium_integration::reach::{Outcome, Probe, probe};
-use cellium_integration::{Agent, AgentOptions, K8sApi, NetNs};
+use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode};
+use cellium_integration::lab::{OpenFlow, Stream, table};
+use cellium_integration::probe::{TcpServer, UdpServer};
+use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
+use cellium_integration::reach::{Outcome, probe};
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 const PORT: u16 = 8080;
-const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
-const CONVERGE: Duration = Duration::from_secs(20);
 
-/// The nodes as the API server knows them: addresses on the underlay, a pod CIDR each.
-const NODES: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n1 }
-spec: { podCIDRs: [ 10.245.11.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.1 } ] }
----
-apiVersion: v1
-kind: Node
-metadata: { name: n2 }
-spec: { podCIDRs: [ 10.245.12.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.2 } ] }
-"#;
+/// The tests that run in every routing mode, one module per mode.
+macro_rules! every_mode {
+    ($($test:ident),* $(,)?) => {
+        mod native {
+            $( #[test] fn $test() { super::$test(super::RoutingMode::Native) } )*
+        }
+    };
+}
 
-const PODS: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: { name: shop }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: client, namespace: shop, labels: { app: client } }
-spec: { nodeName: n1, containers: [ { name: c, image: x } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: other, namespace: shop, labels: { app: other } }
-spec: { nodeName: n1, containers: [ { name: c, image: x } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: web, namespace: shop, labels: { app: web } }
-spec: { nodeName: n2, containers: [ { name: c, image: x, ports: [ { name: http, containerPort: 8080 } ] } ] }
-"#;
+every_mode!(
+    pods_reach_pods_of_another_node_and_policy_selects_them_by_identity,
+    the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across,
+    policy_truth_tables_hold_with_client_and_server_on_different_nodes,
+    an_agent_restarted_keeps_its_cross_node_flows,
+    a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
+    the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
+);
 
-/// Only `app: client` pods, wherever they run, may reach web.
-const WEB_FROM_CLIENT: &str = r#"
+/// Panics with every log of the cluster unless `ok` comes to hold.
+#[track_caller]
+fn eventually(cluster: &Cluster, what: &str, ok: impl FnMut() -> bool) -> Duration {
+    match cluster.eventually(what, ok) {
+        Ok(took) => took,
+        Err(e) => panic!("{e}\n{}", cluster.logs()),
+    }
+}
+
+/// The namespace `shop`, `client` and `other` on node 0, `web` (port `http` 8080) on node 1.
+fn shop(cluster: &mut Cluster) {
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(0, "shop/client", "app=client", &[])
+        .expect("client");
+    cluster
+        .add_pod(0, "shop/other", "app=other", &[])
+        .expect("other");
+    cluster
+        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
+        .expect("web");
+}
+
+fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let (client, web) = (
+        cluster.pod("shop/client").unwrap().ip,
+        cluster.pod("shop/web").unwrap().ip,
+    );
+    assert_eq!(client.octets()[..3], [10, 245, 11]);
+    assert_eq!(web.octets()[..3], [10, 245, 12]);
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+
+    if mode == RoutingMode::Native {
+        eventually(&cluster, "node 1 routes to node 2's pods", || {
+            cluster
+                .routes(0)
+                .is_ok_and(|r| r.contains("10.245.12.0/24 via 192.0.2.2"))
+        });
+    }
+    eventually(&cluster, "client reaches web on the other node", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    assert!(
+        cluster.reaches("shop/other", "shop/web", Tcp(PORT)),
+        "no policy yet"
+    );
+    eventually(&cluster, "node 2 has node 1's pods in its ipcache", || {
+        cluster.ipcache_has_remote(1, client.into())
+    });
+
+    // A policy on node 2 selects node 1's pods by their labels.
+    cluster
+        .apply_policy(
+            r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: { name: web-from-client, namespace: shop }
 spec:
   podSelector: { matchLabels: { app: web } }
   ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
-"#;
-
-/// The underlay: a veth pair between the two node namespaces.
-fn underlay(one: &NetNs, two: &NetNs) {
-    one.ip(&[
-        "link",
-        "add",
-        "und1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "und2",
-        "netns",
-        two.name(),
-    ])
-    .expect("underlay veth");
-    one.ip(&["addr", "add", "192.0.2.1/24", "dev", "und1"])
-        .expect("addr");
-    two.ip(&["addr", "add", "192.0.2.2/24", "dev", "und2"])
-        .expect("addr");
-    one.ip(&["link", "set", "und1", "up"]).expect("up");
-    two.ip(&["link", "set", "und2", "up"]).expect("up");
-}
-
-fn reaches(from: &NetNs, ip: Ipv4Addr) -> bool {
-    matches!(
-        probe(from, None, ip, Probe::Tcp(PORT), PROBE_TIMEOUT),
-        Ok(Outcome::Answered)
-    )
-}
-
-fn eventually(what: &str, agents: &[&Agent], mut ok: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !ok() {
-        if began.elapsed() > CONVERGE {
-            let logs: Vec<String> = agents.iter().map(|a| a.log()).collect();
-            panic!(
-                "{what}: not so after {CONVERGE:?}\n{}",
-                logs.join("\n----\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-#[test]
-fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    underlay(one.node(), two.node());
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    api.api().apply_yaml(NODES).expect("nodes");
-    api.apply(PODS).expect("pods");
-    one.options_mut().env = api.agent_env("n1");
-    two.options_mut().env = api.agent_env("n2");
-    one.start().expect("agent 1");
-    two.start().expect("agent 2");
-
-    let (client_ns, other_ns, web_ns) = (
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-    );
-    let client = one
-        .add_pod(&client_ns, "cid-client", "shop", "client")
-        .expect("ADD client");
-    let _other = one
-        .add_pod(&other_ns, "cid-other", "shop", "other")
-        .expect("ADD other");
-    let web = two
-        .add_pod(&web_ns, "cid-web", "shop", "web")
-        .expect("ADD web");
-    assert_eq!(client.octets()[..3], [10, 245, 11]);
-    assert_eq!(web.octets()[..3], [10, 245, 12]);
-    let _server =
-        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
-
-    // Each node routes to the other's pod CIDR over the underlay.
-    eventually("node 1 routes to node 2's pods", &[&one, &two], || {
-        one.node()
-            .ip(&["route", "show", "proto", "206"])
-            .is_ok_and(|r| r.contains("10.245.12.0/24 via 192.0.2.2"))
+"#,
+        )
+        .expect("policy");
+    eventually(&cluster, "other is denied", || {
+        !cluster.reaches("shop/other", "shop/web", Tcp(PORT))
     });
-    eventually(
-        "client reaches web on the other node",
-        &[&one, &two],
-        || reaches(&client_ns, web),
+    assert!(
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+        "client is still allowed"
     );
-    assert!(reaches(&other_ns, web), "no policy yet");
-
-    // Each node knows the other's pods by identity.
-    eventually(
-        "node 2 has node 1's pods in its ipcache",
-        &[&one, &two],
-        || {
-            two.cli(&["ipcache", "list"]).is_ok_and(|list| {
-                list.lines()
-                    .any(|l| l.starts_with(&format!("{client}/32")) && l.contains("remote"))
-            })
-        },
-    );
-
-    // A policy on node 2 selects node 1's pods by their labels.
-    let before = two.policy_revision().expect("revision");
-    api.apply(WEB_FROM_CLIENT).expect("policy");
-    two.wait_policy_revision_after(before).expect("taken in");
-    two.settle().expect("enforced");
-    eventually("other is denied", &[&one, &two], || {
-        !reaches(&other_ns, web)
-    });
-    assert!(reaches(&client_ns, web), "client is still allowed");
 
     // A remote pod relabelled: its identity changes on its node, the other node follows.
-    api.kubectl(
-        &[
-            "label",
-            "pod",
-            "other",
-            "-n",
-            "shop",
-            "app=client",
-            "--overwrite",
-        ],
-        "",
-    )
-    .expect("kubectl label");
-    eventually("relabelled other is allowed", &[&one, &two], || {
-        reaches(&other_ns, web)
+    cluster
+        .api()
+        .kubectl(
+            &[
+                "label",
+                "pod",
+                "other",
+                "-n",
+                "shop",
+                "app=client",
+                "--overwrite",
+            ],
+            "",
+        )
+        .expect("kubectl label");
+    eventually(&cluster, "relabelled other is allowed", || {
+        cluster.reaches("shop/other", "shop/web", Tcp(PORT))
     });
 
     // A ClusterIP whose backend runs on the other node: translated on the client's node,
     // routed across, and the reply translated back.
-    let service = format!(
-        r#"
+    cluster
+        .apply(&format!(
+            r#"
 apiVersion: v1
 kind: Service
 metadata: {{ name: web, namespace: shop }}
@@ -218,9 +164,10 @@ addressType: IPv4
 ports: [ {{ name: http, port: {PORT}, protocol: TCP }} ]
 endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
 "#
-    );
-    api.apply(&service).expect("service with a remote backend");
-    let vip: Ipv4Addr = api
+        ))
+        .expect("service with a remote backend");
+    let vip: Ipv4Addr = cluster
+        .api()
         .api()
         .get("v1", "Service", Some("shop"), "web")
         .expect("stored")["spec"]["clusterIP"]
@@ -228,12 +175,13 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         .unwrap()
         .parse()
         .unwrap();
+    let client_ns = &cluster.pod("shop/client").unwrap().netns;
     eventually(
+        &cluster,
         "client reaches the remote backend through the ClusterIP",
-        &[&one, &two],
         || {
             matches!(
-                probe(&client_ns, None, vip, Probe::Tcp(80), PROBE_TIMEOUT),
+                probe(client_ns, None, vip, Tcp(80), Duration::from_millis(700)),
                 Ok(Outcome::Answered)
             )
         },
@@ -242,154 +190,168 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
 
 #[test]
 fn ipam_cluster_pool_registers_the_node_and_waits_for_the_operators_cidrs() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut agent = Agent::prepare(AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
+    let _serial = serial();
+    // One node, no operator: the test plays the operator.
+    let mut cluster = Cluster::start(ClusterOptions {
+        nodes: 1,
+        ipam: Ipam::ClusterPool {
+            cidr: "10.245.0.0/16".into(),
+            mask_size: 24,
+        },
+        start_agents: false,
+        ..ClusterOptions::default()
     })
-    .expect("node");
-    let api = K8sApi::start(agent.node()).expect("API server");
-    api.api().apply_yaml(NODES).expect("nodes");
-    api.apply(PODS).expect("pods");
-    let mut env = api.agent_env("n1");
-    env.retain(|(k, _)| k != "CELLIUM_IPAM");
-    env.push(("CELLIUM_IPAM".into(), "cluster-pool".into()));
-    agent.options_mut().env = env;
-    agent.launch().expect("agent");
+    .expect("cluster");
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .apply(
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: client, namespace: shop, labels: { app: client } }\n\
+             spec: { nodeName: n1, containers: [ { name: c, image: x } ] }\n",
+        )
+        .expect("pod");
+    cluster.launch_agent(0).expect("agent");
 
     // The agent creates its CiliumNode with its addresses, and waits for pod CIDRs.
-    let began = Instant::now();
-    let cn = loop {
-        if let Some(cn) = api.api().get("cilium.io/v2", "CiliumNode", None, "n1") {
-            break cn;
-        }
-        assert!(began.elapsed() < CONVERGE, "no CiliumNode\n{}", agent.log());
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    eventually(&cluster, "the agent creates its CiliumNode", || {
+        cluster
+            .api()
+            .api()
+            .get("cilium.io/v2", "CiliumNode", None, "n1")
+            .is_some()
+    });
+    let cn = cluster
+        .api()
+        .api()
+        .get("cilium.io/v2", "CiliumNode", None, "n1")
+        .unwrap();
     assert_eq!(cn["spec"]["addresses"][0]["ip"], "192.0.2.1", "{cn}");
-    assert!(agent.is_running(), "waits\n{}", agent.log());
     assert!(
-        agent.cli(&["status"]).is_err(),
+        cluster.agent_mut(0).is_running(),
+        "waits\n{}",
+        cluster.logs()
+    );
+    assert!(
+        cluster.agent(0).cli(&["status"]).is_err(),
         "not serving before the CIDRs"
     );
 
     // What the operator says when it has none to give is what the agent says.
-    api.kubectl(
-        &[
-            "patch",
-            "ciliumnode",
-            "n1",
-            "--subresource=status",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"status":{"ipam":{"operator-status":{"error":"all pools are exhausted"}}}}"#,
-        ],
-        "",
-    )
-    .expect("operator status");
-    let began = Instant::now();
-    while !agent
-        .log()
-        .contains("the operator says: all pools are exhausted")
-    {
-        assert!(
-            began.elapsed() < CONVERGE,
-            "the operator's error is not reported\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    cluster
+        .api()
+        .kubectl(
+            &[
+                "patch",
+                "ciliumnode",
+                "n1",
+                "--subresource=status",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"status":{"ipam":{"operator-status":{"error":"all pools are exhausted"}}}}"#,
+            ],
+            "",
+        )
+        .expect("operator status");
+    eventually(&cluster, "the operator's error is reported", || {
+        cluster
+            .agent(0)
+            .log()
+            .contains("the operator says: all pools are exhausted")
+    });
 
     // The operator assigns a CIDR: the agent starts and hands out its addresses.
-    api.kubectl(
-        &[
-            "patch",
-            "ciliumnode",
-            "n1",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"ipam":{"podCIDRs":["10.245.20.0/24"]}}}"#,
-        ],
-        "",
-    )
-    .expect("operator assigns");
-    agent.wait_ready().expect("ready once assigned");
-    let ns = NetNs::new().expect("netns");
-    let ip = agent
-        .add_pod(&ns, "cid-client", "shop", "client")
-        .expect("ADD");
+    cluster
+        .api()
+        .kubectl(
+            &[
+                "patch",
+                "ciliumnode",
+                "n1",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"ipam":{"podCIDRs":["10.245.20.0/24"]}}}"#,
+            ],
+            "",
+        )
+        .expect("operator assigns");
+    cluster
+        .agent_mut(0)
+        .wait_ready()
+        .expect("ready once assigned");
+    let ip = cluster
+        .create_pod_network(0, "shop/client")
+        .expect("ADD")
+        .ip;
     assert_eq!(ip.octets()[..3], [10, 245, 20], "{ip}");
     // The operator's field is left alone by the agent's upkeep.
-    let cn = api
+    let cn = cluster
+        .api()
         .api()
         .get("cilium.io/v2", "CiliumNode", None, "n1")
         .unwrap();
     assert_eq!(cn["spec"]["ipam"]["podCIDRs"][0], "10.245.20.0/24");
 }
 
-/// `cellium-operator` in a node namespace, killed (and waited for) on drop.
-struct Operator(std::process::Child);
+/// The pod CIDRs every CiliumNode holds, by node name.
+fn cidrs(cluster: &Cluster) -> Vec<(String, Vec<String>)> {
+    cluster
+        .api()
+        .api()
+        .list("cilium.io/v2", "CiliumNode")
+        .iter()
+        .map(|cn| {
+            let name = cn["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            let cidrs = cn["spec"]["ipam"]["podCIDRs"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| c.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name, cidrs)
+        })
+        .collect()
+}
 
-impl Operator {
-    fn start(agent: &Agent, api: &K8sApi) -> Operator {
-        let program = agent.binaries().dir().join("cellium-operator");
-        let child = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", agent.node().path().display()))
-            .arg("--")
-            .arg(program)
-            .args(["run", "--k8s-api-server", &api.url()])
-            .args(["--cluster-pool-ipv4-cidr", "10.246.0.0/16"])
-            .args(["--cluster-pool-ipv4-mask-size", "24"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("cellium-operator (cargo build --workspace first)");
-        Operator(child)
+/// Panics unless no CIDR is held by two CiliumNodes.
+#[track_caller]
+fn assert_no_cidr_twice(cluster: &Cluster) {
+    let all = cidrs(cluster);
+    let mut seen = std::collections::BTreeMap::new();
+    for (node, cidrs) in &all {
+        for cidr in cidrs {
+            if let Some(other) = seen.insert(cidr.clone(), node.clone()) {
+                panic!("{cidr} is held by {other} and {node}: {all:?}");
+            }
+        }
     }
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[test]
-fn the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    underlay(one.node(), two.node());
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    // Nodes without pod CIDRs: the operator's cluster pool gives them.
-    let nodes = NODES
-        .replace("spec: { podCIDRs: [ 10.245.11.0/24 ] }\n", "")
-        .replace("spec: { podCIDRs: [ 10.245.12.0/24 ] }\n", "");
-    api.api().apply_yaml(&nodes).expect("nodes");
-    api.apply(PODS).expect("pods");
-    let _operator = Operator::start(&one, &api);
-    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
-        let mut env = api.agent_env(name);
-        env.retain(|(k, _)| k != "CELLIUM_IPAM");
-        env.push(("CELLIUM_IPAM".into(), "cluster-pool".into()));
-        agent.options_mut().env = env;
-        agent.start().expect("agent with ipam: cluster-pool");
-    }
-    let (client_ns, web_ns) = (NetNs::new().expect("netns"), NetNs::new().expect("netns"));
-    let client = one
-        .add_pod(&client_ns, "cid-client", "shop", "client")
+fn the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ipam: Ipam::ClusterPool {
+            cidr: "10.246.0.0/16".into(),
+            mask_size: 24,
+        },
+        operators: 1,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster with an operator");
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(0, "shop/client", "app=client", &[])
         .expect("ADD client");
-    let web = two
-        .add_pod(&web_ns, "cid-web", "shop", "web")
+    cluster
+        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
         .expect("ADD web");
+    let (client, web) = (
+        cluster.pod("shop/client").unwrap().ip,
+        cluster.pod("shop/web").unwrap().ip,
+    );
     assert_eq!(client.octets()[..2], [10, 246], "{client}");
     assert_eq!(web.octets()[..2], [10, 246], "{web}");
     assert_ne!(
@@ -397,11 +359,464 @@ fn the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across() {
         web.octets()[2],
         "each node has its own /24 of the pool"
     );
-    let _server =
-        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    assert_no_cidr_twice(&cluster);
+    let _server = TcpServer::start(
+        &cluster.pod("shop/web").unwrap().netns,
+        SocketAddr::new(IpAddr::V4(web), PORT),
+        "web",
+    )
+    .expect("server");
     eventually(
+        &cluster,
         "client reaches web over the operator's CIDRs",
-        &[&one, &two],
-        || reaches(&client_ns, web),
+        || cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+    );
+}
+
+/// A pod of [`SPREAD`]: key, labels, named ports (name, port, protocol), node.
+type SpreadPod = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, u16, &'static str)],
+    usize,
+);
+
+/// The policy lab's pods (`lab::fixture`), spread over two nodes so that every pod has a peer
+/// on the other node in its own namespace and in another: (key, labels, named ports, node).
+const SPREAD: [SpreadPod; 5] = [
+    ("shop/web", "app=web", &[("http", 8080, "TCP")], 0),
+    ("shop/db", "app=db", &[("sql", 5432, "TCP")], 1),
+    ("dev/web", "app=web", &[("http", 80, "TCP")], 1),
+    ("dev/tool", "app=tool", &[], 0),
+    (
+        "ops/dns",
+        "app=dns",
+        &[("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")],
+        1,
+    ),
+];
+
+const COMMON: [Probe; 4] = [Tcp(80), Tcp(5432), Udp(53), Icmp];
+
+/// Servers on every pod for every probe, held until dropped.
+enum Server {
+    Tcp(#[allow(dead_code)] TcpServer),
+    Udp(#[allow(dead_code)] UdpServer),
+}
+
+fn serve(cluster: &Cluster, probes: &[Probe]) -> Vec<Server> {
+    let mut out = Vec::new();
+    for pod in cluster.pods() {
+        for p in probes {
+            let at = |port| SocketAddr::new(IpAddr::V4(pod.ip), port);
+            match *p {
+                Tcp(port) => out.push(Server::Tcp(
+                    TcpServer::start(&pod.netns, at(port), &pod.key).expect("tcp server"),
+                )),
+                Udp(port) => out.push(Server::Udp(
+                    UdpServer::start(&pod.netns, at(port), &pod.key).expect("udp server"),
+                )),
+                Icmp => {}
+            }
+        }
+    }
+    out
+}
+
+/// Probes every flow between the cluster's pods and panics with the whole table unless each
+/// behaved as `expect` says; returns how many flows crossed nodes.
+#[track_caller]
+fn check(cluster: &Cluster, scenario: &str, expect: impl Fn(&table::Flow<'_>) -> bool) -> usize {
+    let places = cluster.places();
+    let table = table::run(scenario, &places, &COMMON, expect);
+    table.assert();
+    let node_of = |name: &str| cluster.pod(name).map(|p| p.node).ok();
+    table
+        .rows
+        .iter()
+        .filter(|r| node_of(&r.from) != node_of(&r.to))
+        .count()
+}
+
+fn policy_truth_tables_hold_with_client_and_server_on_different_nodes(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    for (ns, labels) in [
+        ("shop", "team=a"),
+        ("dev", "team=b"),
+        ("ops", "team=a,tier=infra"),
+    ] {
+        cluster.namespace(ns, labels).expect("namespace");
+    }
+    for (key, labels, ports, node) in SPREAD {
+        cluster.add_pod(node, key, labels, ports).expect("pod");
+    }
+    let _servers = serve(&cluster, &COMMON);
+    for pod in cluster.pods() {
+        for other in cluster.pods().iter().filter(|o| o.node != pod.node) {
+            eventually(&cluster, "every node knows every remote pod", || {
+                cluster.ipcache_has_remote(other.node, pod.ip.into())
+            });
+        }
+    }
+
+    let crossing = check(&cluster, "no policy", |_| true);
+    // 5 pods, 3 on one node and 2 on the other: 12 of the 20 ordered pairs cross.
+    assert_eq!(crossing, 12 * COMMON.len());
+
+    // The scenarios of the single-node tables (tests/policy.rs), without the node and the
+    // external places: the same verdicts, now decided on identities learnt from the other
+    // node.
+    cluster
+        .apply_policy(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: db-no-ingress, namespace: shop }
+spec: { podSelector: { matchLabels: { app: db } }, policyTypes: [ Ingress ] }
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: tool-no-egress, namespace: dev }
+spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
+"#,
+        )
+        .expect("policy");
+    check(&cluster, "default deny per direction", |f| {
+        !f.to.is("shop/db") && !f.from.is("dev/tool")
+    });
+    cluster
+        .api()
+        .kubectl(&["delete", "networkpolicy", "--all", "-n", "shop"], "")
+        .expect("delete");
+    cluster
+        .api()
+        .kubectl(&["delete", "networkpolicy", "--all", "-n", "dev"], "")
+        .expect("delete");
+
+    cluster
+        .apply_policy(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: isolate, namespace: shop }
+spec:
+  podSelector: {}
+  ingress: [ { from: [ { podSelector: {} } ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: isolate, namespace: dev }
+spec:
+  podSelector: {}
+  ingress: [ { from: [ { podSelector: {} } ] } ]
+  egress: [ { to: [ { podSelector: {} } ] } ]
+"#,
+        )
+        .expect("policy");
+    check(&cluster, "namespace isolation", |f| {
+        if f.from.in_ns("dev") && !f.to.in_ns("dev") {
+            return false;
+        }
+        for ns in ["shop", "dev"] {
+            if f.to.in_ns(ns) {
+                return f.from.in_ns(ns);
+            }
+        }
+        true
+    });
+
+    // Namespaces selected by their labels, pods by theirs, across nodes: team=a namespaces
+    // may reach dev/web on its http port only.
+    cluster
+        .apply_policy(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-team-a, namespace: dev }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [ { from: [ { namespaceSelector: { matchLabels: { team: a } } } ], ports: [ { port: http } ] } ]
+"#,
+        )
+        .expect("policy");
+    check(&cluster, "namespace selector and named port", |f| {
+        if f.from.in_ns("dev") && !f.to.in_ns("dev") {
+            return false;
+        }
+        if f.to.is("dev/web") {
+            // isolate (dev to dev, any port) or web-from-team-a (shop, ops; http = 80).
+            return f.from.in_ns("dev")
+                || ((f.from.in_ns("shop") || f.from.in_ns("ops")) && f.probe == Tcp(80));
+        }
+        for ns in ["shop", "dev"] {
+            if f.to.in_ns(ns) {
+                return f.from.in_ns(ns);
+            }
+        }
+        true
+    });
+}
+
+fn an_agent_restarted_keeps_its_cross_node_flows(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod_addr("shop/web", PORT).unwrap();
+    let _server =
+        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    // A policy, so that the flow is one policy allowed, not one no policy touches.
+    cluster
+        .apply_policy(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-client, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ] } ]
+"#,
+        )
+        .expect("policy");
+    eventually(&cluster, "client reaches web on the other node", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    let flow = OpenFlow::tcp(&cluster.pod("shop/client").unwrap().netns, web).expect("open");
+    let stream = Stream::start(flow);
+
+    // The client's agent, then the server's, stopped and started again under the stream.
+    let mut windows = Vec::new();
+    for node in [0, 1] {
+        std::thread::sleep(Duration::from_millis(300));
+        let stopped = Instant::now();
+        cluster.agent_mut(node).stop().expect("stop");
+        std::thread::sleep(Duration::from_millis(500));
+        cluster.start_agent(node).expect("start again");
+        windows.push((node, stopped, Instant::now()));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let log = stream.finish().expect("stream");
+    assert!(
+        log.failure.is_none(),
+        "the open flow broke: {:?}\n{}",
+        log.failure,
+        cluster.logs()
+    );
+    let windows_end = *windows.last().expect("two restarts");
+    for (node, from, to) in windows {
+        assert!(
+            log.rounds_between(from, to) > 0,
+            "no round trip while node {node}'s agent was away (max gap {:?})",
+            log.max_gap()
+        );
+    }
+    let (_, _, last_started) = windows_end;
+    assert!(
+        log.rounds_between(last_started, Instant::now()) > 0,
+        "the flow goes on after both restarts"
+    );
+    // New flows too, through the restarted agents, under the same policy.
+    assert!(cluster.reaches("shop/client", "shop/web", Tcp(PORT)));
+    assert!(!cluster.reaches("shop/other", "shop/web", Tcp(PORT)));
+}
+
+fn a_node_removed_and_re_added_takes_its_routes_and_entries_with_it(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        nodes: 3,
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod_addr("shop/web", PORT).unwrap();
+    let _server =
+        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    let n2_ip: IpAddr = Cluster::node_ip(1).into();
+    let n2_cidr = Cluster::node_pod_cidr(1);
+    // What node i knows of n2: its route (native routing) and its address's ipcache entry.
+    let of_n2 = |cluster: &Cluster, i: usize| {
+        let routed = cluster
+            .routes(i)
+            .is_ok_and(|r| r.contains(&format!("{n2_cidr} via {n2_ip}")));
+        (routed, cluster.ipcache_has_remote(i, n2_ip))
+    };
+    let knows_n2 = |cluster: &Cluster, i: usize| {
+        let (routed, entry) = of_n2(cluster, i);
+        (routed || mode != RoutingMode::Native) && entry
+    };
+    let forgot_n2 = |cluster: &Cluster, i: usize| of_n2(cluster, i) == (false, false);
+    for i in [0, 2] {
+        eventually(&cluster, "the others know n2", || knows_n2(&cluster, i));
+    }
+    eventually(&cluster, "client reaches web on n2", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+
+    // n2 leaves: its Node and CiliumNode are deleted (as `kubectl delete node` and the
+    // operator's GC would). The others drop its routes and entries, without a restart.
+    let pids: Vec<_> = (0..3).map(|i| cluster.agent(i).pid()).collect();
+    cluster
+        .api()
+        .kubectl(&["delete", "node", "n2"], "")
+        .expect("delete node");
+    cluster
+        .api()
+        .kubectl(&["delete", "ciliumnode", "n2", "--ignore-not-found"], "")
+        .expect("delete ciliumnode");
+    for i in [0, 2] {
+        eventually(&cluster, "the others forget n2", || forgot_n2(&cluster, i));
+    }
+    if mode == RoutingMode::Native {
+        assert!(
+            !cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+            "no route to a node that left"
+        );
+    }
+
+    // n2 comes back: routes, entries and the pod behind them follow.
+    cluster
+        .apply(&cluster.node_yaml(1))
+        .expect("the Node again");
+    for i in [0, 2] {
+        eventually(&cluster, "the others know n2 again", || {
+            knows_n2(&cluster, i)
+        });
+    }
+    eventually(&cluster, "client reaches web on n2 again", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    // n2's agent puts its CiliumNode back.
+    eventually(&cluster, "n2's CiliumNode is back", || {
+        cluster
+            .api()
+            .api()
+            .get("cilium.io/v2", "CiliumNode", None, "n2")
+            .is_some()
+    });
+    let after: Vec<_> = (0..3).map(|i| cluster.agent(i).pid()).collect();
+    assert_eq!(pids, after, "no agent restarted");
+}
+
+fn the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice(
+    mode: RoutingMode,
+) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        nodes: 3,
+        routing_mode: mode,
+        ipam: Ipam::ClusterPool {
+            cidr: "10.246.0.0/16".into(),
+            mask_size: 24,
+        },
+        operators: 2,
+        start_agents: false,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster with two operators");
+    cluster.start_agent(0).expect("agent n1");
+    cluster.start_agent(1).expect("agent n2");
+    eventually(&cluster, "a leader", || cluster.lease_holder().is_some());
+    let leader = cluster.lease_holder().unwrap();
+    assert_no_cidr_twice(&cluster);
+
+    // The leader dies without releasing its Lease; the other takes over once it expires.
+    let dead = cluster
+        .operators_mut()
+        .iter_mut()
+        .find(|o| o.id() == leader)
+        .expect("the leader is one of ours");
+    dead.kill();
+    eventually(&cluster, "the other operator leads", || {
+        cluster.lease_holder().is_some_and(|h| h != leader)
+    });
+
+    // A node that joins now gets its CIDR from the new leader: one nobody else holds.
+    cluster
+        .start_agent(2)
+        .expect("agent n3, given a CIDR by the new leader");
+    assert_no_cidr_twice(&cluster);
+    let held = cidrs(&cluster);
+    assert_eq!(
+        held.iter().filter(|(_, c)| !c.is_empty()).count(),
+        3,
+        "{held:?}"
+    );
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(2, "shop/client", "app=client", &[])
+        .expect("client on n3");
+    cluster
+        .add_pod(0, "shop/web", "app=web", &[("http", PORT, "TCP")])
+        .expect("web on n1");
+    let web = cluster.pod_addr("shop/web", PORT).unwrap();
+    let _server =
+        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    eventually(&cluster, "n3's client reaches n1's web", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+}
+
+#[test]
+fn an_exhausted_pool_is_reported_on_the_cilium_node_and_by_its_agent() {
+    let _serial = serial();
+    // A pool of one /24: the first node gets it, the second nothing.
+    let mut cluster = Cluster::start(ClusterOptions {
+        ipam: Ipam::ClusterPool {
+            cidr: "10.246.0.0/24".into(),
+            mask_size: 24,
+        },
+        operators: 1,
+        start_agents: false,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    cluster
+        .start_agent(0)
+        .expect("agent n1 gets the pool's only CIDR");
+    cluster.launch_agent(1).expect("agent n2");
+    eventually(&cluster, "the operator reports n2's exhaustion", || {
+        cluster
+            .api()
+            .api()
+            .get("cilium.io/v2", "CiliumNode", None, "n2")
+            .and_then(|cn| {
+                cn["status"]["ipam"]["operator-status"]["error"]
+                    .as_str()
+                    .map(|e| !e.is_empty())
+            })
+            .unwrap_or(false)
+    });
+    let error = cluster
+        .api()
+        .api()
+        .get("cilium.io/v2", "CiliumNode", None, "n2")
+        .unwrap()["status"]["ipam"]["operator-status"]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    eventually(&cluster, "n2's agent says what the operator said", || {
+        cluster
+            .agent(1)
+            .log()
+            .contains(&format!("the operator says: {error}"))
+    });
+    // Fail closed: the agent that has no CIDR serves no pod.
+    assert!(cluster.agent_mut(1).is_running());
+    assert!(cluster.agent(1).cli(&["status"]).is_err());
+    assert_eq!(
+        cidrs(&cluster)
+            .iter()
+            .filter(|(_, c)| !c.is_empty())
+            .count(),
+        1
     );
 }

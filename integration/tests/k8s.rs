@@ -11,6 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use cellium_integration::cluster::{Cluster as Nodes, ClusterOptions};
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
 use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs};
@@ -457,13 +458,6 @@ fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
     );
 }
 
-const TWO_NODES: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n2 }
-spec: { podCIDRs: [ 10.245.8.0/24 ] }
-"#;
-
 /// Pods of two label sets on each of two nodes.
 fn spread_pods() -> String {
     let mut yaml = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
@@ -483,31 +477,18 @@ fn spread_pods() -> String {
 #[test]
 fn two_agents_on_two_nodes_agree_on_identity_numbers() {
     let _serial = serial();
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    api.apply(&format!("{NODE_YAML}---{TWO_NODES}"))
-        .expect("nodes");
-    api.apply(&spread_pods()).expect("pods");
-    one.options_mut().env = api.agent_env("n1");
-    two.options_mut().env = api.agent_env("n2");
-    one.start().expect("agent 1");
-    two.start().expect("agent 2");
+    let mut cluster = Nodes::start(ClusterOptions::default()).expect("two nodes");
+    cluster.apply(&spread_pods()).expect("pods");
 
     // The same labels ADDed on both nodes at the same moment: both race to create the
     // CiliumIdentity of a label set nobody had.
     let netns: Vec<NetNs> = (0..4).map(|_| NetNs::new().expect("pod netns")).collect();
     std::thread::scope(|s| {
         for (i, (agent, name)) in [
-            (&one, "web-a"),
-            (&two, "web-b"),
-            (&one, "db-a"),
-            (&two, "db-b"),
+            (cluster.agent(0), "web-a"),
+            (cluster.agent(1), "web-b"),
+            (cluster.agent(0), "db-a"),
+            (cluster.agent(1), "db-b"),
         ]
         .into_iter()
         .enumerate()
@@ -527,24 +508,31 @@ fn two_agents_on_two_nodes_agree_on_identity_numbers() {
             .and_then(|e| e["identity"].as_u64())
             .unwrap_or_else(|| panic!("no identity for {pod}: {eps:?}"))
     };
-    let (web_a, web_b) = (identity(&one, "web-a"), identity(&two, "web-b"));
-    let (db_a, db_b) = (identity(&one, "db-a"), identity(&two, "db-b"));
+    let (web_a, web_b) = (
+        identity(cluster.agent(0), "web-a"),
+        identity(cluster.agent(1), "web-b"),
+    );
+    let (db_a, db_b) = (
+        identity(cluster.agent(0), "db-a"),
+        identity(cluster.agent(1), "db-b"),
+    );
     assert_eq!(web_a, web_b, "both nodes number app=web alike");
     assert_eq!(db_a, db_b, "both nodes number app=db alike");
     assert_ne!(web_a, db_a);
-    let ids = api.api().list("cilium.io/v2", "CiliumIdentity");
+    let ids = cluster.api().api().list("cilium.io/v2", "CiliumIdentity");
     assert_eq!(ids.len(), 2, "one CiliumIdentity per label set: {ids:?}");
-    let web = api
+    let web = cluster
+        .api()
         .api()
         .get("cilium.io/v2", "CiliumIdentity", None, &web_a.to_string())
         .expect("the CiliumIdentity named by the number");
     assert_eq!(web["security-labels"]["k8s:app"], "web", "{web}");
 
     // A restarted agent gives the same number back without asking.
-    one.stop().expect("stop");
-    one.start().expect("start again");
-    one.settle().expect("settled");
-    assert_eq!(identity(&one, "web-a"), web_a);
+    cluster.agent_mut(0).stop().expect("stop");
+    cluster.start_agent(0).expect("start again");
+    cluster.agent(0).settle().expect("settled");
+    assert_eq!(identity(cluster.agent(0), "web-a"), web_a);
 }
 
 #[test]
