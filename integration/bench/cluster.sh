@@ -4,7 +4,8 @@
 # underlay bridge, the test API server, a real agent per node, pods through cellium-cni),
 # measured in the same run
 #   (a) with plain kernel routing: the agents killed and their BPF roots unmounted, so that
-#       the same devices, addresses and routes carry the traffic without any BPF program, and
+#       the same devices, addresses and routes carry the traffic without any BPF program (in
+#       tunnel mode the pod CIDRs routed via the other node, as native routing does), and
 #   (b) through Cellium: the agents started again, the datapath on both nodes,
 # for each routing mode of MODES (one more mode is one more word). Throughput: iperf3, one
 # TCP stream. Latency: TCP ping-pong p50 of 64-byte messages (sockperf). Each mode runs
@@ -15,11 +16,12 @@
 # touched.
 #
 # Usage (root): integration/bench/cluster.sh
-#   MODES="native" DURATION=4 ROUNDS=5 integration/bench/cluster.sh
+#   MODES="native tunnel" DURATION=4 ROUNDS=5 integration/bench/cluster.sh
 # Last line: RESULT cluster native_tput_ratio=<b/a> native_lat_ratio=<b/a>
+#            tunnel_tput_ratio=<b/a> tunnel_lat_ratio=<b/a>
 set -euo pipefail
 
-MODES=${MODES:-native}
+MODES=${MODES:-native tunnel}
 DURATION=${DURATION:-4}
 ROUNDS=${ROUNDS:-5}
 root=$(cd "$(dirname "$0")/../.." && pwd)

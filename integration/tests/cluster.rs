@@ -35,6 +35,9 @@ macro_rules! every_mode {
         mod native {
             $( #[test] fn $test() { super::$test(super::RoutingMode::Native) } )*
         }
+        mod tunnel {
+            $( #[test] fn $test() { super::$test(super::RoutingMode::Tunnel) } )*
+        }
     };
 }
 

@@ -8,7 +8,8 @@
 //!   the client reaches the server again:
 //!   - `plain`: the agents killed and their BPF roots unmounted, so that the programs and
 //!     tcx links go and the same devices, addresses and routes carry the traffic with plain
-//!     kernel routing (the baseline);
+//!     kernel routing (the baseline; in tunnel mode the pod CIDRs are routed via the other
+//!     node's address, as native routing does);
 //!   - `cellium`: the agents started again, the datapath attached afresh.
 //!
 //!   At the end of stdin everything is removed.
@@ -156,6 +157,9 @@ fn up(mode: RoutingMode) -> Result<()> {
                 for i in 0..2 {
                     cluster.agent_mut(i).kill_and_unpin()?;
                 }
+                if mode == RoutingMode::Tunnel {
+                    plain_routes(&cluster)?;
+                }
             }
             "cellium" => {
                 for i in 0..2 {
@@ -166,6 +170,21 @@ fn up(mode: RoutingMode) -> Result<()> {
         }
         connected(&cluster)?;
         println!("ready");
+    }
+    Ok(())
+}
+
+/// Tunnel mode's routes lead into the VXLAN device, which carries nothing without the
+/// datapath's tunnel keys: the baseline routes each node's pod CIDR via the other node's
+/// address instead, as plain routing does (the agent puts its own back when it starts).
+fn plain_routes(cluster: &Cluster) -> Result<()> {
+    for (i, j) in [(0, 1), (1, 0)] {
+        let cidr = Cluster::node_pod_cidr(j);
+        let via = Cluster::node_ip(j).to_string();
+        cluster
+            .agent(i)
+            .node()
+            .ip(&["route", "replace", &cidr, "via", &via, "proto", "206"])?;
     }
     Ok(())
 }
