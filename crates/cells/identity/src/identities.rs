@@ -107,20 +107,24 @@ struct Cluster {
 impl Identities {
     /// The cell's constructor: the table is restored from `state` by the start hook and
     /// written back by the `persist` job and the stop hook. With
-    /// `identity-allocation-mode: crd`, pod label sets are numbered by `numbering` (which only
-    /// Kubernetes mode has: without it, that mode fails the start).
+    /// `identity-allocation-mode: crd` or `kvstore`, pod label sets are numbered by the
+    /// contributed numbering of that mode (`crd`: Kubernetes mode's; `kvstore`: the kvstore
+    /// cell's, with `kvstore: etcd`): without one, that mode fails the start.
     pub fn new(
         cfg: Config<IdentityConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
         state: Arc<StateDir>,
-        numbering: Option<Arc<dyn ClusterNumbering>>,
+        numberings: Vec<Arc<dyn ClusterNumbering>>,
     ) -> Result<Arc<Identities>> {
-        let numbering = numbering.filter(|n| n.store().is_some());
-        let cluster = match (cfg.identity_allocation_mode, numbering) {
+        let mode = cfg.identity_allocation_mode;
+        let numbering = numberings
+            .into_iter()
+            .find(|n| n.mode() == mode && n.store().is_some());
+        let cluster = match (mode, numbering) {
             (AllocationMode::Local, _) => None,
-            (AllocationMode::Crd, Some(numbering)) => Some(Cluster {
+            (_, Some(numbering)) => Some(Cluster {
                 numbering,
                 numbers: Mutex::default(),
             }),
@@ -129,9 +133,9 @@ impl Identities {
                     "crd needs Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)".into(),
                 ));
             }
-            (AllocationMode::Kvstore, _) => {
+            (AllocationMode::Kvstore, None) => {
                 return Err(Error::Mode(
-                    "kvstore is not available in this version; use local or crd".into(),
+                    "kvstore needs `kvstore: etcd` and `kvstore-endpoints`".into(),
                 ));
             }
         };
@@ -290,7 +294,12 @@ impl Identities {
         {
             entry.refs += 1;
             entry.restored = false;
-            return Ok(entry.identity.clone());
+            let (identity, first) = (entry.identity.clone(), entry.refs == 1);
+            drop(table);
+            if first && let Some(cluster) = &self.cluster {
+                cluster.numbering.used(labels, identity.id);
+            }
+            return Ok(identity);
         }
         let scope = Scope::for_labels(labels);
         if let Some(number) = self.cluster_number(labels, scope) {
@@ -306,7 +315,11 @@ impl Identities {
                     ),
                 });
             }
-            return Ok(self.insert_new(table, id, labels));
+            let identity = self.insert_new(table, id, labels);
+            if let Some(cluster) = &self.cluster {
+                cluster.numbering.used(labels, id);
+            }
+            return Ok(identity);
         }
         let Some(id) = table.next_free(scope) else {
             return Err(Error::Exhausted {
@@ -370,6 +383,9 @@ impl Identities {
             tracing::debug!(id, labels = %identity.labels, "identity released");
         }
         drop(table);
+        if let (Some(identity), Some(cluster)) = (&removed, &self.cluster) {
+            cluster.numbering.release(&identity.labels);
+        }
         self.changed();
         removed.is_some()
     }
@@ -392,14 +408,23 @@ impl Identities {
             .filter(|e| e.restored && e.refs == 0)
             .map(|e| e.identity.id)
             .collect();
+        let mut released = Vec::new();
         for id in &unclaimed {
-            if let Some(entry) = table.remove(*id)
-                && !table.remote.contains_key(id)
-            {
-                let _ = self.events.send(IdentityEvent::Removed(entry.identity));
+            if let Some(entry) = table.remove(*id) {
+                if !table.remote.contains_key(id) {
+                    let _ = self
+                        .events
+                        .send(IdentityEvent::Removed(entry.identity.clone()));
+                }
+                released.push(entry.identity);
             }
         }
         drop(table);
+        if let Some(cluster) = &self.cluster {
+            for identity in &released {
+                cluster.numbering.release(&identity.labels);
+            }
+        }
         if !unclaimed.is_empty() {
             tracing::info!(
                 count = unclaimed.len(),

@@ -18,6 +18,7 @@ use tokio_stream::wrappers::WatchStream;
 use crate::config::{NodeDiscoveryConfig, RoutingMode};
 use crate::desired;
 use crate::error::{Error, Result};
+use crate::remote::RemoteEndpoints;
 use crate::routes;
 
 /// How often a pass runs when nothing changed: a route or entry removed by someone else comes
@@ -32,6 +33,8 @@ pub struct NodeDiscovery {
     resources: Arc<Resources>,
     ipcache: Arc<Ipcache>,
     identities: Arc<Identities>,
+    /// Other nodes' pods from elsewhere than CiliumEndpoints (the kvstore), if any.
+    remote: Option<Arc<dyn RemoteEndpoints>>,
     node: String,
     /// The ipcache entries claimed, as last written.
     claimed: Mutex<BTreeMap<IpNet, u32>>,
@@ -51,6 +54,7 @@ impl NodeDiscovery {
         resources: Option<Arc<Resources>>,
         ipcache: Arc<Ipcache>,
         identities: Arc<Identities>,
+        remote: Option<Arc<dyn RemoteEndpoints>>,
     ) -> Result<Arc<NodeDiscovery>> {
         if cfg.routing_mode == RoutingMode::Tunnel {
             return Err(Error::Mode(
@@ -64,6 +68,7 @@ impl NodeDiscovery {
             resources: resources.unwrap_or_else(Resources::new),
             ipcache,
             identities,
+            remote,
             claimed: Mutex::default(),
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
@@ -96,12 +101,16 @@ impl NodeDiscovery {
         let trigger = Trigger::new();
         let pull = trigger.clone();
         let r = &self.resources;
-        let changes = futures::stream::select_all([
+        let mut sources = vec![
             WatchStream::from_changes(r.nodes.revision()).boxed(),
             WatchStream::from_changes(r.cilium_nodes.revision()).boxed(),
             WatchStream::from_changes(r.cilium_endpoints.revision()).boxed(),
             WatchStream::from_changes(r.cilium_identities.revision()).boxed(),
-        ]);
+        ];
+        if let Some(remote) = &self.remote {
+            sources.push(WatchStream::from_changes(remote.changes()).boxed());
+        }
+        let changes = futures::stream::select_all(sources);
         jobs.observer("watch-cluster", changes, move |_, _ctx| {
             pull.trigger();
             async { Ok(()) }
@@ -131,9 +140,14 @@ impl NodeDiscovery {
         let identities = self.learn_identities();
         let nodes = self.resources.nodes.list();
         let endpoints = self.resources.cilium_endpoints.list();
+        let remote = self
+            .remote
+            .as_ref()
+            .map(|r| r.endpoints())
+            .unwrap_or_default();
         let entries = desired::ipcache(
             nodes.iter().map(|n| &**n),
-            endpoints.iter().map(|e| &**e),
+            endpoints.iter().map(|e| &**e).chain(&remote),
             &self.node,
             Reserved::RemoteNode.id(),
         );
