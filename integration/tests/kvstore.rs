@@ -303,3 +303,61 @@ fn faults_etcd_killed_and_restarted_keys_deleted_by_someone_else_a_node_that_die
         assert_eq!(etcd.keys(&keys::id_key(id)).unwrap().len(), 1);
     });
 }
+
+#[test]
+fn the_gc_deletes_identities_no_node_uses_after_two_rounds() {
+    with_etcd(|etcd| async move {
+        let long = Duration::from_secs(60);
+        let n1 = node(&etcd, "n1", long, long);
+        let mut client = etcd_client::Client::connect([etcd.url()], None)
+            .await
+            .unwrap();
+        let mut gc = cellium_kvstore::IdentityGc::new();
+        let web: Labels = "k8s:app=web,k8s:io.kubernetes.pod.namespace=demo"
+            .parse()
+            .unwrap();
+        let id = n1.kv.number(&web).await.unwrap();
+        // Two numbers nobody uses, written by hand; one of them gets a user between rounds.
+        etcd.etcdctl(&["put", &keys::id_key(40000), "k8s:app=stray;"])
+            .unwrap();
+        etcd.etcdctl(&["put", &keys::id_key(40001), "k8s:app=late;"])
+            .unwrap();
+        let first = gc.round(&mut client).await.unwrap();
+        assert_eq!((first.in_use, first.marked), (1, 2), "{first:?}");
+        assert!(
+            first.deleted.is_empty(),
+            "nothing deleted in the first round"
+        );
+        etcd.etcdctl(&["put", &keys::value_key("k8s:app=late;", "n9"), "40001"])
+            .unwrap();
+        let second = gc.round(&mut client).await.unwrap();
+        assert_eq!(second.deleted, [40000]);
+        assert_eq!(second.in_use, 2);
+        assert_eq!(
+            etcd.keys(&keys::id_key(40001)).unwrap().len(),
+            1,
+            "used again: kept"
+        );
+
+        // The node stops using web: gone after two more rounds; the node numbering it again
+        // writes it again.
+        let numbering = cellium_kvstore::KvNumbering::provide(n1.kv.clone());
+        numbering.release(&web);
+        let e = etcd.clone();
+        let vk = keys::value_key(&keys::labels_key(&web), "n1");
+        eventually("the reference deleted", move || {
+            e.keys(&vk).map(|k| k.is_empty()).unwrap_or(false)
+        })
+        .await;
+        assert!(gc.round(&mut client).await.unwrap().deleted.is_empty());
+        assert_eq!(gc.round(&mut client).await.unwrap().deleted, [id]);
+        let again = n1.kv.number(&web).await.unwrap();
+        let e = etcd.clone();
+        eventually("the number exists again", move || {
+            e.keys(&keys::id_key(again))
+                .map(|k| k.len() == 1)
+                .unwrap_or(false)
+        })
+        .await;
+    });
+}

@@ -221,9 +221,10 @@ impl Identities {
         self.cluster.as_ref().and_then(|c| c.numbering.store())
     }
 
-    /// Learns the cluster-wide number of `labels` (`identity-allocation-mode: crd`), so that
-    /// [`allocate`](Identities::allocate) can give it. Does nothing in local mode, for reserved
-    /// and node-local (`cidr:`) label sets, and for label sets that hold a number already.
+    /// Learns the cluster-wide number of `labels` (`identity-allocation-mode: crd` or
+    /// `kvstore`), so that [`allocate`](Identities::allocate) can give it. Does nothing in local
+    /// mode, for reserved and node-local (`cidr:`) label sets, and for label sets that hold a
+    /// number already (learnt, restored or in use).
     /// Asks the store otherwise: the one async step of allocating, taken before the allocation
     /// so that `allocate` stays synchronous.
     pub async fn resolve(&self, labels: &Labels) -> Result<()> {
@@ -233,6 +234,9 @@ impl Identities {
         if Scope::for_labels(labels) != Scope::Cluster
             || !matches!(Reserved::for_labels(labels), Ok(None))
             || lock(&cluster.numbers).contains_key(labels)
+            // Held here already (restored at start, or in use): allocate gives that number
+            // without the store, so a pod whose labels have one works while it is away.
+            || self.read().by_labels.contains_key(labels)
         {
             return Ok(());
         }

@@ -25,6 +25,7 @@
 mod cell;
 mod config;
 mod error;
+mod gc;
 mod ips;
 pub mod keys;
 pub mod mirror;
@@ -35,6 +36,7 @@ use cellium_hive::Module;
 
 pub use config::{DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind};
 pub use error::{Error, Result};
+pub use gc::{GcRound, IdentityGc};
 pub use ips::{KvRemote, desired as desired_ips};
 pub use numbering::KvNumbering;
 pub use store::Kvstore;
