@@ -337,6 +337,42 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
         "client still allowed after the restart"
     );
 
+    // Node 3 cut off from etcd by its underlay (a blackhole route to etcd's address): it
+    // says so, keeps enforcing; once the partition heals it converges (its entries written
+    // again if its lease expired meanwhile) and its client reaches web again.
+    three
+        .node()
+        .ip(&["route", "add", "blackhole", "192.0.2.254/32"])
+        .expect("partition");
+    eventually(
+        "node 3 sees etcd unreachable",
+        &[&one, &two, &three],
+        || {
+            three
+                .cli(&["status"])
+                .is_ok_and(|s| s.contains("kvstore etcd unreachable"))
+        },
+    );
+    three
+        .node()
+        .ip(&["route", "del", "blackhole", "192.0.2.254/32"])
+        .expect("heal");
+    eventually("node 3 connected again", &[&one, &two, &three], || {
+        three
+            .cli(&["status"])
+            .is_ok_and(|s| s.contains("kvstore etcd connected"))
+    });
+    eventually(
+        "client3's entry in etcd after the partition",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, client3) == Some(client_id),
+    );
+    eventually(
+        "client on node 3 reaches web after the partition",
+        &[&one, &two, &three],
+        || reaches(&client3_ns, web),
+    );
+
     // Node 3's agent killed: when its lease expires, the others drop its pods.
     three.kill().expect("agent 3 killed");
     eventually(
