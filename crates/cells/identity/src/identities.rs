@@ -871,3 +871,64 @@ mod tests {
         assert!(matches!(events.try_recv(), Ok(IdentityEvent::Removed(i)) if i.id == db.id));
     }
 }
+
+#[cfg(test)]
+mod cluster_hooks {
+    use super::*;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+
+    /// A numbering that gives 3000 and records what it was told.
+    #[derive(Default)]
+    struct Recorder {
+        asked: Mutex<u32>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl ClusterNumbering for Recorder {
+        fn mode(&self) -> AllocationMode {
+            AllocationMode::Kvstore
+        }
+        fn store(&self) -> Option<String> {
+            Some("a recorder".into())
+        }
+        fn number(&self, _labels: &Labels) -> BoxFuture<'static, std::result::Result<u32, String>> {
+            *lock(&self.asked) += 1;
+            async { Ok(3000) }.boxed()
+        }
+        fn used(&self, labels: &Labels, id: u32) {
+            lock(&self.calls).push(format!("used {labels} {id}"));
+        }
+        fn release(&self, labels: &Labels) {
+            lock(&self.calls).push(format!("release {labels}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_store_hears_of_the_first_use_and_the_last_release_and_is_not_asked_twice() {
+        let recorder = Arc::new(Recorder::default());
+        let mut ids = Identities::build(Table::default(), None);
+        ids.cluster = Some(Cluster {
+            numbering: recorder.clone(),
+            numbers: Mutex::default(),
+        });
+        let web: Labels = "k8s:app=web".parse().unwrap();
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000);
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000);
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(*lock(&recorder.asked), 1, "held labels are not asked for again");
+        assert!(!ids.release(3000));
+        assert!(ids.release(3000));
+        assert_eq!(
+            *lock(&recorder.calls),
+            ["used k8s:app=web 3000", "release k8s:app=web"]
+        );
+        // Node-local label sets never reach the store.
+        let cidr: Labels = "cidr:10.0.0.0/8".parse().unwrap();
+        ids.resolve(&cidr).await.unwrap();
+        ids.allocate(&cidr).unwrap();
+        assert_eq!(*lock(&recorder.asked), 1);
+        assert_eq!(lock(&recorder.calls).len(), 2);
+    }
+}
