@@ -917,7 +917,11 @@ mod cluster_hooks {
         assert_eq!(ids.allocate(&web).unwrap().id, 3000);
         assert_eq!(ids.allocate(&web).unwrap().id, 3000);
         ids.resolve(&web).await.unwrap();
-        assert_eq!(*lock(&recorder.asked), 1, "held labels are not asked for again");
+        assert_eq!(
+            *lock(&recorder.asked),
+            1,
+            "held labels are not asked for again"
+        );
         assert!(!ids.release(3000));
         assert!(ids.release(3000));
         assert_eq!(

@@ -384,9 +384,24 @@ impl Kvstore {
                         id
                     }
                 };
+                // Opening the stream sends the first keep-alive and reads its answer; a lease
+                // etcd no longer has is refused there ("lease not found").
                 let (mut keeper, mut stream) =
-                    timed("keeping the lease alive", client.lease_keep_alive(id)).await?;
+                    match timed("keeping the lease alive", client.lease_keep_alive(id)).await {
+                        Ok(opened) => opened,
+                        Err(e) if e.contains("lease not found") => {
+                            current = None;
+                            self.lease.send_replace(None);
+                            return Err(format!("lease {id:x} expired"));
+                        }
+                        Err(e) => return Err(e),
+                    };
                 loop {
+                    current = Some((id, Instant::now()));
+                    self.answered();
+                    backoff.reset();
+                    tokio::time::sleep(ttl / 3).await;
+                    timed("keeping the lease alive", keeper.keep_alive()).await?;
                     let answer = timed("keeping the lease alive", stream.message()).await?;
                     let Some(answer) = answer else {
                         return Err("the lease keep-alive stream ended".to_string());
@@ -396,11 +411,6 @@ impl Kvstore {
                         self.lease.send_replace(None);
                         return Err(format!("lease {id:x} expired"));
                     }
-                    current = Some((id, Instant::now()));
-                    self.answered();
-                    backoff.reset();
-                    tokio::time::sleep(ttl / 3).await;
-                    timed("keeping the lease alive", keeper.keep_alive()).await?;
                 }
             }
             .await;
