@@ -178,6 +178,11 @@ fn faults_etcd_killed_and_restarted_keys_deleted_by_someone_else_a_node_that_die
             .unwrap();
         let web_key = keys::labels_key(&web);
         let id = n1.kv.number(&web).await.expect("numbered");
+        // The session keeps one lease while etcd answers: still the same after two TTLs.
+        let lease = n1.kv.lease_id();
+        assert!(lease.is_some());
+        tokio::time::sleep(ttl * 2).await;
+        assert_eq!(n1.kv.lease_id(), lease, "the lease was kept alive, not granted anew");
         let kv2 = n2.kv.clone();
         let k = web_key.clone();
         eventually("n2 learns web's number", move || {
