@@ -96,6 +96,21 @@ fn the_same_200_label_sets_from_three_nodes_get_one_number_each_everywhere() {
             .map(|n| node(&etcd, n, long, long))
             .collect();
         let sets: Vec<Labels> = (0..200).map(label_set).collect();
+        // The first number of 20 of them is held by other labels: those go the locked way.
+        let mut squatted = BTreeSet::new();
+        for labels in &sets[..20] {
+            let first = keys::probe_sequence(&keys::labels_key(labels))
+                .next()
+                .unwrap();
+            if squatted.insert(first) {
+                etcd.etcdctl(&[
+                    "put",
+                    &keys::id_key(first),
+                    &format!("k8s:app=squatter-{first};"),
+                ])
+                .unwrap();
+            }
+        }
         // All three at once, each in its own order, every allocation concurrent.
         let results = join_all(nodes.iter().enumerate().map(|(k, n)| {
             let kv = n.kv.clone();
@@ -119,8 +134,12 @@ fn the_same_200_label_sets_from_three_nodes_get_one_number_each_everywhere() {
 
         // etcd holds one id key per label set, each naming its labels; every node refers
         // to every number, on its lease.
+        assert!(
+            distinct.is_disjoint(&squatted),
+            "a held number was given to other labels"
+        );
         let ids = etcd.keys(keys::ID_PREFIX).unwrap();
-        assert_eq!(ids.len(), 200);
+        assert_eq!(ids.len(), 200 + squatted.len());
         for (i, id) in &results[0] {
             let out = etcd
                 .etcdctl(&["get", "--print-value-only", &keys::id_key(*id)])
@@ -182,7 +201,11 @@ fn faults_etcd_killed_and_restarted_keys_deleted_by_someone_else_a_node_that_die
         let lease = n1.kv.lease_id();
         assert!(lease.is_some());
         tokio::time::sleep(ttl * 2).await;
-        assert_eq!(n1.kv.lease_id(), lease, "the lease was kept alive, not granted anew");
+        assert_eq!(
+            n1.kv.lease_id(),
+            lease,
+            "the lease was kept alive, not granted anew"
+        );
         let kv2 = n2.kv.clone();
         let k = web_key.clone();
         eventually("n2 learns web's number", move || {
