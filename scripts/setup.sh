@@ -15,6 +15,11 @@ packages=(
   podman runc containernetworking-plugins busybox-static
   # Benchmarks.
   iperf3 sockperf
+  # kvstore mode: a real etcd (3.4) that the tests and benchmarks start with their own data
+  # directories and ports, and etcdctl to look at what agents wrote.
+  etcd-server etcd-client
+  # The etcd client crate compiles etcd's protos, which import protobuf's well-known types.
+  libprotobuf-dev
   # HTTP servers and clients inside the demo's pods, and a container rootfs for podman tests.
   busybox-static
 )

@@ -29,6 +29,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_endpoint_manager::cell().into(),
             cellium_svc_lb::cell().into(),
             cellium_node_discovery::cell().into(),
+            cellium_kvstore::cell().into(),
             cellium_flows::cell().into(),
         ])
         .into(),

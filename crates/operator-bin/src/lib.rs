@@ -12,6 +12,7 @@
 //!   pools.
 //! - `gc` ([`gc`]): unused CiliumIdentities, CiliumEndpoints whose Pod is gone, CiliumNodes
 //!   whose Node is gone.
+//! - `kvstore-gc` ([`kvstore_gc`]): with `kvstore: etcd`, identities in etcd no node uses.
 //!
 //! # Config keys
 //! Defaults < `--config` file < `CELLIUM_*` environment < flags, as the agent's.
@@ -24,6 +25,9 @@
 //! - `cluster-pool-ipv4-cidr` (list, none), `cluster-pool-ipv4-mask-size` (24),
 //!   `cluster-pool-ipv6-cidr` (list, none), `cluster-pool-ipv6-mask-size` (112).
 //! - `identity-gc-interval` (15m), `endpoint-gc-interval` (5m), `nodes-gc-interval` (5m).
+//! - `kvstore` (`etcd` or empty), `kvstore-endpoints`: the agents' etcd, for `kvstore-gc`
+//!   (the agent-side keys `kvstore-lease-ttl` and `kvstore-allocation-timeout` are accepted
+//!   and unused).
 //!
 //! `docs/operator.md` tells what each cell does when the API server is away, when the
 //! leader is lost in the middle of a write, and with two operators.
@@ -33,6 +37,7 @@ mod config;
 mod error;
 pub mod gc;
 pub mod ipam;
+pub mod kvstore_gc;
 pub mod leader;
 
 use cellium_hive::{Cell, group};
@@ -45,7 +50,12 @@ pub use leader::Leadership;
 pub fn cells() -> Vec<Cell> {
     vec![
         group([client::cell().into(), leader::cell().into()]).into(),
-        group([ipam::cell().into(), gc::cell().into()]).into(),
+        group([
+            ipam::cell().into(),
+            gc::cell().into(),
+            kvstore_gc::cell().into(),
+        ])
+        .into(),
     ]
 }
 

@@ -1,5 +1,6 @@
-//! Identities numbered for the whole cluster (`identity-allocation-mode: crd`): a label set's
-//! number comes from a shared store, so every node gives the same labels the same number.
+//! Identities numbered for the whole cluster (`identity-allocation-mode: crd` or `kvstore`): a
+//! label set's number comes from a shared store, so every node gives the same labels the same
+//! number.
 
 use std::fmt;
 
@@ -25,13 +26,17 @@ pub enum AllocationMode {
 #[serde(rename_all = "kebab-case")]
 pub struct IdentityConfig {
     /// `local` (the default), `crd` (CiliumIdentity objects; needs Kubernetes mode) or
-    /// `kvstore` (not available in this version).
+    /// `kvstore` (etcd; needs `kvstore: etcd`).
     pub identity_allocation_mode: AllocationMode,
 }
 
-/// The cluster's numbering of label sets; the `k8s-watchers` cell provides one over
-/// CiliumIdentity objects.
+/// The cluster's numbering of label sets; the `k8s-watchers` cell contributes one over
+/// CiliumIdentity objects (`crd`), the `kvstore` cell one over etcd (`kvstore`). The identity
+/// cell takes the one of its configured mode.
 pub trait ClusterNumbering: Send + Sync + 'static {
+    /// The allocation mode this numbering serves.
+    fn mode(&self) -> AllocationMode;
+
     /// Where the numbers live, as logs and status name it; `None` when this agent has no
     /// such store (standalone).
     fn store(&self) -> Option<String>;
@@ -40,11 +45,21 @@ pub trait ClusterNumbering: Send + Sync + 'static {
     /// given, or a new one, created so that any other node asking for the same labels gets
     /// the same. Fails when the store cannot be reached; the caller retries.
     fn number(&self, labels: &Labels) -> BoxFuture<'static, Result<u32, String>>;
+
+    /// This node uses `labels`, numbered `id`, from now on (its first reference was taken): a
+    /// store that counts users per node records this node's. Must not block; the default
+    /// does nothing.
+    fn used(&self, _labels: &Labels, _id: u32) {}
+
+    /// This node no longer uses `labels` (its last reference was released): a store that
+    /// counts users per node drops this node's. Must not block; the default does nothing.
+    fn release(&self, _labels: &Labels) {}
 }
 
 impl fmt::Debug for dyn ClusterNumbering {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterNumbering")
+            .field("mode", &self.mode())
             .field("store", &self.store())
             .finish()
     }

@@ -107,20 +107,24 @@ struct Cluster {
 impl Identities {
     /// The cell's constructor: the table is restored from `state` by the start hook and
     /// written back by the `persist` job and the stop hook. With
-    /// `identity-allocation-mode: crd`, pod label sets are numbered by `numbering` (which only
-    /// Kubernetes mode has: without it, that mode fails the start).
+    /// `identity-allocation-mode: crd` or `kvstore`, pod label sets are numbered by the
+    /// contributed numbering of that mode (`crd`: Kubernetes mode's; `kvstore`: the kvstore
+    /// cell's, with `kvstore: etcd`): without one, that mode fails the start.
     pub fn new(
         cfg: Config<IdentityConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
         state: Arc<StateDir>,
-        numbering: Option<Arc<dyn ClusterNumbering>>,
+        numberings: Vec<Arc<dyn ClusterNumbering>>,
     ) -> Result<Arc<Identities>> {
-        let numbering = numbering.filter(|n| n.store().is_some());
-        let cluster = match (cfg.identity_allocation_mode, numbering) {
+        let mode = cfg.identity_allocation_mode;
+        let numbering = numberings
+            .into_iter()
+            .find(|n| n.mode() == mode && n.store().is_some());
+        let cluster = match (mode, numbering) {
             (AllocationMode::Local, _) => None,
-            (AllocationMode::Crd, Some(numbering)) => Some(Cluster {
+            (_, Some(numbering)) => Some(Cluster {
                 numbering,
                 numbers: Mutex::default(),
             }),
@@ -129,9 +133,9 @@ impl Identities {
                     "crd needs Kubernetes mode (k8s-api-server, k8s-kubeconfig-path or the in-cluster environment)".into(),
                 ));
             }
-            (AllocationMode::Kvstore, _) => {
+            (AllocationMode::Kvstore, None) => {
                 return Err(Error::Mode(
-                    "kvstore is not available in this version; use local or crd".into(),
+                    "kvstore needs `kvstore: etcd` and `kvstore-endpoints`".into(),
                 ));
             }
         };
@@ -217,9 +221,10 @@ impl Identities {
         self.cluster.as_ref().and_then(|c| c.numbering.store())
     }
 
-    /// Learns the cluster-wide number of `labels` (`identity-allocation-mode: crd`), so that
-    /// [`allocate`](Identities::allocate) can give it. Does nothing in local mode, for reserved
-    /// and node-local (`cidr:`) label sets, and for label sets that hold a number already.
+    /// Learns the cluster-wide number of `labels` (`identity-allocation-mode: crd` or
+    /// `kvstore`), so that [`allocate`](Identities::allocate) can give it. Does nothing in local
+    /// mode, for reserved and node-local (`cidr:`) label sets, and for label sets that hold a
+    /// number already (learnt, restored or in use).
     /// Asks the store otherwise: the one async step of allocating, taken before the allocation
     /// so that `allocate` stays synchronous.
     pub async fn resolve(&self, labels: &Labels) -> Result<()> {
@@ -229,6 +234,9 @@ impl Identities {
         if Scope::for_labels(labels) != Scope::Cluster
             || !matches!(Reserved::for_labels(labels), Ok(None))
             || lock(&cluster.numbers).contains_key(labels)
+            // Held here already (restored at start, or in use): allocate gives that number
+            // without the store, so a pod whose labels have one works while it is away.
+            || self.read().by_labels.contains_key(labels)
         {
             return Ok(());
         }
@@ -290,7 +298,12 @@ impl Identities {
         {
             entry.refs += 1;
             entry.restored = false;
-            return Ok(entry.identity.clone());
+            let (identity, first) = (entry.identity.clone(), entry.refs == 1);
+            drop(table);
+            if first && let Some(cluster) = &self.cluster {
+                cluster.numbering.used(labels, identity.id);
+            }
+            return Ok(identity);
         }
         let scope = Scope::for_labels(labels);
         if let Some(number) = self.cluster_number(labels, scope) {
@@ -306,7 +319,11 @@ impl Identities {
                     ),
                 });
             }
-            return Ok(self.insert_new(table, id, labels));
+            let identity = self.insert_new(table, id, labels);
+            if let Some(cluster) = &self.cluster {
+                cluster.numbering.used(labels, id);
+            }
+            return Ok(identity);
         }
         let Some(id) = table.next_free(scope) else {
             return Err(Error::Exhausted {
@@ -370,6 +387,9 @@ impl Identities {
             tracing::debug!(id, labels = %identity.labels, "identity released");
         }
         drop(table);
+        if let (Some(identity), Some(cluster)) = (&removed, &self.cluster) {
+            cluster.numbering.release(&identity.labels);
+        }
         self.changed();
         removed.is_some()
     }
@@ -392,14 +412,23 @@ impl Identities {
             .filter(|e| e.restored && e.refs == 0)
             .map(|e| e.identity.id)
             .collect();
+        let mut released = Vec::new();
         for id in &unclaimed {
-            if let Some(entry) = table.remove(*id)
-                && !table.remote.contains_key(id)
-            {
-                let _ = self.events.send(IdentityEvent::Removed(entry.identity));
+            if let Some(entry) = table.remove(*id) {
+                if !table.remote.contains_key(id) {
+                    let _ = self
+                        .events
+                        .send(IdentityEvent::Removed(entry.identity.clone()));
+                }
+                released.push(entry.identity);
             }
         }
         drop(table);
+        if let Some(cluster) = &self.cluster {
+            for identity in &released {
+                cluster.numbering.release(&identity.labels);
+            }
+        }
         if !unclaimed.is_empty() {
             tracing::info!(
                 count = unclaimed.len(),
@@ -840,5 +869,70 @@ mod tests {
         assert!(ids.get(db.id).is_some());
         ids.forget(db.id);
         assert!(matches!(events.try_recv(), Ok(IdentityEvent::Removed(i)) if i.id == db.id));
+    }
+}
+
+#[cfg(test)]
+mod cluster_hooks {
+    use super::*;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+
+    /// A numbering that gives 3000 and records what it was told.
+    #[derive(Default)]
+    struct Recorder {
+        asked: Mutex<u32>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl ClusterNumbering for Recorder {
+        fn mode(&self) -> AllocationMode {
+            AllocationMode::Kvstore
+        }
+        fn store(&self) -> Option<String> {
+            Some("a recorder".into())
+        }
+        fn number(&self, _labels: &Labels) -> BoxFuture<'static, std::result::Result<u32, String>> {
+            *lock(&self.asked) += 1;
+            async { Ok(3000) }.boxed()
+        }
+        fn used(&self, labels: &Labels, id: u32) {
+            lock(&self.calls).push(format!("used {labels} {id}"));
+        }
+        fn release(&self, labels: &Labels) {
+            lock(&self.calls).push(format!("release {labels}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_store_hears_of_the_first_use_and_the_last_release_and_is_not_asked_twice() {
+        let recorder = Arc::new(Recorder::default());
+        let mut ids = Identities::build(Table::default(), None);
+        ids.cluster = Some(Cluster {
+            numbering: recorder.clone(),
+            numbers: Mutex::default(),
+        });
+        let web: Labels = "k8s:app=web".parse().unwrap();
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000);
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000);
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(
+            *lock(&recorder.asked),
+            1,
+            "held labels are not asked for again"
+        );
+        assert!(!ids.release(3000));
+        assert!(ids.release(3000));
+        assert_eq!(
+            *lock(&recorder.calls),
+            ["used k8s:app=web 3000", "release k8s:app=web"]
+        );
+        // Node-local label sets never reach the store.
+        let cidr: Labels = "cidr:10.0.0.0/8".parse().unwrap();
+        ids.resolve(&cidr).await.unwrap();
+        ids.allocate(&cidr).unwrap();
+        assert_eq!(*lock(&recorder.asked), 1);
+        assert_eq!(lock(&recorder.calls).len(), 2);
     }
 }

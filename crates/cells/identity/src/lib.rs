@@ -13,7 +13,8 @@
 //!   label sets, numbers mean nothing elsewhere) or `crd` (Kubernetes mode: pod label sets
 //!   are numbered by CiliumIdentity objects through the `ClusterNumbering` the `k8s-watchers`
 //!   cell provides, so every node gives the same labels the same number; `cidr:` label sets
-//!   stay node-local). `kvstore` is refused.
+//!   stay node-local) or `kvstore` (the same through etcd, with the numbering the `kvstore`
+//!   cell contributes when `kvstore: etcd`; see `docs/kvstore.md`).
 //! - **Degraded** when the table cannot be written (the `persist` job retries every 30 s), and
 //!   when the restore could not restore everything, naming the file and each reason: a table
 //!   that cannot be read is left as it is and never written over by this run (identities get
@@ -23,8 +24,8 @@
 //! The restore contract: the start hook loads the table before any cell that depends on
 //! identities starts; the endpoint manager re-allocates the labels of every restored
 //! endpoint (getting the same numbers back) and then calls
-//! [`Identities::release_unclaimed`]. The local backend is the only one now; a kvstore
-//! backend would share the numbers across nodes.
+//! [`Identities::release_unclaimed`]. A cluster numbering hears of every label set this node
+//! stops using ([`ClusterNumbering::release`]).
 
 mod cluster;
 mod error;

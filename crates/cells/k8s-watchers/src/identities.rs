@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cellium_identity::{CLUSTER_IDENTITIES, ClusterNumbering};
+use cellium_identity::{AllocationMode, CLUSTER_IDENTITIES, ClusterNumbering};
 use cellium_labels::Labels;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -40,6 +40,10 @@ impl CrdNumbering {
 }
 
 impl ClusterNumbering for CrdNumbering {
+    fn mode(&self) -> AllocationMode {
+        AllocationMode::Crd
+    }
+
     fn store(&self) -> Option<String> {
         self.watchers
             .server_url()

@@ -17,7 +17,7 @@
 //!   vanished, so a relist after a `410 Expired` or a dropped watch brings deletions made
 //!   meanwhile), then marks it synced; watch events update it. A pod a CNI ADD names before
 //!   its watch event arrives is read with a GET.
-//!   And, as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
+//!   And, contributed as `Arc<dyn ClusterNumbering>`, CiliumIdentity objects as the cluster's numbering
 //!   of label sets, for `identity-allocation-mode: crd` (see [`CrdNumbering`]).
 //! - **Depends on** its configuration; the resources and identity cells depend on it (and the
 //!   endpoint manager on resources). The CiliumEndpoint job (set up by the module's status-note contribution) also takes the endpoint
@@ -63,6 +63,6 @@ pub fn cell() -> Module {
     .config::<K8sConfig>()
     .provide(K8sWatchers::new)
     .provide(K8sWatchers::source)
-    .provide(CrdNumbering::provide)
+    .contribute(CrdNumbering::provide)
     .contribute(endpoints::start)
 }

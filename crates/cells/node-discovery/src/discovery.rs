@@ -20,6 +20,7 @@ use tokio_stream::wrappers::WatchStream;
 use crate::config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
 use crate::desired;
 use crate::error::{Error, Result};
+use crate::remote::RemoteEndpoints;
 use crate::{routes, tunnel};
 
 /// How often a pass runs when nothing changed: a route or entry removed by someone else comes
@@ -38,6 +39,8 @@ pub struct NodeDiscovery {
     resources: Arc<Resources>,
     ipcache: Arc<Ipcache>,
     identities: Arc<Identities>,
+    /// Other nodes' pods from elsewhere than CiliumEndpoints (the kvstore), if any.
+    remote: Option<Arc<dyn RemoteEndpoints>>,
     node: String,
     /// The ipcache entries claimed, as last written.
     claimed: Mutex<BTreeMap<IpNet, IpcacheInfo>>,
@@ -60,6 +63,7 @@ impl NodeDiscovery {
         ipcache: Arc<Ipcache>,
         identities: Arc<Identities>,
         loader: Arc<Loader>,
+        remote: Option<Arc<dyn RemoteEndpoints>>,
     ) -> Result<Arc<NodeDiscovery>> {
         if cfg.tunnel_protocol == TunnelProtocol::Geneve {
             return Err(Error::Mode(
@@ -76,6 +80,7 @@ impl NodeDiscovery {
             resources: resources.unwrap_or_else(Resources::new),
             ipcache,
             identities,
+            remote,
             claimed: Mutex::default(),
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
@@ -146,12 +151,16 @@ impl NodeDiscovery {
         let trigger = Trigger::new();
         let pull = trigger.clone();
         let r = &self.resources;
-        let changes = futures::stream::select_all([
+        let mut sources = vec![
             WatchStream::from_changes(r.nodes.revision()).boxed(),
             WatchStream::from_changes(r.cilium_nodes.revision()).boxed(),
             WatchStream::from_changes(r.cilium_endpoints.revision()).boxed(),
             WatchStream::from_changes(r.cilium_identities.revision()).boxed(),
-        ]);
+        ];
+        if let Some(remote) = &self.remote {
+            sources.push(WatchStream::from_changes(remote.changes()).boxed());
+        }
+        let changes = futures::stream::select_all(sources);
         jobs.observer("watch-cluster", changes, move |_, _ctx| {
             pull.trigger();
             async { Ok(()) }
@@ -182,11 +191,16 @@ impl NodeDiscovery {
         let nodes = self.resources.nodes.list();
         let cilium_nodes = self.resources.cilium_nodes.list();
         let endpoints = self.resources.cilium_endpoints.list();
+        let remote = self
+            .remote
+            .as_ref()
+            .map(|r| r.endpoints())
+            .unwrap_or_default();
         let world = |ip| self.ipcache.world_identity(ip);
         let entries = desired::ipcache(
             &nodes,
             &cilium_nodes,
-            endpoints.iter().map(|e| &**e),
+            endpoints.iter().map(|e| &**e).chain(&remote),
             &self.node,
             Reserved::RemoteNode.id(),
             self.tunnel.then_some(&world as &dyn Fn(_) -> u32),

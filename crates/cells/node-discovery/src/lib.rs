@@ -8,7 +8,9 @@
 //!   status note (`cellium status`) saying how many other nodes are routed and how many remote
 //!   addresses and cluster identities are known.
 //! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
-//!   server), ipcache, identity, the loader (the datapath, for the tunnel).
+//!   server), ipcache, identity, the loader (the datapath, for the tunnel); and, optional,
+//!   `dyn RemoteEndpoints` (the kvstore cell's `cilium/state/ip/v1/` entries), merged with the
+//!   CiliumEndpoints.
 //! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
 //!   pod CIDRs via that node's address of the CIDR's family, as Cilium's native routing with
 //!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (the VXLAN device
@@ -30,6 +32,7 @@ mod config;
 pub mod desired;
 mod discovery;
 mod error;
+mod remote;
 pub mod routes;
 pub mod tunnel;
 
@@ -41,6 +44,7 @@ use cellium_hive::Module;
 pub use config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
 pub use discovery::NodeDiscovery;
 pub use error::{Error, Result};
+pub use remote::RemoteEndpoints;
 
 /// The `node-discovery` module.
 pub fn cell() -> Module {

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use cellium_api::StatusNote;
 use cellium_endpoint_manager::{Endpoint, EndpointManager};
-use cellium_hive::{Backoff, JobContext, Jobs};
+use cellium_hive::{Backoff, Config, JobContext, Jobs};
+use cellium_identity::{AllocationMode, IdentityConfig};
 use cellium_resources::{ApiSource, ObjectKey, Resources};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -66,7 +67,9 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The contribution of the k8s-watchers module: starts the job in Kubernetes mode when the agent
 /// has an endpoint manager (optional, as the resources tables are: an agent built without
 /// them still has this module, which the resources cell depends on); does nothing otherwise.
-/// Its jobs start after the endpoint manager's restore, which they depend on.
+/// Its jobs start after the endpoint manager's restore, which they depend on. With
+/// `identity-allocation-mode: kvstore` no CiliumEndpoint is written (the kvstore's ip entries
+/// replace them).
 ///
 /// Returns the status note of Kubernetes mode (`cellium status`: the API server and the node's
 /// name), which the API server takes: so the API starts after this job and stops before it,
@@ -76,6 +79,7 @@ pub(crate) fn start(
     endpoints: Option<Arc<EndpointManager>>,
     resources: Option<Arc<Resources>>,
     jobs: Jobs,
+    identity: Config<IdentityConfig>,
 ) -> Arc<StatusNote> {
     let note = {
         let (server, node) = (watchers.server(), watchers.node_name());
@@ -86,6 +90,12 @@ pub(crate) fn start(
         }))
     };
     if watchers.server().is_none() {
+        return note;
+    }
+    if identity.identity_allocation_mode == AllocationMode::Kvstore {
+        // The kvstore's ip entries say what CiliumEndpoints would: writing both is the churn
+        // the kvstore mode exists to spare the API server.
+        tracing::info!("identity-allocation-mode kvstore: no CiliumEndpoints are written");
         return note;
     }
     let Some(endpoints) = endpoints else {
@@ -400,7 +410,7 @@ mod tests {
                 .config::<K8sConfig>()
                 .provide(K8sWatchers::new)
                 .invoke(|w: Arc<K8sWatchers>, jobs: Jobs| {
-                    start(w, None, None, jobs);
+                    start(w, None, None, jobs, Config::new(IdentityConfig::default()));
                 })
                 .into()])
             .with_config(config);

@@ -1,0 +1,192 @@
+//! The cell's wiring: the kvstore's loops as a job, this node's ip entries and the learnt
+//! identities kept in line by jobs, and the status note.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cellium_api::StatusNote;
+use cellium_endpoint_manager::EndpointManager;
+use cellium_hive::{BoxError, Config, Jobs, Trigger};
+use cellium_identity::Identities;
+use cellium_labels::Labels;
+use cellium_resources::{ObjectKey, Resources};
+use futures::StreamExt;
+use tokio_stream::wrappers::WatchStream;
+
+use crate::config::KvstoreConfig;
+use crate::error::{Error, Result};
+use crate::ips;
+use crate::keys;
+use crate::store::Kvstore;
+
+/// How often the jobs run when nothing triggers them.
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// The provider: the kvstore, and its loops as the job `session` (until the hive stops).
+pub(crate) fn provide(
+    cfg: Config<KvstoreConfig>,
+    resources: Option<Arc<Resources>>,
+    jobs: Jobs,
+) -> Result<Arc<Kvstore>> {
+    let node = resources.as_ref().and_then(|r| r.node_name());
+    let kv = Kvstore::new((*cfg).clone(), node).map_err(Error::Config)?;
+    if kv.is_enabled() {
+        let run = kv.clone();
+        jobs.one_shot("session", move |ctx| {
+            let run = run.clone();
+            async move {
+                tokio::select! {
+                    _ = ctx.cancelled() => {}
+                    _ = run.run() => {}
+                }
+                Ok::<(), BoxError>(())
+            }
+        })
+        .add();
+    }
+    Ok(kv)
+}
+
+/// The contribution: with a kvstore, the jobs `identities` (every `id/` key learnt by the
+/// identity cell, so that policies select other nodes' pods) and `ip-entries` (this node's
+/// endpoints as ip entries); and the status note (`cellium status`).
+pub(crate) fn start(
+    kv: Arc<Kvstore>,
+    identities: Arc<Identities>,
+    endpoints: Option<Arc<EndpointManager>>,
+    resources: Option<Arc<Resources>>,
+    jobs: Jobs,
+) -> Arc<StatusNote> {
+    let note = {
+        let kv = kv.clone();
+        Arc::new(StatusNote::new(move || kv.note()))
+    };
+    if !kv.is_enabled() {
+        return note;
+    }
+    learn_identities(&kv, identities, &jobs);
+    if let Some(endpoints) = endpoints {
+        write_ips(&kv, endpoints, resources, &jobs);
+    } else {
+        tracing::info!("this agent has no endpoint manager: no ip entries are written");
+    }
+    note
+}
+
+fn learn_identities(kv: &Arc<Kvstore>, identities: Arc<Identities>, jobs: &Jobs) {
+    let trigger = Trigger::new();
+    let pull = trigger.clone();
+    jobs.observer(
+        "watch-identities",
+        WatchStream::from_changes(kv.identities.changes()),
+        move |_, _| {
+            pull.trigger();
+            async { Ok(()) }
+        },
+    )
+    .add();
+    let learnt: Arc<Mutex<BTreeMap<u32, Labels>>> = Arc::default();
+    let kv = kv.clone();
+    jobs.timer("identities", RESYNC, move |ctx| {
+        let (kv, identities, learnt) = (kv.clone(), identities.clone(), learnt.clone());
+        async move {
+            let count = learn(
+                &kv,
+                &identities,
+                &mut learnt.lock().unwrap_or_else(|p| p.into_inner()),
+            );
+            ctx.reporter()
+                .ok(format!("{count} cluster identities learnt from etcd"));
+            Ok::<(), BoxError>(())
+        }
+    })
+    .trigger(trigger)
+    .add();
+}
+
+/// Learns every `id/` key's labels, forgets those gone; returns how many are known.
+pub(crate) fn learn(
+    kv: &Kvstore,
+    identities: &Identities,
+    learnt: &mut BTreeMap<u32, Labels>,
+) -> usize {
+    let now: BTreeMap<u32, Labels> = kv
+        .identities
+        .lock()
+        .iter()
+        .filter_map(|(k, v)| {
+            let id = k.strip_prefix(keys::ID_PREFIX)?.parse::<u32>().ok()?;
+            match keys::parse_labels_key(v) {
+                Some(labels) => Some((id, labels)),
+                None => {
+                    tracing::warn!(
+                        key = k,
+                        value = v,
+                        "an identity's labels do not parse; ignored"
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    for (id, labels) in &now {
+        if learnt.get(id) != Some(labels) {
+            identities.learn(*id, labels);
+        }
+    }
+    for id in learnt.keys().filter(|id| !now.contains_key(id)) {
+        identities.forget(*id);
+    }
+    *learnt = now;
+    learnt.len()
+}
+
+fn write_ips(
+    kv: &Arc<Kvstore>,
+    endpoints: Arc<EndpointManager>,
+    resources: Option<Arc<Resources>>,
+    jobs: &Jobs,
+) {
+    let trigger = Trigger::new();
+    let pull = trigger.clone();
+    let mut sources = vec![WatchStream::from_changes(endpoints.changes()).boxed()];
+    if let Some(r) = &resources {
+        sources.push(WatchStream::from_changes(r.nodes.revision()).boxed());
+        sources.push(WatchStream::from_changes(r.pods.revision()).boxed());
+    }
+    jobs.observer(
+        "watch-endpoints",
+        futures::stream::select_all(sources),
+        move |_, _| {
+            pull.trigger();
+            async { Ok(()) }
+        },
+    )
+    .add();
+    let kv = kv.clone();
+    jobs.timer("ip-entries", RESYNC, move |ctx| {
+        let (kv, endpoints, resources) = (kv.clone(), endpoints.clone(), resources.clone());
+        async move {
+            let host_ip = resources.as_ref().and_then(|r| {
+                r.nodes
+                    .get(&ObjectKey::cluster(kv.node()))?
+                    .addresses
+                    .first()
+                    .copied()
+            });
+            let entries = ips::desired(&endpoints.list(), kv.node(), host_ip, |ns, name| {
+                resources
+                    .as_ref()?
+                    .pods
+                    .get(&ObjectKey::namespaced(ns, name))
+            });
+            kv.keep_ips(&entries);
+            ctx.reporter()
+                .ok(format!("{} ip entries kept", entries.len()));
+            Ok::<(), BoxError>(())
+        }
+    })
+    .trigger(trigger)
+    .add();
+}

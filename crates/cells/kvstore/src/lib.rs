@@ -1,0 +1,55 @@
+//! The `kvstore` cell: identities, ip -> identity entries and the node's session shared
+//! through etcd, in Cilium's key layout (`docs/kvstore.md`). The only crate that talks to etcd.
+//!
+//! - **Owns** the etcd client, the node's session lease (kept alive every third of its TTL,
+//!   granted again when it expired), the keys this node keeps on it (its `value/` identity
+//!   references and its pods' `ip/v1/default/<IP>` entries: written again on a new lease, and
+//!   when someone else deletes or changes one), and the mirrors of
+//!   `cilium/state/identities/v1/` and `cilium/state/ip/v1/default/` (listed, then watched;
+//!   listed again after a failure).
+//! - **Provides** `Arc<Kvstore>`; contributed to the identity cell, as
+//!   `Arc<dyn ClusterNumbering>`, the numbering of `identity-allocation-mode: kvstore`
+//!   ([`KvNumbering`]); to node-discovery, as `Arc<dyn RemoteEndpoints>`, the other nodes'
+//!   ip entries ([`KvRemote`]); and a status note for `cellium status` (connection,
+//!   endpoints, lease, counts, last error).
+//! - **Depends on** its configuration, resources (the node's name and address, pods' named
+//!   ports), identity (learns every `id/` key) and the endpoint manager (this node's pods).
+//! - **Config keys:** `kvstore` (`etcd`, or empty: off), `kvstore-endpoints`
+//!   (comma-separated URLs), `kvstore-lease-ttl` (default 15m), `kvstore-allocation-timeout`
+//!   (default 30s).
+//! - **Degraded** (`kvstore.session`, `kvstore.identities`, `kvstore.ip-entries`) never for
+//!   etcd being away: the agent keeps enforcing what it knows, and the status note says
+//!   `unreachable` with the last error; allocations of new label sets fail after
+//!   `kvstore-allocation-timeout`.
+
+mod cell;
+mod config;
+mod error;
+mod gc;
+mod ips;
+pub mod keys;
+pub mod mirror;
+mod numbering;
+mod store;
+
+use cellium_hive::Module;
+
+pub use config::{DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind};
+pub use error::{Error, Result};
+pub use gc::{GcRound, IdentityGc};
+pub use ips::{KvRemote, desired as desired_ips};
+pub use numbering::KvNumbering;
+pub use store::Kvstore;
+
+/// The `kvstore` module.
+pub fn cell() -> Module {
+    Module::new(
+        "kvstore",
+        "Shares identities and ip -> identity entries with the other nodes through etcd",
+    )
+    .config::<KvstoreConfig>()
+    .provide(cell::provide)
+    .contribute(KvNumbering::provide)
+    .provide(KvRemote::provide)
+    .contribute(cell::start)
+}

@@ -1,0 +1,712 @@
+//! The connection to etcd: one client, one session lease kept alive, the keys this node keeps
+//! on that lease (written again whenever the lease is new or someone else deleted or changed
+//! one), and the mirrors of the prefixes the agent reads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use tokio::sync::{Notify, OnceCell, watch};
+
+use crate::config::{KvstoreConfig, KvstoreKind};
+use crate::keys;
+use crate::mirror::{Change, Mirror};
+
+/// How long one request may take before it counts as failed: etcd away, or a partition.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the kept keys are compared with what was written, when nothing else asks.
+const OWNED_RESYNC: Duration = Duration::from_secs(30);
+
+/// The most operations put in one transaction (etcd's `--max-txn-ops` defaults to 128).
+const TXN_BATCH: usize = 64;
+
+/// Retries: from 50 ms, doubling, up to 5 s, so that an etcd that is away is not hammered.
+#[derive(Debug)]
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff(Duration::from_millis(50))
+    }
+    pub(crate) fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        d
+    }
+    pub(crate) fn reset(&mut self) {
+        self.0 = Duration::from_millis(50);
+    }
+}
+
+/// A key this node keeps on its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kept {
+    pub(crate) value: String,
+    /// For `value/<labels key>/<node>`: the identity's `id/<N>` key and the labels key it
+    /// must hold; written with it when absent (the operator's GC may have removed it while
+    /// this node was away), and the write refused when it holds other labels.
+    pub(crate) master: Option<(String, String)>,
+}
+
+#[derive(Debug, Default)]
+struct Owned {
+    /// What should be in etcd.
+    desired: BTreeMap<String, Kept>,
+    /// What was written, with the lease it was written on.
+    written: HashMap<String, (String, i64)>,
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    /// `None` before the first request.
+    connected: Option<bool>,
+    last_error: Option<(String, SystemTime)>,
+}
+
+/// The kvstore: the client, the session and the mirrors. Inactive without `kvstore: etcd`.
+pub struct Kvstore {
+    cfg: KvstoreConfig,
+    endpoints: Vec<String>,
+    node: String,
+    client: OnceCell<Client>,
+    /// The session lease, `None` while there is none.
+    lease: watch::Sender<Option<i64>>,
+    owned: Mutex<Owned>,
+    owned_changed: Notify,
+    nonce: AtomicU64,
+    status: Mutex<Status>,
+    /// `cilium/state/identities/v1/`: numbers, their users, locks.
+    pub identities: Mirror,
+    /// `cilium/state/ip/v1/default/`.
+    pub ips: Mirror,
+    /// Labels keys to numbers, from the `id/` keys of [`identities`](Self::identities).
+    numbers: Mutex<HashMap<String, u32>>,
+}
+
+impl fmt::Debug for Kvstore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kvstore")
+            .field("endpoints", &self.endpoints)
+            .field("node", &self.node)
+            .field("lease", &self.lease_id())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` within [`REQUEST_TIMEOUT`], as a text error.
+pub(crate) async fn timed<T>(
+    what: &str,
+    f: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!(
+            "{what}: no answer within {}",
+            humantime(REQUEST_TIMEOUT)
+        )),
+    }
+}
+
+pub(crate) fn humantime(d: Duration) -> String {
+    humantime_serde::re::humantime::format_duration(d).to_string()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl Kvstore {
+    /// The kvstore of `node` as `cfg` says: inactive unless `kvstore: etcd`, which needs
+    /// endpoints and a node name. Nothing is contacted until [`run`](Self::run)'s loops or a
+    /// request.
+    pub fn new(cfg: KvstoreConfig, node: Option<String>) -> Result<Arc<Kvstore>, String> {
+        let endpoints = cfg.endpoints();
+        let node = match cfg.kvstore {
+            KvstoreKind::None => node.unwrap_or_default(),
+            KvstoreKind::Etcd => {
+                if endpoints.is_empty() {
+                    return Err(
+                        "kvstore: etcd needs kvstore-endpoints (comma-separated URLs)".into(),
+                    );
+                }
+                if cfg.kvstore_lease_ttl < Duration::from_secs(2) {
+                    return Err(format!(
+                        "kvstore-lease-ttl {} is below etcd's minimum of 2s",
+                        humantime(cfg.kvstore_lease_ttl)
+                    ));
+                }
+                match node {
+                    Some(n) if !n.is_empty() && !n.contains('/') => n,
+                    Some(n) => {
+                        return Err(format!(
+                            "kvstore: the node name {n:?} cannot be part of a key"
+                        ));
+                    }
+                    None => {
+                        return Err("kvstore: etcd needs a node name (Kubernetes mode)".into());
+                    }
+                }
+            }
+        };
+        Ok(Arc::new(Kvstore {
+            cfg,
+            endpoints,
+            node,
+            client: OnceCell::new(),
+            lease: watch::channel(None).0,
+            owned: Mutex::default(),
+            owned_changed: Notify::new(),
+            nonce: AtomicU64::new(0),
+            status: Mutex::default(),
+            identities: Mirror::new(keys::IDENTITIES),
+            ips: Mirror::new(keys::IP_PREFIX),
+            numbers: Mutex::default(),
+        }))
+    }
+
+    /// Whether `kvstore: etcd`.
+    pub fn is_enabled(&self) -> bool {
+        self.cfg.kvstore == KvstoreKind::Etcd
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KvstoreConfig {
+        &self.cfg
+    }
+
+    /// The etcd endpoints, comma-separated.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// This node's name, the last part of its `value/` keys.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The session lease now, `None` while there is none.
+    pub fn lease_id(&self) -> Option<i64> {
+        *self.lease.borrow()
+    }
+
+    /// The session lease's changes.
+    pub fn lease_changes(&self) -> watch::Receiver<Option<i64>> {
+        self.lease.subscribe()
+    }
+
+    /// The number of `labels_key` as the `id/` keys say, if known here.
+    pub fn known_number(&self, labels_key: &str) -> Option<u32> {
+        lock(&self.numbers).get(labels_key).copied()
+    }
+
+    /// The client, built at first use (the connection itself is made, and made again, by
+    /// the gRPC channel as requests need it).
+    pub(crate) async fn client(&self) -> Result<Client, String> {
+        self.client
+            .get_or_try_init(|| async {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(REQUEST_TIMEOUT)
+                    // A partition shows as a dead connection within this, not a silent watch.
+                    .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+                    .with_keep_alive_while_idle(true);
+                Client::connect(&self.endpoints, Some(options)).await
+            })
+            .await
+            .cloned()
+            .map_err(|e| format!("etcd client for {}: {e}", self.endpoints()))
+    }
+
+    /// Records a failed request.
+    pub(crate) fn failed(&self, error: &str) {
+        tracing::debug!(error, "kvstore request failed");
+        let mut s = lock(&self.status);
+        s.connected = Some(false);
+        s.last_error = Some((error.to_string(), SystemTime::now()));
+    }
+
+    /// Records an answer from etcd.
+    pub(crate) fn answered(&self) {
+        lock(&self.status).connected = Some(true);
+    }
+
+    /// Whether the last request was answered (`None` before the first).
+    pub fn connected(&self) -> Option<bool> {
+        lock(&self.status).connected
+    }
+
+    /// The last error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.status)
+            .last_error
+            .as_ref()
+            .map(|(e, _)| e.clone())
+    }
+
+    /// What `cellium status` says: `None` without a kvstore.
+    pub fn note(&self) -> Option<String> {
+        if !self.is_enabled() {
+            return None;
+        }
+        let s = lock(&self.status);
+        let connection = match s.connected {
+            None => "connecting",
+            Some(true) => "connected",
+            Some(false) => "unreachable",
+        };
+        let lease = match self.lease_id() {
+            Some(id) => format!(
+                "lease {id:x} (ttl {})",
+                humantime(self.cfg.kvstore_lease_ttl)
+            ),
+            None => "no lease".into(),
+        };
+        let error = match &s.last_error {
+            Some((e, at)) => {
+                let ago = at.elapsed().unwrap_or_default();
+                format!(
+                    "; last error {} ago: {e}",
+                    humantime(Duration::from_secs(ago.as_secs()))
+                )
+            }
+            None => String::new(),
+        };
+        Some(format!(
+            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries{error}",
+            self.endpoints(),
+            lock(&self.numbers).len(),
+            self.ips.lock().len(),
+        ))
+    }
+
+    /// Keeps `key` = `kept` on the lease (written in the background).
+    pub(crate) fn keep(&self, key: String, kept: Kept) {
+        let mut owned = lock(&self.owned);
+        if owned.desired.get(&key) == Some(&kept) {
+            return;
+        }
+        owned.desired.insert(key, kept);
+        drop(owned);
+        self.owned_changed.notify_one();
+    }
+
+    /// Stops keeping `key`: deleted in the background, if still this node's.
+    pub(crate) fn unkeep(&self, key: &str) {
+        if lock(&self.owned).desired.remove(key).is_some() {
+            self.owned_changed.notify_one();
+        }
+    }
+
+    /// Keeps exactly `entries` under `prefix`: the others under it are deleted.
+    pub(crate) fn keep_all(&self, prefix: &str, entries: BTreeMap<String, Kept>) {
+        let mut owned = lock(&self.owned);
+        let before: BTreeMap<&String, &Kept> = owned
+            .desired
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .collect();
+        if before.len() == entries.len() && entries.iter().all(|(k, v)| before.get(k) == Some(&v)) {
+            return;
+        }
+        owned.desired.retain(|k, _| !k.starts_with(prefix));
+        owned.desired.extend(entries);
+        drop(owned);
+        self.owned_changed.notify_one();
+    }
+
+    /// Whether `key` is one this node keeps.
+    pub fn keeps(&self, key: &str) -> bool {
+        lock(&self.owned).desired.contains_key(key)
+    }
+
+    /// Records that `key` = `value` was written on `lease` (by an allocation's transaction).
+    pub(crate) fn written(&self, key: &str, value: &str, lease: i64) {
+        lock(&self.owned)
+            .written
+            .insert(key.to_string(), (value.to_string(), lease));
+    }
+
+    /// A token naming this node and lease, unique in this process: a lock holder's value.
+    pub(crate) fn token(&self, lease: i64) -> String {
+        format!(
+            "{}/{lease:x}/{}",
+            self.node,
+            self.nonce.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The loops of an enabled kvstore, until the future is dropped: the session, the kept
+    /// keys, and the two mirrors.
+    pub async fn run(self: Arc<Self>) {
+        if !self.is_enabled() {
+            return std::future::pending().await;
+        }
+        tokio::join!(
+            self.clone().run_session(),
+            self.clone().run_owned(),
+            self.clone().run_mirror(true),
+            self.clone().run_mirror(false),
+        );
+    }
+
+    /// The session lease: granted, kept alive every third of its TTL, granted again when it
+    /// expired (etcd away longer than the TTL); each new lease makes every kept key be
+    /// written again on it.
+    async fn run_session(self: Arc<Self>) {
+        let ttl = self.cfg.kvstore_lease_ttl;
+        let ttl_secs = ttl.as_secs().max(2) as i64;
+        let mut backoff = Backoff::new();
+        let mut current: Option<(i64, Instant)> = None;
+        loop {
+            let result: Result<(), String> = async {
+                let mut client = self.client().await?;
+                let id = match current {
+                    Some((id, last)) if last.elapsed() < ttl => id,
+                    _ => {
+                        let granted =
+                            timed("granting the lease", client.lease_grant(ttl_secs, None)).await?;
+                        let id = granted.id();
+                        current = Some((id, Instant::now()));
+                        self.answered();
+                        self.lease.send_replace(Some(id));
+                        tracing::info!(lease = format!("{id:x}"), "kvstore session lease granted");
+                        id
+                    }
+                };
+                // Opening the stream sends the first keep-alive and reads its answer; a lease
+                // etcd no longer has is refused there ("lease not found").
+                let (mut keeper, mut stream) =
+                    match timed("keeping the lease alive", client.lease_keep_alive(id)).await {
+                        Ok(opened) => opened,
+                        Err(e) if e.contains("lease not found") => {
+                            current = None;
+                            self.lease.send_replace(None);
+                            return Err(format!("lease {id:x} expired"));
+                        }
+                        Err(e) => return Err(e),
+                    };
+                loop {
+                    current = Some((id, Instant::now()));
+                    self.answered();
+                    backoff.reset();
+                    tokio::time::sleep(ttl / 3).await;
+                    timed("keeping the lease alive", keeper.keep_alive()).await?;
+                    let answer = timed("keeping the lease alive", stream.message()).await?;
+                    let Some(answer) = answer else {
+                        return Err("the lease keep-alive stream ended".to_string());
+                    };
+                    if answer.ttl() <= 0 {
+                        current = None;
+                        self.lease.send_replace(None);
+                        return Err(format!("lease {id:x} expired"));
+                    }
+                }
+            }
+            .await;
+            if let Err(e) = result {
+                self.failed(&e);
+                tracing::warn!(error = %e, "kvstore session");
+            }
+            if current.is_some_and(|(_, last)| last.elapsed() >= ttl) {
+                current = None;
+                self.lease.send_replace(None);
+            }
+            tokio::time::sleep(backoff.next()).await;
+        }
+    }
+
+    /// Writes the kept keys that are not written on the current lease, deletes those no
+    /// longer kept: at every change, every new lease, and every [`OWNED_RESYNC`].
+    async fn run_owned(self: Arc<Self>) {
+        let mut lease_rx = self.lease.subscribe();
+        let mut backoff = Backoff::new();
+        loop {
+            let lease = *lease_rx.borrow_and_update();
+            let mut wait = OWNED_RESYNC;
+            if let Some(lease) = lease {
+                match self.write_owned(lease).await {
+                    Ok(()) => backoff.reset(),
+                    Err(e) => {
+                        self.failed(&e);
+                        wait = backoff.next();
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.owned_changed.notified() => {}
+                _ = lease_rx.changed() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn write_owned(&self, lease: i64) -> Result<(), String> {
+        let (todo, gone) = {
+            let owned = lock(&self.owned);
+            let todo: Vec<(String, Kept)> = owned
+                .desired
+                .iter()
+                .filter(|(k, v)| owned.written.get(*k) != Some(&(v.value.clone(), lease)))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let gone: Vec<(String, i64)> = owned
+                .written
+                .iter()
+                .filter(|(k, _)| !owned.desired.contains_key(*k))
+                .map(|(k, (_, l))| (k.clone(), *l))
+                .collect();
+            (todo, gone)
+        };
+        if todo.is_empty() && gone.is_empty() {
+            return Ok(());
+        }
+        let mut client = self.client().await?;
+        let (plain, mastered): (Vec<_>, Vec<_>) =
+            todo.into_iter().partition(|(_, k)| k.master.is_none());
+        for batch in plain.chunks(TXN_BATCH) {
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|(k, v)| {
+                    TxnOp::put(
+                        k.as_str(),
+                        v.value.as_str(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                })
+                .collect();
+            timed(
+                "writing this node's keys",
+                client.txn(Txn::new().and_then(ops)),
+            )
+            .await?;
+            self.answered();
+            for (k, v) in batch {
+                self.written(k, &v.value, lease);
+            }
+        }
+        for (k, v) in mastered {
+            let (id_key, labels_key) = v.master.clone().unwrap_or_default();
+            if let Err(e) = self
+                .put_value(&mut client, &k, &v.value, &id_key, &labels_key, lease)
+                .await
+            {
+                if e.starts_with("conflict") {
+                    tracing::error!(key = k, error = e, "identity reference not written");
+                    continue;
+                }
+                return Err(e);
+            }
+        }
+        for (k, l) in gone {
+            // Only if it is still on the lease it was written on: a key someone else wrote
+            // since is theirs.
+            let txn = Txn::new()
+                .when([Compare::lease(k.as_str(), CompareOp::Equal, l)])
+                .and_then([TxnOp::delete(k.as_str(), None)]);
+            timed("deleting this node's keys", client.txn(txn)).await?;
+            self.answered();
+            let mut owned = lock(&self.owned);
+            if !owned.desired.contains_key(&k) {
+                owned.written.remove(&k);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `value/<labels key>/<node>` on `lease`, with `id/<N>` when absent (the number
+    /// freed meanwhile). Refused, as `conflict: ...`, when `id/<N>` holds other labels.
+    pub(crate) async fn put_value(
+        &self,
+        client: &mut Client,
+        key: &str,
+        value: &str,
+        id_key: &str,
+        labels_key: &str,
+        lease: i64,
+    ) -> Result<(), String> {
+        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new()
+            .when([Compare::create_revision(id_key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(id_key, labels_key, None), put.clone()])
+            .or_else([TxnOp::get(id_key, None)]);
+        let r = timed("writing an identity reference", client.txn(txn)).await?;
+        self.answered();
+        if !r.succeeded() {
+            let holder = first_value(&r.op_responses());
+            if holder.as_deref() != Some(labels_key) {
+                return Err(format!(
+                    "conflict: {id_key} holds {holder:?}, not {labels_key}"
+                ));
+            }
+            let txn = Txn::new()
+                .when([Compare::value(id_key, CompareOp::Equal, labels_key)])
+                .and_then([put]);
+            let r = timed("writing an identity reference", client.txn(txn)).await?;
+            if !r.succeeded() {
+                return Err(format!("{id_key} changed while writing {key}; retried"));
+            }
+        }
+        self.written(key, value, lease);
+        Ok(())
+    }
+
+    /// Lists `prefix` into its mirror, then watches it from the list's revision; again after
+    /// any failure.
+    async fn run_mirror(self: Arc<Self>, identities: bool) {
+        let mirror = if identities {
+            &self.identities
+        } else {
+            &self.ips
+        };
+        let mut backoff = Backoff::new();
+        loop {
+            let result: Result<(), String> = async {
+                let mut client = self.client().await?;
+                let prefix = mirror.prefix().to_string();
+                let list = timed(
+                    "listing",
+                    client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+                )
+                .await?;
+                self.answered();
+                let revision = list.header().map(|h| h.revision()).unwrap_or(0);
+                let map: BTreeMap<String, String> = list
+                    .kvs()
+                    .iter()
+                    .map(|kv| (text(kv.key()), text(kv.value())))
+                    .collect();
+                let changes = mirror.replace(map);
+                self.seen(identities, &changes);
+                let mut stream = timed(
+                    "watching",
+                    client.watch(
+                        prefix.as_str(),
+                        Some(
+                            WatchOptions::new()
+                                .with_prefix()
+                                .with_start_revision(revision + 1),
+                        ),
+                    ),
+                )
+                .await?;
+                backoff.reset();
+                loop {
+                    let Some(answer) = stream
+                        .message()
+                        .await
+                        .map_err(|e| format!("watching {prefix}: {e}"))?
+                    else {
+                        return Err(format!("the watch of {prefix} ended"));
+                    };
+                    if answer.canceled() {
+                        return Err(format!(
+                            "the watch of {prefix} was cancelled ({}; compacted at {})",
+                            answer.cancel_reason(),
+                            answer.compact_revision()
+                        ));
+                    }
+                    let changes: Vec<Change> = answer
+                        .events()
+                        .iter()
+                        .filter_map(|ev| {
+                            let kv = ev.kv()?;
+                            Some(match ev.event_type() {
+                                etcd_client::EventType::Put => Change::Put {
+                                    key: text(kv.key()),
+                                    value: text(kv.value()),
+                                },
+                                etcd_client::EventType::Delete => Change::Delete {
+                                    key: text(kv.key()),
+                                },
+                            })
+                        })
+                        .collect();
+                    mirror.apply(&changes);
+                    self.seen(identities, &changes);
+                }
+            }
+            .await;
+            if let Err(e) = result {
+                self.failed(&e);
+                tracing::warn!(error = %e, prefix = mirror.prefix(), "kvstore watch");
+            }
+            tokio::time::sleep(backoff.next()).await;
+        }
+    }
+
+    /// Follows what a mirror saw: the numbers index, and this node's keys changed or deleted
+    /// by someone else (forgotten as written, so the writer puts them back).
+    fn seen(&self, identities: bool, changes: &[Change]) {
+        let mut rewrite = false;
+        {
+            let mut owned = lock(&self.owned);
+            for c in changes {
+                let (key, value) = match c {
+                    Change::Put { key, value } => (key, Some(value)),
+                    Change::Delete { key } => (key, None),
+                };
+                if let Some((ours, _)) = owned.written.get(key)
+                    && value != Some(ours)
+                {
+                    owned.written.remove(key);
+                    rewrite = true;
+                }
+            }
+        }
+        if rewrite {
+            tracing::info!("kvstore keys of this node changed by someone else; writing them again");
+            self.owned_changed.notify_one();
+        }
+        if identities {
+            let mut numbers = lock(&self.numbers);
+            for c in changes {
+                match c {
+                    Change::Put { key, value } => {
+                        if let Some(id) = key
+                            .strip_prefix(keys::ID_PREFIX)
+                            .and_then(|n| n.parse().ok())
+                        {
+                            numbers.retain(|_, n| *n != id);
+                            numbers.insert(value.clone(), id);
+                        }
+                    }
+                    Change::Delete { key } => {
+                        if let Some(id) = key
+                            .strip_prefix(keys::ID_PREFIX)
+                            .and_then(|n| n.parse::<u32>().ok())
+                        {
+                            numbers.retain(|_, n| *n != id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The value of the first key a transaction's get returned.
+pub(crate) fn first_value(responses: &[TxnOpResponse]) -> Option<String> {
+    responses.iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| text(kv.value())),
+        _ => None,
+    })
+}
+
+/// The lease of the first key a transaction's get returned.
+pub(crate) fn first_lease(responses: &[TxnOpResponse]) -> Option<i64> {
+    responses.iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
+        _ => None,
+    })
+}

@@ -1,0 +1,71 @@
+//! The `kvstore-gc` cell: with `kvstore: etcd`, the identities in etcd that no node uses
+//! (`cilium/state/identities/v1/id/<N>` with no `value/<labels key>/` key), deleted in two
+//! rounds, every `identity-gc-interval`, while this operator leads (see
+//! `cellium_kvstore::IdentityGc` and `docs/kvstore.md`).
+//!
+//! - **Owns** the timer job `kvstore-gc.identities` and its etcd client.
+//! - **Depends on** `leader-election`, and the kvstore keys (`kvstore`, `kvstore-endpoints`)
+//!   and `identity-gc-interval`.
+//! - **Degraded** while a round fails (etcd away): nothing is deleted then, and the marks
+//!   are kept for the next round.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellium_hive::{BoxError, Config, Jobs, Module};
+use cellium_kvstore::{IdentityGc, KvstoreConfig, KvstoreKind};
+use tokio::sync::Mutex;
+
+use crate::config::GcConfig;
+use crate::leader::Leadership;
+
+/// The `kvstore-gc` module.
+pub fn cell() -> Module {
+    Module::new(
+        "kvstore-gc",
+        "Deletes the identities in etcd that no node uses (kvstore: etcd)",
+    )
+    .config::<KvstoreConfig>()
+    .invoke(start)
+}
+
+fn start(kv: Config<KvstoreConfig>, gc: Config<GcConfig>, leadership: Arc<Leadership>, jobs: Jobs) {
+    if kv.kvstore != KvstoreKind::Etcd {
+        return;
+    }
+    let endpoints = kv.endpoints();
+    let state: Arc<Mutex<(Option<etcd_client::Client>, IdentityGc)>> =
+        Arc::new(Mutex::new((None, IdentityGc::new())));
+    let interval = gc.identity_gc_interval.max(Duration::from_millis(100));
+    jobs.timer("identities", interval, move |ctx| {
+        let (state, endpoints, leadership) = (state.clone(), endpoints.clone(), leadership.clone());
+        async move {
+            let mut state = state.lock().await;
+            if !leadership.leading() {
+                // Marks are the leader's memory: a new leader starts afresh.
+                state.1 = IdentityGc::new();
+                ctx.reporter().ok("not leading");
+                return Ok(());
+            }
+            if state.0.is_none() {
+                let client = etcd_client::Client::connect(&endpoints, None)
+                    .await
+                    .map_err(|e| format!("etcd at {}: {e}", endpoints.join(",")))?;
+                state.0 = Some(client);
+            }
+            let (client, gc) = &mut *state;
+            let Some(client) = client.as_mut() else {
+                return Ok(());
+            };
+            let round = gc.round(client).await?;
+            ctx.reporter().ok(format!(
+                "leading: last round: {} in use, {} marked, {} deleted",
+                round.in_use,
+                round.marked,
+                round.deleted.len()
+            ));
+            Ok::<(), BoxError>(())
+        }
+    })
+    .add();
+}

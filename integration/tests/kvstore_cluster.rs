@@ -1,0 +1,386 @@
+//! Three nodes in kvstore mode: three real agents in three node namespaces, joined by an
+//! underlay the test makes (a bridge in a switch namespace, the nodes at 192.0.2.1-3), one test
+//! API server served on each node's loopback (pods, nodes, policies), and a real etcd on the
+//! switch (192.0.2.254) for identities and ip entries (`identity-allocation-mode: kvstore`).
+//!
+//! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
+//! `cargo test -p cellium-integration --test kvstore_cluster -- --test-threads=1`.
+//!
+//! Every test makes its own namespaces, agents, API server and etcd and removes them through
+//! guards; traffic goes only to addresses inside the namespaces it made.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use cellium_integration::probe::TcpServer;
+use cellium_integration::reach::{Outcome, Probe, probe};
+use cellium_integration::{Agent, AgentOptions, Etcd, K8sApi, NetNs};
+
+const PORT: u16 = 8080;
+const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
+const CONVERGE: Duration = Duration::from_secs(30);
+/// Short, so that a dead node is forgotten within the test.
+const LEASE_TTL: &str = "4s";
+const ALLOCATION_TIMEOUT: &str = "3s";
+
+const NODES: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: { name: n1 }
+spec: { podCIDRs: [ 10.245.21.0/24 ] }
+status: { addresses: [ { type: InternalIP, address: 192.0.2.1 } ] }
+---
+apiVersion: v1
+kind: Node
+metadata: { name: n2 }
+spec: { podCIDRs: [ 10.245.22.0/24 ] }
+status: { addresses: [ { type: InternalIP, address: 192.0.2.2 } ] }
+---
+apiVersion: v1
+kind: Node
+metadata: { name: n3 }
+spec: { podCIDRs: [ 10.245.23.0/24 ] }
+status: { addresses: [ { type: InternalIP, address: 192.0.2.3 } ] }
+"#;
+
+fn pod(name: &str, node: &str, app: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{ name: {name}, namespace: shop, labels: {{ app: {app} }} }}
+spec: {{ nodeName: {node}, containers: [ {{ name: c, image: x, ports: [ {{ name: http, containerPort: {PORT} }} ] }} ] }}
+"#
+    )
+}
+
+/// Only `app: client` pods, wherever they run, may reach web.
+const WEB_FROM_CLIENT: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: web-from-client, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: web } }
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
+"#;
+
+/// The underlay: a bridge in `switch` (192.0.2.254, where etcd listens) and a veth from it to
+/// each node (`und` at 192.0.2.<i+1>).
+fn underlay(switch: &NetNs, nodes: &[&NetNs]) {
+    switch
+        .ip(&["link", "add", "br0", "type", "bridge"])
+        .expect("bridge");
+    switch
+        .ip(&["addr", "add", "192.0.2.254/24", "dev", "br0"])
+        .expect("addr");
+    switch.ip(&["link", "set", "br0", "up"]).expect("up");
+    for (i, node) in nodes.iter().enumerate() {
+        let port = format!("port{i}");
+        switch
+            .ip(&[
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "und",
+                "netns",
+                node.name(),
+            ])
+            .expect("underlay veth");
+        switch
+            .ip(&["link", "set", &port, "master", "br0", "up"])
+            .expect("port up");
+        node.ip(&[
+            "addr",
+            "add",
+            &format!("192.0.2.{}/24", i + 1),
+            "dev",
+            "und",
+        ])
+        .expect("addr");
+        node.ip(&["link", "set", "und", "up"]).expect("up");
+    }
+}
+
+fn reaches(from: &NetNs, ip: Ipv4Addr) -> bool {
+    matches!(
+        probe(from, None, ip, Probe::Tcp(PORT), PROBE_TIMEOUT),
+        Ok(Outcome::Answered)
+    )
+}
+
+fn eventually(what: &str, agents: &[&Agent], mut ok: impl FnMut() -> bool) {
+    let began = Instant::now();
+    while !ok() {
+        if began.elapsed() > CONVERGE {
+            let logs: Vec<String> = agents.iter().map(|a| a.log()).collect();
+            panic!(
+                "{what}: not so after {CONVERGE:?}\n{}",
+                logs.join("\n----\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The identity `ip` has in `agent`'s ipcache, with its source.
+fn ipcache_entry(agent: &Agent, ip: Ipv4Addr) -> Option<String> {
+    let list = agent.cli(&["ipcache", "list"]).ok()?;
+    list.lines()
+        .find(|l| l.starts_with(&format!("{ip}/32")))
+        .map(String::from)
+}
+
+/// The `ID` of `ip`'s entry in etcd.
+fn etcd_id(etcd: &Etcd, ip: Ipv4Addr) -> Option<u64> {
+    let out = etcd
+        .etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("cilium/state/ip/v1/default/{ip}"),
+        ])
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(out.trim()).ok()?;
+    v["ID"].as_u64()
+}
+
+#[test]
+fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faults() {
+    let no_cidr = || AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    };
+    let mut one = Agent::prepare(no_cidr()).expect("node 1");
+    let mut two = Agent::prepare(no_cidr()).expect("node 2");
+    let mut three = Agent::prepare(no_cidr()).expect("node 3");
+    let switch = NetNs::new().expect("switch");
+    underlay(&switch, &[one.node(), two.node(), three.node()]);
+    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
+    let api = K8sApi::start(one.node()).expect("API server");
+    api.serve_on(two.node()).expect("served on node 2");
+    api.serve_on(three.node()).expect("served on node 3");
+    api.api().apply_yaml(NODES).expect("nodes");
+    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
+    for (name, node, app) in [
+        ("client", "n1", "client"),
+        ("other", "n1", "other"),
+        ("web", "n2", "web"),
+        ("client3", "n3", "client"),
+        ("late", "n1", "client"),
+        ("new1", "n1", "brand-new"),
+    ] {
+        pods.push_str("---\n");
+        pods.push_str(&pod(name, node, app));
+    }
+    api.apply(&pods).expect("pods");
+    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2"), (&mut three, "n3")] {
+        let mut env = api.agent_env(name);
+        env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
+        env.extend([
+            ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
+            ("CELLIUM_KVSTORE".into(), "etcd".into()),
+            ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
+            ("CELLIUM_KVSTORE_LEASE_TTL".into(), LEASE_TTL.into()),
+            (
+                "CELLIUM_KVSTORE_ALLOCATION_TIMEOUT".into(),
+                ALLOCATION_TIMEOUT.into(),
+            ),
+        ]);
+        agent.options_mut().env = env;
+        agent.start().expect("agent");
+    }
+
+    let (client_ns, other_ns, web_ns, client3_ns) = (
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+    );
+    let client = one
+        .add_pod(&client_ns, "cid-client", "shop", "client")
+        .expect("ADD client");
+    let _other = one
+        .add_pod(&other_ns, "cid-other", "shop", "other")
+        .expect("ADD other");
+    let web = two
+        .add_pod(&web_ns, "cid-web", "shop", "web")
+        .expect("ADD web");
+    let client3 = three
+        .add_pod(&client3_ns, "cid-client3", "shop", "client3")
+        .expect("ADD client3");
+    let _server =
+        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+
+    // Identities and ip entries are in etcd, in Cilium's layout; the API server has no
+    // CiliumEndpoints nor CiliumIdentities.
+    eventually("ip entries in etcd", &[&one, &two, &three], || {
+        [client, web, client3]
+            .iter()
+            .all(|ip| etcd_id(&etcd, *ip).is_some())
+    });
+    let client_id = etcd_id(&etcd, client).unwrap();
+    assert_eq!(
+        etcd_id(&etcd, client3),
+        Some(client_id),
+        "the same labels on two nodes: one number"
+    );
+    let id_value = etcd
+        .etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("cilium/state/identities/v1/id/{client_id}"),
+        ])
+        .unwrap();
+    let id_value = id_value.trim();
+    assert!(
+        id_value.starts_with("k8s:app=client;")
+            && id_value.contains("k8s:io.kubernetes.pod.namespace=shop;")
+            && id_value.ends_with(';'),
+        "{id_value}"
+    );
+    assert!(api.api().list("cilium.io/v2", "CiliumEndpoint").is_empty());
+    assert!(api.api().list("cilium.io/v2", "CiliumIdentity").is_empty());
+
+    // Each node knows the others' pods by identity, from etcd.
+    eventually(
+        "node 2 has node 1's client as remote",
+        &[&one, &two, &three],
+        || {
+            ipcache_entry(&two, client)
+                .is_some_and(|l| l.contains("remote") && l.contains(&client_id.to_string()))
+        },
+    );
+    eventually(
+        "client reaches web on node 2",
+        &[&one, &two, &three],
+        || reaches(&client_ns, web),
+    );
+    assert!(reaches(&other_ns, web), "no policy yet");
+
+    // A policy on node 2 selects node 1's and node 3's pods by their labels.
+    let before = two.policy_revision().expect("revision");
+    api.apply(WEB_FROM_CLIENT).expect("policy");
+    two.wait_policy_revision_after(before).expect("taken in");
+    two.settle().expect("enforced");
+    eventually("other is denied", &[&one, &two, &three], || {
+        !reaches(&other_ns, web)
+    });
+    assert!(reaches(&client_ns, web), "client is allowed");
+    eventually("client on node 3 is allowed", &[&one, &two, &three], || {
+        reaches(&client3_ns, web)
+    });
+
+    // etcd killed: cached state keeps being enforced; a pod whose labels have a number
+    // works; a pod with new labels fails its ADD within the allocation timeout, naming etcd.
+    etcd.kill();
+    assert!(reaches(&client_ns, web), "still allowed without etcd");
+    assert!(!reaches(&other_ns, web), "still denied without etcd");
+    let late_ns = NetNs::new().expect("netns");
+    let late = one
+        .add_pod(&late_ns, "cid-late", "shop", "late")
+        .expect("a pod with known labels works without etcd");
+    let new_ns = NetNs::new().expect("netns");
+    let err = one
+        .add_pod(&new_ns, "cid-new1", "shop", "new1")
+        .expect_err("new labels without etcd");
+    let text = err.to_string();
+    assert!(
+        text.contains("etcd") && text.contains("kvstore-allocation-timeout"),
+        "{text}"
+    );
+    let status = one.cli(&["status"]).expect("status");
+    assert!(status.contains("kvstore etcd unreachable"), "{status}");
+
+    // etcd back: everything converges; the pod with new labels gets its number.
+    etcd.restart().expect("etcd restarts");
+    eventually(
+        "the late pod's entry reaches etcd",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, late) == Some(client_id),
+    );
+    eventually("new labels are numbered", &[&one, &two, &three], || {
+        one.add_pod(&new_ns, "cid-new1", "shop", "new1").is_ok()
+    });
+    eventually("late client reaches web", &[&one, &two, &three], || {
+        reaches(&late_ns, web)
+    });
+    let status = one.cli(&["status"]).expect("status");
+    assert!(status.contains("kvstore etcd connected"), "{status}");
+
+    // Someone deletes node 1's entry: node 1 writes it again.
+    etcd.etcdctl(&["del", &format!("cilium/state/ip/v1/default/{client}")])
+        .unwrap();
+    eventually(
+        "client's entry written again",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, client) == Some(client_id),
+    );
+
+    // An agent restart keeps its identities and ip entries.
+    one.stop().expect("agent 1 stops");
+    assert_eq!(
+        etcd_id(&etcd, client),
+        Some(client_id),
+        "kept while it is down"
+    );
+    one.start().expect("agent 1 again");
+    eventually(
+        "client keeps its entry after the restart",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, client) == Some(client_id),
+    );
+    assert!(
+        reaches(&client_ns, web),
+        "client still allowed after the restart"
+    );
+
+    // Node 3 cut off from etcd by its underlay (a blackhole route to etcd's address): it
+    // says so, keeps enforcing; once the partition heals it converges (its entries written
+    // again if its lease expired meanwhile) and its client reaches web again.
+    three
+        .node()
+        .ip(&["route", "add", "blackhole", "192.0.2.254/32"])
+        .expect("partition");
+    eventually(
+        "node 3 sees etcd unreachable",
+        &[&one, &two, &three],
+        || {
+            three
+                .cli(&["status"])
+                .is_ok_and(|s| s.contains("kvstore etcd unreachable"))
+        },
+    );
+    three
+        .node()
+        .ip(&["route", "del", "blackhole", "192.0.2.254/32"])
+        .expect("heal");
+    eventually("node 3 connected again", &[&one, &two, &three], || {
+        three
+            .cli(&["status"])
+            .is_ok_and(|s| s.contains("kvstore etcd connected"))
+    });
+    eventually(
+        "client3's entry in etcd after the partition",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, client3) == Some(client_id),
+    );
+    eventually(
+        "client on node 3 reaches web after the partition",
+        &[&one, &two, &three],
+        || reaches(&client3_ns, web),
+    );
+
+    // Node 3's agent killed: when its lease expires, the others drop its pods.
+    three.kill().expect("agent 3 killed");
+    eventually(
+        "node 3's entries expire with its lease",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, client3).is_none(),
+    );
+    eventually("node 2 forgets node 3's pod", &[&one, &two, &three], || {
+        ipcache_entry(&two, client3).is_none_or(|l| !l.contains("remote"))
+    });
+}
