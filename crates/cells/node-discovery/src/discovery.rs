@@ -55,6 +55,8 @@ impl NodeDiscovery {
     /// The cell's constructor. Standalone (no API server) it learns nothing; `tunnel-protocol:
     /// geneve` fails the start, naming the key. Its start hook puts the tunnel device in place
     /// in tunnel mode, and removes a previous run's otherwise.
+    // A hive constructor: each argument is a dependency the hive injects.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: Config<NodeDiscoveryConfig>,
         lc: Lifecycle,
