@@ -198,4 +198,24 @@ fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
         cluster.start_agent(i).expect("restart it");
         echo(&mut stream, 4096).expect("echo after an agent restarted");
     }
+
+    // Started again in native mode, an agent takes the device and its programs' pins away.
+    let agent = cluster.agent_mut(0);
+    agent.stop().expect("stop");
+    for (key, value) in agent.options_mut().env.iter_mut() {
+        if key == "CELLIUM_ROUTING_MODE" {
+            *value = "native".into();
+        }
+    }
+    cluster.start_agent(0).expect("start in native mode");
+    let node = cluster.agent(0).node();
+    assert!(
+        node.ip(&["link", "show", "cel_vxlan"]).is_err(),
+        "the device is gone"
+    );
+    let pins: Vec<String> = std::fs::read_dir(cluster.agent(0).bpf_root().join("links"))
+        .expect("links")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!pins.iter().any(|p| p.contains("overlay")), "{pins:?}");
 }

@@ -114,7 +114,13 @@ impl NodeDiscovery {
             })?;
             ifindex
         } else {
-            tunnel::remove(handle).await?;
+            if let Some(gone) = tunnel::remove(handle).await? {
+                // Its programs' pinned links went defunct with it: unpinned here.
+                dp.detach_overlay(gone).map_err(|source| Error::Tunnel {
+                    what: "program",
+                    source,
+                })?;
+            }
             0
         };
         dp.config()

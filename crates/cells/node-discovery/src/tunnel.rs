@@ -68,16 +68,16 @@ pub async fn ensure(handle: &Handle, port: u16) -> Result<u32> {
     Ok(found.index)
 }
 
-/// Removes the device if there is one (native routing after tunnel mode); returns whether it
-/// existed.
-pub async fn remove(handle: &Handle) -> Result<bool> {
+/// Removes the device if there is one (native routing after tunnel mode); returns the index it
+/// had.
+pub async fn remove(handle: &Handle) -> Result<Option<u32>> {
     match find(handle, 0).await? {
         Some(found) => {
             delete(handle, found.index).await?;
             tracing::info!(device = DEVICE, "tunnel device removed (native routing)");
-            Ok(true)
+            Ok(Some(found.index))
         }
-        None => Ok(false),
+        None => Ok(None),
     }
 }
 
