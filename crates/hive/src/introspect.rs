@@ -185,8 +185,10 @@ impl Hive {
         let cat = &self.catalog;
         let (analysis, _) = self.analyze();
         let by = ByModule::new(cat);
+        // newrank: dot's older ranking fails ("trouble in init_rank") on edges into nested
+        // clusters, which a graph of enough cells has.
         let mut out = String::from(
-            "digraph hive {\n  rankdir=LR;\n  compound=true;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n",
+            "digraph hive {\n  rankdir=LR;\n  compound=true;\n  newrank=true;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n",
         );
         fn cluster(cat: &Catalog, by: &ByModule, m: usize, depth: usize, out: &mut String) {
             let pad = "  ".repeat(depth);
