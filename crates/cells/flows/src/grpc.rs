@@ -136,17 +136,18 @@ impl ObserverApi for ObserverService {
                 return;
             }
             let (mut rx, mut stopping) = (sub.rx, sub.stopping);
+            let stop =
+                Status::unavailable("the agent is stopping: the flows being followed end here");
             loop {
+                // Biased: when the agent stops, the ring may close as soon as the stop is
+                // signalled, and the follower must hear why rather than see a clean end.
                 let item = tokio::select! {
-                    _ = tx.closed() => return,
+                    biased;
                     _ = stopped(&mut stopping) => {
-                        let _ = tx
-                            .send(Err(Status::unavailable(
-                                "the agent is stopping: the flows being followed end here",
-                            )))
-                            .await;
+                        let _ = tx.send(Err(stop)).await;
                         return;
                     }
+                    _ = tx.closed() => return,
                     item = rx.recv() => item,
                 };
                 let out = match item {
@@ -164,7 +165,11 @@ impl ObserverApi for ObserverService {
                         flows.ring().follower_lagged(n);
                         lost(LostEventSource::ObserverEventsQueue, n, &node)
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    // Only a stopping agent closes the ring.
+                    Err(broadcast::error::RecvError::Closed) => {
+                        let _ = tx.send(Err(stop)).await;
+                        return;
+                    }
                 };
                 if tx.send(Ok(out)).await.is_err() {
                     return;
