@@ -189,6 +189,8 @@ pub struct Cluster {
     files: tempfile::TempDir,
     /// Pods created so far: container ids are never reused.
     created: usize,
+    /// The operators' kubeconfig, once [`Cluster::use_service_accounts`] made one.
+    operator_kubeconfig: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -232,6 +234,7 @@ impl Cluster {
             opts,
             files,
             created: 0,
+            operator_kubeconfig: None,
         };
         for i in 0..cluster.opts.nodes {
             let yaml = cluster.node_yaml(i);
@@ -351,6 +354,9 @@ impl Cluster {
         .arg(&program)
         .args(["run", "--k8s-api-server", &self.api.url()])
         .args(["--operator-id", id]);
+        if let Some(kubeconfig) = &self.operator_kubeconfig {
+            cmd.arg("--k8s-kubeconfig-path").arg(kubeconfig);
+        }
         if let Ipam::ClusterPool { cidr, mask_size } = &self.opts.ipam {
             cmd.args(["--cluster-pool-ipv4-cidr", cidr])
                 .args(["--cluster-pool-ipv4-mask-size", &mask_size.to_string()]);
@@ -378,6 +384,62 @@ impl Cluster {
             log,
         });
         Ok(self.operators.last_mut().expect("just pushed"))
+    }
+
+    /// From now on the agents and operators started authenticate as the ServiceAccounts of
+    /// `deploy/` (`kube-system/cellium` and `kube-system/cellium-operator`), each with a
+    /// token the API server issued, in a kubeconfig: with the server's RBAC on
+    /// ([`cellium_test_apiserver::ApiServer::enable_rbac`]), every call they make is
+    /// authorized by the rules applied to it, as in a real cluster.
+    pub fn use_service_accounts(&mut self) -> Result<()> {
+        let agent = self.kubeconfig("cellium")?;
+        for a in &mut self.agents {
+            a.options_mut().env.push((
+                "CELLIUM_K8S_KUBECONFIG_PATH".into(),
+                agent.display().to_string(),
+            ));
+        }
+        self.operator_kubeconfig = Some(self.kubeconfig("cellium-operator")?);
+        Ok(())
+    }
+
+    /// A kubeconfig naming the API server with a token of ServiceAccount
+    /// `kube-system/account`.
+    fn kubeconfig(&self, account: &str) -> Result<PathBuf> {
+        let token = self.api.api().service_account_token("kube-system", account);
+        let path = self.files.path().join(format!("{account}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: cluster\n\
+             clusters: [{{name: cluster, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: {account}, user: {{token: '{token}'}}}}]\n\
+             contexts: [{{name: cluster, context: {{cluster: cluster, user: {account}}}}}]\n",
+            self.api.url()
+        );
+        std::fs::write(&path, text).map_err(|source| Error::Io {
+            op: "write",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    /// Removes the pod `namespace/name` as a kubelet does: its network through `cellium-cni`
+    /// DEL on its node, then its object.
+    pub fn remove_pod(&mut self, key: &str) -> Result<()> {
+        let at = self
+            .pods
+            .iter()
+            .position(|p| p.key == key)
+            .ok_or_else(|| Error::Unexpected {
+                what: "pod",
+                detail: format!("no pod {key} in the cluster"),
+            })?;
+        let pod = self.pods.remove(at);
+        self.agents[pod.node].del(&pod.container_id, &pod.netns.path())?;
+        let (ns, name) = split_key(key)?;
+        self.api
+            .kubectl(&["delete", "pod", name, "-n", ns, "--ignore-not-found"], "")?;
+        Ok(())
     }
 
     /// The operators.

@@ -60,6 +60,12 @@ pub enum Error {
     /// YAML or JSON that does not parse.
     #[error("cannot decode the document: {0}")]
     Decode(String),
+    /// With RBAC on, a bearer token the server did not issue.
+    #[error("Unauthorized")]
+    Unauthorized,
+    /// With RBAC on, no rule bound to the user allows the request (the message names both).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// Results of this crate.
@@ -76,6 +82,8 @@ impl Error {
             Error::MethodNotAllowed => 405,
             Error::Expired { .. } => 410,
             Error::Injected(code) => *code,
+            Error::Unauthorized => 401,
+            Error::Forbidden(_) => 403,
         }
     }
 
@@ -90,6 +98,8 @@ impl Error {
             Error::MethodNotAllowed => "MethodNotAllowed",
             Error::Expired { .. } => "Expired",
             Error::Injected(code) => injected_reason(*code),
+            Error::Unauthorized => "Unauthorized",
+            Error::Forbidden(_) => "Forbidden",
         }
     }
 

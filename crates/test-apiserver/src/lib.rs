@@ -8,8 +8,11 @@
 //! - Kinds: core v1 namespaces, pods, services, nodes; discovery.k8s.io/v1 endpointslices;
 //!   networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases; cilium.io/v2
 //!   ciliumnetworkpolicies, ciliumclusterwidenetworkpolicies, ciliumnodes, ciliumidentities,
-//!   ciliumendpoints ([`registry::KINDS`], one row each). `/status` subresources for pods,
-//!   services, nodes, namespaces, CNPs, CCNPs and ciliumnodes.
+//!   ciliumendpoints; what a deployment applies: v1 serviceaccounts and configmaps, apps/v1
+//!   daemonsets and deployments, rbac.authorization.k8s.io/v1 roles, clusterroles and their
+//!   bindings, apiextensions.k8s.io/v1 customresourcedefinitions (stored and served, run by no
+//!   controller) ([`registry::KINDS`], one row each). `/status` subresources for pods,
+//!   services, nodes, namespaces, CNPs, CCNPs, ciliumnodes, daemonsets, deployments and CRDs.
 //! - GET, LIST (`limit`/`continue` with pages frozen at the first page's resourceVersion,
 //!   `labelSelector`, `fieldSelector` on any dotted path), WATCH (`resourceVersion`,
 //!   `timeoutSeconds`, `allowWatchBookmarks`, `sendInitialEvents` for kube-runtime's
@@ -35,16 +38,21 @@
 //!   [`ApiServer::expire_watches`], [`ApiServer::set_latency`], [`ApiServer::fail_requests`];
 //!   [`ApiServer::with_history`] bounds the history kept for watches (default
 //!   [`DEFAULT_HISTORY`] events), [`ApiServer::set_bookmark_interval`] paces bookmarks.
+//! - RBAC, when [`ApiServer::enable_rbac`] turns it on: bearer tokens of ServiceAccounts
+//!   ([`ApiServer::service_account_token`]) authorized by the Roles, ClusterRoles and bindings
+//!   the store holds, `403 Forbidden` as the real server words it, every decision recorded
+//!   ([`ApiServer::audit`]); see [`rbac`].
 //! - Every request is logged at debug level with `tracing` (method, URI, content type, status).
 //!
 //! # What it does not
-//! No TLS, authentication, authorization or admission beyond the defaulting above; no
+//! No TLS; no authentication or authorization beyond [`rbac`]; no admission beyond the
+//! defaulting above; no
 //! finalizers or graceful deletion (deletes are immediate); no real server-side apply field
 //! ownership (`managedFields` is not kept, conflicts are never reported, `force` is
 //! accepted and ignored); no OpenAPI schemas (`/openapi/v3` is a stub, see below); no Table
 //! output (kubectl falls back to its own printing); no protobuf; no HTTP/2; no
 //! `resourceVersionMatch` or reads at an older version (LIST and `sendInitialEvents` always
-//! serve the current state); no kinds beyond the table (no Endpoints, Events, CRDs).
+//! serve the current state); no kinds beyond the table (no Endpoints, Events; a CRD registers nothing).
 //!
 //! # kubectl (1.32), checked by `tests/kubectl.rs`
 //! With `--server=http://127.0.0.1:PORT` (and a `--cache-dir` of its own per server, since
@@ -76,6 +84,7 @@ mod defaults;
 pub mod error;
 mod http;
 mod patch;
+pub mod rbac;
 pub mod registry;
 mod selector;
 mod server;

@@ -1,9 +1,11 @@
 //! [`ApiServer`]: the shared store, the fault controls and the accept loop.
 
 use crate::error::{Error, Result};
+use crate::rbac::{self, Attributes, AuditEntry, User};
 use crate::registry::{self, KINDS};
 use crate::store::{self, Store};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,6 +33,17 @@ pub(crate) struct Inner {
     serving: Mutex<CancellationToken>,
     /// The listeners being served; `stop` drops them.
     listeners: Mutex<Vec<Arc<tokio::net::TcpListener>>>,
+    auth: Mutex<Auth>,
+}
+
+/// Authentication and authorization ([`rbac`]), off until [`ApiServer::enable_rbac`].
+#[derive(Default)]
+struct Auth {
+    enabled: bool,
+    /// The bearer tokens issued, and whose they are.
+    tokens: HashMap<String, User>,
+    /// Every request a token's user made, allowed or not, in order.
+    audit: Vec<AuditEntry>,
 }
 
 impl Default for ApiServer {
@@ -76,6 +89,7 @@ impl ApiServer {
                 bookmark_interval: Mutex::new(Duration::from_secs(2)),
                 serving: Mutex::new(CancellationToken::new()),
                 listeners: Mutex::new(Vec::new()),
+                auth: Mutex::new(Auth::default()),
             }),
         }
     }
@@ -181,6 +195,72 @@ impl ApiServer {
 
     pub(crate) fn bookmark_interval(&self) -> Duration {
         *lock(&self.inner.bookmark_interval)
+    }
+
+    /// Turns authentication and RBAC on ([`rbac`]): from now on a request with a bearer token
+    /// is authorized against the Roles, ClusterRoles and bindings in the store, and recorded.
+    pub fn enable_rbac(&self) {
+        lock(&self.inner.auth).enabled = true;
+    }
+
+    /// Issues a bearer token for ServiceAccount `namespace/name` (which need not exist, as
+    /// with a token made by hand).
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        let token = format!("sa-{}", crate::util::new_uid());
+        lock(&self.inner.auth)
+            .tokens
+            .insert(token.clone(), User::service_account(namespace, name));
+        token
+    }
+
+    /// Every resource request made with a token since RBAC was enabled, allowed or not.
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        lock(&self.inner.auth).audit.clone()
+    }
+
+    /// The user of a request: `None` (allowed everything) with RBAC off or without a token
+    /// (the test's own requests), unless it impersonates someone (`Impersonate-User`, as
+    /// `kubectl --as` sends: kubectl sends no token over plain HTTP); a token not issued here
+    /// is refused.
+    pub(crate) fn authenticate(
+        &self,
+        authorization: Option<&str>,
+        impersonate: Option<&str>,
+    ) -> Result<Option<User>> {
+        let auth = lock(&self.inner.auth);
+        if !auth.enabled {
+            return Ok(None);
+        }
+        match (authorization, impersonate) {
+            (Some(header), _) => {
+                let token = header.strip_prefix("Bearer ").unwrap_or("").trim();
+                auth.tokens
+                    .get(token)
+                    .cloned()
+                    .map(Some)
+                    .ok_or(Error::Unauthorized)
+            }
+            (None, Some(name)) => Ok(Some(User::named(name))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Authorizes a request of `user` by RBAC and records it.
+    pub(crate) fn authorize(&self, user: &User, attributes: Attributes) -> Result<()> {
+        let allowed = rbac::allowed(&self.store(), user, &attributes);
+        let refused = (!allowed).then(|| attributes.forbidden(user));
+        lock(&self.inner.auth).audit.push(AuditEntry {
+            user: user.name.clone(),
+            attributes,
+            allowed,
+        });
+        match refused {
+            None => Ok(()),
+            Some(message) => {
+                tracing::info!(%message, "refused by RBAC");
+                Err(Error::Forbidden(message))
+            }
+        }
     }
 
     pub(crate) fn count_request(&self) {

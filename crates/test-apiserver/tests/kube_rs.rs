@@ -584,3 +584,75 @@ async fn concurrent_writers_and_watches_lose_nothing() {
         );
     }
 }
+
+/// A client holding a ServiceAccount's token is authorized by the ClusterRole bound to it: a
+/// granted verb works, another is `403 Forbidden` with the real server's message, the status
+/// subresource needs its own rule, and a token the server never issued is `401`.
+#[tokio::test]
+async fn tokens_are_authorized_by_rbac() {
+    let server = ApiServer::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    server.serve(listener).unwrap();
+    server
+        .apply_yaml(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: pods}\n\
+             rules: [{apiGroups: [''], resources: [pods], verbs: [get, list, create]}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: pods}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: pods}\n\
+             subjects: [{kind: ServiceAccount, name: agent, namespace: kube-system}]\n",
+        )
+        .unwrap();
+    server.enable_rbac();
+    let client_with = |token: &str| {
+        let mut config = kube::Config::new(url.parse().unwrap());
+        config.auth_info.token = Some(token.to_string().into());
+        Client::try_from(config).unwrap()
+    };
+    let token = server.service_account_token("kube-system", "agent");
+    let pods: Api<Pod> = Api::default_namespaced(client_with(&token));
+    pods.create(&PostParams::default(), &pod("p1", "n1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    let forbidden = |e: kube::Error| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("{other}"),
+    };
+    let (code, message) = forbidden(
+        pods.delete("p1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "pods \"p1\" is forbidden: User \"system:serviceaccount:kube-system:agent\" cannot delete resource \"pods\" in API group \"\" in the namespace \"default\""
+    );
+    let status = Patch::Merge(json!({"status": {"phase": "Running"}}));
+    let (code, _) = forbidden(
+        pods.patch_status("p1", &PatchParams::default(), &status)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    let forged: Api<Pod> = Api::default_namespaced(client_with("forged"));
+    let (code, _) = forbidden(forged.list(&ListParams::default()).await.unwrap_err());
+    assert_eq!(code, 401);
+    let audit = server.audit();
+    assert_eq!(
+        audit
+            .iter()
+            .map(|e| (e.attributes.verb, e.attributes.resource_path(), e.allowed))
+            .collect::<Vec<_>>(),
+        [
+            ("create", "pods".to_string(), true),
+            ("list", "pods".to_string(), true),
+            ("delete", "pods".to_string(), false),
+            ("patch", "pods/status".to_string(), false),
+        ]
+    );
+}

@@ -57,9 +57,25 @@ async fn handle(server: ApiServer, req: Request<Incoming>) -> Response<Body> {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let response = match server.take_failure() {
-        Some(code) => Err(Error::Injected(code)),
-        None => route(&server, req).await,
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let impersonate = req
+        .headers()
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok());
+    let user = server.authenticate(authorization, impersonate);
+    let response = match (server.take_failure(), user) {
+        (Some(code), _) => Err(Error::Injected(code)),
+        (None, Err(e)) => Err(e),
+        (None, Ok(user)) => {
+            let mut req = req;
+            if let Some(user) = user {
+                req.extensions_mut().insert(user);
+            }
+            route(&server, req).await
+        }
     };
     let response = response.unwrap_or_else(|error| error_response(&error));
     tracing::debug!(%method, %uri, status = response.status().as_u16(), "response");

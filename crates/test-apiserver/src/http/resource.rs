@@ -3,6 +3,7 @@
 use super::{Body, bytes_response, json_response, read_body};
 use crate::error::Error;
 use crate::patch;
+use crate::rbac::{Attributes, User};
 use crate::registry::{self, KINDS};
 use crate::selector::{FieldSelector, LabelSelector, Selector};
 use crate::server::ApiServer;
@@ -18,6 +19,8 @@ struct Target<'a> {
     kind: usize,
     namespace: Option<&'a str>,
     name: Option<&'a str>,
+    /// The subresource named after the object's name (`status`, `finalize`).
+    subresource: Option<&'a str>,
     status: bool,
 }
 
@@ -52,8 +55,33 @@ fn parse_target<'a>(group: &str, version: &str, rest: &[&'a str]) -> Result<Targ
         kind,
         namespace,
         name,
+        subresource: sub,
         status,
     })
+}
+
+/// What a request asks, in RBAC's terms.
+fn attributes(target: &Target<'_>, query: &Query, method: &Method, group: &str) -> Attributes {
+    let named = target.name.is_some();
+    let verb = match (method.clone(), named) {
+        (Method::GET, _) if query.flag("watch") => "watch",
+        (Method::GET, true) => "get",
+        (Method::GET, false) => "list",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, true) => "delete",
+        (Method::DELETE, false) => "deletecollection",
+        _ => "unknown",
+    };
+    Attributes {
+        verb,
+        group: group.to_string(),
+        resource: KINDS[target.kind].resource.to_string(),
+        subresource: target.subresource.unwrap_or("").to_string(),
+        namespace: target.namespace.unwrap_or("").to_string(),
+        name: target.name.unwrap_or("").to_string(),
+    }
 }
 
 /// Query parameters, decoded.
@@ -98,6 +126,10 @@ pub async fn handle(
     let ns = target.namespace;
     let store_ns = ns.unwrap_or("");
     let metadata = super::wants_metadata(&req);
+    if let Some(user) = req.extensions().get::<User>() {
+        let attributes = attributes(&target, &query, req.method(), group);
+        server.authorize(user, attributes)?;
+    }
     let ok = |v: &Value| Ok(json_response(StatusCode::OK, v));
     match (req.method().clone(), target.name) {
         (Method::GET, Some(name)) => {
