@@ -20,6 +20,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -403,10 +404,16 @@ int cel_to_container(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
-/* IPv4 out of the tunnel: for a local endpoint, its ingress with the
- * identity the VNI carries, then straight into the pod. */
-static __always_inline int from_overlay4(struct __sk_buff *skb, const struct datapath_config *cfg,
-					 __u32 src_identity)
+/* IPv4 that reaches the node for a local endpoint, out of the tunnel or
+ * straight off one of the node's devices: its ingress, then straight into
+ * the pod, past the node's routing. Out of the tunnel, the source's
+ * identity is the one the VNI carries (none is an error); off a device
+ * (src_identity 0) it is the source address's, from the ipcache. Anything
+ * not for a local endpoint, or that does not parse, is the node's stack's
+ * to route or refuse: what it then delivers to a pod meets that pod's
+ * cel_to_container. */
+static __always_inline int from_node4(struct __sk_buff *skb, const struct datapath_config *cfg,
+				      __u32 src_identity, int tunnelled)
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
 	struct endpoint_info *dst;
@@ -415,13 +422,11 @@ static __always_inline int from_overlay4(struct __sk_buff *skb, const struct dat
 
 	ret = parse_ipv4(skb, &p);
 	if (ret)
-		return drop(skb, &p, &t, ret);
-	/* Only pods are reached through the tunnel; anything else is the
-	 * node's stack's to route or refuse. */
+		return tunnelled ? drop(skb, &p, &t, ret) : TC_ACT_OK;
 	dst = endpoint_lookup4(p.daddr);
 	if (!dst)
 		return TC_ACT_OK;
-	if (!src_identity)
+	if (tunnelled && !src_identity)
 		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
 	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, cfg);
 	if (ret)
@@ -430,9 +435,9 @@ static __always_inline int from_overlay4(struct __sk_buff *skb, const struct dat
 	return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
 }
 
-/* IPv6 out of the tunnel: as from_overlay4. */
-static __always_inline int from_overlay6(struct __sk_buff *skb, const struct datapath_config *cfg,
-					 __u32 src_identity)
+/* IPv6 for a local endpoint from outside the node: as from_node4. */
+static __always_inline int from_node6(struct __sk_buff *skb, const struct datapath_config *cfg,
+				      __u32 src_identity, int tunnelled)
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
 	struct endpoint_info *dst;
@@ -441,11 +446,11 @@ static __always_inline int from_overlay6(struct __sk_buff *skb, const struct dat
 
 	ret = parse_ipv6(skb, &p);
 	if (ret)
-		return drop6(skb, &p, &t, ret);
+		return tunnelled ? drop6(skb, &p, &t, ret) : TC_ACT_OK;
 	dst = endpoint_lookup6(p.daddr);
 	if (!dst)
 		return TC_ACT_OK;
-	if (!src_identity)
+	if (tunnelled && !src_identity)
 		return drop6(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
 	ret = endpoint_ingress6(skb, &p, &t, dst, src_identity, cfg);
 	if (ret)
@@ -495,8 +500,27 @@ int cel_from_overlay(struct __sk_buff *skb)
 	__u32 src_identity = tunnel_source_identity(skb);
 
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return from_overlay4(skb, cfg, src_identity);
+		return from_node4(skb, cfg, src_identity, 1);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return from_overlay6(skb, cfg, src_identity);
+		return from_node6(skb, cfg, src_identity, 1);
+	return TC_ACT_OK;
+}
+
+/* The ingress of the node's own devices (those holding its addresses):
+ * packets from other nodes, or from beyond, for a local pod go straight
+ * into it with the source's identity from the ipcache, as those out of
+ * the tunnel do. Only frames addressed to this host: a device that sees
+ * other hosts' frames (promiscuous) must not have them delivered. */
+SEC("tc")
+int cel_from_netdev(struct __sk_buff *skb)
+{
+	struct datapath_config *cfg = config_get();
+
+	if (skb->pkt_type != PACKET_HOST)
+		return TC_ACT_OK;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return from_node4(skb, cfg, 0, 0);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return from_node6(skb, cfg, 0, 0);
 	return TC_ACT_OK;
 }

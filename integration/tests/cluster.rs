@@ -50,6 +50,52 @@ every_mode!(
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
 );
 
+/// Native routing: traffic from another node for a local pod is handed to the pod by
+/// `cel_from_netdev` on the node's device, past the node's routing, with the pod's ingress
+/// policy. Shown with node 2's routing refusing everything the underlay brings for its pods
+/// (a `prohibit` rule): the allowed client still reaches web there, the other pod is still
+/// denied by the policy, and so is everyone once the agent is gone and its programs with it.
+#[test]
+fn native_traffic_from_other_nodes_reaches_pods_past_the_node_routing() {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod_addr("shop/web", PORT).unwrap();
+    let _server =
+        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    cluster
+        .agent(1)
+        .node()
+        .ip(&[
+            "rule",
+            "add",
+            "iif",
+            "und0",
+            "to",
+            &Cluster::node_pod_cidr(1),
+            "prohibit",
+        ])
+        .expect("node 2 refuses to route the underlay's traffic to its pods");
+    eventually(&cluster, "client reaches web past node 2's routing", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web, namespace: shop }\n\
+             spec: { podSelector: { matchLabels: { app: web } }, ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ] } ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "other is denied", || {
+        !cluster.reaches("shop/other", "shop/web", Tcp(PORT))
+    });
+    assert!(cluster.reaches("shop/client", "shop/web", Tcp(PORT)));
+    cluster.agent_mut(1).kill_and_unpin().expect("agent 2 gone");
+    assert!(
+        !cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+        "without the program, node 2's routing refuses it"
+    );
+}
+
 /// Panics with every log of the cluster unless `ok` comes to hold.
 #[track_caller]
 fn eventually(cluster: &Cluster, what: &str, ok: impl FnMut() -> bool) -> Duration {

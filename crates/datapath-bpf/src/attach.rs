@@ -35,7 +35,8 @@ pub enum AttachMode {
     Clsact,
 }
 
-/// Where a program is attached: one of the two hooks of a pod's veth, or the VXLAN device's.
+/// Where a program is attached: one of the two hooks of a pod's veth, the VXLAN device's, or
+/// the ingress of a device holding the node's addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Hook {
     /// TC ingress of the host veth: `cel_from_container`.
@@ -46,6 +47,8 @@ pub enum Hook {
     FromOverlay,
     /// TC egress of the node's VXLAN device (tunnel mode): `cel_to_overlay`.
     ToOverlay,
+    /// TC ingress of a device holding one of the node's addresses: `cel_from_netdev`.
+    FromNetdev,
 }
 
 impl Hook {
@@ -53,12 +56,15 @@ impl Hook {
     pub const ENDPOINT: [Hook; 2] = [Hook::FromContainer, Hook::ToContainer];
     /// The hooks of the VXLAN device.
     pub const OVERLAY: [Hook; 2] = [Hook::FromOverlay, Hook::ToOverlay];
+    /// The hook of a node's device.
+    pub const NETDEV: [Hook; 1] = [Hook::FromNetdev];
     /// Every hook.
-    pub const ALL: [Hook; 4] = [
+    pub const ALL: [Hook; 5] = [
         Hook::FromContainer,
         Hook::ToContainer,
         Hook::FromOverlay,
         Hook::ToOverlay,
+        Hook::FromNetdev,
     ];
 
     /// The program attached at this hook.
@@ -68,6 +74,7 @@ impl Hook {
             Hook::ToContainer => "cel_to_container",
             Hook::FromOverlay => "cel_from_overlay",
             Hook::ToOverlay => "cel_to_overlay",
+            Hook::FromNetdev => "cel_from_netdev",
         }
     }
 
@@ -77,12 +84,13 @@ impl Hook {
             Hook::ToContainer => "egress",
             Hook::FromOverlay => "overlay",
             Hook::ToOverlay => "overlay_egress",
+            Hook::FromNetdev => "netdev",
         }
     }
 
     fn tcx(self) -> TcxHook {
         match self {
-            Hook::FromContainer | Hook::FromOverlay => TcxHook::Ingress,
+            Hook::FromContainer | Hook::FromOverlay | Hook::FromNetdev => TcxHook::Ingress,
             Hook::ToContainer | Hook::ToOverlay => TcxHook::Egress,
         }
     }
@@ -148,6 +156,7 @@ pub(crate) struct Programs<'a> {
     pub(crate) to_container: BorrowedFd<'a>,
     pub(crate) from_overlay: BorrowedFd<'a>,
     pub(crate) to_overlay: BorrowedFd<'a>,
+    pub(crate) from_netdev: BorrowedFd<'a>,
 }
 
 impl Programs<'_> {
@@ -157,6 +166,7 @@ impl Programs<'_> {
             Hook::ToContainer => self.to_container,
             Hook::FromOverlay => self.from_overlay,
             Hook::ToOverlay => self.to_overlay,
+            Hook::FromNetdev => self.from_netdev,
         }
     }
 }
@@ -432,7 +442,7 @@ fn clsact_hook(prog: BorrowedFd<'_>, ifindex: u32, hook: Hook) -> Result<libbpf_
     let index = i32::try_from(ifindex)
         .map_err(|_| Error::invalid(format!("ifindex {ifindex}"), "out of range"))?;
     let point = match hook {
-        Hook::FromContainer | Hook::FromOverlay => TC_INGRESS,
+        Hook::FromContainer | Hook::FromOverlay | Hook::FromNetdev => TC_INGRESS,
         Hook::ToContainer | Hook::ToOverlay => TC_EGRESS,
     };
     Ok(TcHookBuilder::new(prog)

@@ -79,6 +79,7 @@ pub struct Datapath {
     to_container: OwnedFd,
     from_overlay: OwnedFd,
     to_overlay: OwnedFd,
+    from_netdev: OwnedFd,
     attacher: Attacher,
     maps_report: Vec<MapReport>,
 }
@@ -198,6 +199,7 @@ impl Datapath {
             to_container: dup("cel_to_container", &skel.progs.cel_to_container)?,
             from_overlay: dup("cel_from_overlay", &skel.progs.cel_from_overlay)?,
             to_overlay: dup("cel_to_overlay", &skel.progs.cel_to_overlay)?,
+            from_netdev: dup("cel_from_netdev", &skel.progs.cel_from_netdev)?,
             attacher: Attacher::new(links_dir, options.attach_mode),
             root,
             maps_report,
@@ -302,6 +304,7 @@ impl Datapath {
             to_container: self.to_container.as_fd(),
             from_overlay: self.from_overlay.as_fd(),
             to_overlay: self.to_overlay.as_fd(),
+            from_netdev: self.from_netdev.as_fd(),
         }
     }
 
@@ -328,6 +331,18 @@ impl Datapath {
     pub fn detach_overlay(&self, ifindex: u32) -> Result<()> {
         self.attacher
             .detach(&self.programs(), ifindex, &Hook::OVERLAY)
+    }
+
+    /// Attaches `cel_from_netdev` to the ingress of a device holding one of the node's
+    /// addresses, or switches an existing attachment to this datapath's program.
+    pub fn attach_netdev(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
+        self.attach_hooks(ifindex, &Hook::NETDEV)
+    }
+
+    /// Detaches `cel_from_netdev` from `ifindex`. Nothing attached is fine.
+    pub fn detach_netdev(&self, ifindex: u32) -> Result<()> {
+        self.attacher
+            .detach(&self.programs(), ifindex, &Hook::NETDEV)
     }
 
     fn attach_hooks(&self, ifindex: u32, hooks: &[Hook]) -> Result<Vec<HookAttach>> {

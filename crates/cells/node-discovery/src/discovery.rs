@@ -2,6 +2,7 @@
 //! entries and routes, reconciled level-triggered from the resources tables.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use crate::config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
 use crate::desired;
 use crate::error::{Error, Result};
 use crate::remote::RemoteEndpoints;
-use crate::{routes, tunnel};
+use crate::{netdev, routes, tunnel};
 
 /// How often a pass runs when nothing changed: a route or entry removed by someone else comes
 /// back within this.
@@ -49,6 +50,9 @@ pub struct NodeDiscovery {
     netlink: OnceCell<rtnetlink::Handle>,
     /// What the last pass found, or why it failed.
     last: Mutex<Option<String>>,
+    loader: Arc<Loader>,
+    /// The devices `cel_from_netdev` is attached to.
+    netdevs: Mutex<BTreeSet<u32>>,
 }
 
 impl NodeDiscovery {
@@ -87,6 +91,8 @@ impl NodeDiscovery {
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
             last: Mutex::default(),
+            loader: loader.clone(),
+            netdevs: Mutex::default(),
         });
         let setup = this.clone();
         let port = cfg.tunnel_port;
@@ -220,12 +226,13 @@ impl NodeDiscovery {
             cilium_nodes.iter().map(|n| &**n),
             &self.node,
         );
+        let mine = desired::own_addresses(&nodes, &cilium_nodes, &self.node);
         let ifindex = self.tunnel_ifindex.load(Ordering::Relaxed);
         if ifindex != 0 {
-            let mine = desired::own_addresses(&nodes, &cilium_nodes, &self.node);
             routes = desired::tunnelled(&routes, ifindex, &mine);
         }
         let handle = self.netlink().await?;
+        self.attach_netdevs(handle, &mine).await?;
         let changed = routes::reconcile(handle, &routes).await?;
         if changed > 0 {
             tracing::info!(
@@ -238,6 +245,28 @@ impl NodeDiscovery {
             "{} other nodes' pod CIDRs routed, {entry_count} remote addresses, {identities} cluster identities",
             routes.len()
         ))
+    }
+
+    /// `cel_from_netdev` on the devices holding `mine` now, and off those that no longer do.
+    async fn attach_netdevs(&self, handle: &rtnetlink::Handle, mine: &[IpAddr]) -> Result<()> {
+        let want = netdev::holding(handle, mine).await?;
+        let dp = self.loader.datapath()?;
+        let mut have = self.netdevs.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = |source| Error::Netdev { source };
+        for ifindex in want.difference(&have.clone()) {
+            dp.attach_netdev(*ifindex).map_err(failed)?;
+            tracing::info!(ifindex, "cel_from_netdev attached to a device of the node");
+            have.insert(*ifindex);
+        }
+        for ifindex in have.clone().difference(&want) {
+            dp.detach_netdev(*ifindex).map_err(failed)?;
+            tracing::info!(
+                ifindex,
+                "cel_from_netdev detached: the device holds no node address now"
+            );
+            have.remove(ifindex);
+        }
+        Ok(())
     }
 
     /// Learns every CiliumIdentity, forgets those gone; returns how many are known.

@@ -35,6 +35,13 @@ pub enum Error {
         #[source]
         source: cellium_datapath_bpf::Error,
     },
+    /// `cel_from_netdev` cannot be attached to or detached from a device of the node.
+    #[error("the node's device program")]
+    Netdev {
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
     /// An ipcache write failed.
     #[error("ipcache")]
     Ipcache(#[from] cellium_ipcache::Error),

@@ -18,6 +18,10 @@
 //!   (`vxlan`; `geneve` is refused) and `tunnel-port` (8472).
 //! - **Start hook** `tunnel-device`: in tunnel mode, the device, `cel_from_overlay` on it and its
 //!   index in the datapath's configuration; otherwise a previous run's device removed.
+//! - **Owns** too `cel_from_netdev` on the ingress of the devices holding the node's own
+//!   addresses (its Node's or CiliumNode's), attached at each pass to the devices that hold them
+//!   now and detached from those that no longer do ([`netdev`]): traffic from other nodes for
+//!   local pods goes straight to them.
 //! - **Degraded** (`node-discovery.reconcile`) while a pass fails (a netlink or ipcache
 //!   write), retried every 30 s and at every change.
 //!
@@ -32,6 +36,7 @@ mod config;
 pub mod desired;
 mod discovery;
 mod error;
+pub mod netdev;
 mod remote;
 pub mod routes;
 pub mod tunnel;
