@@ -244,6 +244,43 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
     assert!(api.api().list("cilium.io/v2", "CiliumEndpoint").is_empty());
     assert!(api.api().list("cilium.io/v2", "CiliumIdentity").is_empty());
 
+    // Each node is in etcd with its address and pod CIDR, on its lease; a node known only
+    // there is routed to and in the ipcache, and forgotten when its entry goes.
+    eventually("node entries in etcd", &[&one, &two, &three], || {
+        (1..=3).all(|i| {
+            node_entry(&etcd, &format!("n{i}")).is_some_and(|e| {
+                e.contains(&format!(r#"{{"Type":"InternalIP","IP":"192.0.2.{i}"}}"#))
+                    && e.contains(&format!(
+                        r#""IPv4AllocCIDR":{{"IP":"10.245.2{i}.0","Mask":"////AA=="}}"#
+                    ))
+            })
+        })
+    });
+    etcd.etcdctl(&[
+        "put",
+        "cilium/state/nodes/v1/default/n9",
+        r#"{"Name":"n9","Cluster":"default","IPAddresses":[{"Type":"InternalIP","IP":"192.0.2.9"}],"IPv4AllocCIDR":{"IP":"10.245.29.0","Mask":"////AA=="}}"#,
+    ])
+    .unwrap();
+    let routes_of = |agent: &Agent| {
+        agent
+            .node()
+            .ip(&["route", "show", "proto", "206"])
+            .unwrap_or_default()
+    };
+    eventually("node 1 routes to n9's pods", &[&one, &two, &three], || {
+        routes_of(&one).contains("10.245.29.0/24 via 192.0.2.9")
+    });
+    assert!(
+        ipcache_entry(&one, "192.0.2.9".parse().unwrap()).is_some_and(|l| l.contains("remote")),
+        "n9's address is a remote node's"
+    );
+    etcd.etcdctl(&["del", "cilium/state/nodes/v1/default/n9"])
+        .unwrap();
+    eventually("node 1 forgets n9", &[&one, &two, &three], || {
+        !routes_of(&one).contains("10.245.29.0/24")
+    });
+
     // Each node knows the others' pods by identity, from etcd.
     eventually(
         "node 2 has node 1's client as remote",
@@ -383,4 +420,21 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
     eventually("node 2 forgets node 3's pod", &[&one, &two, &three], || {
         ipcache_entry(&two, client3).is_none_or(|l| !l.contains("remote"))
     });
+    assert!(
+        node_entry(&etcd, "n3").is_none(),
+        "node 3's own entry went with its lease"
+    );
+}
+
+/// The value of node `name`'s entry in etcd.
+fn node_entry(etcd: &Etcd, name: &str) -> Option<String> {
+    let value = etcd
+        .etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("cilium/state/nodes/v1/default/{name}"),
+        ])
+        .ok()?;
+    let value = value.trim();
+    (!value.is_empty()).then(|| value.to_string())
 }

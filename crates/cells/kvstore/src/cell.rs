@@ -9,7 +9,9 @@ use cellium_api::StatusNote;
 use cellium_endpoint_manager::EndpointManager;
 use cellium_hive::{BoxError, Config, Jobs, Trigger};
 use cellium_identity::Identities;
+use cellium_ipam::Ipam;
 use cellium_labels::Labels;
+use cellium_node_discovery::desired::own_addresses;
 use cellium_resources::{ObjectKey, Resources};
 use futures::StreamExt;
 use tokio_stream::wrappers::WatchStream;
@@ -18,6 +20,7 @@ use crate::config::KvstoreConfig;
 use crate::error::{Error, Result};
 use crate::ips;
 use crate::keys;
+use crate::nodes;
 use crate::store::Kvstore;
 
 /// How often the jobs run when nothing triggers them.
@@ -56,6 +59,7 @@ pub(crate) fn start(
     identities: Arc<Identities>,
     endpoints: Option<Arc<EndpointManager>>,
     resources: Option<Arc<Resources>>,
+    ipam: Option<Arc<Ipam>>,
     jobs: Jobs,
 ) -> Arc<StatusNote> {
     let note = {
@@ -66,6 +70,9 @@ pub(crate) fn start(
         return note;
     }
     learn_identities(&kv, identities, &jobs);
+    if let Some(resources) = &resources {
+        write_node(&kv, resources.clone(), ipam, &jobs);
+    }
     if let Some(endpoints) = endpoints {
         write_ips(&kv, endpoints, resources, &jobs);
     } else {
@@ -140,6 +147,67 @@ pub(crate) fn learn(
     }
     *learnt = now;
     learnt.len()
+}
+
+/// The job `node-entry`: this node's `nodes/v1/` entry, its addresses (its Node's, else its
+/// CiliumNode's) and pod CIDRs (IPAM's pools), kept in line at every change of those and every
+/// [`RESYNC`] (every second while IPAM has no pool yet). A node without an address yet writes
+/// nothing: no one could route to it.
+fn write_node(kv: &Arc<Kvstore>, resources: Arc<Resources>, ipam: Option<Arc<Ipam>>, jobs: &Jobs) {
+    let trigger = Trigger::new();
+    let pull = trigger.clone();
+    let sources = [
+        WatchStream::from_changes(resources.nodes.revision()).boxed(),
+        WatchStream::from_changes(resources.cilium_nodes.revision()).boxed(),
+    ];
+    jobs.observer(
+        "watch-node",
+        futures::stream::select_all(sources),
+        move |_, _| {
+            pull.trigger();
+            async { Ok(()) }
+        },
+    )
+    .add();
+    let kv = kv.clone();
+    let again = trigger.clone();
+    jobs.timer("node-entry", RESYNC, move |ctx| {
+        let (kv, resources, ipam) = (kv.clone(), resources.clone(), ipam.clone());
+        let again = again.clone();
+        async move {
+            let addresses = own_addresses(
+                &resources.nodes.list(),
+                &resources.cilium_nodes.list(),
+                kv.node(),
+            );
+            let cidrs: Vec<_> = ipam
+                .map(|i| i.pools().into_iter().map(|p| p.cidr).collect())
+                .unwrap_or_default();
+            // IPAM takes its pools from the Node after the tables hear of it: until it has
+            // them, look again soon rather than at the next resync.
+            if cidrs.is_empty() {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    again.trigger();
+                });
+            }
+            let entry =
+                (!addresses.is_empty()).then(|| nodes::own_entry(kv.node(), &addresses, &cidrs));
+            kv.keep_node(entry.as_ref());
+            ctx.reporter().ok(match &entry {
+                Some(e) => format!(
+                    "node entry kept: {} addresses, pod CIDRs {:?} {:?}",
+                    e.addresses.len(),
+                    e.ipv4_alloc_cidr,
+                    e.ipv6_alloc_cidr
+                ),
+                None => "no node entry: the node has no address yet".into(),
+            });
+            Ok::<(), BoxError>(())
+        }
+    })
+    .trigger(trigger)
+    .add();
 }
 
 fn write_ips(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_identity::Reserved;
 use cellium_node_discovery::RemoteEndpoints;
-use cellium_resources::{CiliumEndpoint, Pod};
+use cellium_resources::{CiliumEndpoint, CiliumNode, Pod};
 use tokio::sync::watch;
 
 use crate::keys::{self, IpEntry, NamedPort};
@@ -114,7 +114,7 @@ impl Kvstore {
     }
 }
 
-/// The kvstore's ip entries as node-discovery takes them.
+/// The kvstore's ip and node entries as node-discovery takes them.
 #[derive(Debug)]
 pub struct KvRemote {
     kv: Arc<Kvstore>,
@@ -132,7 +132,11 @@ impl RemoteEndpoints for KvRemote {
         self.kv.remote_endpoints(&BTreeSet::new())
     }
 
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.kv.ips.changes()
+    fn nodes(&self) -> Vec<CiliumNode> {
+        self.kv.remote_nodes()
+    }
+
+    fn changes(&self) -> Vec<watch::Receiver<u64>> {
+        vec![self.kv.ips.changes(), self.kv.nodes.changes()]
     }
 }

@@ -4,7 +4,8 @@
 //! - `cilium/state/identities/v1/value/<labels key>/<node>` -> `<N>`: one per node using it,
 //!   on that node's lease;
 //! - `cilium/state/identities/v1/locks/<labels key>` -> the holder: allocation's lock;
-//! - `cilium/state/ip/v1/default/<IP>` -> [`IpEntry`] JSON, on the hosting node's lease.
+//! - `cilium/state/ip/v1/default/<IP>` -> [`IpEntry`] JSON, on the hosting node's lease;
+//! - `cilium/state/nodes/v1/<cluster>/<node>` -> [`NodeEntry`] JSON, on the node's lease.
 
 use std::net::IpAddr;
 
@@ -22,6 +23,10 @@ pub const VALUE_PREFIX: &str = "cilium/state/identities/v1/value/";
 pub const LOCK_PREFIX: &str = "cilium/state/identities/v1/locks/";
 /// ip -> identity entries of the default address space.
 pub const IP_PREFIX: &str = "cilium/state/ip/v1/default/";
+/// Nodes, by cluster.
+pub const NODES_PREFIX: &str = "cilium/state/nodes/v1/";
+/// The cluster's name in node keys (Cilium's default `cluster-name`).
+pub const CLUSTER: &str = "default";
 
 /// The labels key of a label set: each label `source:key=value;`, sorted, as Cilium's
 /// `SortedList` (`k8s:app=web;k8s:io.kubernetes.pod.namespace=demo;`).
@@ -58,6 +63,92 @@ pub fn value_key(labels_key: &str, node: &str) -> String {
 /// `locks/<labels key>`.
 pub fn lock_key(labels_key: &str) -> String {
     format!("{LOCK_PREFIX}{labels_key}")
+}
+
+/// `nodes/v1/<cluster>/<node>`.
+pub fn node_key(node: &str) -> String {
+    format!("{NODES_PREFIX}{CLUSTER}/{node}")
+}
+
+/// The value of `nodes/v1/<cluster>/<node>`: the fields of Cilium's `nodeTypes.Node` that
+/// routing needs (Go's field names; CIDRs as Go encodes a `net.IPNet`: the address and the
+/// mask in base64).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    /// The node's name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Its cluster.
+    #[serde(rename = "Cluster", default)]
+    pub cluster: String,
+    /// Its addresses.
+    #[serde(rename = "IPAddresses", default)]
+    pub addresses: Vec<NodeAddress>,
+    /// Its IPv4 pod CIDR.
+    #[serde(rename = "IPv4AllocCIDR", default, with = "go_ipnet")]
+    pub ipv4_alloc_cidr: Option<ipnet::IpNet>,
+    /// Its IPv6 pod CIDR.
+    #[serde(rename = "IPv6AllocCIDR", default, with = "go_ipnet")]
+    pub ipv6_alloc_cidr: Option<ipnet::IpNet>,
+}
+
+/// One address of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddress {
+    /// `InternalIP` (Kubernetes' address types).
+    #[serde(rename = "Type")]
+    pub kind: String,
+    /// The address.
+    #[serde(rename = "IP")]
+    pub ip: IpAddr,
+}
+
+/// A CIDR as Go's `encoding/json` writes a `net.IPNet`: `{"IP": "10.0.0.0", "Mask": "////AA=="}`.
+mod go_ipnet {
+    use std::net::IpAddr;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use ipnet::IpNet;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct GoIpNet {
+        #[serde(rename = "IP")]
+        ip: IpAddr,
+        #[serde(rename = "Mask")]
+        mask: String,
+    }
+
+    pub fn serialize<S: Serializer>(net: &Option<IpNet>, s: S) -> Result<S::Ok, S::Error> {
+        net.map(|n| {
+            let mask = match n.netmask() {
+                IpAddr::V4(m) => STANDARD.encode(m.octets()),
+                IpAddr::V6(m) => STANDARD.encode(m.octets()),
+            };
+            GoIpNet {
+                ip: n.network(),
+                mask,
+            }
+        })
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpNet>, D::Error> {
+        let Some(go) = Option::<GoIpNet>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let bad = |why: &str| serde::de::Error::custom(format!("a CIDR's mask: {why}"));
+        let mask = STANDARD.decode(&go.mask).map_err(|_| bad("not base64"))?;
+        if mask.len() != if go.ip.is_ipv4() { 4 } else { 16 } {
+            return Err(bad("not of the address's family"));
+        }
+        let ones: u32 = mask.iter().map(|b| b.count_ones()).sum();
+        let prefix = u8::try_from(ones).map_err(|_| bad("too long"))?;
+        IpNet::new(go.ip, prefix)
+            .map(|n| Some(n.trunc()))
+            .map_err(|_| bad("out of range"))
+    }
 }
 
 /// `ip/v1/default/<IP>`.
@@ -129,6 +220,36 @@ pub struct IpEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_entries_read_as_cilium_writes_them() {
+        let text = r#"{"Name":"n9","Cluster":"default","IPAddresses":[{"Type":"InternalIP","IP":"192.0.2.9"}],"IPv4AllocCIDR":{"IP":"10.245.9.0","Mask":"////AA=="},"IPv6AllocCIDR":null,"ClusterID":0}"#;
+        let entry: NodeEntry = serde_json::from_str(text).unwrap();
+        assert_eq!(entry.name, "n9");
+        assert_eq!(
+            entry.addresses[0].ip,
+            "192.0.2.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            entry.ipv4_alloc_cidr,
+            Some("10.245.9.0/24".parse().unwrap())
+        );
+        assert_eq!(entry.ipv6_alloc_cidr, None);
+        let back = serde_json::to_string(&entry).unwrap();
+        assert!(
+            back.contains(r#""IPv4AllocCIDR":{"IP":"10.245.9.0","Mask":"////AA=="}"#),
+            "{back}"
+        );
+        let v6: NodeEntry = serde_json::from_str(
+            r#"{"Name":"n9","IPv6AllocCIDR":{"IP":"fd00::","Mask":"//////////////////8AAA=="}}"#,
+        )
+        .unwrap();
+        assert_eq!(v6.ipv6_alloc_cidr, Some("fd00::/112".parse().unwrap()));
+        let bad =
+            r#"{"Name":"n9","IPv4AllocCIDR":{"IP":"10.0.0.0","Mask":"/////////////////wAAAA=="}}"#;
+        assert!(serde_json::from_str::<NodeEntry>(bad).is_err());
+        assert_eq!(node_key("n1"), "cilium/state/nodes/v1/default/n1");
+    }
 
     #[test]
     fn labels_keys_are_cilium_s_and_read_back() {

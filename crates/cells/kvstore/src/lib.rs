@@ -1,19 +1,21 @@
-//! The `kvstore` cell: identities, ip -> identity entries and the node's session shared
+//! The `kvstore` cell: identities, ip -> identity entries, nodes and the node's session shared
 //! through etcd, in Cilium's key layout (`docs/kvstore.md`). The only crate that talks to etcd.
 //!
 //! - **Owns** the etcd client, the node's session lease (kept alive every third of its TTL,
 //!   granted again when it expired), the keys this node keeps on it (its `value/` identity
-//!   references and its pods' `ip/v1/default/<IP>` entries: written again on a new lease, and
-//!   when someone else deletes or changes one), and the mirrors of
-//!   `cilium/state/identities/v1/` and `cilium/state/ip/v1/default/` (listed, then watched;
-//!   listed again after a failure).
+//!   references, its pods' `ip/v1/default/<IP>` entries and its own
+//!   `nodes/v1/default/<node>` entry: written again on a new lease, and when someone else
+//!   deletes or changes one), and the mirrors of `cilium/state/identities/v1/`,
+//!   `cilium/state/ip/v1/default/` and `cilium/state/nodes/v1/` (listed, then watched; listed
+//!   again after a failure).
 //! - **Provides** `Arc<Kvstore>`; contributed to the identity cell, as
 //!   `Arc<dyn ClusterNumbering>`, the numbering of `identity-allocation-mode: kvstore`
-//!   ([`KvNumbering`]); to node-discovery, as `Arc<dyn RemoteEndpoints>`, the other nodes'
-//!   ip entries ([`KvRemote`]); and a status note for `cellium status` (connection,
+//!   ([`KvNumbering`]); to node-discovery, as `Arc<dyn RemoteEndpoints>`, the other nodes and
+//!   their ip entries ([`KvRemote`]); and a status note for `cellium status` (connection,
 //!   endpoints, lease, counts, last error).
 //! - **Depends on** its configuration, resources (the node's name and address, pods' named
-//!   ports), identity (learns every `id/` key) and the endpoint manager (this node's pods).
+//!   ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
+//!   IPAM (this node's pod CIDRs).
 //! - **Config keys:** `kvstore` (`etcd`, or empty: off), `kvstore-endpoints`
 //!   (comma-separated URLs), `kvstore-lease-ttl` (default 15m), `kvstore-allocation-timeout`
 //!   (default 30s).
@@ -29,6 +31,7 @@ mod gc;
 mod ips;
 pub mod keys;
 pub mod mirror;
+mod nodes;
 mod numbering;
 mod store;
 
@@ -38,6 +41,7 @@ pub use config::{DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, K
 pub use error::{Error, Result};
 pub use gc::{GcRound, IdentityGc};
 pub use ips::{KvRemote, desired as desired_ips};
+pub use nodes::own_entry as own_node_entry;
 pub use numbering::KvNumbering;
 pub use store::Kvstore;
 
@@ -45,7 +49,7 @@ pub use store::Kvstore;
 pub fn cell() -> Module {
     Module::new(
         "kvstore",
-        "Shares identities and ip -> identity entries with the other nodes through etcd",
+        "Shares identities, ip -> identity entries and nodes with the other nodes through etcd",
     )
     .config::<KvstoreConfig>()
     .provide(cell::provide)

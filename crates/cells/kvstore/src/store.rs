@@ -86,6 +86,8 @@ pub struct Kvstore {
     pub identities: Mirror,
     /// `cilium/state/ip/v1/default/`.
     pub ips: Mirror,
+    /// `cilium/state/nodes/v1/`.
+    pub nodes: Mirror,
     /// Labels keys to numbers, from the `id/` keys of [`identities`](Self::identities).
     numbers: Mutex<HashMap<String, u32>>,
 }
@@ -172,6 +174,7 @@ impl Kvstore {
             status: Mutex::default(),
             identities: Mirror::new(keys::IDENTITIES),
             ips: Mirror::new(keys::IP_PREFIX),
+            nodes: Mirror::new(keys::NODES_PREFIX),
             numbers: Mutex::default(),
         }))
     }
@@ -283,10 +286,11 @@ impl Kvstore {
             None => String::new(),
         };
         Some(format!(
-            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries{error}",
+            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries, {} nodes{error}",
             self.endpoints(),
             lock(&self.numbers).len(),
             self.ips.lock().len(),
+            self.nodes.lock().len(),
         ))
     }
 
@@ -355,8 +359,9 @@ impl Kvstore {
         tokio::join!(
             self.clone().run_session(),
             self.clone().run_owned(),
-            self.clone().run_mirror(true),
-            self.clone().run_mirror(false),
+            self.clone().run_mirror(Watched::Identities),
+            self.clone().run_mirror(Watched::Ips),
+            self.clone().run_mirror(Watched::Nodes),
         );
     }
 
@@ -563,11 +568,12 @@ impl Kvstore {
 
     /// Lists `prefix` into its mirror, then watches it from the list's revision; again after
     /// any failure.
-    async fn run_mirror(self: Arc<Self>, identities: bool) {
-        let mirror = if identities {
-            &self.identities
-        } else {
-            &self.ips
+    async fn run_mirror(self: Arc<Self>, watched: Watched) {
+        let identities = watched == Watched::Identities;
+        let mirror = match watched {
+            Watched::Identities => &self.identities,
+            Watched::Ips => &self.ips,
+            Watched::Nodes => &self.nodes,
         };
         let mut backoff = Backoff::new();
         loop {
@@ -693,6 +699,14 @@ impl Kvstore {
             }
         }
     }
+}
+
+/// The prefixes the kvstore mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Identities,
+    Ips,
+    Nodes,
 }
 
 /// The value of the first key a transaction's get returned.

@@ -135,7 +135,7 @@ fn others<'a>(
 }
 
 /// The ipcache entries of the cluster's other nodes and their pods: each other node's
-/// addresses as `remote-node`, each pod address of a CiliumEndpoint that another node hosts
+/// addresses (its Node's, else its CiliumNode's) as `remote-node`, each pod address of a CiliumEndpoint that another node hosts
 /// as its identity. A CiliumEndpoint this node hosts (its `node_ip` is one of `my_ips`) is
 /// skipped: this node knows its own pods better.
 ///
@@ -174,9 +174,10 @@ pub fn ipcache<'a>(
             }
         }
     }
-    // A node's own addresses are its Node's only: a CiliumNode's may lag behind.
-    for node in nodes.iter().map(Borrow::borrow).filter(|n| n.name != me) {
-        for ip in &node.addresses {
+    // A node's addresses are its Node's (a CiliumNode's may lag behind), else, for a node
+    // known only by its CiliumNode or its kvstore entry, those.
+    for (_, addresses) in others.values() {
+        for ip in addresses {
             out.insert(IpNet::from(*ip), IpcacheInfo::from(remote_node));
         }
     }

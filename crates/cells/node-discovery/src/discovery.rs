@@ -172,7 +172,9 @@ impl NodeDiscovery {
             WatchStream::from_changes(r.cilium_identities.revision()).boxed(),
         ];
         if let Some(remote) = &self.remote {
-            sources.push(WatchStream::from_changes(remote.changes()).boxed());
+            for changes in remote.changes() {
+                sources.push(WatchStream::from_changes(changes).boxed());
+            }
         }
         let changes = futures::stream::select_all(sources);
         jobs.observer("watch-cluster", changes, move |_, _ctx| {
@@ -203,7 +205,10 @@ impl NodeDiscovery {
     pub async fn pass(&self) -> Result<String> {
         let identities = self.learn_identities();
         let nodes = self.resources.nodes.list();
-        let cilium_nodes = self.resources.cilium_nodes.list();
+        let mut cilium_nodes = self.resources.cilium_nodes.list();
+        if let Some(remote) = &self.remote {
+            cilium_nodes.extend(remote.nodes().into_iter().map(Arc::new));
+        }
         let endpoints = self.resources.cilium_endpoints.list();
         let remote = self
             .remote

@@ -1,16 +1,20 @@
-//! Other nodes' pods learnt from elsewhere than the API server's CiliumEndpoints (the kvstore's
-//! `cilium/state/ip/v1/` entries): merged with them into the ipcache's remote entries.
+//! Other nodes and their pods learnt from elsewhere than the API server's CiliumNodes and
+//! CiliumEndpoints (the kvstore's `cilium/state/nodes/v1/` and `cilium/state/ip/v1/` entries):
+//! merged with them into the routes and the ipcache's remote entries.
 
-use cellium_resources::CiliumEndpoint;
+use cellium_resources::{CiliumEndpoint, CiliumNode};
 use tokio::sync::watch;
 
-/// A source of other nodes' pods, each as a CiliumEndpoint would say it (addresses, identity,
-/// and `node_ip`, the hosting node's address).
+/// A source of other nodes and their pods: each pod as a CiliumEndpoint would say it
+/// (addresses, identity, and `node_ip`, the hosting node's address), each node as a CiliumNode
+/// would (addresses, pod CIDRs).
 pub trait RemoteEndpoints: Send + Sync + 'static {
     /// The pods now; those of this node left out.
     fn endpoints(&self) -> Vec<CiliumEndpoint>;
-    /// A counter that moves when they change.
-    fn changes(&self) -> watch::Receiver<u64>;
+    /// The other nodes now.
+    fn nodes(&self) -> Vec<CiliumNode>;
+    /// Counters that move when they change.
+    fn changes(&self) -> Vec<watch::Receiver<u64>>;
 }
 
 impl std::fmt::Debug for dyn RemoteEndpoints {
