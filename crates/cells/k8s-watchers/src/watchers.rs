@@ -173,7 +173,9 @@ impl KindWatch {
     /// Lists, then watches, relisting when the watch expires or drops (kube-runtime's watcher,
     /// with its default backoff so that a failing server is not hammered), until `cancel`.
     /// Each complete list replaces the table's objects of the kind, so what was deleted while
-    /// the watch was down is deleted here too.
+    /// the watch was down is deleted here too. The objects of a list are parsed as they arrive
+    /// (a [`Listing`](cellium_resources::Listing)): only their typed forms wait for the list
+    /// to be complete, not the API server's objects.
     async fn run(self, cancel: CancellationToken) {
         let mut config = watcher::Config::default();
         if let Some(fields) = &self.fields {
@@ -182,7 +184,7 @@ impl KindWatch {
         let mut events = watcher::watcher(self.api.clone(), config)
             .default_backoff()
             .boxed();
-        let mut listing: Vec<Value> = Vec::new();
+        let mut listing = self.feed.listing(self.kind);
         self.reporter.degraded("listing: not synced yet");
         loop {
             let event = tokio::select! {
@@ -191,11 +193,13 @@ impl KindWatch {
             };
             match event {
                 None => return,
-                Some(Ok(Event::Init)) => listing.clear(),
+                // A list that starts (again) discards what a list cut short gathered.
+                Some(Ok(Event::Init)) => listing = self.feed.listing(self.kind),
                 Some(Ok(Event::InitApply(obj))) => listing.push(to_value(obj)),
                 Some(Ok(Event::InitDone)) => {
                     let objects = listing.len();
-                    self.feed.resync(self.kind, std::mem::take(&mut listing));
+                    let complete = std::mem::replace(&mut listing, self.feed.listing(self.kind));
+                    self.feed.resync(complete);
                     self.reporter
                         .ok(format!("{objects} objects listed; watching"));
                 }

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::document::decode;
 use crate::key::{Object, ObjectKey};
 use crate::kinds::Parsed;
+use crate::listing::Listing;
 use crate::objects::cilium_decode::CiliumPolicyDoc;
 use crate::objects::service::{RequestedIp, ServiceDraft};
 use crate::objects::{
@@ -65,7 +66,8 @@ pub trait ApiSource: Send + Sync + 'static {
     fn node_name(&self) -> String;
 
     /// Lists and watches every kind of [`API_KINDS`] until `cancel` is cancelled, writing
-    /// through `feed`: [`Feed::resync`] after each complete list (the first, and every relist
+    /// through `feed`: each object of a list pushed to a [`Feed::listing`] as it arrives,
+    /// [`Feed::resync`] with it once the list is complete (the first, and every relist
     /// after an expired or dropped watch), [`Feed::apply`] and [`Feed::delete`] for watch
     /// events. Retries with backoff on its own; never returns before `cancel`.
     fn run(self: Arc<Self>, feed: Feed, cancel: CancellationToken) -> BoxFuture<'static, ()>;
@@ -140,18 +142,18 @@ impl Feed {
         state.report();
     }
 
-    /// Replaces every object of `kind` with `values`, a complete list: objects missing from it
-    /// are deleted (their Delete events go out, which a relist after an outage needs), the
-    /// whole change is announced at once, and the table is marked synced.
-    pub fn resync(&self, kind: &str, values: Vec<Value>) {
+    /// Replaces every object of the listing's kind with the listing, a complete list: objects
+    /// missing from it are deleted (their Delete events go out, which a relist after an outage
+    /// needs), its rejected objects replace the kind's rejections, the whole change is
+    /// announced at once, and the table is marked synced.
+    pub fn resync(&self, listing: Listing) {
+        let (kind, items) = listing.into_parts();
+        let kind = kind.as_str();
         let mut state = self.resources.lock();
         let mut keep = BTreeSet::new();
         state.rejected.retain(|(k, _), _| k != kind);
-        for value in values {
-            let Some(key) = key_of(kind, &value) else {
-                continue;
-            };
-            match from_api(kind, value) {
+        for (key, item) in items {
+            match item {
                 Ok(parsed) => {
                     keep.insert(key);
                     state.writers.upsert(parsed);
@@ -196,7 +198,7 @@ fn reject(
 }
 
 /// The key of an object of `kind` as the API server sent it.
-fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
+pub(crate) fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
     let meta = value.get("metadata")?;
     let name = meta.get("name")?.as_str()?;
     let clusterwide = matches!(
@@ -298,9 +300,18 @@ fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A complete list of `kind`, as a watcher fills it.
+    pub(crate) fn list(feed: &Feed, kind: &str, values: Vec<Value>) -> Listing {
+        let mut listing = feed.listing(kind);
+        for value in values {
+            listing.push(value);
+        }
+        listing
+    }
 
     fn pod(name: &str, app: &str) -> Value {
         json!({"metadata": {"name": name, "namespace": "shop", "labels": {"app": app},
@@ -314,9 +325,13 @@ mod tests {
     fn a_resync_deletes_what_vanished_and_marks_the_table_synced() {
         let r = Resources::new();
         let feed = Feed::new(r.clone());
-        feed.resync("Namespace", vec![json!({"metadata": {"name": "shop"}})]);
+        feed.resync(list(
+            &feed,
+            "Namespace",
+            vec![json!({"metadata": {"name": "shop"}})],
+        ));
         let mut events = r.pods.subscribe();
-        feed.resync("Pod", vec![pod("a", "web"), pod("b", "db")]);
+        feed.resync(list(&feed, "Pod", vec![pod("a", "web"), pod("b", "db")]));
         assert!(r.pods.is_synced());
         assert_eq!(r.pods.len(), 2);
         assert_eq!(
@@ -327,7 +342,7 @@ mod tests {
                 .name,
             "http"
         );
-        feed.resync("Pod", vec![pod("b", "db")]);
+        feed.resync(list(&feed, "Pod", vec![pod("b", "db")]));
         let names: Vec<_> = r.pods.list().iter().map(|p| p.key()).collect();
         assert_eq!(names, vec![ObjectKey::namespaced("shop", "b")]);
         let mut deleted = Vec::new();

@@ -49,6 +49,7 @@ mod grpc;
 mod key;
 mod kinds;
 mod limits;
+mod listing;
 mod objects;
 mod policy_dir;
 mod record;
@@ -68,6 +69,7 @@ pub use feed::{API_KINDS, ApiSource, Feed};
 pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
 pub use limits::Limits;
+pub use listing::Listing;
 pub use objects::{
     CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
     CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule, ClusterIp, EndpointSlice, Entity,
