@@ -5,7 +5,8 @@
  *
  *   cel_from_container  TC ingress: packets the pod sends.
  *     source check -> later fragments take their first's ports ->
- *     service DNAT (backend chosen, nothing written) -> conntrack ->
+ *     service DNAT (backend chosen, nothing written; no backend: refused
+ *     with a port unreachable, or dropped) -> conntrack ->
  *     (new: egress policy of the source, ingress policy of a local
  *     destination) -> service entry recorded -> reverse NAT of replies ->
  *     redirect into a local pod, or up the node's stack.
@@ -35,6 +36,7 @@
 #include "lib/notify.h"
 #include "lib/packet.h"
 #include "lib/policy.h"
+#include "lib/reject.h"
 #include "lib/scratch.h"
 #include "lib/tunnel.h"
 
@@ -112,6 +114,8 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 
 	now = bpf_ktime_get_ns();
 	ret = lb6_dnat(skb, p, cfg, now, &lb);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject6(skb, p, &t);
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
@@ -275,6 +279,8 @@ int cel_from_container(struct __sk_buff *skb)
 
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, &p, cfg, now, &lb);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject4(skb, &p, &t);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 

@@ -16,7 +16,8 @@
 //!   port: a number as is, a name resolved through the pod's container port of that name and
 //!   protocol (a pod without one is no backend of that port), as the endpointslice controller
 //!   would write them.
-//! - A service with neither has no backends: its frontend drops new connections.
+//! - A service with neither has no backends: its frontend refuses new connections (or drops
+//!   them, with `service-no-backend-response: drop`).
 //!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
