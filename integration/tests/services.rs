@@ -912,3 +912,55 @@ fn with_service_no_backend_response_drop_a_service_without_backends_stays_silent
             >= 4
     );
 }
+
+#[test]
+fn a_pod_balanced_to_itself_through_its_service_exchanges_data() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let pod = NetNs::new().expect("pod netns");
+    let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
+        .netns(pod.path())
+        .args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0");
+    let (v4, result) = agent.add_call(&call).expect("CNI ADD");
+    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+    let mut servers = Vec::new();
+    let mut udp = Vec::new();
+    for ip in [IpAddr::from(v4), v6.into()] {
+        servers.push(TcpServer::start(&pod, SocketAddr::new(ip, 8080), "web-0").expect("server"));
+        udp.push(
+            probe::UdpServer::start(&pod, SocketAddr::new(ip, 5353), "web-0").expect("server"),
+        );
+    }
+    agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: self }\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: http, port: 80, targetPort: http }, { name: dns, port: 53, protocol: UDP, targetPort: 5353 } ]\n",
+        )
+        .expect("apply the service");
+    // Its own pod is the only backend: every connection comes back to it, in both families.
+    let frontends = frontends_with(&agent, "self", 4, 1);
+    for fe in &frontends {
+        let to = vip(fe);
+        if fe["protocol"] == "TCP" {
+            for _ in 0..3 {
+                let reply = probe::tcp_request(&pod, to, TIMEOUT).expect("hairpin TCP");
+                assert_eq!(reply.banner, "web-0");
+                assert_eq!(reply.peer, to, "the reply did not come from the VIP");
+            }
+        } else {
+            let reply = probe::udp_request(&pod, to, TIMEOUT).expect("hairpin UDP");
+            assert_eq!(reply.banner, "web-0");
+            assert_eq!(reply.from, to, "the reply did not come from the VIP");
+        }
+    }
+    drop((servers, udp));
+}
