@@ -12,6 +12,12 @@
  * client's stack matches against its sockets. Packets whose quote would not
  * be that (IPv4 options, IPv6 extension headers, later fragments, GSO
  * packets that cannot be resized) are dropped as before.
+ *
+ * Both checksums are computed in full. The client's stack does not always
+ * check them: a packet its own stack sent with checksum offload keeps that
+ * state (CHECKSUM_PARTIAL) through the rewrite, and a receiver takes such a
+ * packet as verified. They must be right regardless, for any other reader
+ * of the packet (a capture, a stack that does check).
  */
 #ifndef CELLIUM_LIB_REJECT_H
 #define CELLIUM_LIB_REJECT_H
