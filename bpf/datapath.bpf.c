@@ -5,10 +5,13 @@
  *
  *   cel_from_container  TC ingress: packets the pod sends.
  *     source check -> later fragments take their first's ports ->
- *     service DNAT (backend chosen, nothing written) -> conntrack ->
+ *     service DNAT (backend chosen, nothing written; no backend: refused
+ *     with a port unreachable, or dropped; back to the client itself: its
+ *     source becomes the service loopback address) -> conntrack ->
  *     (new: egress policy of the source, ingress policy of a local
- *     destination) -> service entry recorded -> reverse NAT of replies ->
- *     redirect into a local pod, or up the node's stack.
+ *     destination) -> service entry recorded -> reverse NAT of replies
+ *     (a hairpin reply back to the pod that sent it) -> redirect into a
+ *     local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
  *     later fragments take their first's ports -> conntrack -> (new:
  *     ingress policy) -> reverse NAT of replies.
@@ -36,6 +39,7 @@
 #include "lib/notify.h"
 #include "lib/packet.h"
 #include "lib/policy.h"
+#include "lib/reject.h"
 #include "lib/scratch.h"
 #include "lib/tunnel.h"
 
@@ -113,6 +117,11 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 
 	now = bpf_ktime_get_ns();
 	ret = lb6_dnat(skb, p, cfg, now, &lb);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject6(skb, p, &t);
+	if (ret)
+		return drop6(skb, p, &t, ret);
+	ret = lb6_hairpin(skb, p, &lb);
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
@@ -146,6 +155,11 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 		__u16 id = ce->rev_nat_id;
 
 		if (id) {
+			ret = lb6_hairpin_reply(skb, p);
+			if (ret < 0)
+				return drop6(skb, p, &t, CEL_REASON_NAT_FAILED);
+			if (ret > 0)
+				dst = src;
 			ret = lb6_rev_nat(skb, p, id, cfg, now);
 			if (ret)
 				return drop6(skb, p, &t, ret);
@@ -276,6 +290,11 @@ int cel_from_container(struct __sk_buff *skb)
 
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, &p, cfg, now, &lb);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject4(skb, &p, &t);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+	ret = lb4_hairpin(skb, &p, &lb);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 
@@ -312,6 +331,12 @@ int cel_from_container(struct __sk_buff *skb)
 		__u16 id = ce->rev_nat_id;
 
 		if (id) {
+			/* A hairpin reply goes back to the pod that sent it. */
+			ret = lb4_hairpin_reply(skb, &p);
+			if (ret < 0)
+				return drop(skb, &p, &t, CEL_REASON_NAT_FAILED);
+			if (ret > 0)
+				dst = src;
 			ret = lb4_rev_nat(skb, &p, id, cfg, now);
 			if (ret)
 				return drop(skb, &p, &t, ret);

@@ -94,6 +94,38 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 }
 
 /*
+ * Hairpin: a pod whose connection to its own service is balanced to itself
+ * would receive its packet with its own address as the source, which its
+ * stack drops as a martian (and would answer over lo besides). Such a
+ * connection's source becomes the loopback address instead (Cilium's
+ * IPV4_LOOPBACK, 169.254.42.1, which no node or pod holds), so the pod's
+ * replies leave through its veth, where lb4_hairpin_reply gives them back
+ * their destination before the reverse translation.
+ */
+#define CEL_LB4_LOOPBACK bpf_htonl(0xa9fe2a01)
+
+/* After lb4_dnat: the source translation of a connection balanced back to
+ * its own client. Returns 0 or a drop reason. */
+static __always_inline int lb4_hairpin(struct __sk_buff *skb, struct pkt *p,
+				       const struct lb4_choice *c)
+{
+	if (!c->backend_id || p->saddr != p->daddr)
+		return 0;
+	return nat4_rewrite(skb, p, NAT_SRC, CEL_LB4_LOOPBACK, p->sport);
+}
+
+/* A reply of a translated connection sent to the loopback address: its
+ * client is the pod sending it, which becomes the destination again. Returns
+ * 1 if the packet was such a reply, 0 if not, or -1 if it could not be
+ * rewritten. */
+static __always_inline int lb4_hairpin_reply(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->daddr != CEL_LB4_LOOPBACK)
+		return 0;
+	return nat4_rewrite(skb, p, NAT_DST, p->saddr, p->dport) ? -1 : 1;
+}
+
+/*
  * Records the backend chosen by lb4_dnat for a connection that policy
  * allowed (or that conntrack already knows), so its later packets keep it.
  * Returns 0 or CEL_REASON_CT_FULL.
@@ -204,6 +236,60 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	c->rev_nat_id = rnat;
 	c->backend_id = id;
 	return nat6_rewrite(skb, p, NAT_DST, addr, port);
+}
+
+/*
+ * lb4_hairpin for IPv6. Cilium's IPv6 loopback, fe80::1, would be a
+ * link-local peer: the pod would solicit it on its link and scope the
+ * connection to its interface. This one, 100::42:1, is in the discard-only
+ * block (RFC 6666), which no host ever holds; the pod reaches it through its
+ * default route like any other address, and lb6_hairpin_reply takes it out
+ * of the replies before anything else sees them.
+ */
+#define CEL_LB6_LOOPBACK_W0 bpf_htonl(0x01000000)
+#define CEL_LB6_LOOPBACK_W3 bpf_htonl(0x00420001)
+
+static __always_inline int lb6_is_loopback(const __u8 *a)
+{
+	__u32 w[4];
+
+	__builtin_memcpy(w, a, 16);
+	return w[0] == CEL_LB6_LOOPBACK_W0 && !w[1] && !w[2] && w[3] == CEL_LB6_LOOPBACK_W3;
+}
+
+static __always_inline int ipv6_equal(const __u8 *a, const __u8 *b)
+{
+	__u32 x[4], y[4];
+
+	__builtin_memcpy(x, a, 16);
+	__builtin_memcpy(y, b, 16);
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+}
+
+static __always_inline int lb6_hairpin(struct __sk_buff *skb, struct pkt6 *p,
+				       const struct lb6_choice *c)
+{
+	/* Written word by word into memory the compiler cannot see as a
+	 * constant: a constant array would become a .rodata map. */
+	volatile __u32 lo[4];
+
+	if (!c->backend_id || !ipv6_equal(p->saddr, p->daddr))
+		return 0;
+	lo[0] = CEL_LB6_LOOPBACK_W0;
+	lo[1] = 0;
+	lo[2] = 0;
+	lo[3] = CEL_LB6_LOOPBACK_W3;
+	return nat6_rewrite(skb, p, NAT_SRC, (const __u8 *)lo, p->sport);
+}
+
+static __always_inline int lb6_hairpin_reply(struct __sk_buff *skb, struct pkt6 *p)
+{
+	__u8 client[16];
+
+	if (!lb6_is_loopback(p->daddr))
+		return 0;
+	__builtin_memcpy(client, p->saddr, 16);
+	return nat6_rewrite(skb, p, NAT_DST, client, p->dport) ? -1 : 1;
 }
 
 static __always_inline int lb6_commit(const struct lb6_choice *c, const struct pkt6 *p,

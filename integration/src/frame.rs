@@ -14,10 +14,12 @@
 //! ```
 
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{
-    AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike, sendto, socket,
+    AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike, bind, recv, sendto,
+    setsockopt, socket, sockopt,
 };
 
 use crate::error::{Error, Result};
@@ -250,6 +252,69 @@ pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
             target: format!("{ifname} in {}", ns.name()),
             source: e.into(),
         }),
+    }
+}
+
+/// Every protocol, as a packet socket binds to it (`ETH_P_ALL`).
+const ETH_P_ALL: u16 = 0x0003;
+
+/// The frames an interface sees (both ways), read through a packet socket opened inside its
+/// namespace: for tests that must check what arrived byte for byte, checksums included, which
+/// no socket API shows.
+#[derive(Debug)]
+pub struct Capture {
+    fd: OwnedFd,
+    what: String,
+}
+
+impl Capture {
+    /// Starts capturing on `ifname` in `ns`; frames from now on are kept until read.
+    pub fn open(ns: &NetNs, ifname: &str) -> Result<Capture> {
+        let name = ifname.to_string();
+        let fd = ns.run(move || -> nix::Result<OwnedFd> {
+            let ifindex = nix::net::if_::if_nametoindex(name.as_str())?;
+            let fd = socket(
+                AddressFamily::Packet,
+                SockType::Raw,
+                SockFlag::empty(),
+                None,
+            )?;
+            bind(fd.as_raw_fd(), &link_addr(ifindex, ETH_P_ALL)?)?;
+            Ok(fd)
+        })?;
+        let what = format!("{ifname} in {}", ns.name());
+        let fd = fd.map_err(|e| Error::Probe {
+            probe: "packet socket capture",
+            target: what.clone(),
+            source: e.into(),
+        })?;
+        Ok(Capture { fd, what })
+    }
+
+    /// The first frame `wanted` accepts, waiting up to `timeout` for it.
+    pub fn next(&self, timeout: Duration, wanted: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = setsockopt(
+                &self.fd,
+                sockopt::ReceiveTimeout,
+                &nix::sys::time::TimeVal::new(
+                    left.as_secs() as _,
+                    left.subsec_micros().max(1) as _,
+                ),
+            )
+            .and_then(|()| recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()))
+            .map_err(|e| Error::Probe {
+                probe: "packet socket capture",
+                target: self.what.clone(),
+                source: e.into(),
+            })?;
+            if wanted(&buf[..n]) {
+                return Ok(buf[..n].to_vec());
+            }
+        }
     }
 }
 

@@ -582,3 +582,99 @@ fn ipam_kubernetes_waits_for_the_nodes_pod_cidrs() {
     let ip = agent.add_pod(&ns, "cid-web", "shop", "web").expect("ADD");
     assert_eq!(ip.octets()[..3], [10, 245, 9], "{ip}");
 }
+
+/// How a TCP connect() from `from` to `to` ends: `None` when it connects.
+fn connect_error(c: &Cluster, from: &str, to: SocketAddr) -> Option<std::io::ErrorKind> {
+    c.netns(from)
+        .run(move || {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
+                .err()
+                .map(|e| e.kind())
+        })
+        .expect("run in the pod")
+}
+
+/// Waits until a connect() from `from` to `to` ends as `want` (`None`: connected).
+fn expect_connect(c: &Cluster, from: &str, to: SocketAddr, want: Option<std::io::ErrorKind>) {
+    let began = Instant::now();
+    loop {
+        let got = connect_error(c, from, to);
+        if got == want {
+            return;
+        }
+        assert!(
+            began.elapsed() < CONVERGE,
+            "{from} -> {to}: {got:?}, not {want:?}, after {CONVERGE:?}\n{}",
+            c.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Service `owned` (no selector) as the API server stored it: its cluster IP and uid.
+fn owned_service(c: &Cluster) -> (SocketAddr, String) {
+    c.api
+        .apply(
+            "apiVersion: v1\nkind: Service\nmetadata: { name: owned, namespace: shop }\nspec: { ports: [ { name: http, port: 82, targetPort: 8080 } ] }\n",
+        )
+        .expect("service");
+    let svc = c
+        .api
+        .api()
+        .get("v1", "Service", Some("shop"), "owned")
+        .expect("stored service");
+    let vip: IpAddr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    let uid = svc["metadata"]["uid"].as_str().expect("a uid").to_string();
+    (SocketAddr::new(vip, 82), uid)
+}
+
+/// A slice of service `owned` serving web, owned by the service of uid `uid`, as the
+/// endpointslice controller writes it.
+fn owned_slice(name: &str, uid: &str, web: Ipv4Addr) -> String {
+    format!(
+        r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: shop
+  labels: {{ kubernetes.io/service-name: owned, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io }}
+  ownerReferences: [ {{ apiVersion: v1, kind: Service, name: owned, uid: {uid}, controller: true, blockOwnerDeletion: true }} ]
+addressType: IPv4
+ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }} }} ]
+"#
+    )
+}
+
+#[test]
+fn a_recreated_service_ignores_the_slices_of_its_predecessor_and_refuses_until_it_has_its_own() {
+    let _serial = serial();
+    let c = Cluster::start();
+    let web = c.ip("web");
+    let (vip, first) = owned_service(&c);
+    c.api
+        .apply(&owned_slice("owned-a", &first, web))
+        .expect("the controller's slice");
+    expect_connect(&c, "client", vip, None);
+
+    // Deleted and created again under the same name: a new uid. The old slice stays (nothing
+    // collects it here), but it is the deleted service's: no backend, so refused at once.
+    c.api
+        .kubectl(&["delete", "service", "owned", "-n", "shop"], "")
+        .expect("kubectl delete");
+    let (vip, second) = owned_service(&c);
+    assert_ne!(first, second, "a new service has a new uid");
+    expect_connect(
+        &c,
+        "client",
+        vip,
+        Some(std::io::ErrorKind::ConnectionRefused),
+    );
+
+    // Its own slice gives it its backend back.
+    c.api
+        .apply(&owned_slice("owned-b", &second, web))
+        .expect("the new service's slice");
+    expect_connect(&c, "client", vip, None);
+}

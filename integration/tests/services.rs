@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
+use cellium_integration::frame;
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs};
 use cellium_resources::{ObjectKey, Resources};
@@ -697,4 +698,269 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
     assert_eq!(second.collect_rev_nats(&dp).expect("collect"), 1);
     assert!(lb.rev_nat(rev_nat).expect("lookup").is_none());
     assert_eq!(second.lingering_rev_nats(), 0);
+}
+
+/// A dual-stack service with a TCP and a UDP port and nowhere to take backends from.
+const EMPTY: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: empty }
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ports: [ { name: http, port: 80 }, { name: dns, port: 53, protocol: UDP } ]
+"#;
+
+/// A dual-stack agent with one client pod and the service [`EMPTY`]: the client, and the
+/// service's frontends (IPv4 TCP, IPv4 UDP, IPv6 TCP, IPv6 UDP).
+fn empty_service(env: Vec<(String, String)>) -> (Agent, NetNs, Vec<SocketAddr>) {
+    let mut env = env;
+    env.push((
+        "CELLIUM_SERVICE_CIDR".into(),
+        "10.96.0.0/16,fd00:10:96::/108".into(),
+    ));
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        env,
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let client = NetNs::new().expect("client netns");
+    let call = cellium_integration::CniCall::new("ADD", &cid("client"))
+        .netns(client.path())
+        .args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=client");
+    agent.add_call(&call).expect("CNI ADD client");
+    agent.objects("apply", EMPTY).expect("apply the service");
+    let mut vips: Vec<(SocketAddr, String)> = frontends_with(&agent, "empty", 4, 0)
+        .iter()
+        .map(|f| {
+            (
+                vip(f),
+                f["protocol"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    vips.sort_by_key(|(a, p)| (a.is_ipv6(), p.clone()));
+    let protocols: Vec<&str> = vips.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(protocols, ["TCP", "UDP", "TCP", "UDP"], "{vips:?}");
+    (agent, client, vips.into_iter().map(|(a, _)| a).collect())
+}
+
+/// A TCP connect() from inside `ns`: how it failed, if it did.
+fn connect_error(ns: &NetNs, to: SocketAddr, timeout: Duration) -> Option<std::io::ErrorKind> {
+    ns.run(move || {
+        TcpStream::connect_timeout(&to, timeout)
+            .err()
+            .map(|e| e.kind())
+    })
+    .expect("run in the client")
+}
+
+/// A datagram from a connected UDP socket inside `ns`, then a read: how the read failed.
+fn udp_error(ns: &NetNs, to: SocketAddr, timeout: Duration) -> Option<std::io::ErrorKind> {
+    ns.run(move || -> std::io::Result<usize> {
+        let any: SocketAddr = if to.is_ipv4() {
+            "0.0.0.0:0".parse().expect("an address")
+        } else {
+            "[::]:0".parse().expect("an address")
+        };
+        let sock = std::net::UdpSocket::bind(any)?;
+        sock.connect(to)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.send(b"anyone?")?;
+        sock.recv(&mut [0u8; 64])
+    })
+    .expect("run in the client")
+    .err()
+    .map(|e| e.kind())
+}
+
+/// Checks a captured port unreachable for the packet the client sent to `vip` from `client`:
+/// Ethernet type, both checksums (ICMPv6's over its pseudo-header), type and code, the service
+/// address as its source, and the quote of the client's own packet (addresses and ports).
+fn check_unreachable(frame: &[u8], client: IpAddr, vip: SocketAddr) {
+    let quoted_ports = |l4: &[u8]| u16::from_be_bytes([l4[2], l4[3]]);
+    match (client, vip.ip()) {
+        (IpAddr::V4(client), IpAddr::V4(service)) => {
+            assert_eq!(frame.len(), 14 + 20 + 8 + 28, "{frame:?}");
+            assert_eq!(&frame[12..14], &[0x08, 0x00]);
+            let ip = &frame[14..34];
+            assert_eq!(frame::internet_checksum(ip), 0, "IPv4 header checksum");
+            assert_eq!(&ip[12..16], &service.octets(), "from the service address");
+            assert_eq!(&ip[16..20], &client.octets());
+            let icmp = &frame[34..];
+            assert_eq!((icmp[0], icmp[1]), (3, 3), "port unreachable");
+            assert_eq!(frame::internet_checksum(icmp), 0, "ICMP checksum");
+            let quote = &icmp[8..];
+            assert_eq!(&quote[12..16], &client.octets());
+            assert_eq!(&quote[16..20], &service.octets(), "the untranslated packet");
+            assert_eq!(quoted_ports(&quote[20..]), vip.port());
+        }
+        (IpAddr::V6(client), IpAddr::V6(service)) => {
+            assert_eq!(frame.len(), 14 + 40 + 8 + 48, "{frame:?}");
+            assert_eq!(&frame[12..14], &[0x86, 0xdd]);
+            let ip = &frame[14..54];
+            assert_eq!(&ip[8..24], &service.octets(), "from the service address");
+            assert_eq!(&ip[24..40], &client.octets());
+            let icmp = &frame[54..];
+            assert_eq!((icmp[0], icmp[1]), (1, 4), "port unreachable");
+            let mut pseudo = ip[8..40].to_vec();
+            pseudo.extend((icmp.len() as u32).to_be_bytes());
+            pseudo.extend([0, 0, 0, 58]);
+            pseudo.extend(icmp);
+            assert_eq!(frame::internet_checksum(&pseudo), 0, "ICMPv6 checksum");
+            let quote = &icmp[8..];
+            assert_eq!(&quote[8..24], &client.octets());
+            assert_eq!(&quote[24..40], &service.octets(), "the untranslated packet");
+            assert_eq!(quoted_ports(&quote[40..]), vip.port());
+        }
+        _ => panic!("{client} and {vip} are of two families"),
+    }
+}
+
+/// Whether a frame is an ICMP or ICMPv6 destination unreachable (no extension headers).
+fn is_unreachable(frame: &[u8]) -> bool {
+    match frame.get(12..14) {
+        Some([0x08, 0x00]) => frame.get(23) == Some(&1) && frame.get(34) == Some(&3),
+        Some([0x86, 0xdd]) => frame.get(20) == Some(&58) && frame.get(54) == Some(&1),
+        _ => false,
+    }
+}
+
+/// The client pod's address of `vip`'s family.
+fn client_address(client: &NetNs, vip: SocketAddr) -> IpAddr {
+    let out = client
+        .ip(&["-o", "addr", "show", "dev", "eth0", "scope", "global"])
+        .expect("ip addr");
+    out.split_whitespace()
+        .filter_map(|w| w.split('/').next()?.parse::<IpAddr>().ok())
+        .find(|a| a.is_ipv4() == vip.is_ipv4())
+        .unwrap_or_else(|| panic!("no address of {vip}'s family in {out}"))
+}
+
+#[test]
+fn a_service_without_backends_refuses_tcp_and_udp_at_once_in_both_families() {
+    let _serial = serial();
+    let (agent, client, vips) = empty_service(Vec::new());
+    // A timeout long enough that a silent drop would show as one, not as a refusal.
+    let timeout = Duration::from_secs(3);
+    for &to in &vips {
+        let capture = frame::Capture::open(&client, "eth0").expect("capture on eth0");
+        let error = if to == vips[0] || to == vips[2] {
+            connect_error(&client, to, timeout)
+        } else {
+            udp_error(&client, to, timeout)
+        };
+        assert_eq!(
+            error,
+            Some(std::io::ErrorKind::ConnectionRefused),
+            "to {to}"
+        );
+        let reply = capture
+            .next(timeout, is_unreachable)
+            .expect("the port unreachable, as the client received it");
+        check_unreachable(&reply, client_address(&client, to), to);
+    }
+    // Each refusal is reported as the drop it is.
+    assert!(
+        agent
+            .datapath_packets("egress", "no service backend")
+            .expect("metrics")
+            >= 4
+    );
+    let flows = wait_for("the refusals' flows", || {
+        let out = agent
+            .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+            .ok()?;
+        let refused = out
+            .lines()
+            .filter(|l| l.contains("SERVICE_BACKEND_NOT_FOUND"))
+            .count();
+        (refused >= 4).then_some(refused)
+    });
+    assert!(flows >= 4);
+}
+
+#[test]
+fn with_service_no_backend_response_drop_a_service_without_backends_stays_silent() {
+    let _serial = serial();
+    let (agent, client, vips) = empty_service(vec![(
+        "CELLIUM_SERVICE_NO_BACKEND_RESPONSE".into(),
+        "drop".into(),
+    )]);
+    let timeout = Duration::from_secs(2);
+    for (to, error) in [
+        (vips[0], connect_error(&client, vips[0], timeout)),
+        (vips[2], connect_error(&client, vips[2], timeout)),
+    ] {
+        assert_eq!(error, Some(std::io::ErrorKind::TimedOut), "to {to}");
+    }
+    for to in [vips[1], vips[3]] {
+        let error = udp_error(&client, to, timeout);
+        assert!(
+            matches!(
+                error,
+                Some(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            ),
+            "to {to}: {error:?}"
+        );
+    }
+    assert!(
+        agent
+            .datapath_packets("egress", "no service backend")
+            .expect("metrics")
+            >= 4
+    );
+}
+
+#[test]
+fn a_pod_balanced_to_itself_through_its_service_exchanges_data() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let pod = NetNs::new().expect("pod netns");
+    let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
+        .netns(pod.path())
+        .args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0");
+    let (v4, result) = agent.add_call(&call).expect("CNI ADD");
+    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+    let mut servers = Vec::new();
+    let mut udp = Vec::new();
+    for ip in [IpAddr::from(v4), v6.into()] {
+        servers.push(TcpServer::start(&pod, SocketAddr::new(ip, 8080), "web-0").expect("server"));
+        udp.push(
+            probe::UdpServer::start(&pod, SocketAddr::new(ip, 5353), "web-0").expect("server"),
+        );
+    }
+    agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: self }\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: http, port: 80, targetPort: http }, { name: dns, port: 53, protocol: UDP, targetPort: 5353 } ]\n",
+        )
+        .expect("apply the service");
+    // Its own pod is the only backend: every connection comes back to it, in both families.
+    let frontends = frontends_with(&agent, "self", 4, 1);
+    for fe in &frontends {
+        let to = vip(fe);
+        if fe["protocol"] == "TCP" {
+            for _ in 0..3 {
+                let reply = probe::tcp_request(&pod, to, TIMEOUT).expect("hairpin TCP");
+                assert_eq!(reply.banner, "web-0");
+                assert_eq!(reply.peer, to, "the reply did not come from the VIP");
+            }
+        } else {
+            let reply = probe::udp_request(&pod, to, TIMEOUT).expect("hairpin UDP");
+            assert_eq!(reply.banner, "web-0");
+            assert_eq!(reply.from, to, "the reply did not come from the VIP");
+        }
+    }
+    drop((servers, udp));
 }

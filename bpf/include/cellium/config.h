@@ -17,6 +17,10 @@
 /* Emit a TRACE event for every new connection forwarded. Checked once per
  * new connection: established traffic never looks at it. */
 #define CEL_CFG_F_TRACE_EVENTS (1 << 2)
+/* A new connection to a service without backends is refused with an ICMP
+ * (ICMPv6) port unreachable sent back into the client pod (the agent's
+ * service-no-backend-response: reject); clear, it is only dropped. */
+#define CEL_CFG_F_SERVICE_REJECT (1 << 3)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

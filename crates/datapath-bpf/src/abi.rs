@@ -642,6 +642,9 @@ impl DatapathConfig {
     /// Emit a trace event for every new connection forwarded (with its policy match and
     /// service). Tested once per new connection, so established traffic pays nothing.
     pub const TRACE_EVENTS: u32 = 1 << 2;
+    /// A new connection to a frontend without backends is refused with an ICMP (ICMPv6) port
+    /// unreachable sent back into the client pod; clear, it is only dropped.
+    pub const SERVICE_REJECT: u32 = 1 << 3;
 }
 
 impl Default for DatapathConfig {
@@ -857,6 +860,10 @@ mod tests {
         assert_eq!(
             u64::from(DatapathConfig::TRACE_EVENTS),
             c::CEL_CFG_F_TRACE_EVENTS
+        );
+        assert_eq!(
+            u64::from(DatapathConfig::SERVICE_REJECT),
+            c::CEL_CFG_F_SERVICE_REJECT
         );
         assert_eq!(c::CEL_EVENT_TRACE, 3);
         assert_eq!(

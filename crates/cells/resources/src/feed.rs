@@ -379,7 +379,7 @@ pub(crate) mod tests {
 
     #[test]
     fn services_keep_the_addresses_the_api_server_gave() {
-        let svc = json!({"metadata": {"name": "web", "namespace": "default"},
+        let svc = json!({"metadata": {"name": "web", "namespace": "default", "uid": "5d1c"},
                          "spec": {"clusterIP": "172.20.0.10", "clusterIPs": ["172.20.0.10"],
                                   "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
         let Parsed::Service(d) = from_api("Service", svc).unwrap() else {
@@ -387,6 +387,8 @@ pub(crate) mod tests {
         };
         assert_eq!(d.service.vip(), Some("172.20.0.10".parse().unwrap()));
         assert_eq!(d.service.ip_families, vec![IpFamily::Ipv4]);
+        // Its EndpointSlices name it by its uid.
+        assert_eq!(d.service.uid.as_deref(), Some("5d1c"));
         let unset = json!({"metadata": {"name": "web", "namespace": "default"},
                            "spec": {"ports": [{"port": 80}]}});
         assert_eq!(

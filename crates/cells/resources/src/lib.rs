@@ -71,12 +71,13 @@ pub use key::{Object, ObjectKey};
 pub use limits::Limits;
 pub use listing::Listing;
 pub use objects::{
-    CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule, ClusterIp, EndpointSlice, Entity,
-    IpFamily, IpFamilyPolicy, LabelRequirement, LabelSelector, NAME_LABEL, NamedPort, Namespace,
-    NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node, Pod, PolicyPort, PolicyType,
-    PortRef, Protocol, SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator,
-    Service, ServicePort, SliceEndpoint, SlicePort,
+    CONTROLLER_MANAGED_BY, CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint,
+    CiliumIdentity, CiliumNetworkPolicy, CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule,
+    ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LabelRequirement, LabelSelector,
+    NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node,
+    Pod, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES, SERVICE_NAME_LABEL,
+    SYSTEM_NAMESPACES, SelectorOperator, Service, ServiceOwner, ServicePort, SliceEndpoint,
+    SlicePort,
 };
 pub use policy_dir::PolicyDir;
 pub use resources::{Action, Outcome, Resources};

@@ -3,7 +3,12 @@
 //! endpointslice controller and kube-proxy would give it.
 //!
 //! - A service some EndpointSlice names (label `kubernetes.io/service-name`, same namespace)
-//!   takes its backends from its slices, each frontend from the slices of its family
+//!   takes its backends from its slices, whoever manages them (label
+//!   `endpointslice.kubernetes.io/managed-by`: the controller's, another's, or none), as
+//!   kube-proxy merges them; a slice owned by another Service of the same name (an owner
+//!   reference of kind Service with another uid: the service was deleted and created again,
+//!   and the garbage collector is about to delete the slice) is not the service's, and counts
+//!   as absent. Each frontend takes its backends from the slices of its family
 //!   (`addressType`): for each slice port of the service port's name and protocol, every ready
 //!   endpoint's first address at that port (as kube-proxy reads slices); when none is ready,
 //!   the endpoints still serving while terminating (kube-proxy's fallback). Every other
@@ -16,7 +21,8 @@
 //!   port: a number as is, a name resolved through the pod's container port of that name and
 //!   protocol (a pod without one is no backend of that port), as the endpointslice controller
 //!   would write them.
-//! - A service with neither has no backends: its frontend drops new connections.
+//! - A service with neither has no backends: its frontend refuses new connections (or drops
+//!   them, with `service-no-backend-response: drop`).
 //!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
@@ -175,7 +181,8 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     let mut out = Vec::new();
     for svc in &inputs.services {
         let key = svc.key();
-        let slices = slices_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        let slices = own_slices(svc, slices_of.get(&key));
+        let slices = slices.as_slice();
         for (&vip, port) in svc
             .vips()
             .iter()
@@ -220,6 +227,23 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
         }
     }
     out
+}
+
+/// The slices labelled with the service's name that belong to it: all of them, whoever
+/// manages them (the endpointslice controller, another controller or a person, as kube-proxy
+/// merges every slice of a service), except those whose owner reference names a Service of
+/// this name with another uid. Those were written for a service deleted since (the garbage
+/// collector deletes them), and serve nothing until they go.
+fn own_slices<'a>(
+    svc: &Service,
+    labelled: Option<&Vec<&'a EndpointSlice>>,
+) -> Vec<&'a EndpointSlice> {
+    labelled
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.owned_by_another(&svc.name, svc.uid.as_deref()))
+        .copied()
+        .collect()
 }
 
 /// The backends of a frontend from its service's slices, and those draining (see the module).
@@ -637,5 +661,84 @@ ports: [ { port: 5353, protocol: UDP } ]
         assert_eq!(plans[0].from, BackendsFrom::None);
         assert!(plans[0].backends.is_empty());
         assert_eq!(plans[0].from.to_string(), "none");
+    }
+
+    /// A slice of service `web` in `shop` named `name`, with extra metadata `meta`, serving
+    /// `addr` on the http port.
+    fn web_slice(name: &str, meta: &str, addr: &str) -> String {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}, namespace: shop{meta} }}\naddressType: IPv4\nendpoints: [ {{ addresses: [ {addr} ] }} ]\nports: [ {{ name: http, port: 8080 }} ]\n"
+        )
+    }
+
+    const WEB_LABEL: &str = "kubernetes.io/service-name: web";
+
+    #[test]
+    fn slices_of_every_manager_merge_and_those_of_a_deleted_service_are_left_out() {
+        let owner = |uid: &str| {
+            format!(
+                ", ownerReferences: [ {{ apiVersion: v1, kind: Service, name: web, uid: {uid}, controller: true }} ]"
+            )
+        };
+        let controller = format!(
+            ", labels: {{ {WEB_LABEL}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io }}"
+        );
+        let yaml = [
+            "apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: shop, uid: web-2 }\nspec: { clusterIP: 10.96.0.20, selector: { app: web }, ports: [ { name: http, port: 80 } ] }\n".to_string(),
+            web_slice("web-ctrl", &format!("{controller}{}", owner("web-2")), "10.1.0.1"),
+            web_slice(
+                "web-manual",
+                &format!(", labels: {{ {WEB_LABEL}, endpointslice.kubernetes.io/managed-by: staff }}"),
+                "10.1.0.2",
+            ),
+            web_slice("web-bare", &format!(", labels: {{ {WEB_LABEL} }}"), "10.1.0.3"),
+            // Written for the web service deleted before this one was created.
+            web_slice("web-old", &format!("{controller}{}", owner("web-1")), "10.1.0.9"),
+        ]
+        .concat();
+        let plan = &plans(&setup(&yaml))[0];
+        assert_eq!(plan.from, BackendsFrom::EndpointSlices);
+        assert_eq!(
+            backends(plan),
+            vec![
+                "10.1.0.1:8080 EndpointSlice shop/web-ctrl",
+                "10.1.0.2:8080 EndpointSlice shop/web-manual",
+                "10.1.0.3:8080 EndpointSlice shop/web-bare"
+            ]
+        );
+        // Its endpoint is not even draining: the slice is not the service's.
+        assert!(plan.draining.is_empty(), "{:?}", plan.draining);
+    }
+
+    #[test]
+    fn a_service_whose_slices_are_all_stale_falls_back_to_its_selector_one_without_uid_keeps_them()
+    {
+        let stale = format!(
+            ", labels: {{ {WEB_LABEL} }}, ownerReferences: [ {{ apiVersion: v1, kind: Service, name: web, uid: web-1 }} ]"
+        );
+        let service = |uid: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{ name: web, namespace: shop{uid} }}\nspec: {{ clusterIP: 10.96.0.20, selector: {{ app: web, canary: 'yes' }}, ports: [ {{ name: http, port: 80, targetPort: http }} ] }}\n"
+            )
+        };
+        // Re-created (a new uid): as if no slice named it, so the selector gives its backends.
+        let yaml = [
+            service(", uid: web-2"),
+            web_slice("web-old", &stale, "10.1.0.9"),
+        ]
+        .concat();
+        let plan = &plans(&setup(&yaml))[0];
+        assert_eq!(plan.from, BackendsFrom::Selector);
+        assert_eq!(
+            backends(plan),
+            vec!["10.244.0.11:8081 endpoint 2 (shop/web-1)"]
+        );
+        // Applied without a uid: nothing tells the slice is stale.
+        let yaml = [service(""), web_slice("web-old", &stale, "10.1.0.9")].concat();
+        let plan = &plans(&setup(&yaml))[0];
+        assert_eq!(
+            backends(plan),
+            vec!["10.1.0.9:8080 EndpointSlice shop/web-old"]
+        );
     }
 }

@@ -15,6 +15,13 @@ pub enum Error {
         #[source]
         source: cellium_datapath_bpf::Error,
     },
+    /// The datapath's settings (`cel_config`) cannot be written.
+    #[error("cannot set service-no-backend-response in the datapath's settings")]
+    Config {
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
     /// A map write for one frontend failed.
     #[error("cannot program frontend {frontend}")]
     Program {

@@ -10,7 +10,9 @@
 //!   (`cellium service list`).
 //! - **Depends on** resources (services, endpoint slices, pods), endpoint-manager (this node's
 //!   endpoints and their changes), loader (the maps).
-//! - **Config keys:** none (the service range, `service-cidr`, belongs to resources).
+//! - **Config keys:** `service-no-backend-response`: `reject` (the default: a new connection
+//!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`
+//!   ([`SvcLbConfig`]). The service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
 //!
@@ -20,6 +22,7 @@
 //! endpoints are restored ([`ServiceLb`] documents the order). `docs/services.md` describes
 //! the whole.
 
+mod config;
 pub mod desired;
 mod error;
 mod grpc;
@@ -29,6 +32,7 @@ pub mod sync;
 
 use cellium_hive::Module;
 
+pub use config::{NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
 pub use grpc::{ServicesService, to_proto};
 pub use service_lb::ServiceLb;
@@ -40,6 +44,7 @@ pub fn cell() -> Module {
         "svc-lb",
         "Programs ClusterIP services and their backends into the datapath's load-balancing maps",
     )
+    .config::<SvcLbConfig>()
     .provide(ServiceLb::new)
     .contribute(ServicesService::api)
 }

@@ -10,7 +10,9 @@
 //!    their hooks come first). It adopts the backend and rev-NAT ids the maps hold, then runs
 //!    a first pass: frontends are rewritten only where they differ, and only then are the
 //!    frontends and backends nobody wants removed. Removing them any earlier would drop
-//!    services whose objects or endpoints had not been restored yet.
+//!    services whose objects or endpoints had not been restored yet. Before all that it tells
+//!    the datapath what a new connection to a frontend without backends gets
+//!    (`service-no-backend-response`).
 //! 3. The `watch-changes` job turns every change of services, slices, pods and endpoints into
 //!    a trigger of the `reconcile` job (triggers coalesce), which also runs every minute to
 //!    repair drift; `revnat-gc` deletes the rev-NAT entries of removed frontends once no
@@ -19,15 +21,17 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use cellium_datapath_bpf::DatapathConfig;
 use cellium_endpoint_manager::EndpointManager;
-use cellium_hive::{BoxError, Hook, Jobs, Lifecycle, Reporter, Trigger};
+use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_loader::Loader;
 use cellium_resources::Resources;
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::WatchStream;
 
+use crate::config::{NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync::{FrontendStatus, Programmer, SyncReport};
 
 /// How often the maps are compared with the plans without any change.
@@ -49,6 +53,7 @@ impl ServiceLb {
     /// Declares the cell; the `restore-services` start hook takes over the pinned maps and
     /// its jobs keep them in line with the tables.
     pub fn new(
+        cfg: Config<SvcLbConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
@@ -64,7 +69,9 @@ impl ServiceLb {
             state: Mutex::new(Programmer::default()),
         });
         let this = lb.clone();
+        let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
         lc.append(Hook::new("restore-services").on_start(move |_| async move {
+            this.set_no_backend_response(reject)?;
             let adopted = this.clone().adopt().await?;
             tracing::info!("{adopted}");
             // A first pass that fails is reported and retried by the job, not fatal: the
@@ -76,6 +83,20 @@ impl ServiceLb {
             Ok(())
         }));
         lb
+    }
+
+    /// Switches the datapath's answer to new connections for frontends without backends: a
+    /// port unreachable (`reject`) or nothing (`drop`).
+    fn set_no_backend_response(&self, reject: bool) -> Result<()> {
+        let dp = self.loader.datapath()?;
+        dp.config()
+            .set_flag(DatapathConfig::SERVICE_REJECT, reject)
+            .map_err(|source| Error::Config { source })?;
+        tracing::info!(
+            response = if reject { "reject" } else { "drop" },
+            "service-no-backend-response"
+        );
+        Ok(())
     }
 
     /// The frontends as the last pass left them, ordered by service and port.

@@ -5,12 +5,19 @@
 //! as kube-proxy reads slices); FQDN slices are refused as not supported. Topology fields
 //! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted but do not change
 //! what is balanced: every ready endpoint is a backend.
+//!
+//! A slice also keeps the Services it names as owners (`metadata.ownerReferences` of kind
+//! `Service`, apiVersion `v1`, with their uids): the endpointslice controller makes the
+//! service its owner, and a slice whose owner is a Service of the same name but another uid
+//! belongs to a deleted one (the garbage collector is about to delete it), so load balancing
+//! leaves it out.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
 use k8s_openapi::api::discovery::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::key::{Object, ObjectKey};
 use crate::objects::policy_port::number;
@@ -19,6 +26,11 @@ use crate::validate::{self, FieldError};
 
 /// The label naming the service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The controller that writes slices for services with selectors (value of the label
+/// `endpointslice.kubernetes.io/managed-by`); slices of any other manager, or none, are read
+/// alike.
+pub const CONTROLLER_MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 
 /// At most this many endpoints per slice, as the API server allows.
 const MAX_ENDPOINTS: usize = 1000;
@@ -76,6 +88,15 @@ impl fmt::Display for SlicePort {
     }
 }
 
+/// A Service named as a slice's owner (`metadata.ownerReferences`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceOwner {
+    /// The service's name (in the slice's namespace).
+    pub name: String,
+    /// The uid of the service the slice was written for.
+    pub uid: String,
+}
+
 /// An EndpointSlice with what load balancing reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointSlice {
@@ -85,6 +106,9 @@ pub struct EndpointSlice {
     pub name: String,
     /// The service it belongs to (its `kubernetes.io/service-name` label), in `namespace`.
     pub service: Option<String>,
+    /// The Services among its owners (`metadata.ownerReferences` of kind `Service`,
+    /// apiVersion `v1`).
+    pub service_owners: Vec<ServiceOwner>,
     /// The family of its addresses (`addressType`).
     pub address_type: IpFamily,
     /// Its endpoints.
@@ -115,6 +139,7 @@ impl EndpointSlice {
         validate::dns1123_label("metadata.namespace", &namespace)?;
         let labels = meta.labels.unwrap_or_default();
         validate::labels("metadata.labels", &labels)?;
+        let service_owners = service_owners(meta.owner_references.unwrap_or_default())?;
         let address_type = match slice.address_type.as_str() {
             "IPv4" => IpFamily::Ipv4,
             "IPv6" => IpFamily::Ipv6,
@@ -148,11 +173,49 @@ impl EndpointSlice {
             namespace,
             name,
             service: labels.get(SERVICE_NAME_LABEL).cloned(),
+            service_owners,
             address_type,
             endpoints,
             ports,
         })
     }
+
+    /// Whether the slice was written for another Service of `service`'s name than this one:
+    /// an owner reference to a Service of that name with another uid. A service whose uid is
+    /// not known (applied without one) cannot tell, and keeps every slice.
+    pub fn owned_by_another(&self, service: &str, uid: Option<&str>) -> bool {
+        uid.is_some_and(|uid| {
+            self.service_owners
+                .iter()
+                .any(|o| o.name == service && o.uid != uid)
+        })
+    }
+}
+
+/// The Services among the owners; every reference must name its owner fully, as the API
+/// server requires.
+fn service_owners(refs: Vec<OwnerReference>) -> Result<Vec<ServiceOwner>, FieldError> {
+    let mut out = Vec::new();
+    for (i, r) in refs.into_iter().enumerate() {
+        let field = format!("metadata.ownerReferences[{i}]");
+        for (name, value) in [
+            ("apiVersion", &r.api_version),
+            ("kind", &r.kind),
+            ("name", &r.name),
+            ("uid", &r.uid),
+        ] {
+            if value.is_empty() {
+                return Err(FieldError::new(format!("{field}.{name}"), "required"));
+            }
+        }
+        if r.kind == "Service" && r.api_version == "v1" {
+            out.push(ServiceOwner {
+                name: r.name,
+                uid: r.uid,
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn endpoint(field: &str, family: IpFamily, e: k8s::Endpoint) -> Result<SliceEndpoint, FieldError> {
@@ -369,5 +432,68 @@ mod tests {
         let s = EndpointSlice::from_k8s(serde_yaml::from_str(yaml).unwrap()).unwrap();
         assert_eq!((s.service, s.namespace.as_str()), (None, "shop"));
         assert_eq!(s.ports[0].name, "");
+    }
+
+    fn owned(owners: &str) -> Result<EndpointSlice, FieldError> {
+        let yaml = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, labels: {{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: {CONTROLLER_MANAGED_BY}}}, ownerReferences: [{owners}]}}\naddressType: IPv4\nendpoints: []\n"
+        );
+        EndpointSlice::from_k8s(serde_yaml::from_str(&yaml).unwrap())
+    }
+
+    #[test]
+    fn service_owners_are_kept_and_tell_a_deleted_services_slice() {
+        let s = owned(
+            "{apiVersion: v1, kind: Service, name: web, uid: u-2, controller: true, blockOwnerDeletion: true}, {apiVersion: apps/v1, kind: Deployment, name: web, uid: d-1}, {apiVersion: v2, kind: Service, name: web, uid: u-9}",
+        )
+        .unwrap();
+        assert_eq!(
+            s.service_owners,
+            [ServiceOwner {
+                name: "web".into(),
+                uid: "u-2".into()
+            }]
+        );
+        assert!(!s.owned_by_another("web", Some("u-2")));
+        assert!(s.owned_by_another("web", Some("u-1")));
+        // A service whose uid is unknown cannot tell; a reference to another name says
+        // nothing about this one.
+        assert!(!s.owned_by_another("web", None));
+        assert!(!s.owned_by_another("api", Some("u-1")));
+        assert!(
+            parse("addressType: IPv4\nendpoints: []\n")
+                .unwrap()
+                .service_owners
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_owner_reference_must_name_its_owner_fully() {
+        for (owners, field) in [
+            (
+                "{apiVersion: v1, kind: Service, name: web, uid: ''}",
+                "metadata.ownerReferences[0].uid",
+            ),
+            (
+                "{apiVersion: v1, kind: Service, name: web, uid: a}, {apiVersion: v1, kind: Service, name: '', uid: b}",
+                "metadata.ownerReferences[1].name",
+            ),
+            (
+                "{apiVersion: '', kind: Service, name: web, uid: a}",
+                "metadata.ownerReferences[0].apiVersion",
+            ),
+            (
+                "{apiVersion: v1, kind: '', name: web, uid: a}",
+                "metadata.ownerReferences[0].kind",
+            ),
+        ] {
+            let e = owned(owners).unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.reason.as_str()),
+                (field, "required"),
+                "{owners}"
+            );
+        }
     }
 }

@@ -23,7 +23,10 @@ pub use cilium_policy::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy, CiliumRule,
     Entity,
 };
-pub use endpoint_slice::{EndpointSlice, SERVICE_NAME_LABEL, SliceEndpoint, SlicePort};
+pub use endpoint_slice::{
+    CONTROLLER_MANAGED_BY, EndpointSlice, SERVICE_NAME_LABEL, ServiceOwner, SliceEndpoint,
+    SlicePort,
+};
 pub use namespace::{NAME_LABEL, Namespace, SYSTEM_NAMESPACES};
 pub use network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
 pub use node::Node;

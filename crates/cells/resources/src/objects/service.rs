@@ -129,6 +129,10 @@ pub struct Service {
     pub namespace: String,
     /// The name (a DNS-1035 label).
     pub name: String,
+    /// `metadata.uid`: who this service is, as against a deleted one of the same name (its
+    /// EndpointSlices name it as their owner). The API server sets it; a document applied
+    /// without one has none.
+    pub uid: Option<String>,
     /// Its address of its first family, or headless. Immutable once set.
     pub cluster_ip: ClusterIp,
     /// Its addresses, one per family of `ip_families`, `cluster_ip` first (`spec.clusterIPs`);
@@ -187,6 +191,7 @@ impl Service {
         let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
         validate::dns1123_label("metadata.namespace", &namespace)?;
         validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let uid = meta.uid.filter(|u| !u.is_empty());
         let spec = svc.spec.unwrap_or_default();
         check_type_dependent_fields(&spec)?;
         let (families, policy) = families(&spec)?;
@@ -205,6 +210,7 @@ impl Service {
             service: Service {
                 namespace,
                 name,
+                uid,
                 cluster_ip: ClusterIp::Headless,
                 cluster_ips: Vec::new(),
                 ip_families: Vec::new(),
@@ -593,6 +599,14 @@ mod tests {
             !d.service.selects(&BTreeMap::new()),
             "no selector selects nothing"
         );
+    }
+
+    #[test]
+    fn the_uid_is_kept_when_given() {
+        assert_eq!(parse("{ports: [{port: 80}]}").unwrap().service.uid, None);
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: web, uid: 0b7e-1}\nspec: {ports: [{port: 80}]}";
+        let d = Service::from_k8s(serde_yaml::from_str(yaml).unwrap()).unwrap();
+        assert_eq!(d.service.uid.as_deref(), Some("0b7e-1"));
     }
 
     #[test]
