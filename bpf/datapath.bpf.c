@@ -29,6 +29,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/fib.h"
 #include "lib/frag.h"
 #include "lib/ipv6.h"
 #include "lib/lb.h"
@@ -355,7 +356,9 @@ int cel_from_container(struct __sk_buff *skb)
 	if (ret > 0)
 		return drop(skb, &p, &t, ret);
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
-	return ret == 0 && cfg ? bpf_redirect(cfg->tunnel_ifindex, 0) : TC_ACT_OK;
+	if (ret == 0 && cfg)
+		return bpf_redirect(cfg->tunnel_ifindex, 0);
+	return redirect_to_node4(skb, cfg, &p);
 }
 
 /* A packet for local endpoint dst, past its interface checks: conntrack,

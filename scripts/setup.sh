@@ -6,8 +6,8 @@ set -euo pipefail
 packages=(
   # Build: BPF objects (clang), vendored libbpf (libelf, zlib), gRPC codegen (protoc).
   clang make pkg-config gcc libc6-dev libelf-dev zlib1g-dev linux-libc-dev protobuf-compiler
-  # Network namespaces, veths, probes.
-  iproute2 iputils-ping
+  # Network namespaces, veths, probes; iptables to show what bypasses a node's netfilter.
+  iproute2 iputils-ping iptables
   # Rendering `cellium-agent hive --dot`.
   graphviz
   # A real CNI runtime, the reference plugins (tests and benchmarks), and the static busybox

@@ -50,33 +50,35 @@ every_mode!(
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
 );
 
-/// Native routing: traffic from another node for a local pod is handed to the pod by
-/// `cel_from_netdev` on the node's device, past the node's routing, with the pod's ingress
-/// policy. Shown with node 2's routing refusing everything the underlay brings for its pods
-/// (a `prohibit` rule): the allowed client still reaches web there, the other pod is still
-/// denied by the policy, and so is everyone once the agent is gone and its programs with it.
+/// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
+/// packet for node 2's pod through the FIB straight to the underlay device (past node 1's
+/// netfilter), and node 2's `cel_from_netdev` hands it straight to the pod with its ingress
+/// policy (past node 2's routing). Shown with node 1's netfilter dropping everything it would
+/// forward to node 2's pods and node 2's routing refusing everything the underlay brings for
+/// them: the allowed client still reaches web, the other pod is still denied by the policy;
+/// each node's refusal bites once its agent and programs are gone.
 #[test]
-fn native_traffic_from_other_nodes_reaches_pods_past_the_node_routing() {
+fn native_traffic_between_nodes_passes_past_both_nodes_stacks() {
     let _serial = serial();
     let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
     shop(&mut cluster);
     let web = cluster.pod_addr("shop/web", PORT).unwrap();
     let _server =
         TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    let n2_pods = Cluster::node_pod_cidr(1);
+    let refuse_on_n2 = ["iif", "und0", "to", n2_pods.as_str(), "prohibit"];
+    let rule = |verb: &'static str| [&["rule", verb][..], &refuse_on_n2[..]].concat();
     cluster
         .agent(1)
         .node()
-        .ip(&[
-            "rule",
-            "add",
-            "iif",
-            "und0",
-            "to",
-            &Cluster::node_pod_cidr(1),
-            "prohibit",
-        ])
+        .ip(&rule("add"))
         .expect("node 2 refuses to route the underlay's traffic to its pods");
-    eventually(&cluster, "client reaches web past node 2's routing", || {
+    cluster
+        .agent(0)
+        .node()
+        .exec("iptables", &["-I", "FORWARD", "-d", &n2_pods, "-j", "DROP"])
+        .expect("node 1's netfilter drops what it would forward to node 2's pods");
+    eventually(&cluster, "client reaches web past both stacks", || {
         cluster.reaches("shop/client", "shop/web", Tcp(PORT))
     });
     cluster
@@ -89,10 +91,27 @@ fn native_traffic_from_other_nodes_reaches_pods_past_the_node_routing() {
         !cluster.reaches("shop/other", "shop/web", Tcp(PORT))
     });
     assert!(cluster.reaches("shop/client", "shop/web", Tcp(PORT)));
+
+    // Node 2 without its agent: its routing's refusal bites. Without the refusal, its stack
+    // delivers again (node 1 still routes past its own netfilter).
     cluster.agent_mut(1).kill_and_unpin().expect("agent 2 gone");
     assert!(
         !cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
-        "without the program, node 2's routing refuses it"
+        "without cel_from_netdev, node 2's routing refuses it"
+    );
+    cluster
+        .agent(1)
+        .node()
+        .ip(&rule("del"))
+        .expect("rule removed");
+    eventually(&cluster, "node 2's stack delivers", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    // Node 1 without its agent: its netfilter's drop bites.
+    cluster.agent_mut(0).kill_and_unpin().expect("agent 1 gone");
+    assert!(
+        !cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+        "without the FIB fast path, node 1's netfilter drops it"
     );
 }
 

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Native routing's fast path for a pod's packet to another node: the
+ * node's FIB picks the device and next hop (the route node-discovery keeps
+ * to that node's pod CIDR, or the underlay's own), and the packet goes
+ * straight to that device with its neighbour resolved by the kernel, past
+ * this node's stack, as the other node's cel_from_netdev hands it on. */
+#ifndef CEL_LIB_FIB_H
+#define CEL_LIB_FIB_H
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "../include/cellium/common.h"
+#include "lookup.h"
+#include "packet.h"
+
+#define CEL_AF_INET 2
+#define CEL_IPV4_TTL_OFF (ETH_HLEN + 8)
+#define CEL_IPV4_CSUM_OFF (ETH_HLEN + 10)
+
+/* Whether a destination of this identity is a cluster peer the fast path
+ * may take: another node's pod (a cluster identity) or another node.
+ * Everything else (the world, this node, CIDR identities) goes through the
+ * node's stack, which may masquerade, filter or deliver it locally. */
+static __always_inline int is_cluster_peer(__u32 identity)
+{
+	return identity == CEL_IDENTITY_REMOTE_NODE || (identity >= 256 && identity <= 65535);
+}
+
+/* Routes a pod's IPv4 packet for another node's pod or another node
+ * itself: the TTL decremented as a router does, then redirected to the
+ * device the node's FIB names, the kernel resolving the next hop's
+ * neighbour. Returns the redirect verdict, or TC_ACT_OK to leave the packet
+ * to the node's stack (not a cluster peer, no route, a TTL about to
+ * expire: the stack answers that one). */
+static __always_inline int redirect_to_node4(struct __sk_buff *skb,
+					     const struct datapath_config *cfg,
+					     const struct pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nh = {};
+	__u8 ttl;
+	int ret;
+
+	if (!is_cluster_peer(ipcache_identity4(cfg, p->daddr)))
+		return TC_ACT_OK;
+	if (bpf_skb_load_bytes(skb, CEL_IPV4_TTL_OFF, &ttl, 1) < 0 || ttl <= 1)
+		return TC_ACT_OK;
+	fib.family = CEL_AF_INET;
+	fib.l4_protocol = p->protocol;
+	fib.ipv4_src = p->saddr;
+	fib.ipv4_dst = p->daddr;
+	fib.ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	/* The TTL shares a checksummed 16-bit word with the protocol. */
+	{
+		__be16 old = bpf_htons((__u16)ttl << 8 | p->protocol);
+		__be16 new = bpf_htons((__u16)(ttl - 1) << 8 | p->protocol);
+
+		ttl -= 1;
+		if (bpf_skb_store_bytes(skb, CEL_IPV4_TTL_OFF, &ttl, 1, 0) < 0 ||
+		    bpf_l3_csum_replace(skb, CEL_IPV4_CSUM_OFF, old, new, 2) < 0)
+			return TC_ACT_SHOT;
+	}
+	/* After the lookup ipv4_dst is the next hop (the gateway, if any). */
+	nh.nh_family = CEL_AF_INET;
+	nh.ipv4_nh = fib.ipv4_dst;
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+#endif
