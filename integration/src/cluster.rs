@@ -423,9 +423,9 @@ impl Cluster {
         Ok(path)
     }
 
-    /// Removes the pod `namespace/name` as a kubelet does: its network through `cellium-cni`
-    /// DEL on its node, then its object.
-    pub fn remove_pod(&mut self, key: &str) -> Result<()> {
+    /// Removes the network of the pod `namespace/name` through `cellium-cni` DEL on its node;
+    /// its object stays.
+    pub fn remove_pod_network(&mut self, key: &str) -> Result<()> {
         let at = self
             .pods
             .iter()
@@ -435,11 +435,7 @@ impl Cluster {
                 detail: format!("no pod {key} in the cluster"),
             })?;
         let pod = self.pods.remove(at);
-        self.agents[pod.node].del(&pod.container_id, &pod.netns.path())?;
-        let (ns, name) = split_key(key)?;
-        self.api
-            .kubectl(&["delete", "pod", name, "-n", ns, "--ignore-not-found"], "")?;
-        Ok(())
+        self.agents[pod.node].del(&pod.container_id, &pod.netns.path())
     }
 
     /// The operators.

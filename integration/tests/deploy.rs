@@ -353,11 +353,17 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
                 .is_some_and(|n| n["status"]["ipam"]["operator-status"]["error"].is_string())
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
-    cluster.remove_pod("shop/other").unwrap();
+    // The pod's network removed (CNI DEL): its agent deletes its CiliumEndpoint. Its object
+    // goes after, so that the operator's collection cannot be first.
+    cluster.remove_pod_network("shop/other").unwrap();
     cluster
         .eventually("the removed pod's CiliumEndpoint is deleted", || {
             cep(&cluster, "other").is_none()
         })
+        .unwrap();
+    cluster
+        .api()
+        .kubectl(&["delete", "pod", "other", "-n", "shop"], "")
         .unwrap();
     // The Pod object goes without a CNI DEL: the operator collects its CiliumEndpoint, then
     // the identity no endpoint uses any more.

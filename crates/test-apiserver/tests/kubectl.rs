@@ -109,6 +109,20 @@ impl Kubectl {
     }
 }
 
+/// A server on a port of the loopback, kubectl pointed at it, and a directory for its cache
+/// and the test's files.
+fn serve() -> (ApiServer, Kubectl, tempfile::TempDir) {
+    let server = ApiServer::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kubectl {
+        server: format!("http://{}", listener.local_addr().unwrap()),
+        cache: dir.path().join("cache").to_str().unwrap().to_string(),
+    };
+    server.serve(listener).unwrap();
+    (server, k, dir)
+}
+
 fn labels(server: &ApiServer) -> Value {
     server
         .get("v1", "Pod", Some("team"), "web")
@@ -122,14 +136,7 @@ async fn kubectl_commands() {
         println!("skipped: {KUBECTL} is not installed");
         return;
     }
-    let server = ApiServer::new();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let k = Kubectl {
-        server: format!("http://{}", listener.local_addr().unwrap()),
-        cache: dir.path().join("cache").to_str().unwrap().to_string(),
-    };
-    server.serve(listener).unwrap();
+    let (server, k, dir) = serve();
     let file = dir.path().join("objects.yaml");
     std::fs::write(&file, OBJECTS).unwrap();
     let file = file.to_str().unwrap();
@@ -363,14 +370,7 @@ async fn kubectl_under_rbac() {
         println!("skipped: {KUBECTL} is not installed");
         return;
     }
-    let server = ApiServer::new();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let k = Kubectl {
-        server: format!("http://{}", listener.local_addr().unwrap()),
-        cache: dir.path().join("cache").to_str().unwrap().to_string(),
-    };
-    server.serve(listener).unwrap();
+    let (server, k, dir) = serve();
     server.enable_rbac();
     let file = dir.path().join("rbac.yaml");
     std::fs::write(&file, READER_RBAC).unwrap();

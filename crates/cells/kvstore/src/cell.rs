@@ -13,7 +13,7 @@ use cellium_ipam::Ipam;
 use cellium_labels::Labels;
 use cellium_node_discovery::desired::own_addresses;
 use cellium_resources::{ObjectKey, Resources};
-use futures::StreamExt;
+use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::config::KvstoreConfig;
@@ -82,17 +82,7 @@ pub(crate) fn start(
 }
 
 fn learn_identities(kv: &Arc<Kvstore>, identities: Arc<Identities>, jobs: &Jobs) {
-    let trigger = Trigger::new();
-    let pull = trigger.clone();
-    jobs.observer(
-        "watch-identities",
-        WatchStream::from_changes(kv.identities.changes()),
-        move |_, _| {
-            pull.trigger();
-            async { Ok(()) }
-        },
-    )
-    .add();
+    let trigger = pulled_by(jobs, "watch-identities", vec![kv.identities.changes()]);
     let learnt: Arc<Mutex<BTreeMap<u32, Labels>>> = Arc::default();
     let kv = kv.clone();
     jobs.timer("identities", RESYNC, move |ctx| {
@@ -149,26 +139,32 @@ pub(crate) fn learn(
     learnt.len()
 }
 
+/// A trigger pulled whenever one of `sources` moves, by the observer job `name`.
+fn pulled_by(jobs: &Jobs, name: &str, sources: Vec<watch::Receiver<u64>>) -> Trigger {
+    let trigger = Trigger::new();
+    let pull = trigger.clone();
+    let changes = futures::stream::select_all(sources.into_iter().map(WatchStream::from_changes));
+    jobs.observer(name, changes, move |_, _| {
+        pull.trigger();
+        async { Ok(()) }
+    })
+    .add();
+    trigger
+}
+
 /// The job `node-entry`: this node's `nodes/v1/` entry, its addresses (its Node's, else its
 /// CiliumNode's) and pod CIDRs (IPAM's pools), kept in line at every change of those and every
 /// [`RESYNC`] (every second while IPAM has no pool yet). A node without an address yet writes
 /// nothing: no one could route to it.
 fn write_node(kv: &Arc<Kvstore>, resources: Arc<Resources>, ipam: Option<Arc<Ipam>>, jobs: &Jobs) {
-    let trigger = Trigger::new();
-    let pull = trigger.clone();
-    let sources = [
-        WatchStream::from_changes(resources.nodes.revision()).boxed(),
-        WatchStream::from_changes(resources.cilium_nodes.revision()).boxed(),
-    ];
-    jobs.observer(
+    let trigger = pulled_by(
+        jobs,
         "watch-node",
-        futures::stream::select_all(sources),
-        move |_, _| {
-            pull.trigger();
-            async { Ok(()) }
-        },
-    )
-    .add();
+        vec![
+            resources.nodes.revision(),
+            resources.cilium_nodes.revision(),
+        ],
+    );
     let kv = kv.clone();
     let again = trigger.clone();
     jobs.timer("node-entry", RESYNC, move |ctx| {
@@ -216,22 +212,12 @@ fn write_ips(
     resources: Option<Arc<Resources>>,
     jobs: &Jobs,
 ) {
-    let trigger = Trigger::new();
-    let pull = trigger.clone();
-    let mut sources = vec![WatchStream::from_changes(endpoints.changes()).boxed()];
+    let mut sources = vec![endpoints.changes()];
     if let Some(r) = &resources {
-        sources.push(WatchStream::from_changes(r.nodes.revision()).boxed());
-        sources.push(WatchStream::from_changes(r.pods.revision()).boxed());
+        sources.push(r.nodes.revision());
+        sources.push(r.pods.revision());
     }
-    jobs.observer(
-        "watch-endpoints",
-        futures::stream::select_all(sources),
-        move |_, _| {
-            pull.trigger();
-            async { Ok(()) }
-        },
-    )
-    .add();
+    let trigger = pulled_by(jobs, "watch-endpoints", sources);
     let kv = kv.clone();
     jobs.timer("ip-entries", RESYNC, move |ctx| {
         let (kv, endpoints, resources) = (kv.clone(), endpoints.clone(), resources.clone());
