@@ -135,9 +135,9 @@ fn others<'a>(
 }
 
 /// The ipcache entries of the cluster's other nodes and their pods: each other node's
-/// addresses (its Node's, else its CiliumNode's) as `remote-node`, each pod address of a CiliumEndpoint that another node hosts
-/// as its identity. A CiliumEndpoint this node hosts (its `node_ip` is one of `my_ips`) is
-/// skipped: this node knows its own pods better.
+/// addresses (its Node's, else its CiliumNode's) as `remote-node`, each pod address of a
+/// CiliumEndpoint that another node hosts as its identity. A CiliumEndpoint this node hosts
+/// (its `node_ip` is one of `my_ips`) is skipped: this node knows its own pods better.
 ///
 /// With `tunnel` (tunnel mode), a pod's entry also names its node's IPv4 address as the
 /// tunnel endpoint, and each other node's pod CIDRs enter with the world's identity (the

@@ -237,7 +237,6 @@ impl NodeDiscovery {
             routes = desired::tunnelled(&routes, ifindex, &mine);
         }
         let handle = self.netlink().await?;
-        self.attach_netdevs(handle, &mine).await?;
         let changed = routes::reconcile(handle, &routes).await?;
         if changed > 0 {
             tracing::info!(
@@ -246,6 +245,9 @@ impl NodeDiscovery {
                 "routes to other nodes updated"
             );
         }
+        // After the routes: a device that cannot take the program (gone meanwhile) fails the
+        // pass, which is retried, but holds nothing else back.
+        self.attach_netdevs(handle, &mine).await?;
         Ok(format!(
             "{} other nodes' pod CIDRs routed, {entry_count} remote addresses, {identities} cluster identities",
             routes.len()
