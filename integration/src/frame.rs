@@ -232,13 +232,7 @@ pub fn arp_request(src_mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<
 pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
     let name = ifname.to_string();
     let sent = ns.run(move || -> nix::Result<usize> {
-        let ifindex = nix::net::if_::if_nametoindex(name.as_str())?;
-        let fd = socket(
-            AddressFamily::Packet,
-            SockType::Raw,
-            SockFlag::empty(),
-            None,
-        )?;
+        let (fd, ifindex) = packet_socket(&name)?;
         let ethertype = frame
             .get(12..14)
             .map_or(0, |t| u16::from_be_bytes([t[0], t[1]]));
@@ -253,6 +247,18 @@ pub fn send(ns: &NetNs, ifname: &str, frame: Vec<u8>) -> Result<()> {
             source: e.into(),
         }),
     }
+}
+
+/// A raw packet socket, and the index of `ifname` (in the calling thread's namespace).
+fn packet_socket(ifname: &str) -> nix::Result<(OwnedFd, u32)> {
+    let ifindex = nix::net::if_::if_nametoindex(ifname)?;
+    let fd = socket(
+        AddressFamily::Packet,
+        SockType::Raw,
+        SockFlag::empty(),
+        None,
+    )?;
+    Ok((fd, ifindex))
 }
 
 /// Every protocol, as a packet socket binds to it (`ETH_P_ALL`).
@@ -272,13 +278,7 @@ impl Capture {
     pub fn open(ns: &NetNs, ifname: &str) -> Result<Capture> {
         let name = ifname.to_string();
         let fd = ns.run(move || -> nix::Result<OwnedFd> {
-            let ifindex = nix::net::if_::if_nametoindex(name.as_str())?;
-            let fd = socket(
-                AddressFamily::Packet,
-                SockType::Raw,
-                SockFlag::empty(),
-                None,
-            )?;
+            let (fd, ifindex) = packet_socket(&name)?;
             bind(fd.as_raw_fd(), &link_addr(ifindex, ETH_P_ALL)?)?;
             Ok(fd)
         })?;

@@ -479,15 +479,7 @@ fn frontends_with(agent: &Agent, name: &str, count: usize, backends: usize) -> V
 #[test]
 fn a_dual_stack_service_balances_each_family_over_its_backends_and_survives_a_restart() {
     let _serial = serial();
-    let mut agent = Agent::start_new(AgentOptions {
-        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
-        env: vec![(
-            "CELLIUM_SERVICE_CIDR".into(),
-            "10.96.0.0/16,fd00:10:96::/108".into(),
-        )],
-        ..AgentOptions::default()
-    })
-    .expect("start the agent");
+    let mut agent = dual_stack_agent(Vec::new());
     agent.objects("apply", PODS).expect("apply the pods");
     let mut pods = Vec::new();
     let mut servers = Vec::new();
@@ -710,20 +702,24 @@ spec:
   ports: [ { name: http, port: 80 }, { name: dns, port: 53, protocol: UDP } ]
 "#;
 
-/// A dual-stack agent with one client pod and the service [`EMPTY`]: the client, and the
-/// service's frontends (IPv4 TCP, IPv4 UDP, IPv6 TCP, IPv6 UDP).
-fn empty_service(env: Vec<(String, String)>) -> (Agent, NetNs, Vec<SocketAddr>) {
-    let mut env = env;
+/// An agent with pod CIDRs and service ranges of both families, and `env`.
+fn dual_stack_agent(mut env: Vec<(String, String)>) -> Agent {
     env.push((
         "CELLIUM_SERVICE_CIDR".into(),
         "10.96.0.0/16,fd00:10:96::/108".into(),
     ));
-    let agent = Agent::start_new(AgentOptions {
+    Agent::start_new(AgentOptions {
         pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
         env,
         ..AgentOptions::default()
     })
-    .expect("start the agent");
+    .expect("start the agent")
+}
+
+/// A dual-stack agent with one client pod and the service [`EMPTY`]: the client, and the
+/// service's frontends (IPv4 TCP, IPv4 UDP, IPv6 TCP, IPv6 UDP).
+fn empty_service(env: Vec<(String, String)>) -> (Agent, NetNs, Vec<SocketAddr>) {
+    let agent = dual_stack_agent(env);
     agent.objects("apply", PODS).expect("apply the pods");
     let client = NetNs::new().expect("client netns");
     let call = cellium_integration::CniCall::new("ADD", &cid("client"))
@@ -916,15 +912,7 @@ fn with_service_no_backend_response_drop_a_service_without_backends_stays_silent
 #[test]
 fn a_pod_balanced_to_itself_through_its_service_exchanges_data() {
     let _serial = serial();
-    let agent = Agent::start_new(AgentOptions {
-        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
-        env: vec![(
-            "CELLIUM_SERVICE_CIDR".into(),
-            "10.96.0.0/16,fd00:10:96::/108".into(),
-        )],
-        ..AgentOptions::default()
-    })
-    .expect("start the agent");
+    let agent = dual_stack_agent(Vec::new());
     agent.objects("apply", PODS).expect("apply the pods");
     let pod = NetNs::new().expect("pod netns");
     let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
