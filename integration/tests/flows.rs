@@ -516,7 +516,10 @@ fn a_follower_gets_a_clear_error_when_the_agent_restarts() {
     assert!(!status.success());
     let mut stderr = String::new();
     std::io::Read::read_to_string(follower.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert!(stderr.contains("broke off"), "{stderr}");
+    assert!(
+        stderr.contains("broke off"),
+        "the follower ended with {status}, stderr {stderr:?}"
+    );
     assert!(
         stderr.contains("stopping") || stderr.contains("restarted"),
         "{stderr}"
