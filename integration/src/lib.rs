@@ -6,7 +6,8 @@
 //! an underlay with the test API server, operators and an agent per node ([`Cluster`]),
 //! reachability probes that tell a policy drop apart ([`reach`]), a directory made read-only
 //! for real ([`ReadOnlyDir`]), a policy lab of pods in Kubernetes namespaces with truth tables
-//! ([`lab`]), a TCP ping-pong of both families for latency benchmarks ([`pingpong`]), and what
+//! ([`lab`]), a TCP ping-pong of both families for latency benchmarks ([`pingpong`]), new
+//! TCP connections timed one by one ([`connrate`]), and what
 //! the benchmarks that run an agent at scale share ([`bench`]).
 //!
 //! Everything here needs root. Tests built on it create their own
@@ -19,6 +20,7 @@ pub mod bpffs;
 pub mod cluster;
 pub mod cmd;
 pub mod cni;
+pub mod connrate;
 mod error;
 pub mod etcd;
 pub mod frame;

@@ -2,10 +2,12 @@
 //! `cellium-restart-bench`): the generated cluster ([`Shape`]), its pods created through
 //! `cellium-cni` as a kubelet would ([`pods`]), the agent's API polled for what the endpoints
 //! enforce ([`Api`]), a stop on SIGINT or SIGTERM that still removes what was created
-//! ([`interrupted`]), and the statistics the reports print.
+//! ([`interrupted`]), and the statistics the reports print; and the services benchmark's
+//! services, for Cellium and for kube-proxy ([`services`]).
 
 pub mod api;
 pub mod pods;
+pub mod services;
 pub mod workload;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,9 +12,13 @@
 //! cellium-testbed attach ... --trace on      # trace events of new connections on
 //! cellium-testbed observe --bpf-root /run/cellium-bench &   # the flows reader, measured
 //! ip netns exec cel-bench-pod1 cellium-testbed connections --addr 10.244.0.12 --count 100000
+//! cellium-testbed services --bpf-root /run/cellium-bench --count 1000   # ClusterIPs in the maps
+//! cellium-testbed kube-proxy-rules --count 1000 | ip netns exec cel-kp-node iptables-restore
+//! ip netns exec cel-bench-pod2 cellium-testbed accept-server --addr 10.244.0.12:8080 &
+//! ip netns exec cel-bench-pod1 cellium-testbed connect-rate --services 1000
 //! ```
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,8 +27,9 @@ use cellium_datapath_bpf::{
     AttachMode, Datapath, DatapathConfig, DatapathOptions, Direction, EndpointFlags, IpNet,
     PolicyRule, Verdict, compile_policy,
 };
+use cellium_integration::bench::services::{cellium_objects, kube_proxy_rules, service_vip};
 use cellium_integration::topology::pod_ip6;
-use cellium_integration::{Topology, pingpong};
+use cellium_integration::{Topology, connrate, pingpong};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
@@ -108,6 +113,40 @@ enum Cmd {
         addr: IpAddr,
         #[arg(long, default_value_t = 100_000)]
         count: u32,
+    },
+    /// Program ClusterIP services `0..count` (cluster IPs 10.96.0.1 and on, port 80, one
+    /// backend each) into the datapath's maps through the svc-lb cell's planner and
+    /// programmer, replacing every other service; print what the pass did.
+    Services {
+        #[arg(long)]
+        bpf_root: PathBuf,
+        #[arg(long)]
+        count: u32,
+        #[arg(long, default_value = "10.244.0.12:8080")]
+        backend: SocketAddrV4,
+    },
+    /// Print kube-proxy's iptables `nat` table for the same services, for `iptables-restore`.
+    KubeProxyRules {
+        #[arg(long)]
+        count: u32,
+        #[arg(long, default_value = "10.244.0.12:8080")]
+        backend: SocketAddrV4,
+        /// kube-proxy's `--cluster-cidr`: traffic from outside it is masqueraded.
+        #[arg(long, default_value = "10.244.0.0/16")]
+        cluster_cidr: String,
+    },
+    /// Accept TCP connections on `addr` and close them, until killed.
+    AcceptServer {
+        #[arg(long)]
+        addr: SocketAddr,
+    },
+    /// Open TCP connections for `duration` seconds, each to the port 80 of one of services
+    /// `0..services` chosen at random; print `conn_per_s=<n> connect_p50_us=<us> failed=<n>`.
+    ConnectRate {
+        #[arg(long)]
+        services: u32,
+        #[arg(long, default_value_t = 3)]
+        duration: u64,
     },
     /// Detach the datapath from every pod's host veth.
     Detach {
@@ -327,6 +366,56 @@ fn connections(addr: IpAddr, count: u32) -> Result<()> {
     Ok(())
 }
 
+/// Service port of the benchmark's services.
+const SERVICE_PORT: u16 = 80;
+
+fn services(bpf_root: PathBuf, count: u32, backend: SocketAddrV4) -> Result<()> {
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root,
+        ..Default::default()
+    })
+    .context("opening the datapath")?;
+    let resources = cellium_resources::Resources::new();
+    // In pieces: one apply is bounded in size, as an API request is.
+    for start in (0..count).step_by(500) {
+        let end = count.min(start + 500);
+        resources
+            .apply(
+                "bench.yaml",
+                &cellium_objects(start..end, SERVICE_PORT, backend),
+            )
+            .with_context(|| format!("services {start}..{end}"))?;
+    }
+    let mut programmer = cellium_svc_lb::Programmer::default();
+    programmer.adopt(&dp).context("adopting the maps' ids")?;
+    let inputs = cellium_svc_lb::desired::Inputs::read(&resources, &[]);
+    let report = programmer
+        .sync(&dp, cellium_svc_lb::desired::plans(&inputs))
+        .context("programming the services")?;
+    anyhow::ensure!(
+        report.failed.is_empty(),
+        "frontends failed: {:?}",
+        report.failed
+    );
+    println!(
+        "programmed={} written={} removed={}",
+        report.programmed, report.written, report.removed_frontends
+    );
+    Ok(())
+}
+
+fn connect_rate(services: u32, duration: Duration) -> Result<()> {
+    let vips: Vec<IpAddr> = (0..services).map(service_vip).collect();
+    let rate = connrate::run(&vips, SERVICE_PORT, duration)?;
+    println!(
+        "conn_per_s={:.0} connect_p50_us={:.1} failed={}",
+        rate.per_second(),
+        rate.p50().as_secs_f64() * 1e6,
+        rate.failed()
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -369,6 +458,25 @@ fn main() -> Result<()> {
         } => attach(&name, pods, bpf_root, policy, mode, trace)?,
         Cmd::Observe { bpf_root, duration } => observe(bpf_root, Duration::from_secs(duration))?,
         Cmd::Connections { addr, count } => connections(addr, count)?,
+        Cmd::Services {
+            bpf_root,
+            count,
+            backend,
+        } => services(bpf_root, count, backend)?,
+        Cmd::KubeProxyRules {
+            count,
+            backend,
+            cluster_cidr,
+        } => print!(
+            "{}",
+            kube_proxy_rules(count, SERVICE_PORT, backend, &cluster_cidr)
+        ),
+        Cmd::AcceptServer { addr } => {
+            connrate::serve(addr).with_context(|| format!("serving on {addr}"))?
+        }
+        Cmd::ConnectRate { services, duration } => {
+            connect_rate(services, Duration::from_secs(duration))?
+        }
         Cmd::Detach {
             name,
             pods,
