@@ -20,6 +20,10 @@
  * (conntrack, fragments, services); IPv6 also lets the link-local control
  * both stacks need pass whatever the policy, and answers a pod's neighbour
  * solicitations for the node (lib/nd.h). Non-IP frames (ARP) pass untouched.
+ *
+ * The cel_sock* programs sit on a cgroup instead (bpf-lb-sock): they
+ * translate services where the node's own sockets name their peers
+ * (lib/sock.h).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -42,6 +46,7 @@
 #include "lib/policy.h"
 #include "lib/reject.h"
 #include "lib/scratch.h"
+#include "lib/sock.h"
 #include "lib/tunnel.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -551,4 +556,53 @@ int cel_from_netdev(struct __sk_buff *skb)
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return from_node6(skb, cfg, 0, 0);
 	return TC_ACT_OK;
+}
+
+/* Socket-level load balancing of the node's own sockets (lib/sock.h). */
+SEC("cgroup/connect4")
+int cel_sock4_connect(struct bpf_sock_addr *ctx)
+{
+	return sock4_translate(ctx, 0);
+}
+
+SEC("cgroup/sendmsg4")
+int cel_sock4_sendmsg(struct bpf_sock_addr *ctx)
+{
+	return sock4_translate(ctx, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int cel_sock4_recvmsg(struct bpf_sock_addr *ctx)
+{
+	return sock4_reverse(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int cel_sock4_getpeername(struct bpf_sock_addr *ctx)
+{
+	return sock4_reverse(ctx);
+}
+
+SEC("cgroup/connect6")
+int cel_sock6_connect(struct bpf_sock_addr *ctx)
+{
+	return sock6_translate(ctx, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int cel_sock6_sendmsg(struct bpf_sock_addr *ctx)
+{
+	return sock6_translate(ctx, 1);
+}
+
+SEC("cgroup/recvmsg6")
+int cel_sock6_recvmsg(struct bpf_sock_addr *ctx)
+{
+	return sock6_reverse(ctx);
+}
+
+SEC("cgroup/getpeername6")
+int cel_sock6_getpeername(struct bpf_sock_addr *ctx)
+{
+	return sock6_reverse(ctx);
 }

@@ -118,6 +118,22 @@ struct {
 	__uint(max_entries, 65536);
 } cel_lb6_revnat SEC(".maps");
 
+/* A socket's entries live as long as it may ask; LRU forgets those of
+ * sockets long closed (a socket cookie is never reused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_rev4_key);
+	__type(value, struct sock_rev4_value);
+	__uint(max_entries, 65536);
+} cel_lb4_reverse_sk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_rev6_key);
+	__type(value, struct sock_rev6_value);
+	__uint(max_entries, 65536);
+} cel_lb6_reverse_sk SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -5,7 +5,7 @@
 //! agent with its CLI and CNI plugin ([`Agent`], [`CniCall`]), a cluster of node namespaces on
 //! an underlay with the test API server, operators and an agent per node ([`Cluster`]),
 //! reachability probes that tell a policy drop apart ([`reach`]), a directory made read-only
-//! for real ([`ReadOnlyDir`]), a policy lab of pods in Kubernetes namespaces with truth tables
+//! for real ([`ReadOnlyDir`]), a cgroup v2 of the test's own ([`TestCgroup`]), a policy lab of pods in Kubernetes namespaces with truth tables
 //! ([`lab`]), a TCP ping-pong of both families for latency benchmarks ([`pingpong`]), new
 //! TCP connections timed one by one ([`connrate`]), and what
 //! the benchmarks that run an agent at scale share ([`bench`]).
@@ -17,6 +17,7 @@
 pub mod agent;
 pub mod bench;
 pub mod bpffs;
+pub mod cgroup;
 pub mod cluster;
 pub mod cmd;
 pub mod cni;
@@ -36,6 +37,7 @@ pub mod veth;
 
 pub use agent::{Agent, AgentOptions};
 pub use bpffs::BpffsMount;
+pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterOptions};
 pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};

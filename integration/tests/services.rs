@@ -18,7 +18,7 @@ use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
 use cellium_integration::frame;
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs};
+use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs, TestCgroup};
 use cellium_resources::{ObjectKey, Resources};
 use cellium_svc_lb::Programmer;
 use cellium_svc_lb::desired::{Inputs, LocalEndpoint, plans};
@@ -951,4 +951,121 @@ fn a_pod_balanced_to_itself_through_its_service_exchanges_data() {
         }
     }
     drop((servers, udp));
+}
+
+/// A dual-stack agent with `bpf-lb-sock` on `cgroup`, a pod `web-0` serving TCP on 8080 and
+/// UDP on 5353 in both families, and a service selecting it (HTTP 80 and DNS 53/UDP): the
+/// agent, the pod's servers, and the four frontends.
+fn sock_lb_agent(cgroup: &TestCgroup) -> (Agent, NetNs, Vec<Box<dyn std::any::Any>>, Vec<Value>) {
+    let agent = dual_stack_agent(vec![
+        ("CELLIUM_BPF_LB_SOCK".into(), "true".into()),
+        (
+            "CELLIUM_CGROUP_ROOT".into(),
+            cgroup.path().display().to_string(),
+        ),
+    ]);
+    agent.objects("apply", PODS).expect("apply the pods");
+    let pod = NetNs::new().expect("pod netns");
+    let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
+        .netns(pod.path())
+        .args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0");
+    let (v4, result) = agent.add_call(&call).expect("CNI ADD");
+    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+    let mut servers: Vec<Box<dyn std::any::Any>> = Vec::new();
+    for ip in [IpAddr::from(v4), v6.into()] {
+        let tcp = TcpServer::start(&pod, SocketAddr::new(ip, 8080), "web-0").expect("server");
+        let udp =
+            probe::UdpServer::start(&pod, SocketAddr::new(ip, 5353), "web-0").expect("server");
+        servers.push(Box::new(tcp));
+        servers.push(Box::new(udp));
+    }
+    agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: web }\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: http, port: 80, targetPort: http }, { name: dns, port: 53, protocol: UDP, targetPort: 5353 } ]\n",
+        )
+        .expect("apply the service");
+    let frontends = frontends_with(&agent, "web", 4, 1);
+    (agent, pod, servers, frontends)
+}
+
+/// From the node's namespace, with sockets made inside `cgroup` (or not): every frontend
+/// answered by web-0, the socket seeing the service address as its peer; or why not.
+fn from_the_node(
+    agent: &Agent,
+    cgroup: Option<&TestCgroup>,
+    frontends: &[Value],
+) -> Result<(), String> {
+    let _inside = cgroup.map(|c| c.enter().expect("enter the cgroup"));
+    for fe in frontends {
+        let to = vip(fe);
+        let (banner, peer) = if fe["protocol"] == "TCP" {
+            let r = probe::tcp_request(agent.node(), to, TIMEOUT)
+                .map_err(|e| format!("{to}/TCP: {e}"))?;
+            (r.banner, r.peer)
+        } else {
+            let r = probe::udp_request(agent.node(), to, TIMEOUT)
+                .map_err(|e| format!("{to}/UDP: {e}"))?;
+            (r.banner, r.from)
+        };
+        if banner != "web-0" || peer != to {
+            return Err(format!("{to}: answered by {banner:?} from {peer}"));
+        }
+    }
+    Ok(())
+}
+
+/// The names under the agent's `<bpf-root>/links`.
+fn pinned_links(agent: &Agent) -> Vec<String> {
+    std::fs::read_dir(agent.bpf_root().join("links"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_nodes_own_sockets_are_balanced_at_connect_and_sendmsg_in_both_families() {
+    let _serial = serial();
+    let cgroup = TestCgroup::new().expect("a cgroup");
+    let (mut agent, _pod, servers, frontends) = sock_lb_agent(&cgroup);
+
+    // In the cgroup and the node's namespace: translated where the socket names its peer,
+    // and the socket is given the service address back (getpeername, recvmsg).
+    from_the_node(&agent, Some(&cgroup), &frontends).expect("balanced from the node");
+    // The same process outside the cgroup: nothing translates its sockets; the service
+    // addresses lead nowhere from the node.
+    for fe in &frontends {
+        assert!(
+            from_the_node(&agent, None, std::slice::from_ref(fe)).is_err(),
+            "{} answered outside the cgroup",
+            vip(fe)
+        );
+    }
+    let links = pinned_links(&agent);
+    assert_eq!(
+        links.iter().filter(|l| l.starts_with("cgroup-")).count(),
+        8,
+        "{links:?}"
+    );
+
+    // A restart keeps the pinned links (moved to the new programs).
+    agent.stop().expect("stop");
+    from_the_node(&agent, Some(&cgroup), &frontends).expect("balanced while stopped");
+    agent.start().expect("start again");
+    from_the_node(&agent, Some(&cgroup), &frontends).expect("balanced after a restart");
+
+    // Turned off, a restart removes them.
+    agent.stop().expect("stop");
+    agent
+        .options_mut()
+        .env
+        .retain(|(k, _)| k != "CELLIUM_BPF_LB_SOCK");
+    agent.start().expect("start without bpf-lb-sock");
+    let links = pinned_links(&agent);
+    assert!(!links.iter().any(|l| l.starts_with("cgroup-")), "{links:?}");
+    assert!(from_the_node(&agent, Some(&cgroup), &frontends[..1]).is_err());
+    drop(servers);
 }

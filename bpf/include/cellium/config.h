@@ -44,6 +44,11 @@ struct datapath_config {
 	 * metadata), where traffic to other nodes' pods is redirected; 0 when
 	 * routing is native. */
 	__u32 tunnel_ifindex;
+	__u32 pad;
+	/* Socket-level load balancing (lib/sock.h): the cookie of the node's
+	 * network namespace, whose sockets the cgroup hooks translate; 0 when
+	 * bpf-lb-sock is off. */
+	__u64 host_netns_cookie;
 };
 
 #endif /* CELLIUM_CONFIG_H */

@@ -63,4 +63,36 @@ struct lb6_reverse_nat {
 	__u16 pad;
 };
 
+/*
+ * Socket-level load balancing (lib/sock.h): cel_lb4_reverse_sk maps a
+ * socket (its cookie) and the backend it was translated to back to the
+ * frontend it named, for getpeername() and recvmsg().
+ */
+struct sock_rev4_key {
+	__u64 cookie;
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+struct sock_rev4_value {
+	__be32 vip;
+	__be16 port;
+	__u16 rev_nat_id;
+};
+
+struct sock_rev6_key {
+	__u64 cookie;
+	__u8 addr[16];
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct sock_rev6_value {
+	__u8 vip[16];
+	__be16 port;
+	__u16 rev_nat_id;
+};
+
 #endif /* CELLIUM_LB_H */

@@ -139,6 +139,8 @@ int main(void)
 	OFF(datapath_config, ct_icmp);
 	OFF(datapath_config, ct_other);
 	OFF(datapath_config, tunnel_ifindex);
+	OFF(datapath_config, pad);
+	OFF(datapath_config, host_netns_cookie);
 
 	SIZE(metrics_value);
 	OFF(metrics_value, packets);

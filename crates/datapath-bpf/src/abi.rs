@@ -620,6 +620,11 @@ pub struct DatapathConfig {
     pub ct_other: u32,
     /// Tunnel mode: the ifindex of the node's VXLAN device; 0 in native routing.
     pub tunnel_ifindex: u32,
+    /// Zero.
+    pub pad: u32,
+    /// Socket-level load balancing: the cookie of the node's network namespace, whose
+    /// sockets the cgroup hooks translate; 0 translates none.
+    pub host_netns_cookie: u64,
 }
 plain!(DatapathConfig {
     layout_version,
@@ -630,7 +635,9 @@ plain!(DatapathConfig {
     ct_udp,
     ct_icmp,
     ct_other,
-    tunnel_ifindex
+    tunnel_ifindex,
+    pad,
+    host_netns_cookie
 });
 
 impl DatapathConfig {
@@ -660,6 +667,8 @@ impl Default for DatapathConfig {
             ct_icmp: 60,
             ct_other: 60,
             tunnel_ifindex: 0,
+            pad: 0,
+            host_netns_cookie: 0,
         }
     }
 }
@@ -832,7 +841,8 @@ mod tests {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,
             ct_udp => ct_udp, ct_icmp => ct_icmp, ct_other => ct_other,
-            tunnel_ifindex => tunnel_ifindex,
+            tunnel_ifindex => tunnel_ifindex, pad => pad,
+            host_netns_cookie => host_netns_cookie,
         });
         check!(MetricsValue, metrics_value { packets => packets, bytes => bytes });
         check!(RawEvent, event {

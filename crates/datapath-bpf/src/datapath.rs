@@ -26,6 +26,8 @@ use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
 use crate::skel::DatapathSkelBuilder;
+use crate::sock::{self, SockHook};
+use crate::sys;
 
 /// How to open the datapath.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +82,8 @@ pub struct Datapath {
     from_overlay: OwnedFd,
     to_overlay: OwnedFd,
     from_netdev: OwnedFd,
+    /// The socket-level load balancer's programs, in [`SockHook::ALL`]'s order.
+    sock: [OwnedFd; 8],
     attacher: Attacher,
     maps_report: Vec<MapReport>,
 }
@@ -200,6 +204,16 @@ impl Datapath {
             from_overlay: dup("cel_from_overlay", &skel.progs.cel_from_overlay)?,
             to_overlay: dup("cel_to_overlay", &skel.progs.cel_to_overlay)?,
             from_netdev: dup("cel_from_netdev", &skel.progs.cel_from_netdev)?,
+            sock: [
+                dup("cel_sock4_connect", &skel.progs.cel_sock4_connect)?,
+                dup("cel_sock4_sendmsg", &skel.progs.cel_sock4_sendmsg)?,
+                dup("cel_sock4_recvmsg", &skel.progs.cel_sock4_recvmsg)?,
+                dup("cel_sock4_getpeername", &skel.progs.cel_sock4_getpeername)?,
+                dup("cel_sock6_connect", &skel.progs.cel_sock6_connect)?,
+                dup("cel_sock6_sendmsg", &skel.progs.cel_sock6_sendmsg)?,
+                dup("cel_sock6_recvmsg", &skel.progs.cel_sock6_recvmsg)?,
+                dup("cel_sock6_getpeername", &skel.progs.cel_sock6_getpeername)?,
+            ],
             attacher: Attacher::new(links_dir, options.attach_mode),
             root,
             maps_report,
@@ -352,6 +366,34 @@ impl Datapath {
             .into_iter()
             .map(|(hook, kind, action)| HookAttach { hook, kind, action })
             .collect())
+    }
+
+    /// Turns the socket-level load balancer on for the sockets of the calling thread's
+    /// network namespace (the node's) in the cgroup v2 directory `cgroup` and below: attaches
+    /// the `cel_sock*` programs there, or moves the pinned links to this datapath's programs,
+    /// then names the namespace in `cel_config`.
+    pub fn attach_sock_lb(&self, cgroup: &Path) -> Result<Vec<(SockHook, AttachAction)>> {
+        let progs = self.sock.each_ref().map(|fd| fd.as_fd());
+        let done = sock::attach(&attach::links_dir(&self.root), &progs, cgroup)?;
+        let cookie = sys::netns_cookie().map_err(|source| Error::Handle {
+            object: "the network namespace's cookie (SO_NETNS_COOKIE)",
+            source,
+        })?;
+        self.config.set_host_netns_cookie(cookie)?;
+        Ok(done)
+    }
+
+    /// Turns the socket-level load balancer off: no namespace in `cel_config` (sockets are
+    /// left as they are from now on), then the links detached and unpinned. Returns how many
+    /// links there were.
+    pub fn detach_sock_lb(&self) -> Result<usize> {
+        self.config.set_host_netns_cookie(0)?;
+        sock::detach(&attach::links_dir(&self.root))
+    }
+
+    /// The socket-level load balancer's attached hooks, with the id of their cgroup.
+    pub fn sock_lb_attached(&self) -> Result<Vec<(SockHook, u64)>> {
+        sock::attached(&attach::links_dir(&self.root))
     }
 
     /// Current attachments: live pinned tcx links, and clsact filters

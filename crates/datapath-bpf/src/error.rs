@@ -123,6 +123,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Attaching a socket-level load-balancing program to a cgroup failed.
+    #[error("cannot attach {program} to cgroup {}", cgroup.display())]
+    AttachCgroup {
+        /// The program.
+        program: &'static str,
+        /// The cgroup's directory.
+        cgroup: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// A pinned tcx link could not be opened, inspected, updated or pinned.
     #[error("cannot {op} link {path}")]
     Link {

@@ -50,6 +50,7 @@ mod error;
 pub mod events;
 pub mod maps;
 pub mod pinning;
+mod sock;
 mod sys;
 mod types;
 
@@ -78,4 +79,5 @@ pub use maps::lb::{Backend, Frontend, ServiceEntry};
 pub use maps::metrics::MetricSample;
 pub use maps::policy::{SyncStats, compile_policy};
 pub use pinning::{MapOrigin, MapReport};
+pub use sock::SockHook;
 pub use types::{EndpointFlags, MacAddr, Reason};

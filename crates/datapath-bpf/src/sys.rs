@@ -1,5 +1,6 @@
 //! The few libbpf calls libbpf-rs 0.27 has no safe wrapper for: creating,
-//! pinning, opening, updating and detaching tcx links by file descriptor.
+//! pinning, opening, updating and detaching tcx and cgroup links by file
+//! descriptor; and the cookie of the caller's network namespace.
 //! Every function returns an owned fd or an `io::Error` with the errno.
 #![allow(unsafe_code)]
 
@@ -56,6 +57,51 @@ pub(crate) fn tcx_link_create(
         libbpf_sys::bpf_link_create(prog.as_raw_fd(), target, attach_type, std::ptr::null())
     };
     fd_or_errno(ret)
+}
+
+/// Attaches `prog` to the cgroup open at `cgroup` with a new link of `attach_type`
+/// (`BPF_CGROUP_*`).
+pub(crate) fn cgroup_link_create(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: libbpf_sys::bpf_attach_type,
+) -> io::Result<OwnedFd> {
+    // SAFETY: two valid descriptors; NULL opts (no ordering among the cgroup's programs).
+    let ret = unsafe {
+        libbpf_sys::bpf_link_create(
+            prog.as_raw_fd(),
+            cgroup.as_raw_fd(),
+            attach_type,
+            std::ptr::null(),
+        )
+    };
+    fd_or_errno(ret)
+}
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14): what
+/// `bpf_get_netns_cookie` returns for its sockets.
+pub(crate) fn netns_cookie() -> io::Result<u64> {
+    use nix::libc;
+    // asm-generic/socket.h (x86 and arm alike); libc 0.2 does not export it.
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a buffer of the option's size that outlives the call.
+    let ret = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 /// Points an existing link at `prog` atomically (no window without a program).

@@ -1,5 +1,7 @@
 //! The `svc-lb` configuration section.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 /// What a new connection to a service without backends gets (key
@@ -16,11 +18,28 @@ pub enum NoBackendResponse {
 }
 
 /// The `svc-lb` section.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", default)]
 pub struct SvcLbConfig {
     /// `reject` (the default) or `drop`.
     pub service_no_backend_response: NoBackendResponse,
+    /// Socket-level load balancing of the node's own processes (Cilium's `bpf-lb-sock`): off
+    /// by default, as in Cilium without kube-proxy replacement.
+    pub bpf_lb_sock: bool,
+    /// The cgroup v2 directory the socket-level programs are attached to (Cilium's
+    /// `cgroup-root`): every process in it and below is served. A path that is no cgroup v2
+    /// directory gets a hierarchy mounted.
+    pub cgroup_root: PathBuf,
+}
+
+impl Default for SvcLbConfig {
+    fn default() -> Self {
+        SvcLbConfig {
+            service_no_backend_response: NoBackendResponse::default(),
+            bpf_lb_sock: false,
+            cgroup_root: PathBuf::from("/run/cellium/cgroupv2"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,23 @@ pub enum Error {
         #[source]
         source: cellium_datapath_bpf::Error,
     },
+    /// `cgroup-root` is not, and cannot be made, a cgroup v2 directory.
+    #[error("cgroup-root {}: {why}", path.display())]
+    CgroupRoot {
+        /// The configured path.
+        path: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The socket-level load balancer could not be attached to (or removed from) the cgroup.
+    #[error("bpf-lb-sock: cannot attach the socket-level load balancer to cgroup-root {}", cgroup.display())]
+    SockLb {
+        /// The configured cgroup.
+        cgroup: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
     /// A map write for one frontend failed.
     #[error("cannot program frontend {frontend}")]
     Program {

@@ -12,7 +12,9 @@
 //!   endpoints and their changes), loader (the maps).
 //! - **Config keys:** `service-no-backend-response`: `reject` (the default: a new connection
 //!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`
-//!   ([`SvcLbConfig`]). The service range, `service-cidr`, belongs to resources.
+//!   ([`SvcLbConfig`]); `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own
+//!   processes in that cgroup get services translated at `connect()` and `sendmsg()`. The
+//!   service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
 //!
@@ -28,6 +30,7 @@ mod error;
 mod grpc;
 mod ids;
 mod service_lb;
+mod sock_lb;
 pub mod sync;
 
 use cellium_hive::Module;

@@ -12,7 +12,9 @@
 //!    frontends and backends nobody wants removed. Removing them any earlier would drop
 //!    services whose objects or endpoints had not been restored yet. Before all that it tells
 //!    the datapath what a new connection to a frontend without backends gets
-//!    (`service-no-backend-response`).
+//!    (`service-no-backend-response`), and turns socket-level load balancing on or off
+//!    (`bpf-lb-sock`): the node's sockets are translated from the first pass on, by the same
+//!    maps.
 //! 3. The `watch-changes` job turns every change of services, slices, pods and endpoints into
 //!    a trigger of the `reconcile` job (triggers coalesce), which also runs every minute to
 //!    repair drift; `revnat-gc` deletes the rev-NAT entries of removed frontends once no
@@ -70,8 +72,11 @@ impl ServiceLb {
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
+        let sock = (*cfg).clone();
         lc.append(Hook::new("restore-services").on_start(move |_| async move {
             this.set_no_backend_response(reject)?;
+            let dp = this.loader.datapath()?;
+            crate::sock_lb::apply(&dp, &sock)?;
             let adopted = this.clone().adopt().await?;
             tracing::info!("{adopted}");
             // A first pass that fails is reported and retried by the job, not fatal: the

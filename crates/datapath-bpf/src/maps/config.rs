@@ -35,6 +35,8 @@ impl ConfigMap {
             ct_icmp: 0,
             ct_other: 0,
             tunnel_ifindex: 0,
+            pad: 0,
+            host_netns_cookie: 0,
         }))
     }
 
@@ -56,6 +58,16 @@ impl ConfigMap {
         let config = self.get()?;
         self.set(&DatapathConfig {
             tunnel_ifindex: ifindex,
+            ..config
+        })
+    }
+
+    /// Sets the network namespace whose sockets the socket-level load balancer translates
+    /// (its cookie, `SO_NETNS_COOKIE`), or 0 for none, keeping the other settings.
+    pub fn set_host_netns_cookie(&self, cookie: u64) -> Result<()> {
+        let config = self.get()?;
+        self.set(&DatapathConfig {
+            host_netns_cookie: cookie,
             ..config
         })
     }
