@@ -27,6 +27,7 @@
 mod cell;
 mod config;
 mod error;
+mod first_try;
 mod gc;
 mod ips;
 pub mod keys;

@@ -4,8 +4,9 @@
 //! 1. known here: an `id/<N>` key holding its labels key was seen by the watch (no request;
 //!    this node's use is recorded in the background, see below);
 //! 2. else, in one transaction without the lock, the label set's first probe number (see
-//!    `allocate_unlocked`): created when absent, nobody holds
-//!    the lock and no node uses the labels; taken when it already holds these labels;
+//!    `first_try`, which sends the first tries asked for at the same time in one
+//!    transaction): created when absent, nobody holds the lock and no node uses the labels;
+//!    taken when it already holds these labels;
 //! 3. else, under the label set's lock (`locks/<labels key>`, a key created only when absent,
 //!    on this node's lease, so a dead holder frees it when its lease expires): any node's
 //!    `value/<labels key>/` entry; else the first number of the label set's probe sequence
@@ -91,7 +92,7 @@ impl Kvstore {
 
     /// The cluster's number of `labels`: known, found or allocated (see the module's docs),
     /// within `kvstore-allocation-timeout`.
-    pub async fn number(&self, labels: &Labels) -> Result<u32, String> {
+    pub async fn number(self: &Arc<Self>, labels: &Labels) -> Result<u32, String> {
         let key = keys::labels_key(labels);
         let timeout = self.config().kvstore_allocation_timeout;
         let deadline = Instant::now() + timeout;
@@ -123,19 +124,17 @@ impl Kvstore {
         ))
     }
 
-    /// One try, under the label set's lock.
-    async fn allocate(&self, labels_key: &str) -> Result<u32, String> {
+    /// One try: the first without the lock (batched with others, `first_try`), then under
+    /// the label set's lock.
+    async fn allocate(self: &Arc<Self>, labels_key: &str) -> Result<u32, String> {
+        if let Some(id) = self.first_try(labels_key).await? {
+            return Ok(id);
+        }
         let lease = self.lease_id().ok_or_else(|| match self.last_error() {
             Some(e) => format!("no session lease yet (etcd: {e})"),
             None => "no session lease yet".to_string(),
         })?;
         let mut client = self.client().await?;
-        if let Some(id) = self
-            .allocate_unlocked(&mut client, labels_key, lease)
-            .await?
-        {
-            return Ok(id);
-        }
         let token = self.lock(&mut client, labels_key, lease).await?;
         let result = self.allocate_locked(&mut client, labels_key, lease).await;
         // A lock left behind (etcd gone between the two) is freed with the lease, or taken
@@ -190,63 +189,6 @@ impl Kvstore {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(LOCK_POLL_MAX);
         }
-    }
-
-    /// Without the lock, one transaction: the label set's first probe number, created with
-    /// this node's `value/` key when it is absent, nobody holds the lock and no node has a
-    /// `value/` key for the labels (so no allocation under the lock is under way or done); or,
-    /// nested, this node's `value/` key alone when that number already holds these labels.
-    /// `None` when neither held: the caller takes the lock. Two nodes racing here agree, as
-    /// the creation is atomic with those checks: the loser's nested branch takes the winner's
-    /// number.
-    async fn allocate_unlocked(
-        &self,
-        client: &mut Client,
-        labels_key: &str,
-        lease: i64,
-    ) -> Result<Option<u32>, String> {
-        let Some(id) = keys::probe_sequence(labels_key).next() else {
-            return Ok(None);
-        };
-        let (id_key, value_key) = (keys::id_key(id), keys::value_key(labels_key, self.node()));
-        let value = id.to_string();
-        let put_value = TxnOp::put(
-            value_key.as_str(),
-            value.as_str(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let taken = Txn::new()
-            .when([Compare::value(
-                id_key.as_str(),
-                CompareOp::Equal,
-                labels_key,
-            )])
-            .and_then([put_value.clone()]);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(id_key.as_str(), CompareOp::Equal, 0),
-                Compare::create_revision(keys::lock_key(labels_key), CompareOp::Equal, 0),
-                // Over the prefix: true when no key is in it.
-                Compare::create_revision(keys::value_prefix(labels_key), CompareOp::Equal, 0)
-                    .with_prefix(),
-            ])
-            .and_then([TxnOp::put(id_key.as_str(), labels_key, None), put_value])
-            .or_else([TxnOp::txn(taken)]);
-        let r = timed("allocating", client.txn(txn)).await?;
-        self.answered();
-        let nested = r
-            .op_responses()
-            .into_iter()
-            .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
-        if !(r.succeeded() || nested) {
-            return Ok(None);
-        }
-        if r.succeeded() {
-            tracing::info!(id, labels = labels_key, "identity allocated in etcd");
-        }
-        self.written(&value_key, &value, lease);
-        self.use_number(labels_key, id);
-        Ok(Some(id))
     }
 
     /// Under the lock: a number another node uses, else the first free (or already ours)

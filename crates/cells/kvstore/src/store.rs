@@ -90,6 +90,8 @@ pub struct Kvstore {
     pub nodes: Mirror,
     /// Labels keys to numbers, from the `id/` keys of [`identities`](Self::identities).
     numbers: Mutex<HashMap<String, u32>>,
+    /// Allocations' first tries waiting for their transaction (`first_try`).
+    pub(crate) first_tries: Mutex<crate::first_try::Queue>,
 }
 
 impl fmt::Debug for Kvstore {
@@ -102,7 +104,7 @@ impl fmt::Debug for Kvstore {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -176,6 +178,7 @@ impl Kvstore {
             ips: Mirror::new(keys::IP_PREFIX),
             nodes: Mirror::new(keys::NODES_PREFIX),
             numbers: Mutex::default(),
+            first_tries: Mutex::default(),
         }))
     }
 
