@@ -195,6 +195,25 @@ spec:
         "client is still allowed"
     );
 
+    // An egress rule of node 1's client naming a port: the number is the remote web pod's,
+    // from its CiliumEndpoint's named ports (no pod on node 1 has them).
+    cluster
+        .apply_policy(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: client-to-web-http, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: client } }
+  policyTypes: [ Egress ]
+  egress: [ { to: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: http } ] } ]
+"#,
+        )
+        .expect("egress policy");
+    eventually(&cluster, "client reaches web by its port's name", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+
     // A remote pod relabelled: its identity changes on its node, the other node follows.
     cluster
         .api()

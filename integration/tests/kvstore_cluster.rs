@@ -64,6 +64,17 @@ spec:
   ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
 "#;
 
+/// `app: client` pods may only reach web, on the port web's pods name `http`.
+const CLIENT_TO_WEB_HTTP: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: client-to-web-http, namespace: shop }
+spec:
+  podSelector: { matchLabels: { app: client } }
+  policyTypes: [ Egress ]
+  egress: [ { to: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: http } ] } ]
+"#;
+
 /// The underlay: a bridge in `switch` (192.0.2.254, where etcd listens) and a veth from it to
 /// each node (`und` at 192.0.2.<i+1>).
 fn underlay(switch: &NetNs, nodes: &[&NetNs]) {
@@ -309,6 +320,18 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
     eventually("client on node 3 is allowed", &[&one, &two, &three], || {
         reaches(&client3_ns, web)
     });
+
+    // An egress rule of node 1's client naming a port: the number is the remote web pod's,
+    // from its ip entry's named ports (no pod on node 1 has them).
+    let before = one.policy_revision().expect("revision");
+    api.apply(CLIENT_TO_WEB_HTTP).expect("egress policy");
+    one.wait_policy_revision_after(before).expect("taken in");
+    one.settle().expect("enforced");
+    eventually(
+        "client reaches web by its port's name",
+        &[&one, &two, &three],
+        || reaches(&client_ns, web),
+    );
 
     // etcd killed: cached state keeps being enforced; a pod whose labels have a number
     // works; a pod with new labels fails its ADD within the allocation timeout, naming etcd.

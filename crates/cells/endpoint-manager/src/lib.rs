@@ -57,6 +57,7 @@ pub use endpoint::{Address, Endpoint, PodRef, State};
 pub use enforcement::{Enforced, EnforcedTable};
 pub use error::{Error, Result};
 pub use grpc::{EndpointService, to_proto, view};
+pub use labels::named_ports;
 pub use manager::EndpointManager;
 pub use request::CreateRequest;
 

@@ -109,9 +109,20 @@ impl Kvstore {
                 },
                 addresses: vec![e.ip],
                 node_ip: e.host_ip,
+                named_ports: e.named_ports.iter().filter_map(named_port).collect(),
             })
             .collect()
     }
+}
+
+/// An entry's named port as the tables hold one; a port with a protocol that is not TCP, UDP
+/// or SCTP, or a zero port, is skipped (the rest of the entry stands).
+fn named_port(p: &NamedPort) -> Option<cellium_resources::NamedPort> {
+    Some(cellium_resources::NamedPort {
+        name: p.name.clone(),
+        port: Some(p.port).filter(|n| *n > 0)?,
+        protocol: p.protocol.parse().ok()?,
+    })
 }
 
 /// The kvstore's ip and node entries as node-discovery takes them.

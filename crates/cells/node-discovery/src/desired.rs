@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use cellium_ipcache::IpcacheInfo;
-use cellium_resources::{CiliumEndpoint, CiliumNode, Node};
+use cellium_resources::{CiliumEndpoint, CiliumNode, NamedPort, Node};
 use ipnet::IpNet;
 
 /// A route to another node's pod CIDR.
@@ -200,6 +200,32 @@ pub fn ipcache<'a>(
     out
 }
 
+/// The named ports of the remote pods whose addresses `entries` (from [`ipcache`]) give their
+/// identity: what an egress rule naming a port means when one of them is the peer, as a local
+/// pod's named ports are. A pod whose address another claim took (its node's own pods) adds
+/// nothing.
+pub fn named_ports<'a>(
+    endpoints: impl IntoIterator<Item = &'a CiliumEndpoint>,
+    entries: &BTreeMap<IpNet, IpcacheInfo>,
+) -> BTreeMap<IpNet, Vec<NamedPort>> {
+    let mut out = BTreeMap::new();
+    for ep in endpoints {
+        if ep.named_ports.is_empty() {
+            continue;
+        }
+        for ip in &ep.addresses {
+            let prefix = IpNet::from(*ip);
+            if entries
+                .get(&prefix)
+                .is_some_and(|e| e.identity == ep.identity)
+            {
+                out.insert(prefix, ep.named_ports.clone());
+            }
+        }
+    }
+    out
+}
+
 /// A node's first IPv4 address: the one tunnels go to.
 fn ipv4_of(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
     addresses.iter().find_map(|a| match a {
@@ -229,7 +255,29 @@ mod tests {
             identity,
             addresses: vec![ip.parse().unwrap()],
             node_ip: Some(node.parse().unwrap()),
+            named_ports: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_remote_pods_named_ports_go_with_its_entry_only() {
+        let http = NamedPort {
+            name: "http".into(),
+            port: 8080,
+            protocol: cellium_resources::Protocol::Tcp,
+        };
+        let mut web = cep("web", "10.2.0.5", 3001, "192.0.2.2");
+        web.named_ports = vec![http.clone()];
+        let mut mine = cep("mine", "10.1.0.5", 3002, "192.0.2.1");
+        mine.named_ports = vec![http.clone()];
+        let entries: BTreeMap<IpNet, IpcacheInfo> = [
+            ("10.2.0.5/32".parse().unwrap(), IpcacheInfo::from(3001)),
+            // Another claim's identity for the address: not this pod's entry.
+            ("10.1.0.5/32".parse().unwrap(), IpcacheInfo::from(9)),
+        ]
+        .into();
+        let ports = named_ports([&web, &mine], &entries);
+        assert_eq!(ports, [("10.2.0.5/32".parse().unwrap(), vec![http])].into());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use cellium_identity::{Identities, Reserved};
 use cellium_ipcache::{Ipcache, IpcacheInfo, Source};
 use cellium_labels::{Label, Labels};
 use cellium_loader::Loader;
-use cellium_resources::{CiliumIdentity, Resources};
+use cellium_resources::{CiliumIdentity, NamedPort, Resources};
 use futures::StreamExt;
 use ipnet::IpNet;
 use tokio::sync::OnceCell;
@@ -45,6 +45,8 @@ pub struct NodeDiscovery {
     node: String,
     /// The ipcache entries claimed, as last written.
     claimed: Mutex<BTreeMap<IpNet, IpcacheInfo>>,
+    /// The named ports given to the claimed entries, as last written.
+    claimed_ports: Mutex<BTreeMap<IpNet, Vec<NamedPort>>>,
     /// The identities learnt, with their labels.
     learnt: Mutex<BTreeMap<u32, Labels>>,
     netlink: OnceCell<rtnetlink::Handle>,
@@ -88,6 +90,7 @@ impl NodeDiscovery {
             identities,
             remote,
             claimed: Mutex::default(),
+            claimed_ports: Mutex::default(),
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
             last: Mutex::default(),
@@ -225,7 +228,9 @@ impl NodeDiscovery {
             self.tunnel.then_some(&world as &dyn Fn(_) -> u32),
         );
         let entry_count = entries.len();
+        let ports = desired::named_ports(endpoints.iter().map(|e| &**e).chain(&remote), &entries);
         self.claim(entries)?;
+        self.claim_ports(ports);
         let mut routes = desired::routes(
             nodes.iter().map(|n| &**n),
             cilium_nodes.iter().map(|n| &**n),
@@ -321,6 +326,21 @@ impl NodeDiscovery {
             claimed.remove(&prefix);
         }
         Ok(())
+    }
+
+    /// Gives the claimed entries `ports` (after [`claim`](Self::claim)), and takes them from
+    /// the entries that have none any more.
+    fn claim_ports(&self, ports: BTreeMap<IpNet, Vec<NamedPort>>) {
+        let mut claimed = self.claimed_ports.lock().unwrap_or_else(|p| p.into_inner());
+        for (prefix, list) in &ports {
+            if claimed.get(prefix) != Some(list) {
+                self.ipcache.set_named_ports(*prefix, Source::Remote, list);
+            }
+        }
+        for (prefix, _) in claimed.iter().filter(|(p, _)| !ports.contains_key(p)) {
+            self.ipcache.set_named_ports(*prefix, Source::Remote, &[]);
+        }
+        *claimed = ports;
     }
 
     async fn netlink(&self) -> Result<&rtnetlink::Handle> {

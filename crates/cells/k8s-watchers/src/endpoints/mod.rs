@@ -231,7 +231,10 @@ impl CepSync {
     /// One pass, with the client and the node's endpoints as they are now.
     async fn pass(&self, owner: &str, node_ip: Option<IpAddr>) -> Result<Done> {
         let client = self.watchers.client().await?;
-        reconcile(&client, owner, &self.endpoints.list(), node_ip).await
+        let resources = self.resources.as_deref();
+        let ports = |ep: &Endpoint| cellium_endpoint_manager::named_ports(ep, resources);
+        let desired = plan::desired(&self.endpoints.list(), node_ip, &ports);
+        reconcile(&client, owner, desired).await
     }
 
     /// Completes when the node's IP is no longer `last`: the Nodes table changes with every

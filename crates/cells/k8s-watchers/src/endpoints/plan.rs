@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use cellium_endpoint_manager::{Endpoint, State};
+use cellium_resources::NamedPort;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -25,6 +26,18 @@ pub(crate) struct CepStatus {
     pub(crate) networking: CepNetworking,
     /// `ready`: only ready endpoints are written.
     pub(crate) state: &'static str,
+    /// The pod's named container ports: what other nodes' egress rules naming a port mean
+    /// when this pod is the peer.
+    #[serde(rename = "named-ports", skip_serializing_if = "Vec::is_empty")]
+    pub(crate) named_ports: Vec<CepNamedPort>,
+}
+
+/// One entry of `status.named-ports`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct CepNamedPort {
+    pub(crate) name: String,
+    pub(crate) port: u16,
+    pub(crate) protocol: String,
 }
 
 /// `status.external-identifiers`.
@@ -129,10 +142,15 @@ pub(crate) fn owner_label(node: &str) -> String {
     format!("{stem}-{digest:016x}")
 }
 
-/// The CiliumEndpoints the node's endpoints ask for: one per pod, from its ready endpoint.
-/// Endpoints without a pod (a runtime that named none) have no object. A pod with several
-/// endpoints (a sandbox being replaced) gets the newest one's.
-pub(crate) fn desired(endpoints: &[Endpoint], node_ip: Option<IpAddr>) -> Desired {
+/// The CiliumEndpoints the node's endpoints ask for: one per pod, from its ready endpoint,
+/// with the named ports `ports` gives it. Endpoints without a pod (a runtime that named none)
+/// have no object. A pod with several endpoints (a sandbox being replaced) gets the newest
+/// one's.
+pub(crate) fn desired(
+    endpoints: &[Endpoint],
+    node_ip: Option<IpAddr>,
+    ports: &dyn Fn(&Endpoint) -> Vec<NamedPort>,
+) -> Desired {
     let mut newest: BTreeMap<Key, &Endpoint> = BTreeMap::new();
     let mut out = Desired::default();
     for ep in endpoints {
@@ -150,14 +168,14 @@ pub(crate) fn desired(endpoints: &[Endpoint], node_ip: Option<IpAddr>) -> Desire
     for (key, ep) in newest {
         // A ready endpoint of the pod wins over one being set up or torn down.
         out.hold.remove(&key);
-        let status = serde_json::to_value(status(ep, node_ip)).unwrap_or(Value::Null);
+        let status = serde_json::to_value(status(ep, node_ip, &ports(ep))).unwrap_or(Value::Null);
         out.write.insert(key, status);
     }
     out
 }
 
 /// The status of `ep`'s CiliumEndpoint.
-pub(crate) fn status(ep: &Endpoint, node_ip: Option<IpAddr>) -> CepStatus {
+pub(crate) fn status(ep: &Endpoint, node_ip: Option<IpAddr>, ports: &[NamedPort]) -> CepStatus {
     let (namespace, name) = ep
         .pod
         .as_ref()
@@ -196,6 +214,14 @@ pub(crate) fn status(ep: &Endpoint, node_ip: Option<IpAddr>) -> CepStatus {
             node: node_ip.map(|ip| ip.to_string()).unwrap_or_default(),
         },
         state: "ready",
+        named_ports: ports
+            .iter()
+            .map(|p| CepNamedPort {
+                name: p.name.clone(),
+                port: p.port,
+                protocol: p.protocol.to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -302,7 +328,15 @@ pub(crate) mod tests {
     #[test]
     fn the_status_is_ciliums_shape() {
         let web = ep(12, Some(("shop", "web")), &["10.0.0.5", "fd00::5"]);
-        let web = serde_json::to_value(status(&web, Some("192.168.1.10".parse().unwrap())));
+        let web = serde_json::to_value(status(
+            &web,
+            Some("192.168.1.10".parse().unwrap()),
+            &[NamedPort {
+                name: "http".into(),
+                port: 8080,
+                protocol: cellium_resources::Protocol::Tcp,
+            }],
+        ));
         assert_eq!(
             web.unwrap(),
             json!({
@@ -321,11 +355,12 @@ pub(crate) mod tests {
                     "addressing": [{"ipv4": "10.0.0.5", "ipv6": "fd00::5"}],
                     "node": "192.168.1.10"
                 },
-                "state": "ready"
+                "state": "ready",
+                "named-ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
             })
         );
         let v4 = ep(3, Some(("shop", "db")), &["10.0.0.7"]);
-        let v4 = serde_json::to_value(status(&v4, None)).unwrap();
+        let v4 = serde_json::to_value(status(&v4, None, &[])).unwrap();
         assert_eq!(
             v4["networking"],
             json!({"addressing": [{"ipv4": "10.0.0.7"}], "node": ""}),
@@ -344,7 +379,9 @@ pub(crate) mod tests {
         let mut deleting = ep(11, Some(("shop", "cache")), &["10.0.0.11"]);
         deleting.state = State::Deleting;
         let podless = ep(12, None, &["10.0.0.12"]);
-        let d = desired(&[new, old, creating, deleting, podless], None);
+        let d = desired(&[new, old, creating, deleting, podless], None, &|_| {
+            Vec::new()
+        });
         assert_eq!(
             d.write.keys().cloned().collect::<Vec<_>>(),
             [key("shop", "web")]
@@ -361,7 +398,7 @@ pub(crate) mod tests {
         let ready = ep(4, Some(("shop", "web")), &["10.0.0.4"]);
         let mut creating = ep(5, Some(("shop", "web")), &["10.0.0.5"]);
         creating.state = State::Creating;
-        let d = desired(&[creating, ready], None);
+        let d = desired(&[creating, ready], None, &|_| Vec::new());
         assert!(d.hold.is_empty());
         assert_eq!(d.write[&key("shop", "web")]["id"], 4);
     }
@@ -373,7 +410,7 @@ pub(crate) mod tests {
             ep(2, Some(("shop", "same")), &["10.0.0.2"]),
             ep(3, Some(("shop", "moved")), &["10.0.0.3"]),
         ];
-        let mut d = desired(&eps, None);
+        let mut d = desired(&eps, None, &|_| Vec::new());
         d.hold.insert(key("shop", "being-set-up"));
         let observed = |k: &Key, uid: &str| Observed {
             uid: Some(uid.into()),
@@ -409,7 +446,7 @@ pub(crate) mod tests {
     #[test]
     fn nothing_to_do_when_in_line_and_everything_goes_without_endpoints() {
         let eps = [ep(1, Some(("shop", "web")), &["10.0.0.1"])];
-        let d = desired(&eps, Some("10.1.0.1".parse().unwrap()));
+        let d = desired(&eps, Some("10.1.0.1".parse().unwrap()), &|_| Vec::new());
         let existing: BTreeMap<Key, Observed> = d
             .write
             .iter()
@@ -425,7 +462,7 @@ pub(crate) mod tests {
             .collect();
         let p = plan(&d, &existing);
         assert_eq!((p.writes(), p.in_line), (0, 1));
-        let p = plan(&desired(&[], None), &existing);
+        let p = plan(&desired(&[], None, &|_| Vec::new()), &existing);
         assert_eq!(p.delete, [(key("shop", "web"), None)]);
     }
 }

@@ -3,9 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
 
-use cellium_endpoint_manager::Endpoint;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions, TypeMeta,
 };
@@ -41,15 +39,14 @@ impl fmt::Display for Done {
     }
 }
 
-/// One pass: brings the CiliumEndpoints labelled [`NODE_LABEL`]`=<owner>` in line with the
-/// node's `endpoints`. Every write is tried; the first failure is returned with the count.
+/// One pass: brings the CiliumEndpoints labelled [`NODE_LABEL`]`=<owner>` in line with
+/// `desired` (from the node's endpoints, [`plan::desired`]). Every write is tried; the first
+/// failure is returned with the count.
 pub(crate) async fn reconcile(
     client: &kube::Client,
     owner: &str,
-    endpoints: &[Endpoint],
-    node_ip: Option<IpAddr>,
+    desired: plan::Desired,
 ) -> Result<Done> {
-    let desired = plan::desired(endpoints, node_ip);
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
     let listed = all
         .list(&ListParams::default().labels(&format!("{NODE_LABEL}={owner}")))
@@ -225,6 +222,8 @@ pub(crate) fn resource() -> ApiResource {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::net::IpAddr;
+
     use cellium_test_apiserver::ApiServer;
     use serde_json::json;
 
@@ -289,7 +288,13 @@ pub(crate) mod tests {
         put(&server, "elsewhere", Some("n2"), json!({"id": 7}));
         put(&server, "taken", None, json!({"id": 70}));
 
-        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
+        let done = reconcile(
+            &client,
+            "n1",
+            plan::desired(&eps, Some(node_ip), &|_| Vec::new()),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             done,
             Done {
@@ -304,7 +309,7 @@ pub(crate) mod tests {
         for (name, e) in [("web", &eps[0]), ("moved", &eps[1]), ("taken", &eps[2])] {
             let obj = cep(&server, name).unwrap();
             assert_eq!(obj["metadata"]["labels"][NODE_LABEL], "n1", "{name}");
-            let want = serde_json::to_value(plan::status(e, Some(node_ip))).unwrap();
+            let want = serde_json::to_value(plan::status(e, Some(node_ip), &[])).unwrap();
             assert_eq!(obj["status"], want, "{name}");
         }
         assert_eq!(
@@ -314,7 +319,13 @@ pub(crate) mod tests {
 
         // In line: one LIST, no write.
         let before = server.requests();
-        let done = reconcile(&client, "n1", &eps, Some(node_ip)).await.unwrap();
+        let done = reconcile(
+            &client,
+            "n1",
+            plan::desired(&eps, Some(node_ip), &|_| Vec::new()),
+        )
+        .await
+        .unwrap();
         assert_eq!((done.in_line, done.created + done.updated), (3, 0));
         assert_eq!(server.requests() - before, 1);
 
@@ -322,9 +333,13 @@ pub(crate) mod tests {
         server
             .delete("cilium.io/v2", "CiliumEndpoint", Some("shop"), "web")
             .unwrap();
-        let done = reconcile(&client, "n1", &eps[..2], Some(node_ip))
-            .await
-            .unwrap();
+        let done = reconcile(
+            &client,
+            "n1",
+            plan::desired(&eps[..2], Some(node_ip), &|_| Vec::new()),
+        )
+        .await
+        .unwrap();
         assert_eq!((done.created, done.deleted), (1, 1));
         assert!(cep(&server, "web").is_some() && cep(&server, "taken").is_none());
     }
@@ -336,7 +351,9 @@ pub(crate) mod tests {
             ep(1, Some(("shop", "web")), &["10.0.0.1"]),
             ep(2, Some(("no-such-ns", "db")), &["10.0.0.2"]),
         ];
-        let err = reconcile(&client, "n1", &eps, None).await.unwrap_err();
+        let err = reconcile(&client, "n1", plan::desired(&eps, None, &|_| Vec::new()))
+            .await
+            .unwrap_err();
         let msg = chain(&err);
         assert!(
             msg.starts_with(
@@ -348,9 +365,21 @@ pub(crate) mod tests {
 
         // A 500 (kube's client retries 429, 503 and 504 itself): the pass fails at its list.
         server.fail_requests(1, 500);
-        let err = reconcile(&client, "n1", &eps[..1], None).await.unwrap_err();
+        let err = reconcile(
+            &client,
+            "n1",
+            plan::desired(&eps[..1], None, &|_| Vec::new()),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, Error::ListEndpoints(_)), "{}", chain(&err));
-        reconcile(&client, "n1", &eps[..1], None).await.unwrap();
+        reconcile(
+            &client,
+            "n1",
+            plan::desired(&eps[..1], None, &|_| Vec::new()),
+        )
+        .await
+        .unwrap();
     }
 
     #[tokio::test]

@@ -11,6 +11,8 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use crate::key::{Object, ObjectKey};
+use crate::objects::NamedPort;
+use crate::objects::pod::port_name;
 use crate::validate::FieldError;
 
 /// A node as its agent (and the operator's IPAM) describe it.
@@ -51,6 +53,9 @@ pub struct CiliumEndpoint {
     pub addresses: Vec<IpAddr>,
     /// `status.networking.node`: the address of the node that hosts it.
     pub node_ip: Option<IpAddr>,
+    /// `status.named-ports`: the pod's named container ports, which egress rules naming a
+    /// port mean when this endpoint is the peer.
+    pub named_ports: Vec<NamedPort>,
 }
 
 impl Object for CiliumNode {
@@ -201,8 +206,38 @@ impl CiliumEndpoint {
             identity,
             addresses,
             node_ip,
+            named_ports: named_ports(&status)?,
         })
     }
+}
+
+/// `status.named-ports[]`: `{name, port, protocol}` (protocol TCP when absent).
+fn named_ports(status: &Value) -> Result<Vec<NamedPort>, FieldError> {
+    let entries = status.get("named-ports").and_then(Value::as_array);
+    let mut out = Vec::new();
+    for (i, p) in entries.into_iter().flatten().enumerate() {
+        let field = format!("status.named-ports[{i}]");
+        let name = p.get("name").and_then(Value::as_str).unwrap_or_default();
+        port_name(&format!("{field}.name"), name)?;
+        let port = p
+            .get("port")
+            .and_then(Value::as_u64)
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                FieldError::new(format!("{field}.port"), "not a port number (1-65535)")
+            })?;
+        let protocol = match p.get("protocol").and_then(Value::as_str) {
+            None => crate::objects::Protocol::Tcp,
+            Some(text) => parse(&format!("{field}.protocol"), text)?,
+        };
+        out.push(NamedPort {
+            name: name.to_string(),
+            port,
+            protocol,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -234,5 +269,49 @@ mod tests {
         .unwrap_err();
         assert_eq!(bad.field, "status.networking.addressing[0].ipv4");
         assert!(CiliumIdentity::from_api(&json!({"metadata": {"name": "web"}})).is_err());
+    }
+
+    #[test]
+    fn named_ports_are_read_and_checked() {
+        let ep = |ports: Value| {
+            CiliumEndpoint::from_api(&json!({"metadata": {"name": "web"},
+                "status": {"identity": {"id": 3001}, "named-ports": ports}}))
+        };
+        let ok = ep(json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                           {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "m", "port": 9}]))
+        .unwrap();
+        assert_eq!(
+            ok.named_ports,
+            vec![
+                NamedPort {
+                    name: "http".into(),
+                    port: 8080,
+                    protocol: crate::objects::Protocol::Tcp
+                },
+                NamedPort {
+                    name: "dns".into(),
+                    port: 53,
+                    protocol: crate::objects::Protocol::Udp
+                },
+                NamedPort {
+                    name: "m".into(),
+                    port: 9,
+                    protocol: crate::objects::Protocol::Tcp
+                },
+            ]
+        );
+        for (bad, field) in [
+            (
+                json!([{"name": "http", "port": 0}]),
+                "status.named-ports[0].port",
+            ),
+            (json!([{"port": 80}]), "status.named-ports[0].name"),
+            (
+                json!([{"name": "ok", "port": 80}, {"name": "x", "port": 80, "protocol": "ICMP"}]),
+                "status.named-ports[1].protocol",
+            ),
+        ] {
+            assert_eq!(ep(bad).unwrap_err().field, field);
+        }
     }
 }
