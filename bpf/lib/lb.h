@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * ClusterIP: DNAT of a client's packet to a backend, and reverse NAT of the
- * backend's replies. The backend of a connection is chosen once, at random
- * among the service's slots, and remembered in a service conntrack entry
+ * backend's replies. The backend of a connection is chosen once (lb4_select:
+ * by the frontend's maglev table if it has one, else at random among the
+ * service's slots), and remembered in a service conntrack entry
  * keyed on the client -> VIP tuple, so later packets never re-balance. That
  * entry is written only after policy allowed the connection: denied
  * attempts cannot fill the shared table and evict other connections.
@@ -33,9 +34,120 @@ struct lb4_choice {
 };
 
 /*
+ * The connection hash maglev indexes its table with: a murmur3-style mix of
+ * the client -> frontend 5-tuple with a fixed seed, so that every node (and
+ * every agent version) hashes a flow alike and picks the same backend.
+ */
+static __always_inline __u32 lb_hash_mix(__u32 h, __u32 w)
+{
+	w *= 0xcc9e2d51;
+	w = (w << 15) | (w >> 17);
+	w *= 0x1b873593;
+	h ^= w;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 lb_hash_final(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 lb_hash_ports(__u32 h, __be16 sport, __be16 dport, __u8 protocol)
+{
+	h = lb_hash_mix(h, ((__u32)sport << 16) | dport);
+	return lb_hash_final(lb_hash_mix(h, protocol));
+}
+
+static __always_inline __u32 lb4_hash(const struct pkt *p)
+{
+	__u32 h = CEL_LB_MAGLEV_SEED;
+
+	h = lb_hash_mix(h, p->saddr);
+	h = lb_hash_mix(h, p->daddr);
+	return lb_hash_ports(h, p->sport, p->dport, p->protocol);
+}
+
+static __always_inline __u32 lb6_hash(const struct pkt6 *p)
+{
+	__u32 s[4], d[4], h = CEL_LB_MAGLEV_SEED;
+	int i;
+
+	__builtin_memcpy(s, p->saddr, 16);
+	__builtin_memcpy(d, p->daddr, 16);
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		h = lb_hash_mix(h, s[i]);
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		h = lb_hash_mix(h, d[i]);
+	return lb_hash_ports(h, p->sport, p->dport, p->protocol);
+}
+
+/* The backend id the frontend's maglev table gives a connection hashing to
+ * `hash`; 0 when the frontend has no table (it is balanced at random). */
+static __always_inline __u32 lb_maglev_pick(__u16 rev_nat_id, __u32 hash)
+{
+	__u32 key = CEL_LB_MAGLEV_SIZE_KEY, *size, *id;
+	void *table;
+	__u32 m;
+
+	table = bpf_map_lookup_elem(&cel_lb_maglev, &rev_nat_id);
+	if (!table)
+		return 0;
+	size = bpf_map_lookup_elem(table, &key);
+	if (!size)
+		return 0;
+	m = *size;
+	if (!m)
+		return 0;
+	key = 1 + hash % m;
+	id = bpf_map_lookup_elem(table, &key);
+	return id ? *id : 0;
+}
+
+/*
+ * The backend a new connection to a frontend of `count` (> 0) slots takes:
+ * its maglev table's, or a slot at random (also when the table names a
+ * backend that is gone, which the sync never leaves for long). `key` is the
+ * frontend's; its slot is overwritten. Returns the backend id, 0 if none.
+ */
+static __always_inline __u32 lb4_select(struct lb4_key *key, __u16 count, __u16 rev_nat_id,
+					const struct pkt *p)
+{
+	struct lb4_service *slot;
+	__u32 id = lb_maglev_pick(rev_nat_id, lb4_hash(p));
+
+	if (id && bpf_map_lookup_elem(&cel_lb4_backends, &id))
+		return id;
+	key->slot = (bpf_get_prandom_u32() % count) + 1;
+	slot = bpf_map_lookup_elem(&cel_lb4_services, key);
+	return slot ? slot->backend_id : 0;
+}
+
+/* lb4_select for IPv6 frontends. */
+static __always_inline __u32 lb6_select(struct lb6_key *key, __u16 count, __u16 rev_nat_id,
+					const struct pkt6 *p)
+{
+	struct lb4_service *slot;
+	__u32 id = lb_maglev_pick(rev_nat_id, lb6_hash(p));
+
+	if (id && bpf_map_lookup_elem(&cel_lb6_backends, &id))
+		return id;
+	key->slot = (bpf_get_prandom_u32() % count) + 1;
+	slot = bpf_map_lookup_elem(&cel_lb6_services, key);
+	return slot ? slot->backend_id : 0;
+}
+
+/*
  * If the packet is for a frontend, translates it to the connection's
  * backend and fills `c`. A connection without a live service entry gets a
- * backend chosen at random and nothing written: lb4_commit records the
+ * backend from lb4_select and nothing written: lb4_commit records the
  * choice once the connection is allowed. Returns 0 or a drop reason.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
@@ -43,7 +155,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 				    struct lb4_choice *c)
 {
 	struct lb4_key key = {};
-	struct lb4_service *svc, *slot;
+	struct lb4_service *svc;
 	struct lb4_backend *be = NULL;
 	struct ct_pkt cp = ct_pkt4(p);
 	struct ct_entry *se;
@@ -75,11 +187,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		key.slot = (bpf_get_prandom_u32() % count) + 1;
-		slot = bpf_map_lookup_elem(&cel_lb4_services, &key);
-		if (!slot)
-			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = slot->backend_id;
+		id = lb4_select(&key, count, rnat, p);
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
@@ -189,7 +297,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 				    struct lb6_choice *c)
 {
 	struct lb6_key key = {};
-	struct lb4_service *svc, *slot;
+	struct lb4_service *svc;
 	struct lb6_backend *be = NULL;
 	struct ct_pkt cp = ct_pkt6(p);
 	struct ct_entry *se;
@@ -220,11 +328,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		key.slot = (bpf_get_prandom_u32() % count) + 1;
-		slot = bpf_map_lookup_elem(&cel_lb6_services, &key);
-		if (!slot)
-			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = slot->backend_id;
+		id = lb6_select(&key, count, rnat, p);
 		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;

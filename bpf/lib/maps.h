@@ -118,6 +118,23 @@ struct {
 	__uint(max_entries, 65536);
 } cel_lb6_revnat SEC(".maps");
 
+/* Maglev lookup tables by rev-NAT id (cellium/lb.h). BPF_F_INNER_MAP: the
+ * inner arrays may be of any size, so a table size change needs no new
+ * outer map. Only maglev frontends hold a table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u16);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__uint(map_flags, BPF_F_INNER_MAP);
+		__type(key, __u32);
+		__type(value, __u32);
+		__uint(max_entries, 1);
+	});
+} cel_lb_maglev SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -63,4 +63,18 @@ struct lb6_reverse_nat {
 	__u16 pad;
 };
 
+/*
+ * Maglev (cel_lb_maglev): a frontend balanced by maglev has, under its
+ * rev-NAT id, an inner ARRAY of u32: entry 0 is the table size M (a prime),
+ * entries 1..=M the backend ids of the lookup table. A new connection takes
+ * entry 1 + hash(5-tuple) % M. A frontend without one picks a slot at random.
+ * The inner map is replaced whole (a new map swapped in), never rewritten in
+ * place, so a packet sees one table or the other.
+ */
+#define CEL_LB_MAGLEV_SIZE_KEY 0
+
+/* The seed of the connection hash: the same on every node, so that every
+ * node sends a flow to the same backend. */
+#define CEL_LB_MAGLEV_SEED 0x4d61676cU
+
 #endif /* CELLIUM_LB_H */

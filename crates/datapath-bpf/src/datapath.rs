@@ -22,6 +22,7 @@ use crate::maps::endpoints::Endpoints;
 use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
 use crate::maps::lb::{FamilyMaps, Services};
+use crate::maps::maglev::MaglevTables;
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
@@ -72,6 +73,7 @@ pub struct Datapath {
     conntrack: Conntrack,
     fragments: Fragments,
     services: Services,
+    maglev: MaglevTables,
     config: ConfigMap,
     metrics: Metrics,
     events: MapHandle,
@@ -192,6 +194,7 @@ impl Datapath {
                     revnat: typed("cel_lb6_revnat", &m.cel_lb6_revnat)?,
                 },
             ),
+            maglev: MaglevTables::new(typed("cel_lb_maglev", &m.cel_lb_maglev)?),
             config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
             metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
             events: handle("cel_events", &m.cel_events)?,
@@ -263,6 +266,11 @@ impl Datapath {
     /// ClusterIP services, backends and reverse NAT.
     pub fn services(&self) -> &Services {
         &self.services
+    }
+
+    /// The maglev tables of the frontends balanced by maglev.
+    pub fn maglev(&self) -> &MaglevTables {
+        &self.maglev
     }
 
     /// Datapath-wide settings.

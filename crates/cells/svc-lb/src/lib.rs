@@ -27,12 +27,13 @@ pub mod desired;
 mod error;
 mod grpc;
 mod ids;
+pub mod maglev;
 mod service_lb;
 pub mod sync;
 
 use cellium_hive::Module;
 
-pub use config::{NoBackendResponse, SvcLbConfig};
+pub use config::{MaglevTableSize, NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
 pub use grpc::{ServicesService, to_proto};
 pub use service_lb::ServiceLb;

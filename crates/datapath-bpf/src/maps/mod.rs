@@ -7,6 +7,7 @@ pub mod endpoints;
 pub mod frag;
 pub mod ipcache;
 pub mod lb;
+pub mod maglev;
 pub mod metrics;
 pub mod policy;
 

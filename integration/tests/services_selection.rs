@@ -1,0 +1,376 @@
+//! How ClusterIP frontends choose backends, end to end: `internalTrafficPolicy: Local`,
+//! maglev (`bpf-lb-algorithm: maglev`) against the table the agent computes, on two agents
+//! and across a backend's removal.
+//!
+//! Root, serially, after `cargo build --workspace --bins`:
+//! `cargo test -p cellium-integration --test services_selection -- --test-threads=1`.
+//!
+//! Every test makes its own namespaces and agents, removed through guards, and sends traffic
+//! only to addresses inside them.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::time::{Duration, Instant};
+
+use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::{Agent, AgentOptions, NetNs};
+use cellium_svc_lb::maglev;
+use nix::sys::socket::{
+    AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, setsockopt, socket, sockopt,
+};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: web-0, labels: { app: web } }
+spec: { containers: [ { name: c } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: web-1, labels: { app: web } }
+spec: { containers: [ { name: c } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, labels: { app: client } }
+spec: { containers: [ { name: c } ] }
+"#;
+
+/// An agent with two web pods, each serving TCP on 8080 and 8081 (banners `web-0:8080`, ...),
+/// and a client pod.
+struct Env {
+    // Field order is drop order: servers, then pods, then the agent and its node.
+    _servers: Vec<TcpServer>,
+    web: Vec<(NetNs, Ipv4Addr)>,
+    client: NetNs,
+    client_ip: Ipv4Addr,
+    agent: Agent,
+}
+
+fn cid(tag: &str) -> String {
+    format!("sel{tag}x{}", std::process::id())
+}
+
+fn setup(env: &[(&str, &str)]) -> Env {
+    let agent = Agent::start_new(AgentOptions {
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let mut web = Vec::new();
+    let mut servers = Vec::new();
+    for name in ["web-0", "web-1"] {
+        let ns = NetNs::new().expect("pod netns");
+        let ip = agent
+            .add_pod(&ns, &cid(name), "default", name)
+            .expect("CNI ADD");
+        for port in [8080, 8081] {
+            let banner = format!("{name}:{port}");
+            servers
+                .push(TcpServer::start(&ns, SocketAddrV4::new(ip, port), &banner).expect("server"));
+        }
+        web.push((ns, ip));
+    }
+    let client = NetNs::new().expect("client netns");
+    let client_ip = agent
+        .add_pod(&client, &cid("client"), "default", "client")
+        .expect("CNI ADD client");
+    Env {
+        _servers: servers,
+        web,
+        client,
+        client_ip,
+        agent,
+    }
+}
+
+/// Polls `f` for up to 10 s.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let began = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The frontend of service `default/<name>` once it has `backends` backends.
+fn frontend_with(agent: &Agent, name: &str, backends: usize) -> Value {
+    let service = format!("default/{name}");
+    wait_for(&format!("{service} with {backends} backends"), || {
+        agent
+            .cli_json(&["service", "list"])
+            .ok()?
+            .as_array()?
+            .iter()
+            .find(|f| f["service"] == service.as_str())
+            .filter(|f| f["backends"].as_array().map(Vec::len) == Some(backends))
+            .cloned()
+    })
+}
+
+fn backend_addresses(frontend: &Value) -> Vec<String> {
+    frontend["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["address"].as_str().map(String::from))
+        .collect()
+}
+
+/// One TCP connection from `client`'s port `sport` to `to`: the banner of the backend that
+/// answered. Closed with a reset (linger 0): neither side keeps the tuple in TIME-WAIT, and the
+/// datapath's entry for it is closing, so the next connection from the same tuple is a new
+/// one and chooses its backend again.
+fn request_from(client: &NetNs, sport: u16, to: SocketAddrV4) -> String {
+    let stream = client
+        .run(move || -> nix::Result<TcpStream> {
+            let fd = socket(
+                AddressFamily::Inet,
+                SockType::Stream,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            setsockopt(
+                &fd,
+                sockopt::Linger,
+                &nix::libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
+            )?;
+            bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, sport)),
+            )?;
+            connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to))?;
+            Ok(TcpStream::from(fd))
+        })
+        .expect("run in the client")
+        .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"));
+    stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    let mut buf = [0u8; 64];
+    let mut got = Vec::new();
+    while !got.ends_with(b"\n") {
+        let n = (&stream)
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("banner from {to} (port {sport}): {e}"));
+        assert!(n > 0, "{to} closed before its banner (port {sport})");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).trim_end().to_string()
+}
+
+#[test]
+fn internal_traffic_policy_local_balances_only_over_this_nodes_endpoints() {
+    let _serial = serial();
+    let env = setup(&[("CELLIUM_NODE_NAME", "node-a")]);
+    let (web0, web1) = (env.web[0].1, env.web[1].1);
+    let yaml = |web1_node: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: local }}
+spec: {{ clusterIP: 10.96.0.70, internalTrafficPolicy: Local, ports: [ {{ name: http, port: 80 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: local-1, labels: {{ kubernetes.io/service-name: local }} }}
+addressType: IPv4
+endpoints:
+- {{ addresses: [ {web0} ], nodeName: node-b }}
+- {{ addresses: [ {web1} ], nodeName: {web1_node} }}
+ports: [ {{ name: http, port: 8080 }} ]
+"#
+        )
+    };
+    env.agent
+        .objects("apply", &yaml("node-a"))
+        .expect("apply the service");
+    // web-0 is on another node: only web-1, this node's, serves.
+    let fe = frontend_with(&env.agent, "local", 1);
+    assert_eq!(backend_addresses(&fe), [format!("{web1}:8080")]);
+    let to = SocketAddr::from(SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 70), 80));
+    for _ in 0..20 {
+        let reply = probe::tcp_request(&env.client, to, TIMEOUT).expect("request to the VIP");
+        assert_eq!(reply.banner, "web-1:8080");
+    }
+    // Both elsewhere: no backend at all, and the connection is refused, not sent away.
+    env.agent
+        .objects("apply", &yaml("node-b"))
+        .expect("move web-1");
+    frontend_with(&env.agent, "local", 0);
+    let err = env
+        .client
+        .run(move || {
+            TcpStream::connect_timeout(&to, TIMEOUT)
+                .err()
+                .map(|e| e.kind())
+        })
+        .expect("run in the client");
+    assert_eq!(err, Some(std::io::ErrorKind::ConnectionRefused));
+}
+
+/// A service of four backends (both web pods, ports 8080 and 8081, from two slices), or of
+/// those without web-1:8081 when `without_one`.
+fn four_backends(env: &Env, without_one: bool) -> String {
+    let (web0, web1) = (env.web[0].1, env.web[1].1);
+    let second = if without_one {
+        format!("- {{ addresses: [ {web0} ] }}\n")
+    } else {
+        format!("- {{ addresses: [ {web0} ] }}\n- {{ addresses: [ {web1} ] }}\n")
+    };
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: mg }}
+spec: {{ clusterIP: 10.96.0.80, ports: [ {{ name: http, port: 80 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: mg-a, labels: {{ kubernetes.io/service-name: mg }} }}
+addressType: IPv4
+endpoints:
+- {{ addresses: [ {web0} ] }}
+- {{ addresses: [ {web1} ] }}
+ports: [ {{ name: http, port: 8080 }} ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: mg-b, labels: {{ kubernetes.io/service-name: mg }} }}
+addressType: IPv4
+endpoints:
+{second}ports: [ {{ name: http, port: 8081 }} ]
+"#
+    )
+}
+
+const MAGLEV: [(&str, &str); 2] = [
+    ("CELLIUM_BPF_LB_ALGORITHM", "maglev"),
+    ("CELLIUM_BPF_LB_MAGLEV_TABLE_SIZE", "1021"),
+];
+const TABLE_SIZE: u32 = 1021;
+const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 80), 80);
+/// The client ports of the flows compared.
+const PORTS: std::ops::Range<u16> = 41000..41060;
+
+/// The banner the agent's maglev table gives the flow from `client`:`sport` to the VIP, for
+/// the backends `addresses` (`ip:port`).
+fn predicted(addresses: &[String], client: Ipv4Addr, sport: u16) -> String {
+    let table = maglev::table(addresses, TABLE_SIZE);
+    let hash = maglev::flow_hash(SocketAddrV4::new(client, sport).into(), VIP.into(), 6);
+    let addr = &addresses[table[(hash % TABLE_SIZE) as usize]];
+    addr.clone()
+}
+
+/// Each flow's backend (as `ip:port`, from its banner) from the client's ports [`PORTS`].
+fn flows(env: &Env) -> BTreeMap<u16, String> {
+    let ip_of: BTreeMap<String, Ipv4Addr> = [("web-0", env.web[0].1), ("web-1", env.web[1].1)]
+        .into_iter()
+        .map(|(n, ip)| (n.to_string(), ip))
+        .collect();
+    PORTS
+        .map(|sport| {
+            let banner = request_from(&env.client, sport, VIP);
+            let (name, port) = banner.split_once(':').expect("banner name:port");
+            (sport, format!("{}:{port}", ip_of[name]))
+        })
+        .collect()
+}
+
+#[test]
+fn maglev_gives_every_flow_its_tables_backend_on_every_agent_and_moves_few_on_a_removal() {
+    let _serial = serial();
+    let (first, client, addresses) = {
+        let env = setup(&MAGLEV);
+        env.agent
+            .objects("apply", &four_backends(&env, false))
+            .expect("apply the service");
+        let fe = frontend_with(&env.agent, "mg", 4);
+        let addresses = backend_addresses(&fe);
+        let first = flows(&env);
+        // Exactly the table's choice, for every flow (and again for the same tuples: new
+        // connections, chosen again, alike).
+        for (sport, backend) in &first {
+            assert_eq!(
+                *backend,
+                predicted(&addresses, env.client_ip, *sport),
+                "port {sport}"
+            );
+        }
+        assert_eq!(flows(&env), first, "the same tuples chose differently");
+        let used: std::collections::BTreeSet<&String> = first.values().collect();
+        assert_eq!(
+            used.len(),
+            4,
+            "60 flows did not reach all 4 backends: {first:?}"
+        );
+        (first, env.client_ip, addresses)
+    };
+
+    // Another agent, its pods and client at the same addresses: the same backends.
+    let env = setup(&MAGLEV);
+    assert_eq!(env.client_ip, client, "the second client's address differs");
+    env.agent
+        .objects("apply", &four_backends(&env, false))
+        .expect("apply the service");
+    assert_eq!(
+        backend_addresses(&frontend_with(&env.agent, "mg", 4)),
+        addresses
+    );
+    assert_eq!(flows(&env), first, "another agent chose other backends");
+
+    // One backend removed: its flows go to the new table's choice; every other flow keeps
+    // its backend unless the table moved its entry, which maglev keeps rare.
+    let removed = format!("{}:8081", env.web[1].1);
+    env.agent
+        .objects("apply", &four_backends(&env, true))
+        .expect("remove a backend");
+    let rest: Vec<String> = addresses
+        .iter()
+        .filter(|a| **a != removed)
+        .cloned()
+        .collect();
+    assert_eq!(backend_addresses(&frontend_with(&env.agent, "mg", 3)), rest);
+    let after = flows(&env);
+    let mut moved_others = 0;
+    for (sport, backend) in &after {
+        assert_eq!(*backend, predicted(&rest, client, *sport), "port {sport}");
+        if first[sport] != removed && first[sport] != *backend {
+            moved_others += 1;
+        }
+    }
+    assert!(after.values().all(|b| *b != removed));
+    eprintln!(
+        "{} of {} flows were on the removed backend; {moved_others} others moved",
+        first.values().filter(|b| **b == removed).count(),
+        after.len()
+    );
+    assert!(
+        moved_others * 20 <= after.len(),
+        "{moved_others} of {} flows of kept backends moved",
+        after.len()
+    );
+}
