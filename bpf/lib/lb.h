@@ -30,7 +30,7 @@ struct lb4_choice {
 	__u32 backend_id;     /* 0: not a frontend */
 	__u16 rev_nat_id;
 	__u8 commit;          /* 1: no live service entry names backend_id yet */
-	__u8 pad;
+	__u8 affinity;        /* 1: the frontend has session affinity */
 };
 
 /*
@@ -111,18 +111,48 @@ static __always_inline __u32 lb_maglev_pick(__u16 rev_nat_id, __u32 hash)
 	return id ? *id : 0;
 }
 
+/* Whether backend `id` is still one of the frontend's, for session affinity. */
+static __always_inline int lb_affinity_member(__u32 id, __u16 rev_nat_id)
+{
+	struct lb_affinity_match m = { .backend_id = id, .rev_nat_id = rev_nat_id };
+
+	return bpf_map_lookup_elem(&cel_lb_affinity_match, &m) != NULL;
+}
+
+/* Whether a client's affinity entry, if any, still holds at `now` for a
+ * frontend of `timeout` seconds; its backend id if so, else 0. */
+static __always_inline __u32 lb_affinity_live(const struct lb_affinity_val *v, __u32 timeout,
+					      __u16 rev_nat_id, __u64 now)
+{
+	__u32 id;
+
+	if (!v || v->last_used_ns + (__u64)timeout * CEL_NSEC_PER_SEC <= now)
+		return 0;
+	id = v->backend_id;
+	return lb_affinity_member(id, rev_nat_id) ? id : 0;
+}
+
 /*
  * The backend a new connection to a frontend of `count` (> 0) slots takes:
- * its maglev table's, or a slot at random (also when the table names a
- * backend that is gone, which the sync never leaves for long). `key` is the
+ * with session affinity (`affinity_timeout` seconds, 0 = none), the one the
+ * client's last new connection took if that was within the timeout and it is
+ * still the frontend's; else its maglev table's; else a slot at random (also
+ * when the table names a backend that is gone, which the sync never leaves
+ * for long). `key` is the
  * frontend's; its slot is overwritten. Returns the backend id, 0 if none.
  */
 static __always_inline __u32 lb4_select(struct lb4_key *key, __u16 count, __u16 rev_nat_id,
-					const struct pkt *p)
+					__u32 affinity_timeout, const struct pkt *p, __u64 now)
 {
+	struct lb4_affinity_key akey = { .client = p->saddr, .rev_nat_id = rev_nat_id };
 	struct lb4_service *slot;
-	__u32 id = lb_maglev_pick(rev_nat_id, lb4_hash(p));
+	__u32 id = 0;
 
+	if (affinity_timeout)
+		id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb4_affinity, &akey),
+				      affinity_timeout, rev_nat_id, now);
+	if (!id)
+		id = lb_maglev_pick(rev_nat_id, lb4_hash(p));
 	if (id && bpf_map_lookup_elem(&cel_lb4_backends, &id))
 		return id;
 	key->slot = (bpf_get_prandom_u32() % count) + 1;
@@ -132,11 +162,19 @@ static __always_inline __u32 lb4_select(struct lb4_key *key, __u16 count, __u16 
 
 /* lb4_select for IPv6 frontends. */
 static __always_inline __u32 lb6_select(struct lb6_key *key, __u16 count, __u16 rev_nat_id,
-					const struct pkt6 *p)
+					__u32 affinity_timeout, const struct pkt6 *p, __u64 now)
 {
+	struct lb6_affinity_key akey = { .rev_nat_id = rev_nat_id };
 	struct lb4_service *slot;
-	__u32 id = lb_maglev_pick(rev_nat_id, lb6_hash(p));
+	__u32 id = 0;
 
+	if (affinity_timeout) {
+		__builtin_memcpy(akey.client, p->saddr, 16);
+		id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb6_affinity, &akey),
+				      affinity_timeout, rev_nat_id, now);
+	}
+	if (!id)
+		id = lb_maglev_pick(rev_nat_id, lb6_hash(p));
 	if (id && bpf_map_lookup_elem(&cel_lb6_backends, &id))
 		return id;
 	key->slot = (bpf_get_prandom_u32() % count) + 1;
@@ -159,7 +197,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	struct lb4_backend *be = NULL;
 	struct ct_pkt cp = ct_pkt4(p);
 	struct ct_entry *se;
-	__u32 id = 0;
+	__u32 id = 0, timeout;
 	__u16 count, rnat;
 	__be32 addr;
 	__be16 port;
@@ -174,6 +212,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 		return 0;
 	count = svc->count;
 	rnat = svc->rev_nat_id;
+	timeout = svc->backend_id; /* slot 0: the affinity timeout */
 
 	ct_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
 	se = bpf_map_lookup_elem(&cel_ct4, &c->skey);
@@ -187,11 +226,12 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = lb4_select(&key, count, rnat, p);
+		id = lb4_select(&key, count, rnat, timeout, p, now);
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
 		c->commit = 1;
+		c->affinity = timeout != 0;
 	}
 
 	addr = be->addr;
@@ -241,9 +281,19 @@ static __always_inline int lb4_hairpin_reply(struct __sk_buff *skb, struct pkt *
 static __always_inline int lb4_commit(const struct lb4_choice *c, const struct pkt *p,
 				      const struct datapath_config *cfg, __u64 now)
 {
+	/* The client as it sent the packet (a hairpin has translated p's). */
+	struct lb4_affinity_key akey = { .client = c->skey.saddr, .rev_nat_id = c->rev_nat_id };
+	struct lb_affinity_val av = { .last_used_ns = now, .backend_id = c->backend_id };
+	int ret;
+
 	if (!c->commit)
 		return 0;
-	return ct_create4(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	ret = ct_create4(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	/* Every new connection renews the client's affinity, as kube-proxy's
+	 * "recent" match does: the timeout runs from the last one. */
+	if (!ret && c->affinity)
+		bpf_map_update_elem(&cel_lb4_affinity, &akey, &av, BPF_ANY);
+	return ret;
 }
 
 /*
@@ -288,7 +338,7 @@ struct lb6_choice {
 	__u32 backend_id;    /* 0: not a frontend */
 	__u16 rev_nat_id;
 	__u8 commit;
-	__u8 pad;
+	__u8 affinity;
 };
 
 /* lb4_dnat for IPv6 frontends (cel_lb6_*, conntrack in cel_ct6). */
@@ -302,7 +352,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	struct ct_pkt cp = ct_pkt6(p);
 	struct ct_entry *se;
 	__u8 addr[16];
-	__u32 id = 0;
+	__u32 id = 0, timeout;
 	__u16 count, rnat;
 	__be16 port;
 
@@ -316,6 +366,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 		return 0;
 	count = svc->count;
 	rnat = svc->rev_nat_id;
+	timeout = svc->backend_id; /* slot 0: the affinity timeout */
 
 	ct6_key_from_pkt(&c->skey, p, CEL_CT_F_SERVICE);
 	se = bpf_map_lookup_elem(&cel_ct6, &c->skey);
@@ -328,11 +379,12 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = lb6_select(&key, count, rnat, p);
+		id = lb6_select(&key, count, rnat, timeout, p, now);
 		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
 		c->commit = 1;
+		c->affinity = timeout != 0;
 	}
 
 	__builtin_memcpy(addr, be->addr, 16);
@@ -399,9 +451,18 @@ static __always_inline int lb6_hairpin_reply(struct __sk_buff *skb, struct pkt6 
 static __always_inline int lb6_commit(const struct lb6_choice *c, const struct pkt6 *p,
 				      const struct datapath_config *cfg, __u64 now)
 {
+	struct lb6_affinity_key akey = { .rev_nat_id = c->rev_nat_id };
+	struct lb_affinity_val av = { .last_used_ns = now, .backend_id = c->backend_id };
+	int ret;
+
 	if (!c->commit)
 		return 0;
-	return ct_create6(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	ret = ct_create6(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	if (!ret && c->affinity) {
+		__builtin_memcpy(akey.client, c->skey.saddr, 16);
+		bpf_map_update_elem(&cel_lb6_affinity, &akey, &av, BPF_ANY);
+	}
+	return ret;
 }
 
 static __always_inline int lb6_rev_nat(struct __sk_buff *skb, struct pkt6 *p, __u16 rev_nat_id,

@@ -135,6 +135,30 @@ struct {
 	});
 } cel_lb_maglev SEC(".maps");
 
+/* Session affinity: a client's last choice per frontend (LRU: forgetting
+ * an idle client only costs it its affinity), and which backends each
+ * frontend with affinity has (written by svc-lb). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, 65536);
+} cel_lb4_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, 65536);
+} cel_lb6_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_affinity_match);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+} cel_lb_affinity_match SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -276,7 +276,7 @@ const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 80), 80);
 /// The client ports of the flows compared.
 const PORTS: std::ops::Range<u16> = 41000..41060;
 
-/// The banner the agent's maglev table gives the flow from `client`:`sport` to the VIP, for
+/// The backend the agent's maglev table gives the flow from `client`:`sport` to the VIP, for
 /// the backends `addresses` (`ip:port`).
 fn predicted(addresses: &[String], client: Ipv4Addr, sport: u16) -> String {
     let table = maglev::table(addresses, TABLE_SIZE);
@@ -373,4 +373,111 @@ fn maglev_gives_every_flow_its_tables_backend_on_every_agent_and_moves_few_on_a_
         "{moved_others} of {} flows of kept backends moved",
         after.len()
     );
+}
+
+/// The affinity timeout of the test below, in seconds.
+const AFFINITY: u64 = 3;
+
+#[test]
+fn session_affinity_keeps_a_clients_backend_within_the_timeout_and_lapses_after_it() {
+    let _serial = serial();
+    // Maglev makes each tuple's own choice known, so that affinity is seen overriding it.
+    let env = setup(&MAGLEV);
+    let extra = format!(
+        "sessionAffinity: ClientIP, sessionAffinityConfig: {{ clientIP: {{ timeoutSeconds: {AFFINITY} }} }},"
+    );
+    let all: Vec<String> = ["8080", "8081"]
+        .iter()
+        .flat_map(|port| env.web.iter().map(move |(_, ip)| format!("{ip}:{port}")))
+        .collect();
+    env.agent
+        .objects("apply", &service_of(&all, &extra))
+        .expect("apply the service");
+    let addresses = backend_addresses(&frontend_with(&env.agent, "mg", 4));
+    let ip_of = |banner: &str| {
+        let (name, port) = banner.split_once(':').expect("banner name:port");
+        let ip = if name == "web-0" {
+            env.web[0].1
+        } else {
+            env.web[1].1
+        };
+        format!("{ip}:{port}")
+    };
+    let own = |sport: u16| predicted(&addresses, env.client_ip, sport);
+    let mut ports = PORTS;
+    let first = ports.next().expect("a port");
+    let chosen = ip_of(&request_from(&env.client, first, VIP));
+    assert_eq!(chosen, own(first), "the first connection is maglev's");
+
+    // Every new connection from the client, whatever its tuple would choose, takes the same
+    // backend: each renews the affinity.
+    let mut overridden = 0;
+    for sport in ports.by_ref().take(40) {
+        assert_eq!(
+            ip_of(&request_from(&env.client, sport, VIP)),
+            chosen,
+            "port {sport}"
+        );
+        overridden += usize::from(own(sport) != chosen);
+    }
+    assert!(
+        overridden >= 10,
+        "only {overridden} tuples would have chosen another backend"
+    );
+
+    // Idle past the timeout: the next connection chooses on its own again, and the client's
+    // affinity follows it.
+    std::thread::sleep(Duration::from_secs(AFFINITY) + Duration::from_millis(1500));
+    let lapse = ports
+        .by_ref()
+        .find(|p| own(*p) != chosen)
+        .expect("a port whose tuple chooses another backend");
+    let next = ip_of(&request_from(&env.client, lapse, VIP));
+    assert_eq!(next, own(lapse), "the affinity did not lapse");
+    let other = ports
+        .find(|p| own(*p) != next)
+        .expect("a port whose tuple chooses another backend");
+    assert_eq!(ip_of(&request_from(&env.client, other, VIP)), next);
+
+    // The remembered backend leaves the service, while another service keeps it (and its
+    // backend id): the client's next connection chooses among those that remain, as its
+    // tuple would.
+    env.agent
+        .objects("apply", &named_service_of("keep", "10.96.0.81", &all, ""))
+        .expect("apply the other service");
+    frontend_with(&env.agent, "keep", 4);
+    let rest: Vec<String> = addresses.iter().filter(|a| **a != next).cloned().collect();
+    env.agent
+        .objects("apply", &service_of(&rest, &extra))
+        .expect("remove the remembered backend");
+    assert_eq!(backend_addresses(&frontend_with(&env.agent, "mg", 3)), rest);
+    let sport = PORTS.end + 1;
+    assert_eq!(
+        ip_of(&request_from(&env.client, sport, VIP)),
+        predicted(&rest, env.client_ip, sport)
+    );
+}
+
+/// The service `mg` (10.96.0.80) whose backends are `backends` (`ip:port`, ports 8080 or
+/// 8081), with `extra` fields in its spec: one slice per port.
+fn service_of(backends: &[String], extra: &str) -> String {
+    named_service_of("mg", "10.96.0.80", backends, extra)
+}
+
+/// [`service_of`] for the service `name` at `ip`.
+fn named_service_of(name: &str, ip: &str, backends: &[String], extra: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec: {{ clusterIP: {ip}, {extra} ports: [ {{ name: http, port: 80 }} ] }}\n"
+    );
+    for port in ["8080", "8081"] {
+        let endpoints: String = backends
+            .iter()
+            .filter_map(|b| b.strip_suffix(&format!(":{port}")))
+            .map(|ip| format!("- {{ addresses: [ {ip} ] }}\n"))
+            .collect();
+        yaml.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-{port}, labels: {{ kubernetes.io/service-name: {name} }} }}\naddressType: IPv4\nendpoints:\n{endpoints}ports: [ {{ name: http, port: {port} }} ]\n"
+        ));
+    }
+    yaml
 }

@@ -106,6 +106,9 @@ int main(void)
 	OFF(lb4_service, count);
 	OFF(lb4_service, rev_nat_id);
 	OFF(lb4_service, flags);
+	SIZE(lb_affinity_match);
+	OFF(lb_affinity_match, backend_id);
+	OFF(lb_affinity_match, rev_nat_id);
 	SIZE(lb4_backend);
 	OFF(lb4_backend, addr);
 	OFF(lb4_backend, port);

@@ -117,6 +117,16 @@ impl Plain for u32 {
     }
 }
 
+impl Plain for u8 {
+    const SIZE: usize = 1;
+    fn encode(&self) -> Vec<u8> {
+        vec![*self]
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() == 1).then(|| bytes[0])
+    }
+}
+
 impl Plain for u16 {
     const SIZE: usize = 2;
     fn encode(&self) -> Vec<u8> {
@@ -490,7 +500,7 @@ plain!(Lb4Key {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Lb4Service {
-    /// Backend id (slots >= 1).
+    /// Backend id (slots >= 1); slot 0: the session affinity timeout in seconds, 0 = none.
     pub backend_id: u32,
     /// Number of backend slots (slot 0).
     pub count: u16,
@@ -506,6 +516,24 @@ plain!(Lb4Service {
     count,
     rev_nat_id,
     flags,
+    pad
+});
+
+/// `struct lb_affinity_match`: backend `backend_id` is one of the frontend `rev_nat_id`'s
+/// (for session affinity).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LbAffinityMatch {
+    /// The backend.
+    pub backend_id: u32,
+    /// The frontend.
+    pub rev_nat_id: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(LbAffinityMatch {
+    backend_id,
+    rev_nat_id,
     pad
 });
 
@@ -823,6 +851,7 @@ mod tests {
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,
         });
+        check!(LbAffinityMatch, lb_affinity_match { backend_id => backend_id, rev_nat_id => rev_nat_id });
         check!(Lb4Backend, lb4_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb4ReverseNat, lb4_reverse_nat { vip => vip, port => port });
         check!(Lb6Key, lb6_key { vip => vip, dport => dport, slot => slot, protocol => protocol });

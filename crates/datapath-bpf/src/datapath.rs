@@ -16,6 +16,7 @@ use crate::bpffs;
 use crate::error::{Error, Result};
 use crate::events::EventReader;
 use crate::maps::TypedMap;
+use crate::maps::affinity::AffinityMatch;
 use crate::maps::config::ConfigMap;
 use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
@@ -74,6 +75,7 @@ pub struct Datapath {
     fragments: Fragments,
     services: Services,
     maglev: MaglevTables,
+    affinity_match: AffinityMatch,
     config: ConfigMap,
     metrics: Metrics,
     events: MapHandle,
@@ -156,6 +158,9 @@ impl Datapath {
                 "cel_lb6_services" => handle("cel_lb6_services", &m.cel_lb6_services)?,
                 "cel_lb6_backends" => handle("cel_lb6_backends", &m.cel_lb6_backends)?,
                 "cel_lb6_revnat" => handle("cel_lb6_revnat", &m.cel_lb6_revnat)?,
+                "cel_lb_affinity_match" => {
+                    handle("cel_lb_affinity_match", &m.cel_lb_affinity_match)?
+                }
                 "cel_config" => handle("cel_config", &m.cel_config)?,
                 _ => continue,
             };
@@ -195,6 +200,10 @@ impl Datapath {
                 },
             ),
             maglev: MaglevTables::new(typed("cel_lb_maglev", &m.cel_lb_maglev)?),
+            affinity_match: AffinityMatch::new(typed(
+                "cel_lb_affinity_match",
+                &m.cel_lb_affinity_match,
+            )?),
             config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
             metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
             events: handle("cel_events", &m.cel_events)?,
@@ -271,6 +280,11 @@ impl Datapath {
     /// The maglev tables of the frontends balanced by maglev.
     pub fn maglev(&self) -> &MaglevTables {
         &self.maglev
+    }
+
+    /// Which backends each frontend with session affinity has.
+    pub fn affinity_match(&self) -> &AffinityMatch {
+        &self.affinity_match
     }
 
     /// Datapath-wide settings.

@@ -70,6 +70,7 @@ pub use datapath::{Datapath, DatapathOptions, HookAttach};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind, EventReader, PolicyMatch};
 pub use ipnet::IpNet;
+pub use maps::affinity::AffinityMatch;
 pub use maps::config::VXLAN_OVERHEAD;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::frag::Fragmented;

@@ -96,6 +96,8 @@ pub struct Plan {
     /// How new connections choose among `backends`: the service's annotation
     /// `service.cilium.io/lb-algorithm`, else `bpf-lb-algorithm`.
     pub algorithm: LbAlgorithm,
+    /// `sessionAffinity: ClientIP`: its timeout in seconds; `None` without affinity.
+    pub session_affinity: Option<u32>,
     /// Why it cannot be programmed, if it cannot.
     pub error: Option<String>,
 }
@@ -240,6 +242,7 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
                 backends,
                 draining,
                 algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
+                session_affinity: svc.session_affinity,
                 error,
             });
         }
@@ -835,5 +838,15 @@ spec: {{ clusterIP: 10.96.0.21, internalTrafficPolicy: {policy}, selector: {{ {s
         assert_eq!(algorithms(&inputs), [Random, Random, Maglev]);
         inputs.lb_algorithm = Maglev;
         assert_eq!(algorithms(&inputs), [Random, Maglev, Maglev]);
+    }
+
+    #[test]
+    fn session_affinity_comes_from_the_service() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: shop}\nspec: {clusterIP: 10.96.0.20, sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: shop}\nspec: {clusterIP: 10.96.0.21, sessionAffinity: ClientIP, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: shop}\nspec: {clusterIP: 10.96.0.22, selector: {app: web}, ports: [{port: 80}]}\n";
+        let affinity: Vec<Option<u32>> = plans(&setup(yaml))
+            .iter()
+            .map(|p| p.session_affinity)
+            .collect();
+        assert_eq!(affinity, [Some(60), Some(10800), None]);
     }
 }

@@ -84,6 +84,10 @@ pub struct Programmer {
     maglev_size: MaglevTableSize,
     /// What each maglev table in force was computed from.
     tables: BTreeMap<Frontend, TableSource>,
+    /// During a pass: the (rev-NAT id, backend id) pairs of the affinity match map, as read
+    /// at its start and written since, and those the frontends with affinity want.
+    matches_in_map: BTreeSet<(u16, u32)>,
+    matches_wanted: BTreeSet<(u16, u32)>,
 }
 
 /// What a maglev table is computed from: equal sources give equal tables.
@@ -135,6 +139,11 @@ impl Programmer {
         let lb = dp.services();
         let backends = lb.backends().map_err(read("backends map"))?;
         let frontends = lb.services().map_err(read("services map"))?;
+        self.matches_in_map = dp
+            .affinity_match()
+            .entries()
+            .map_err(read("affinity match map"))?;
+        self.matches_wanted.clear();
         let mut report = SyncReport::default();
         let wanted: BTreeSet<Frontend> = plans.iter().map(|p| p.frontend).collect();
         let mut status = Vec::with_capacity(plans.len());
@@ -157,6 +166,7 @@ impl Programmer {
                     });
                 }
                 Err(e) => {
+                    self.keep_matches(&plan.frontend);
                     let message = error_chain(&e);
                     tracing::warn!(frontend = %plan.describe(), error = %message, "frontend not programmed");
                     report.failed.push(message.clone());
@@ -228,12 +238,17 @@ impl Programmer {
         slots.sort_unstable();
         let table_written = self.program_table(dp, plan, rev_nat_id, &ids)?;
         let current = frontends.get(&plan.frontend);
-        let same = current.is_some_and(|c| c.rev_nat_id == rev_nat_id && c.backend_ids == slots)
-            && lb.rev_nat(rev_nat_id).ok().flatten()
-                == Some((plan.frontend.vip, plan.frontend.port));
+        let affinity = plan.session_affinity.unwrap_or(0);
+        // put_service keeps slot 0's timeout: what the map holds until set otherwise.
+        let stored_affinity = current.map_or(0, |c| c.affinity_timeout);
+        let same = current.is_some_and(|c| {
+            c.rev_nat_id == rev_nat_id && c.backend_ids == slots && c.affinity_timeout == affinity
+        }) && lb.rev_nat(rev_nat_id).ok().flatten()
+            == Some((plan.frontend.vip, plan.frontend.port));
         if !same {
             lb.put_service(&plan.frontend, rev_nat_id, &slots)
                 .map_err(write_err)?;
+            self.program_affinity(dp, plan, rev_nat_id, &ids, stored_affinity)?;
             tracing::info!(
                 frontend = %plan.describe(),
                 rev_nat_id,
@@ -241,12 +256,86 @@ impl Programmer {
                 "frontend programmed"
             );
         }
+        if same {
+            // Nothing to write, but the pairs are wanted (or the sweep would remove them).
+            self.program_affinity(dp, plan, rev_nat_id, &ids, stored_affinity)?;
+        }
         Ok(Programmed {
             rev_nat_id,
             backend_ids: ids,
             draining_ids,
             written: !same || table_written,
         })
+    }
+
+    /// Session affinity: lists the frontend's backends in the affinity match map (before its
+    /// timeout is set, so a remembered backend is never refused for want of its pair), then
+    /// sets the timeout in its slot 0 where it differs. Pairs no longer wanted go with the
+    /// stale entries of the pass.
+    fn program_affinity(
+        &mut self,
+        dp: &Datapath,
+        plan: &Plan,
+        rev_nat_id: u16,
+        ids: &[u32],
+        stored: u32,
+    ) -> Result<()> {
+        let write_err = |source| Error::Program {
+            frontend: plan.describe(),
+            source,
+        };
+        let timeout = plan.session_affinity.unwrap_or(0);
+        if timeout > 0 {
+            for id in ids {
+                let pair = (rev_nat_id, *id);
+                if !self.matches_in_map.contains(&pair) {
+                    dp.affinity_match()
+                        .put(rev_nat_id, *id)
+                        .map_err(write_err)?;
+                    self.matches_in_map.insert(pair);
+                }
+                self.matches_wanted.insert(pair);
+            }
+        }
+        if stored != timeout {
+            dp.services()
+                .set_affinity_timeout(&plan.frontend, timeout)
+                .map_err(write_err)?;
+        }
+        Ok(())
+    }
+
+    /// A frontend that failed keeps its affinity pairs, as it keeps the rest.
+    fn keep_matches(&mut self, frontend: &Frontend) {
+        if let Some(rev) = self.ids.rev_nat(frontend) {
+            let kept: Vec<(u16, u32)> = self
+                .matches_in_map
+                .iter()
+                .filter(|(r, _)| *r == rev)
+                .copied()
+                .collect();
+            self.matches_wanted.extend(kept);
+        }
+    }
+
+    /// Removes the affinity pairs no frontend wants.
+    fn remove_stale_matches(&mut self, dp: &Datapath, report: &mut SyncReport) {
+        let stale: Vec<(u16, u32)> = self
+            .matches_in_map
+            .difference(&self.matches_wanted)
+            .copied()
+            .collect();
+        for (rev, id) in stale {
+            match dp.affinity_match().delete(rev, id) {
+                Ok(_) => {
+                    self.matches_in_map.remove(&(rev, id));
+                }
+                Err(source) => report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("affinity pair of rev-NAT id {rev} and backend {id}"),
+                    source,
+                })),
+            }
+        }
     }
 
     /// Writes the maglev table of a frontend balanced by maglev whose backends (`ids`, in the
@@ -345,6 +434,7 @@ impl Programmer {
             }
         }
         self.remove_stale_tables(dp, wanted, report)?;
+        self.remove_stale_matches(dp, report);
         let after = lb.services().map_err(read("services map"))?;
         // Ids of frontends gone from the plans and from the map (removed above, or never
         // written because their plan failed) wait for collection.

@@ -1,6 +1,7 @@
 //! Typed wrappers over the pinned datapath maps: one file per map, each
 //! taking and returning Rust types (addresses, enums, ports in host order).
 
+pub mod affinity;
 pub mod config;
 pub mod conntrack;
 pub mod endpoints;

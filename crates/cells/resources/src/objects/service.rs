@@ -3,7 +3,7 @@
 //!
 //! What the node cannot do is refused with "not supported" naming the field, never stored and
 //! silently left out: NodePort, LoadBalancer and ExternalName services, external IPs,
-//! `sessionAffinity: ClientIP`, SCTP ports and traffic distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! SCTP ports and traffic distribution preferences. The cluster IPs and the families (`ipFamilies`,
 //! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
@@ -216,6 +216,10 @@ pub struct Service {
     /// The annotation `service.cilium.io/lb-algorithm`: how its frontends choose backends,
     /// instead of the agent's `bpf-lb-algorithm`.
     pub lb_algorithm: Option<LbAlgorithm>,
+    /// `sessionAffinity: ClientIP`: a client's new connections go to the backend its last one
+    /// chose if that was at most this many seconds ago
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`); `None` without affinity.
+    pub session_affinity: Option<u32>,
 }
 
 impl Object for Service {
@@ -265,6 +269,7 @@ impl Service {
         let spec = svc.spec.unwrap_or_default();
         check_type_dependent_fields(&spec)?;
         let internal_traffic_policy = internal_traffic_policy(&spec)?;
+        let session_affinity = session_affinity(&spec)?;
         let (families, policy) = families(&spec)?;
         let requested = requested_ips(&spec)?;
         let ports = ports(spec.ports.unwrap_or_default())?;
@@ -290,6 +295,7 @@ impl Service {
                 selector,
                 internal_traffic_policy,
                 lb_algorithm,
+                session_affinity,
             },
             requested,
             families,
@@ -359,27 +365,6 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
             "external IPs (only the cluster IP is load-balanced)",
         ));
     }
-    match spec.session_affinity.as_deref() {
-        None | Some("None") => {}
-        Some("ClientIP") => {
-            return Err(not_supported(
-                "spec.sessionAffinity",
-                "sessionAffinity ClientIP (each connection chooses its backend)",
-            ));
-        }
-        Some(other) => {
-            return Err(FieldError::new(
-                "spec.sessionAffinity",
-                format!("unsupported value {other:?} (expected None or ClientIP)"),
-            ));
-        }
-    }
-    if spec.session_affinity_config.is_some() {
-        return Err(not_supported(
-            "spec.sessionAffinityConfig",
-            "session affinity (it belongs to sessionAffinity ClientIP)",
-        ));
-    }
     let load_balancer_only = [
         ("spec.loadBalancerIP", spec.load_balancer_ip.is_some()),
         (
@@ -415,6 +400,45 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
         ));
     }
     Ok(())
+}
+
+/// The longest `sessionAffinityConfig.clientIP.timeoutSeconds` the API server accepts (a day).
+pub const MAX_AFFINITY_TIMEOUT: u32 = 86400;
+/// Its default (3 hours), as the API server sets it.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// `spec.sessionAffinity` and `spec.sessionAffinityConfig`, checked as the API server does:
+/// `Some(timeout in seconds)` for `ClientIP`, `None` for `None` (the default).
+fn session_affinity(spec: &k8s::ServiceSpec) -> Result<Option<u32>, FieldError> {
+    let config = spec.session_affinity_config.as_ref();
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => match config {
+            None => Ok(None),
+            Some(_) => Err(FieldError::new(
+                "spec.sessionAffinityConfig",
+                "must not be set when sessionAffinity is None",
+            )),
+        },
+        Some("ClientIP") => {
+            let timeout = config
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let Some(t) = timeout else {
+                return Ok(Some(DEFAULT_AFFINITY_TIMEOUT));
+            };
+            match u32::try_from(t) {
+                Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Ok(Some(t)),
+                _ => Err(FieldError::new(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{t} is not between 1 and {MAX_AFFINITY_TIMEOUT}"),
+                )),
+            }
+        }
+        Some(other) => Err(FieldError::new(
+            "spec.sessionAffinity",
+            format!("unsupported value {other:?} (expected None or ClientIP)"),
+        )),
+    }
 }
 
 /// `spec.internalTrafficPolicy` (default `Cluster`).
@@ -785,14 +809,6 @@ mod tests {
                 "spec.externalIPs",
             ),
             (
-                "{sessionAffinity: ClientIP, ports: [{port: 80}]}",
-                "spec.sessionAffinity",
-            ),
-            (
-                "{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}",
-                "spec.sessionAffinityConfig",
-            ),
-            (
                 "{ports: [{port: 80, nodePort: 30080}]}",
                 "spec.ports[0].nodePort",
             ),
@@ -865,6 +881,47 @@ mod tests {
             "metadata.annotations[service.cilium.io/lb-algorithm]"
         );
         assert!(e.reason.contains("random or maglev"), "{e:?}");
+    }
+
+    #[test]
+    fn session_affinity_is_read_and_checked_as_the_api_server_does() {
+        let affinity = |spec: &str| parse(spec).unwrap().service.session_affinity;
+        assert_eq!(affinity("{ports: [{port: 80}]}"), None);
+        assert_eq!(
+            affinity("{sessionAffinity: None, ports: [{port: 80}]}"),
+            None
+        );
+        assert_eq!(
+            affinity("{sessionAffinity: ClientIP, ports: [{port: 80}]}"),
+            Some(10800)
+        );
+        assert_eq!(
+            affinity(
+                "{sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 86400}}, ports: [{port: 80}]}"
+            ),
+            Some(86400)
+        );
+        assert_eq!(
+            affinity(
+                "{sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {}}, ports: [{port: 80}]}"
+            ),
+            Some(10800)
+        );
+        for t in [0, -1, 86401] {
+            let e = err(&format!(
+                "{{sessionAffinity: ClientIP, sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}, ports: [{{port: 80}}]}}"
+            ));
+            assert_eq!(
+                e.field,
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds"
+            );
+            assert!(e.reason.contains("between 1 and 86400"), "{e:?}");
+        }
+        let e =
+            err("{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.sessionAffinityConfig");
+        let e = err("{sessionAffinity: Sticky, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.sessionAffinity");
     }
 
     #[test]
