@@ -481,3 +481,136 @@ fn named_service_of(name: &str, ip: &str, backends: &[String], extra: &str) -> S
     }
     yaml
 }
+
+/// The programmer on its own against real maps: a maglev table is the one `maglev::table`
+/// computes, written only when its backends change, replaced when they do and removed when
+/// the frontend stops being balanced by maglev; affinity pairs and the timeout follow the
+/// plans.
+#[test]
+fn the_programmer_writes_tables_and_affinity_pairs_only_when_they_change() {
+    use cellium_datapath_bpf::{Datapath, DatapathOptions};
+    use cellium_integration::BpffsMount;
+    use cellium_resources::{LbAlgorithm, Resources};
+    use cellium_svc_lb::desired::{Inputs, plans};
+    use cellium_svc_lb::{MaglevTableSize, Programmer};
+
+    let _serial = serial();
+    let bpf = BpffsMount::new().expect("bpffs");
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..DatapathOptions::default()
+    })
+    .expect("open the datapath");
+    let resources = Resources::new();
+    let backends = |n: u8| -> Vec<String> { (1..=n).map(|i| format!("10.1.0.{i}:8080")).collect() };
+    let apply = |backends: &[String], extra: &str| {
+        let endpoints: String = backends
+            .iter()
+            .map(|b| format!("- {{ addresses: [ {} ] }}\n", b.trim_end_matches(":8080")))
+            .collect();
+        resources
+            .apply(
+                "svc.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{ name: mg }}\nspec: {{ clusterIP: 10.96.0.80, {extra} ports: [ {{ port: 80 }} ] }}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: mg-1, labels: {{ kubernetes.io/service-name: mg }} }}\naddressType: IPv4\nendpoints:\n{endpoints}ports: [ {{ port: 8080 }} ]\n"
+                ),
+            )
+            .expect("apply");
+    };
+    let size = MaglevTableSize::try_from(251).expect("a size");
+    let mut programmer = Programmer::with_maglev_table_size(size);
+    let pass = |programmer: &mut Programmer, algorithm: LbAlgorithm| {
+        let inputs = Inputs {
+            lb_algorithm: algorithm,
+            ..Inputs::read(&resources, &[], None)
+        };
+        let report = programmer.sync(&dp, plans(&inputs)).expect("pass");
+        let status = programmer.status();
+        (report, status[0].rev_nat_id, status[0].backend_ids.clone())
+    };
+    // The table as the datapath holds it, by backend address.
+    let table_of = |rev: u16| -> Option<Vec<String>> {
+        let lb = dp.services();
+        dp.maglev().get(rev).expect("read the table").map(|t| {
+            t.iter()
+                .map(|id| {
+                    let b = lb.backend(*id).expect("backend").expect("a backend");
+                    format!("{}:{}", b.addr, b.port)
+                })
+                .collect()
+        })
+    };
+    let expected = |names: &[String]| -> Vec<String> {
+        maglev::table(names, 251)
+            .into_iter()
+            .map(|i| names[i].clone())
+            .collect()
+    };
+
+    apply(&backends(5), "");
+    let (report, rev, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(report.written, 1, "{report:?}");
+    assert_eq!(table_of(rev), Some(expected(&backends(5))));
+    let (report, _, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(
+        report.written, 0,
+        "an unchanged frontend's table was rewritten"
+    );
+
+    // One backend fewer: a new table, without it.
+    apply(&backends(4), "");
+    let (report, _, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(report.written, 1, "{report:?}");
+    assert_eq!(table_of(rev), Some(expected(&backends(4))));
+
+    // Session affinity: a pair per backend, the timeout in slot 0; gone with the affinity.
+    apply(
+        &backends(4),
+        "sessionAffinity: ClientIP, sessionAffinityConfig: { clientIP: { timeoutSeconds: 30 } },",
+    );
+    let (report, _, ids) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(report.written, 1, "{report:?}");
+    let pairs: std::collections::BTreeSet<(u16, u32)> = ids.iter().map(|id| (rev, *id)).collect();
+    assert_eq!(dp.affinity_match().entries().expect("pairs"), pairs);
+    let frontend = *dp
+        .services()
+        .services()
+        .expect("services")
+        .keys()
+        .next()
+        .expect("one");
+    let timeout = |dp: &Datapath| {
+        dp.services()
+            .service(&frontend)
+            .expect("read")
+            .expect("the frontend")
+            .affinity_timeout
+    };
+    assert_eq!(timeout(&dp), 30);
+    let (report, _, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(report.written, 0, "{report:?}");
+    apply(&backends(3), "sessionAffinity: ClientIP,");
+    pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(timeout(&dp), 10800);
+    assert_eq!(dp.affinity_match().entries().expect("pairs").len(), 3);
+    apply(&backends(3), "");
+    pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(timeout(&dp), 0);
+    assert!(dp.affinity_match().entries().expect("pairs").is_empty());
+
+    // A restarted agent (a new programmer adopting the maps) writes the table once, the same.
+    let before = table_of(rev);
+    let mut programmer = Programmer::with_maglev_table_size(size);
+    programmer.adopt(&dp).expect("adopt");
+    let (report, again, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!((again, report.written), (rev, 1), "{report:?}");
+    assert_eq!(table_of(rev), before);
+    let (report, _, _) = pass(&mut programmer, LbAlgorithm::Maglev);
+    assert_eq!(report.written, 0, "{report:?}");
+
+    // Random again: the table goes.
+    let (report, _, _) = pass(&mut programmer, LbAlgorithm::Random);
+    assert_eq!(report.written, 0, "{report:?}");
+    assert_eq!(table_of(rev), None);
+    assert!(dp.maglev().ids().expect("ids").is_empty());
+}
