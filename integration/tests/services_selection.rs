@@ -10,14 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::{Agent, AgentOptions, NetNs};
 use cellium_svc_lb::maglev;
 use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, setsockopt, socket, sockopt,
+    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, setsockopt, socket, sockopt,
 };
 use serde_json::Value;
 
@@ -141,15 +141,16 @@ fn backend_addresses(frontend: &Value) -> Vec<String> {
 /// answered. Closed with a reset (linger 0): neither side keeps the tuple in TIME-WAIT, and the
 /// datapath's entry for it is closing, so the next connection from the same tuple is a new
 /// one and chooses its backend again.
-fn request_from(client: &NetNs, sport: u16, to: SocketAddrV4) -> String {
+fn request_from(client: &NetNs, sport: u16, to: impl Into<SocketAddr>) -> String {
+    let to: SocketAddr = to.into();
+    let (family, any) = if to.is_ipv4() {
+        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
+    } else {
+        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
+    };
     let stream = client
         .run(move || -> nix::Result<TcpStream> {
-            let fd = socket(
-                AddressFamily::Inet,
-                SockType::Stream,
-                SockFlag::SOCK_CLOEXEC,
-                None,
-            )?;
+            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
             setsockopt(&fd, sockopt::ReuseAddr, &true)?;
             setsockopt(
                 &fd,
@@ -161,9 +162,12 @@ fn request_from(client: &NetNs, sport: u16, to: SocketAddrV4) -> String {
             )?;
             bind(
                 std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, sport)),
+                &SockaddrStorage::from(SocketAddr::new(any, sport)),
             )?;
-            connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to))?;
+            connect(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrStorage::from(to),
+            )?;
             Ok(TcpStream::from(fd))
         })
         .expect("run in the client")
@@ -613,4 +617,109 @@ fn the_programmer_writes_tables_and_affinity_pairs_only_when_they_change() {
     assert_eq!(report.written, 0, "{report:?}");
     assert_eq!(table_of(rev), None);
     assert!(dp.maglev().ids().expect("ids").is_empty());
+}
+
+/// Maglev and session affinity over IPv6: the datapath's `lb6_hash` is `maglev::flow_hash`'s,
+/// and a client's IPv6 affinity holds.
+#[test]
+fn maglev_and_session_affinity_choose_alike_over_ipv6() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: vec!["10.244.0.0/24".into(), "fd00:10:244::/112".into()],
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let mut servers = Vec::new();
+    let mut pods = Vec::new();
+    let mut ips = Vec::new();
+    for name in ["web-0", "web-1", "client"] {
+        let ns = NetNs::new().expect("pod netns");
+        let call = cellium_integration::CniCall::new("ADD", &cid(name))
+            .netns(ns.path())
+            .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+        let (_, result) = agent.add_call(&call).expect("CNI ADD");
+        let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+        if name != "client" {
+            for port in [8080, 8081] {
+                let banner = format!("{v6}:{port}");
+                servers.push(
+                    TcpServer::start(&ns, SocketAddr::new(v6.into(), port), &banner)
+                        .expect("server"),
+                );
+            }
+        }
+        ips.push(v6);
+        pods.push(ns);
+    }
+    let client = &pods[2];
+    let endpoints = format!(
+        "- {{ addresses: [ \"{}\" ] }}\n- {{ addresses: [ \"{}\" ] }}\n",
+        ips[0], ips[1]
+    );
+    let service = |name: &str, ip: &str, extra: &str| {
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, annotations: {{ service.cilium.io/lb-algorithm: maglev }} }}\nspec: {{ ipFamilies: [ IPv6 ], clusterIP: \"{ip}\", {extra} ports: [ {{ name: http, port: 80 }} ] }}\n"
+        );
+        for port in [8080, 8081] {
+            yaml.push_str(&format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-{port}, labels: {{ kubernetes.io/service-name: {name} }} }}\naddressType: IPv6\nendpoints:\n{endpoints}ports: [ {{ name: http, port: {port} }} ]\n"
+            ));
+        }
+        yaml
+    };
+    agent
+        .objects("apply", &service("mg6", "fd00:10:96::80", ""))
+        .expect("apply mg6");
+    agent
+        .objects(
+            "apply",
+            &service(
+                "aff6",
+                "fd00:10:96::81",
+                "sessionAffinity: ClientIP, sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } },",
+            ),
+        )
+        .expect("apply aff6");
+    let addresses = backend_addresses(&frontend_with(&agent, "mg6", 4));
+    frontend_with(&agent, "aff6", 4);
+    let own = |vip: &str, sport: u16| {
+        let vip = SocketAddr::new(vip.parse().expect("an address"), 80);
+        let table = maglev::table(&addresses, maglev::DEFAULT_TABLE_SIZE);
+        let hash = maglev::flow_hash(SocketAddr::new(ips[2].into(), sport), vip, 6);
+        // Backends are listed as [address]:port, banners as address:port.
+        let addr: SocketAddr = addresses[table[(hash % maglev::DEFAULT_TABLE_SIZE) as usize]]
+            .parse()
+            .expect("a backend address");
+        format!("{}:{}", addr.ip(), addr.port())
+    };
+    let to = |vip: &str| SocketAddr::new(vip.parse().expect("an address"), 80);
+    let mut used = std::collections::BTreeSet::new();
+    for sport in PORTS.take(30) {
+        let banner = request_from(client, sport, to("fd00:10:96::80"));
+        assert_eq!(banner, own("fd00:10:96::80", sport), "port {sport}");
+        used.insert(banner);
+    }
+    assert!(used.len() > 1, "30 flows took one backend: {used:?}");
+    let first = PORTS.start;
+    let chosen = request_from(client, first, to("fd00:10:96::81"));
+    assert_eq!(chosen, own("fd00:10:96::81", first));
+    let mut overridden = 0;
+    for sport in PORTS.skip(1).take(20) {
+        assert_eq!(
+            request_from(client, sport, to("fd00:10:96::81")),
+            chosen,
+            "port {sport}"
+        );
+        overridden += usize::from(own("fd00:10:96::81", sport) != chosen);
+    }
+    assert!(
+        overridden >= 5,
+        "only {overridden} tuples would have chosen another backend"
+    );
+    drop(servers);
 }
