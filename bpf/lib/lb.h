@@ -20,6 +20,51 @@
 #include "packet.h"
 
 /*
+ * A port translation alone (tuple clashes, lb4_unclash): the port and the L4
+ * checksum, the addresses untouched; a later fragment has no L4 header to
+ * change. Returns 0 or CEL_REASON_NAT_FAILED.
+ */
+static __always_inline int lb_port_rewrite(struct __sk_buff *skb, __u8 protocol, __u16 l4_off,
+					   __u8 frag, int which, __be16 old_port, __be16 port)
+{
+	__u32 csum_off = 0;
+	__u64 mangled = 0;
+
+	if (frag == CEL_FRAG_LATER || old_port == port)
+		return 0;
+	if (nat_l4_csum(protocol, l4_off, &csum_off, &mangled) < 0)
+		return CEL_REASON_NAT_FAILED;
+	if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | sizeof(port)) < 0)
+		return CEL_REASON_NAT_FAILED;
+	if (bpf_skb_store_bytes(skb, l4_off + (which == NAT_DST ? 2 : 0), &port, sizeof(port), 0) <
+	    0)
+		return CEL_REASON_NAT_FAILED;
+	return 0;
+}
+
+static __always_inline int lb4_port_rewrite(struct __sk_buff *skb, struct pkt *p, int which,
+					    __be16 port)
+{
+	__be16 *cur = which == NAT_DST ? &p->dport : &p->sport;
+	int ret = lb_port_rewrite(skb, p->protocol, p->l4_off, p->frag, which, *cur, port);
+
+	if (!ret)
+		*cur = port;
+	return ret;
+}
+
+static __always_inline int lb6_port_rewrite(struct __sk_buff *skb, struct pkt6 *p, int which,
+					    __be16 port)
+{
+	__be16 *cur = which == NAT_DST ? &p->dport : &p->sport;
+	int ret = lb_port_rewrite(skb, p->protocol, p->l4_off, p->frag, which, *cur, port);
+
+	if (!ret)
+		*cur = port;
+	return ret;
+}
+
+/*
  * What the frontend lookup decided for one packet: the backend it goes to,
  * and whether the connection still has to remember that backend. The
  * service entry is written by lb4_commit only once policy let the
@@ -31,6 +76,8 @@ struct lb4_choice {
 	__u16 rev_nat_id;
 	__u8 commit;          /* 1: no live service entry names backend_id yet */
 	__u8 affinity;        /* 1: the frontend has session affinity */
+	__be16 nat_sport;     /* tuple clash: the source port given (0: none) */
+	__be16 orig_sport;    /* and the client's own */
 };
 
 /*
@@ -199,8 +246,10 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	struct ct_entry *se;
 	__u32 id = 0, timeout;
 	__u16 count, rnat;
+	__be16 nat_port = 0;
 	__be32 addr;
 	__be16 port;
+	int ret;
 
 	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
 		return 0;
@@ -219,8 +268,10 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	if (se && se->expires_ns > now && !ct_is_reopen(se, &cp)) {
 		id = se->backend_id;
 		be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
-		if (be)
+		if (be) {
 			ct_account(se, CEL_CT_FORWARD, &cp, cfg, now);
+			nat_port = se->nat_port;
+		}
 	}
 	/* New connection, or its backend was removed: choose (again). */
 	if (!be) {
@@ -238,7 +289,88 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	port = be->port;
 	c->rev_nat_id = rnat;
 	c->backend_id = id;
-	return nat4_rewrite(skb, p, NAT_DST, addr, port);
+	ret = nat4_rewrite(skb, p, NAT_DST, addr, port);
+	/* A connection moved off a clashing tuple keeps its source port. */
+	if (ret || !nat_port)
+		return ret;
+	return lb4_port_rewrite(skb, p, NAT_SRC, nat_port);
+}
+
+/*
+ * Tuple clash: a new service connection whose translated tuple (client ->
+ * backend) is a live connection's already, of another frontend or of none
+ * (the same client port to two services of one backend, or to the backend
+ * directly and through its cluster IP), would reach the backend as that
+ * connection's packets. Such a connection gets another source port, as
+ * netfilter's NAT does, from 61000-65535 (outside Linux's default ephemeral
+ * range, so rarely one the client picks itself); its service entry keeps the
+ * port for its later packets and its translated entry the client's own for
+ * its replies (lb4_restore_port).
+ */
+#define CEL_LB_CLASH_PORT_MIN 61000
+#define CEL_LB_CLASH_PORTS 4536
+#define CEL_LB_CLASH_TRIES 8
+
+/* Whether the tuple `k` is a live connection other than one of `rev_nat_id`
+ * (any live connection when `rev_nat_id` is 0). */
+static __always_inline int lb4_taken(const struct ct_key *k, __u16 rev_nat_id, __u64 now)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct4, k);
+
+	return e && e->expires_ns > now && (!rev_nat_id || e->rev_nat_id != rev_nat_id);
+}
+
+/* After lb4_dnat and lb4_hairpin: moves a new connection off a clashing
+ * tuple. `k` is scratch space for a key (the caller's, to spare the stack).
+ * Returns 0 or a drop reason. */
+static __noinline int lb4_unclash(struct __sk_buff *skb, struct pkt *p,
+				       struct lb4_choice *c, struct ct_key *k, __u64 now)
+{
+	__u32 h, i;
+
+	if (!c->commit)
+		return 0;
+	ct_key_from_pkt(k, p, 0);
+	if (!lb4_taken(k, c->rev_nat_id, now))
+		return 0;
+	h = bpf_get_prandom_u32();
+	for (i = 0; i < CEL_LB_CLASH_TRIES; i++) {
+		k->sport = bpf_htons(CEL_LB_CLASH_PORT_MIN + (h + i) % CEL_LB_CLASH_PORTS);
+		if (!lb4_taken(k, 0, now)) {
+			c->orig_sport = p->sport;
+			c->nat_sport = k->sport;
+			return lb4_port_rewrite(skb, p, NAT_SRC, k->sport);
+		}
+	}
+	return CEL_REASON_NAT_FAILED;
+}
+
+/* Records on the translated connection's entry `key` the client port its
+ * replies get back. */
+static __noinline void lb4_set_nat_port(const struct ct_key *key, __be16 port)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct4, key);
+
+	if (e)
+		e->nat_port = port;
+}
+
+static __always_inline void lb4_note_clash(const struct ct_key *key, const struct lb4_choice *c)
+{
+	if (c->nat_sport)
+		lb4_set_nat_port(key, c->orig_sport);
+}
+
+/* A reply of a connection moved off a clashing tuple: back to the client's
+ * own port. Returns 0 or a drop reason. */
+static __always_inline int lb4_restore_port(struct __sk_buff *skb, struct pkt *p,
+					    const struct ct_entry *ce)
+{
+	__be16 port = ce->nat_port;
+
+	if (!port)
+		return 0;
+	return lb4_port_rewrite(skb, p, NAT_DST, port) ? CEL_REASON_NAT_FAILED : 0;
 }
 
 /*
@@ -289,6 +421,8 @@ static __always_inline int lb4_commit(const struct lb4_choice *c, const struct p
 	if (!c->commit)
 		return 0;
 	ret = ct_create4(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	if (!ret && c->nat_sport)
+		lb4_set_nat_port(&c->skey, c->nat_sport);
 	/* Every new connection renews the client's affinity, as kube-proxy's
 	 * "recent" match does: the timeout runs from the last one. */
 	if (!ret && c->affinity)
@@ -339,6 +473,8 @@ struct lb6_choice {
 	__u16 rev_nat_id;
 	__u8 commit;
 	__u8 affinity;
+	__be16 nat_sport;
+	__be16 orig_sport;
 };
 
 /* lb4_dnat for IPv6 frontends (cel_lb6_*, conntrack in cel_ct6). */
@@ -354,7 +490,9 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	__u8 addr[16];
 	__u32 id = 0, timeout;
 	__u16 count, rnat;
+	__be16 nat_port = 0;
 	__be16 port;
+	int ret;
 
 	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
 		return 0;
@@ -373,8 +511,10 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	if (se && se->expires_ns > now && !ct_is_reopen(se, &cp)) {
 		id = se->backend_id;
 		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
-		if (be)
+		if (be) {
 			ct_account(se, CEL_CT_FORWARD, &cp, cfg, now);
+			nat_port = se->nat_port;
+		}
 	}
 	if (!be) {
 		if (count == 0)
@@ -391,7 +531,10 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	port = be->port;
 	c->rev_nat_id = rnat;
 	c->backend_id = id;
-	return nat6_rewrite(skb, p, NAT_DST, addr, port);
+	ret = nat6_rewrite(skb, p, NAT_DST, addr, port);
+	if (ret || !nat_port)
+		return ret;
+	return lb6_port_rewrite(skb, p, NAT_SRC, nat_port);
 }
 
 /*
@@ -448,6 +591,61 @@ static __always_inline int lb6_hairpin_reply(struct __sk_buff *skb, struct pkt6 
 	return nat6_rewrite(skb, p, NAT_DST, client, p->dport) ? -1 : 1;
 }
 
+/* lb4_taken for IPv6. */
+static __always_inline int lb6_taken(const struct ct6_key *k, __u16 rev_nat_id, __u64 now)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct6, k);
+
+	return e && e->expires_ns > now && (!rev_nat_id || e->rev_nat_id != rev_nat_id);
+}
+
+/* lb4_unclash for IPv6. */
+static __noinline int lb6_unclash(struct __sk_buff *skb, struct pkt6 *p,
+				       struct lb6_choice *c, struct ct6_key *k, __u64 now)
+{
+	__u32 h, i;
+
+	if (!c->commit)
+		return 0;
+	ct6_key_from_pkt(k, p, 0);
+	if (!lb6_taken(k, c->rev_nat_id, now))
+		return 0;
+	h = bpf_get_prandom_u32();
+	for (i = 0; i < CEL_LB_CLASH_TRIES; i++) {
+		k->sport = bpf_htons(CEL_LB_CLASH_PORT_MIN + (h + i) % CEL_LB_CLASH_PORTS);
+		if (!lb6_taken(k, 0, now)) {
+			c->orig_sport = p->sport;
+			c->nat_sport = k->sport;
+			return lb6_port_rewrite(skb, p, NAT_SRC, k->sport);
+		}
+	}
+	return CEL_REASON_NAT_FAILED;
+}
+
+static __noinline void lb6_set_nat_port(const struct ct6_key *key, __be16 port)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct6, key);
+
+	if (e)
+		e->nat_port = port;
+}
+
+static __always_inline void lb6_note_clash(const struct ct6_key *key, const struct lb6_choice *c)
+{
+	if (c->nat_sport)
+		lb6_set_nat_port(key, c->orig_sport);
+}
+
+static __always_inline int lb6_restore_port(struct __sk_buff *skb, struct pkt6 *p,
+					    const struct ct_entry *ce)
+{
+	__be16 port = ce->nat_port;
+
+	if (!port)
+		return 0;
+	return lb6_port_rewrite(skb, p, NAT_DST, port) ? CEL_REASON_NAT_FAILED : 0;
+}
+
 static __always_inline int lb6_commit(const struct lb6_choice *c, const struct pkt6 *p,
 				      const struct datapath_config *cfg, __u64 now)
 {
@@ -458,6 +656,8 @@ static __always_inline int lb6_commit(const struct lb6_choice *c, const struct p
 	if (!c->commit)
 		return 0;
 	ret = ct_create6(&c->skey, p, cfg, now, c->rev_nat_id, c->backend_id);
+	if (!ret && c->nat_sport)
+		lb6_set_nat_port(&c->skey, c->nat_sport);
 	if (!ret && c->affinity) {
 		__builtin_memcpy(akey.client, c->skey.saddr, 16);
 		bpf_map_update_elem(&cel_lb6_affinity, &akey, &av, BPF_ANY);

@@ -723,3 +723,100 @@ fn maglev_and_session_affinity_choose_alike_over_ipv6() {
     );
     drop(servers);
 }
+
+/// A TCP connection from `client`'s port `sport` to `to`, kept open: its banner is read.
+fn open_from(client: &NetNs, sport: u16, to: SocketAddr) -> (TcpStream, String) {
+    let (family, any) = if to.is_ipv4() {
+        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
+    } else {
+        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
+    };
+    let stream = client
+        .run(move || -> nix::Result<TcpStream> {
+            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrStorage::from(SocketAddr::new(any, sport)),
+            )?;
+            connect(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrStorage::from(to),
+            )?;
+            Ok(TcpStream::from(fd))
+        })
+        .expect("run in the client")
+        .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"));
+    stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    let mut banner = Vec::new();
+    let mut byte = [0u8; 1];
+    while !banner.ends_with(b"\n") {
+        let n = (&stream)
+            .read(&mut byte)
+            .unwrap_or_else(|e| panic!("banner from {to} (port {sport}): {e}"));
+        assert!(n > 0, "{to} closed before its banner (port {sport})");
+        banner.push(byte[0]);
+    }
+    (
+        stream,
+        String::from_utf8_lossy(&banner).trim_end().to_string(),
+    )
+}
+
+/// Sends `text` on `stream` and reads its echo.
+fn echo_on(stream: &mut TcpStream, text: &str) {
+    use std::io::Write;
+    stream.write_all(text.as_bytes()).expect("send");
+    let mut back = vec![0u8; text.len()];
+    stream.read_exact(&mut back).expect("echo");
+    assert_eq!(String::from_utf8_lossy(&back), text);
+}
+
+#[test]
+fn connections_that_become_the_same_tuple_are_kept_apart() {
+    let _serial = serial();
+    let env = setup(&[]);
+    let web0 = env.web[0].1;
+    let one = vec![format!("{web0}:8080")];
+    env.agent
+        .objects("apply", &named_service_of("a", "10.96.0.90", &one, ""))
+        .and_then(|_| {
+            env.agent
+                .objects("apply", &named_service_of("b", "10.96.0.91", &one, ""))
+        })
+        .expect("apply the services");
+    frontend_with(&env.agent, "a", 1);
+    frontend_with(&env.agent, "b", 1);
+    let vip = |last: u8| SocketAddr::from(SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, last), 80));
+
+    // One client port to two services of the same backend: both connections live, apart.
+    let (mut a, banner_a) = open_from(&env.client, 42000, vip(90));
+    let (mut b, banner_b) = open_from(&env.client, 42000, vip(91));
+    assert_eq!(
+        (banner_a.as_str(), banner_b.as_str()),
+        ("web-0:8080", "web-0:8080")
+    );
+    assert_eq!(a.peer_addr().ok(), Some(vip(90)));
+    assert_eq!(b.peer_addr().ok(), Some(vip(91)));
+    for round in 0..3 {
+        echo_on(&mut a, &format!("to a {round}"));
+        echo_on(&mut b, &format!("to b {round}"));
+    }
+
+    // The backend directly, then through its cluster IP, from one port.
+    let direct = SocketAddr::from(SocketAddrV4::new(web0, 8080));
+    let (mut d, banner_d) = open_from(&env.client, 42001, direct);
+    let (mut v, banner_v) = open_from(&env.client, 42001, vip(90));
+    assert_eq!(
+        (banner_d.as_str(), banner_v.as_str()),
+        ("web-0:8080", "web-0:8080")
+    );
+    assert_eq!(v.peer_addr().ok(), Some(vip(90)));
+    for round in 0..3 {
+        echo_on(&mut d, &format!("direct {round}"));
+        echo_on(&mut v, &format!("via the service {round}"));
+    }
+    // The first connections still flow.
+    echo_on(&mut a, "a again");
+    echo_on(&mut b, "b again");
+}

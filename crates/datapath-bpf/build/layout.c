@@ -80,6 +80,7 @@ int main(void)
 	OFF(ct_entry, tcp_flags);
 	OFF(ct_entry, state);
 	OFF(ct_entry, flags);
+	OFF(ct_entry, nat_port);
 
 	SIZE(frag4_key);
 	OFF(frag4_key, saddr);

@@ -387,8 +387,9 @@ pub struct CtEntry {
     pub state: u8,
     /// Reserved.
     pub flags: u8,
-    /// Zero.
-    pub pad1: u16,
+    /// A tuple clash's source port translation, network order (0: none): on a service entry
+    /// the port the client's packets get, on the translated entry the client's own port.
+    pub nat_port: u16,
     /// Zero.
     pub pad2: u32,
 }
@@ -402,7 +403,7 @@ plain!(CtEntry {
     tcp_flags,
     state,
     flags,
-    pad1,
+    nat_port,
     pad2
 });
 
@@ -834,7 +835,7 @@ mod tests {
         check!(CtEntry, ct_entry {
             expires_ns => expires_ns, created_ns => created_ns, packets => packets, bytes => bytes,
             backend_id => backend_id, rev_nat_id => rev_nat_id, tcp_flags => tcp_flags,
-            state => state, flags => flags,
+            state => state, flags => flags, nat_port => nat_port,
         });
         check!(Frag4Key, frag4_key {
             saddr => saddr, daddr => daddr, id => id, protocol => protocol,
