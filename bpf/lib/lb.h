@@ -4,9 +4,8 @@
  * backend's replies. The backend of a connection is chosen once (lb4_select:
  * the client's session affinity, else the frontend's maglev table if it has
  * one, else at random among the service's slots), and remembered in a service
- * conntrack entry
- * keyed on the client -> VIP tuple, so later packets never re-balance. That
- * entry is written only after policy allowed the connection: denied
+ * conntrack entry keyed on the client -> VIP tuple, so later packets never
+ * re-balance. That entry is written only after policy allowed the connection: denied
  * attempts cannot fill the shared table and evict other connections.
  */
 #ifndef CELLIUM_LIB_LB_H
