@@ -77,7 +77,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 {
 	struct trace t = { .direction = CEL_DIR_EGRESS };
 	struct endpoint_info *src, *dst;
-	struct lb6_choice lb = {};
+	struct lb6_choice *lb;
 	struct ct_entry *ce = NULL;
 	struct scratch6 *s = scratch6();
 	struct ct6_key *key;
@@ -89,6 +89,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 		return TC_ACT_SHOT;
 	p = &s->p;
 	key = &s->key;
+	lb = &s->lb6;
 	ret = parse_ipv6(skb, p);
 	if (ret)
 		return drop6(skb, p, &t, ret);
@@ -122,12 +123,15 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 		return drop6(skb, p, &t, ret);
 
 	now = bpf_ktime_get_ns();
-	ret = lb6_dnat(skb, p, cfg, now, &lb);
+	ret = lb6_dnat(skb, p, cfg, now, lb);
 	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
 		return reject6(skb, p, &t);
 	if (ret)
 		return drop6(skb, p, &t, ret);
-	ret = lb6_hairpin(skb, p, &lb);
+	ret = lb6_hairpin(skb, p, lb);
+	if (ret)
+		return drop6(skb, p, &t, ret);
+	ret = lb6_unclash(skb, p, lb, key, now);
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
@@ -152,11 +156,12 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 			if (ret)
 				return drop6(skb, p, &it, ret);
 		}
-		ret = ct_create6(key, p, cfg, now, lb.rev_nat_id, lb.backend_id);
+		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
 		if (ret)
 			return drop6(skb, p, &t, ret);
+		lb6_note_clash(key, lb);
 		if (trace_events(cfg))
-			trace_new6(skb, p, &t, em | (im << 4), lb.rev_nat_id);
+			trace_new6(skb, p, &t, em | (im << 4), lb->rev_nat_id);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
@@ -166,13 +171,16 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 				return drop6(skb, p, &t, CEL_REASON_NAT_FAILED);
 			if (ret > 0)
 				dst = src;
+			ret = lb6_restore_port(skb, p, ce);
+			if (ret)
+				return drop6(skb, p, &t, ret);
 			ret = lb6_rev_nat(skb, p, id, cfg, now);
 			if (ret)
 				return drop6(skb, p, &t, ret);
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
-	ret = lb6_commit(&lb, p, cfg, now);
+	ret = lb6_commit(lb, p, cfg, now);
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
@@ -221,8 +229,10 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
-		if (id)
-			return lb6_rev_nat(skb, p, id, cfg, now);
+		if (id) {
+			ret = lb6_restore_port(skb, p, ce);
+			return ret ?: lb6_rev_nat(skb, p, id, cfg, now);
+		}
 	}
 	return 0;
 }
@@ -268,10 +278,11 @@ int cel_from_container(struct __sk_buff *skb)
 	struct datapath_config *cfg = config_get();
 	struct trace t = { .direction = CEL_DIR_EGRESS };
 	struct endpoint_info *src, *dst;
-	struct lb4_choice lb = {};
+	struct lb4_choice *lb;
+	struct scratch6 *s;
 	struct ct_entry *ce = NULL;
-	struct ct_key key = {};
-	struct pkt p = {};
+	struct ct_key *key;
+	struct pkt *p;
 	__u64 now;
 	int ret, ct;
 
@@ -279,42 +290,51 @@ int cel_from_container(struct __sk_buff *skb)
 		return from_container6(skb, cfg);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
-	ret = parse_ipv4(skb, &p);
+	s = scratch6();
+	if (!s)
+		return TC_ACT_SHOT;
+	lb = &s->lb4;
+	p = &s->p4;
+	key = &s->key4;
+	ret = parse_ipv4(skb, p);
 	if (ret)
-		return drop(skb, &p, &t, ret);
+		return drop(skb, p, &t, ret);
 
 	/* Anti-spoofing: the source address must belong to the endpoint
 	 * behind this very interface. */
-	src = endpoint_lookup4(p.saddr);
+	src = endpoint_lookup4(p->saddr);
 	if (!src || src->ifindex != skb->ifindex)
-		return drop(skb, &p, &t, CEL_REASON_INVALID_SOURCE);
+		return drop(skb, p, &t, CEL_REASON_INVALID_SOURCE);
 	t.endpoint_id = src->id;
 	t.src_identity = src->identity;
-	ret = frag4_track(&p);
+	ret = frag4_track(p);
 	if (ret)
-		return drop(skb, &p, &t, ret);
+		return drop(skb, p, &t, ret);
 
 	now = bpf_ktime_get_ns();
-	ret = lb4_dnat(skb, &p, cfg, now, &lb);
+	ret = lb4_dnat(skb, p, cfg, now, lb);
 	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
-		return reject4(skb, &p, &t);
+		return reject4(skb, p, &t);
 	if (ret)
-		return drop(skb, &p, &t, ret);
-	ret = lb4_hairpin(skb, &p, &lb);
+		return drop(skb, p, &t, ret);
+	ret = lb4_hairpin(skb, p, lb);
 	if (ret)
-		return drop(skb, &p, &t, ret);
+		return drop(skb, p, &t, ret);
+	ret = lb4_unclash(skb, p, lb, key, now);
+	if (ret)
+		return drop(skb, p, &t, ret);
 
 	/* After DNAT: the destination is the backend. */
-	dst = endpoint_lookup4(p.daddr);
-	ct_key_from_pkt(&key, &p, 0);
-	ct = ct_lookup4(&key, &p, cfg, now, &ce);
+	dst = endpoint_lookup4(p->daddr);
+	ct_key_from_pkt(key, p, 0);
+	ct = ct_lookup4(key, p, cfg, now, &ce);
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
-		t.dst_identity = dst ? dst->identity : ipcache_identity4(cfg, p.daddr);
-		ret = policy_check(skb, &p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
+		t.dst_identity = dst ? dst->identity : ipcache_identity4(cfg, p->daddr);
+		ret = policy_check(skb, p, &t, src, CEL_DIR_EGRESS, t.dst_identity, cfg, &em);
 		if (ret)
-			return drop(skb, &p, &t, ret);
+			return drop(skb, p, &t, ret);
 		if (dst) {
 			/* The redirect skips the destination's to-container
 			 * program, so its ingress policy is decided here. */
@@ -322,48 +342,52 @@ int cel_from_container(struct __sk_buff *skb)
 
 			it.direction = CEL_DIR_INGRESS;
 			it.endpoint_id = dst->id;
-			ret = policy_check(skb, &p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+			ret = policy_check(skb, p, &it, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
 					   &im);
 			if (ret)
-				return drop(skb, &p, &it, ret);
+				return drop(skb, p, &it, ret);
 		}
-		ret = ct_create4(&key, &p, cfg, now, lb.rev_nat_id, lb.backend_id);
+		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
 		if (ret)
-			return drop(skb, &p, &t, ret);
+			return drop(skb, p, &t, ret);
+		lb4_note_clash(key, lb);
 		/* One flag test per new connection: nothing when tracing is off. */
 		if (trace_events(cfg))
-			trace_new(skb, &p, &t, em | (im << 4), lb.rev_nat_id);
+			trace_new(skb, p, &t, em | (im << 4), lb->rev_nat_id);
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
 		if (id) {
 			/* A hairpin reply goes back to the pod that sent it. */
-			ret = lb4_hairpin_reply(skb, &p);
+			ret = lb4_hairpin_reply(skb, p);
 			if (ret < 0)
-				return drop(skb, &p, &t, CEL_REASON_NAT_FAILED);
+				return drop(skb, p, &t, CEL_REASON_NAT_FAILED);
 			if (ret > 0)
 				dst = src;
-			ret = lb4_rev_nat(skb, &p, id, cfg, now);
+			ret = lb4_restore_port(skb, p, ce);
 			if (ret)
-				return drop(skb, &p, &t, ret);
+				return drop(skb, p, &t, ret);
+			ret = lb4_rev_nat(skb, p, id, cfg, now);
+			if (ret)
+				return drop(skb, p, &t, ret);
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
-	ret = lb4_commit(&lb, &p, cfg, now);
+	ret = lb4_commit(lb, p, cfg, now);
 	if (ret)
-		return drop(skb, &p, &t, ret);
+		return drop(skb, p, &t, ret);
 
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
-		return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
+		return ret < 0 ? drop(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
 	}
-	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &p.daddr, t.src_identity);
+	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &p->daddr, t.src_identity);
 	if (ret > 0)
-		return drop(skb, &p, &t, ret);
+		return drop(skb, p, &t, ret);
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 	if (ret == 0 && cfg)
 		return bpf_redirect(cfg->tunnel_ifindex, 0);
-	return redirect_to_node4(skb, cfg, &p);
+	return redirect_to_node4(skb, cfg, p);
 }
 
 /* A packet for local endpoint dst, past its interface checks: conntrack,
@@ -403,8 +427,10 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	} else if (ct == CT_REPLY && ce) {
 		__u16 id = ce->rev_nat_id;
 
-		if (id)
-			return lb4_rev_nat(skb, p, id, cfg, now);
+		if (id) {
+			ret = lb4_restore_port(skb, p, ce);
+			return ret ?: lb4_rev_nat(skb, p, id, cfg, now);
+		}
 	}
 	return 0;
 }

@@ -134,6 +134,47 @@ struct {
 	__uint(max_entries, 65536);
 } cel_lb6_reverse_sk SEC(".maps");
 
+/* Maglev lookup tables by rev-NAT id (cellium/lb.h). BPF_F_INNER_MAP: the
+ * inner arrays may be of any size, so a table size change needs no new
+ * outer map. Only maglev frontends hold a table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u16);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__uint(map_flags, BPF_F_INNER_MAP);
+		__type(key, __u32);
+		__type(value, __u32);
+		__uint(max_entries, 1);
+	});
+} cel_lb_maglev SEC(".maps");
+
+/* Session affinity: a client's last choice per frontend (LRU: forgetting
+ * an idle client only costs it its affinity), and which backends each
+ * frontend with affinity has (written by svc-lb). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, 65536);
+} cel_lb4_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, 65536);
+} cel_lb6_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_affinity_match);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+} cel_lb_affinity_match SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

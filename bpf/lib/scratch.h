@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * Per-CPU scratch space for the largest per-packet state of the IPv6 path,
- * kept off the 512-byte BPF stack that the inlined programs share. A program
+ * Per-CPU scratch space for the largest per-packet state of the IPv6 path
+ * (and of the IPv4 path from a pod), kept off the 512-byte BPF stack that the inlined programs share. A program
  * runs to completion on its CPU before another packet's program may start
  * there (tc runs with bottom halves off), so one slot per CPU is enough.
  */
@@ -12,11 +12,16 @@
 #include <bpf/bpf_helpers.h>
 
 #include "ipv6.h"
+#include "lb.h"
 #include "maps.h"
 
 struct scratch6 {
 	struct pkt6 p;
 	struct ct6_key key;
+	struct lb6_choice lb6;
+	struct pkt p4;
+	struct ct_key key4;
+	struct lb4_choice lb4;
 };
 
 struct {

@@ -581,7 +581,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
         addresses: vec![Ipv4Addr::new(10, 244, 0, last).into()],
         ready: true,
     };
-    let mut inputs = Inputs::read(&resources, &[]);
+    let mut inputs = Inputs::read(&resources, &[], None);
     inputs.endpoints = vec![endpoint(1, "web-0", 10), endpoint(2, "web-1", 11)];
 
     let mut first = Programmer::default();
@@ -647,7 +647,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
             &dp,
             plans(&Inputs {
                 endpoints: inputs.endpoints.clone(),
-                ..Inputs::read(&resources, &[])
+                ..Inputs::read(&resources, &[], None)
             }),
         )
         .expect("pass without manual");
@@ -671,7 +671,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
             &dp,
             plans(&Inputs {
                 endpoints: inputs.endpoints.clone(),
-                ..Inputs::read(&resources, &[])
+                ..Inputs::read(&resources, &[], None)
             }),
         )
         .expect("pass with other");

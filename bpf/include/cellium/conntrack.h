@@ -53,7 +53,10 @@ struct ct_entry {
 	__u8 tcp_flags[2]; /* TCP flags seen, per direction */
 	__u8 state;        /* CEL_CT_STATE_* */
 	__u8 flags;        /* reserved, zero */
-	__u16 pad1;
+	/* A tuple clash's source port translation (network order, 0 = none): on
+	 * a service entry the port its client's packets get, on the translated
+	 * connection's entry the client's own port its replies get back. */
+	__be16 nat_port;
 	__u32 pad2;
 };
 

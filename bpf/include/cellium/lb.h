@@ -22,7 +22,10 @@ struct lb4_key {
 };
 
 struct lb4_service {
-	__u32 backend_id; /* slots >= 1 */
+	/* Slots >= 1: the backend id. Slot 0: the session affinity timeout in
+	 * seconds (sessionAffinity ClientIP), 0 = none (Cilium keeps it there
+	 * too). */
+	__u32 backend_id;
 	__u16 count;      /* slot 0: number of backend slots */
 	__u16 rev_nat_id; /* slot 0 */
 	__u8 flags;       /* reserved, zero */
@@ -93,6 +96,52 @@ struct sock_rev6_value {
 	__u8 vip[16];
 	__be16 port;
 	__u16 rev_nat_id;
+};
+
+/*
+ * Maglev (cel_lb_maglev): a frontend balanced by maglev has, under its
+ * rev-NAT id, an inner ARRAY of u32: entry 0 is the table size M (a prime),
+ * entries 1..=M the backend ids of the lookup table. A new connection takes
+ * entry 1 + hash(5-tuple) % M. A frontend without one picks a slot at random.
+ * The inner map is replaced whole (a new map swapped in), never rewritten in
+ * place, so a packet sees one table or the other.
+ */
+#define CEL_LB_MAGLEV_SIZE_KEY 0
+
+/* The seed of the connection hash: the same on every node, so that every
+ * node sends a flow to the same backend. */
+#define CEL_LB_MAGLEV_SEED 0x4d61676cU
+
+/*
+ * Session affinity (sessionAffinity: ClientIP), as Cilium's
+ * cilium_lb{4,6}_affinity: per client address and frontend (rev-NAT id), the
+ * backend its last new connection took and when. A new connection from that
+ * client within the frontend's timeout takes the same backend, if
+ * cel_lb_affinity_match still lists it as a backend of the frontend (it may
+ * have left this frontend while another one keeps the same backend id).
+ */
+struct lb4_affinity_key {
+	__be32 client;
+	__u16 rev_nat_id;
+	__u16 pad;
+};
+
+struct lb6_affinity_key {
+	__u8 client[16];
+	__u16 rev_nat_id;
+	__u16 pad;
+};
+
+struct lb_affinity_val {
+	__u64 last_used_ns; /* bpf_ktime_get_ns() of the last new connection */
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct lb_affinity_match {
+	__u32 backend_id;
+	__u16 rev_nat_id;
+	__u16 pad;
 };
 
 #endif /* CELLIUM_LB_H */

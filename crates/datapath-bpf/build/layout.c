@@ -80,6 +80,7 @@ int main(void)
 	OFF(ct_entry, tcp_flags);
 	OFF(ct_entry, state);
 	OFF(ct_entry, flags);
+	OFF(ct_entry, nat_port);
 
 	SIZE(frag4_key);
 	OFF(frag4_key, saddr);
@@ -106,6 +107,9 @@ int main(void)
 	OFF(lb4_service, count);
 	OFF(lb4_service, rev_nat_id);
 	OFF(lb4_service, flags);
+	SIZE(lb_affinity_match);
+	OFF(lb_affinity_match, backend_id);
+	OFF(lb_affinity_match, rev_nat_id);
 	SIZE(lb4_backend);
 	OFF(lb4_backend, addr);
 	OFF(lb4_backend, port);

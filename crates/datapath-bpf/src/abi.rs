@@ -117,6 +117,16 @@ impl Plain for u32 {
     }
 }
 
+impl Plain for u8 {
+    const SIZE: usize = 1;
+    fn encode(&self) -> Vec<u8> {
+        vec![*self]
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() == 1).then(|| bytes[0])
+    }
+}
+
 impl Plain for u16 {
     const SIZE: usize = 2;
     fn encode(&self) -> Vec<u8> {
@@ -377,8 +387,9 @@ pub struct CtEntry {
     pub state: u8,
     /// Reserved.
     pub flags: u8,
-    /// Zero.
-    pub pad1: u16,
+    /// A tuple clash's source port translation, network order (0: none): on a service entry
+    /// the port the client's packets get, on the translated entry the client's own port.
+    pub nat_port: u16,
     /// Zero.
     pub pad2: u32,
 }
@@ -392,7 +403,7 @@ plain!(CtEntry {
     tcp_flags,
     state,
     flags,
-    pad1,
+    nat_port,
     pad2
 });
 
@@ -490,7 +501,7 @@ plain!(Lb4Key {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Lb4Service {
-    /// Backend id (slots >= 1).
+    /// Backend id (slots >= 1); slot 0: the session affinity timeout in seconds, 0 = none.
     pub backend_id: u32,
     /// Number of backend slots (slot 0).
     pub count: u16,
@@ -506,6 +517,24 @@ plain!(Lb4Service {
     count,
     rev_nat_id,
     flags,
+    pad
+});
+
+/// `struct lb_affinity_match`: backend `backend_id` is one of the frontend `rev_nat_id`'s
+/// (for session affinity).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LbAffinityMatch {
+    /// The backend.
+    pub backend_id: u32,
+    /// The frontend.
+    pub rev_nat_id: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(LbAffinityMatch {
+    backend_id,
+    rev_nat_id,
     pad
 });
 
@@ -815,7 +844,7 @@ mod tests {
         check!(CtEntry, ct_entry {
             expires_ns => expires_ns, created_ns => created_ns, packets => packets, bytes => bytes,
             backend_id => backend_id, rev_nat_id => rev_nat_id, tcp_flags => tcp_flags,
-            state => state, flags => flags,
+            state => state, flags => flags, nat_port => nat_port,
         });
         check!(Frag4Key, frag4_key {
             saddr => saddr, daddr => daddr, id => id, protocol => protocol,
@@ -832,6 +861,7 @@ mod tests {
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,
         });
+        check!(LbAffinityMatch, lb_affinity_match { backend_id => backend_id, rev_nat_id => rev_nat_id });
         check!(Lb4Backend, lb4_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb4ReverseNat, lb4_reverse_nat { vip => vip, port => port });
         check!(Lb6Key, lb6_key { vip => vip, dport => dport, slot => slot, protocol => protocol });

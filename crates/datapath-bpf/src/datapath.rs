@@ -16,12 +16,14 @@ use crate::bpffs;
 use crate::error::{Error, Result};
 use crate::events::EventReader;
 use crate::maps::TypedMap;
+use crate::maps::affinity::AffinityMatch;
 use crate::maps::config::ConfigMap;
 use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
 use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
 use crate::maps::lb::{FamilyMaps, Services};
+use crate::maps::maglev::MaglevTables;
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
@@ -74,6 +76,8 @@ pub struct Datapath {
     conntrack: Conntrack,
     fragments: Fragments,
     services: Services,
+    maglev: MaglevTables,
+    affinity_match: AffinityMatch,
     config: ConfigMap,
     metrics: Metrics,
     events: MapHandle,
@@ -158,6 +162,9 @@ impl Datapath {
                 "cel_lb6_services" => handle("cel_lb6_services", &m.cel_lb6_services)?,
                 "cel_lb6_backends" => handle("cel_lb6_backends", &m.cel_lb6_backends)?,
                 "cel_lb6_revnat" => handle("cel_lb6_revnat", &m.cel_lb6_revnat)?,
+                "cel_lb_affinity_match" => {
+                    handle("cel_lb_affinity_match", &m.cel_lb_affinity_match)?
+                }
                 "cel_config" => handle("cel_config", &m.cel_config)?,
                 _ => continue,
             };
@@ -196,6 +203,11 @@ impl Datapath {
                     revnat: typed("cel_lb6_revnat", &m.cel_lb6_revnat)?,
                 },
             ),
+            maglev: MaglevTables::new(typed("cel_lb_maglev", &m.cel_lb_maglev)?),
+            affinity_match: AffinityMatch::new(typed(
+                "cel_lb_affinity_match",
+                &m.cel_lb_affinity_match,
+            )?),
             config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
             metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
             events: handle("cel_events", &m.cel_events)?,
@@ -277,6 +289,16 @@ impl Datapath {
     /// ClusterIP services, backends and reverse NAT.
     pub fn services(&self) -> &Services {
         &self.services
+    }
+
+    /// The maglev tables of the frontends balanced by maglev.
+    pub fn maglev(&self) -> &MaglevTables {
+        &self.maglev
+    }
+
+    /// Which backends each frontend with session affinity has.
+    pub fn affinity_match(&self) -> &AffinityMatch {
+        &self.affinity_match
     }
 
     /// Datapath-wide settings.

@@ -388,7 +388,7 @@ fn services(bpf_root: PathBuf, count: u32, backend: SocketAddrV4) -> Result<()> 
     }
     let mut programmer = cellium_svc_lb::Programmer::default();
     programmer.adopt(&dp).context("adopting the maps' ids")?;
-    let inputs = cellium_svc_lb::desired::Inputs::read(&resources, &[]);
+    let inputs = cellium_svc_lb::desired::Inputs::read(&resources, &[], None);
     let report = programmer
         .sync(&dp, cellium_svc_lb::desired::plans(&inputs))
         .context("programming the services")?;

@@ -73,11 +73,11 @@ pub use listing::Listing;
 pub use objects::{
     CONTROLLER_MANAGED_BY, CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint,
     CiliumIdentity, CiliumNetworkPolicy, CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule,
-    ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LabelRequirement, LabelSelector,
-    NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node,
-    Pod, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES, SERVICE_NAME_LABEL,
-    SYSTEM_NAMESPACES, SelectorOperator, Service, ServiceOwner, ServicePort, SliceEndpoint,
-    SlicePort,
+    ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION,
+    LabelRequirement, LabelSelector, LbAlgorithm, NAME_LABEL, NamedPort, Namespace, NetworkPolicy,
+    NetworkPolicyPeer, NetworkPolicyRule, Node, Pod, PolicyPort, PolicyType, PortRef, Protocol,
+    SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service,
+    ServiceOwner, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 pub use policy_dir::PolicyDir;
 pub use resources::{Action, Outcome, Resources};

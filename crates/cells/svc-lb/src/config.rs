@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
+use cellium_resources::LbAlgorithm;
 use serde::{Deserialize, Serialize};
+
+use crate::maglev::{DEFAULT_TABLE_SIZE, TABLE_SIZES};
 
 /// What a new connection to a service without backends gets (key
 /// `service-no-backend-response`, Cilium's name and values).
@@ -17,12 +20,55 @@ pub enum NoBackendResponse {
     Drop,
 }
 
+/// `bpf-lb-maglev-table-size`: one of Cilium's primes ([`TABLE_SIZES`]); anything else is
+/// refused at start, naming the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct MaglevTableSize(u32);
+
+impl MaglevTableSize {
+    /// The number of entries.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for MaglevTableSize {
+    fn default() -> Self {
+        MaglevTableSize(DEFAULT_TABLE_SIZE)
+    }
+}
+
+impl TryFrom<u32> for MaglevTableSize {
+    type Error = String;
+    fn try_from(m: u32) -> Result<Self, String> {
+        if TABLE_SIZES.contains(&m) {
+            Ok(MaglevTableSize(m))
+        } else {
+            Err(format!(
+                "bpf-lb-maglev-table-size: {m} is not one of the supported primes {TABLE_SIZES:?}"
+            ))
+        }
+    }
+}
+
+impl From<MaglevTableSize> for u32 {
+    fn from(m: MaglevTableSize) -> u32 {
+        m.0
+    }
+}
+
 /// The `svc-lb` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", default)]
 pub struct SvcLbConfig {
     /// `reject` (the default) or `drop`.
     pub service_no_backend_response: NoBackendResponse,
+    /// How frontends choose a new connection's backend: `random` (the default) or `maglev`;
+    /// a service's annotation `service.cilium.io/lb-algorithm` overrides it.
+    pub bpf_lb_algorithm: LbAlgorithm,
+    /// The entries of each maglev table (default 16381).
+    pub bpf_lb_maglev_table_size: MaglevTableSize,
     /// Socket-level load balancing of the node's own processes (Cilium's `bpf-lb-sock`): off
     /// by default, as in Cilium without kube-proxy replacement.
     pub bpf_lb_sock: bool,
@@ -36,6 +82,8 @@ impl Default for SvcLbConfig {
     fn default() -> Self {
         SvcLbConfig {
             service_no_backend_response: NoBackendResponse::default(),
+            bpf_lb_algorithm: LbAlgorithm::default(),
+            bpf_lb_maglev_table_size: MaglevTableSize::default(),
             bpf_lb_sock: false,
             cgroup_root: PathBuf::from("/run/cellium/cgroupv2"),
         }
@@ -67,5 +115,37 @@ mod tests {
         );
         let err = parse("refuse").unwrap_err().to_string();
         assert!(err.contains("refuse") && err.contains("reject"), "{err}");
+    }
+
+    #[test]
+    fn the_lb_keys_take_ciliums_values_and_refuse_others_naming_the_key() {
+        let parse = |v: serde_json::Value| serde_json::from_value::<SvcLbConfig>(v);
+        let default = SvcLbConfig::default();
+        assert_eq!(default.bpf_lb_algorithm, LbAlgorithm::Random);
+        assert_eq!(default.bpf_lb_maglev_table_size.get(), 16381);
+        let cfg = parse(serde_json::json!({
+            "bpf-lb-algorithm": "maglev",
+            "bpf-lb-maglev-table-size": 1021
+        }))
+        .unwrap();
+        assert_eq!(cfg.bpf_lb_algorithm, LbAlgorithm::Maglev);
+        assert_eq!(cfg.bpf_lb_maglev_table_size.get(), 1021);
+        for bad in [1000, 16383, 0, 7] {
+            let err = parse(serde_json::json!({ "bpf-lb-maglev-table-size": bad }))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("bpf-lb-maglev-table-size") && err.contains("16381"),
+                "{err}"
+            );
+        }
+        let err = parse(serde_json::json!({ "bpf-lb-algorithm": "hash" }))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("hash") && err.contains("maglev"), "{err}");
+        // Rendered as written.
+        let back = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(back["bpf-lb-maglev-table-size"], 1021);
+        assert_eq!(back["bpf-lb-algorithm"], "maglev");
     }
 }

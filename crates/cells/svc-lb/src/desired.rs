@@ -24,6 +24,12 @@
 //! - A service with neither has no backends: its frontend refuses new connections (or drops
 //!   them, with `service-no-backend-response: drop`).
 //!
+//! - `internalTrafficPolicy: Local`: only this node's endpoints serve, as with kube-proxy: from
+//!   slices, those whose `nodeName` is this node's name (one without `nodeName`, or with no
+//!   node name known, is elsewhere); from the selector, all of them (they are this node's
+//!   already). None here: no backends, so new connections are refused, never sent to
+//!   another node.
+//!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
 use std::collections::{BTreeMap, HashSet};
@@ -34,8 +40,8 @@ use std::sync::Arc;
 use cellium_datapath_bpf::{Backend, Frontend};
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_resources::{
-    EndpointSlice, IpFamily, Object, ObjectKey, Pod, PortRef, Protocol, Resources, Service,
-    ServicePort,
+    EndpointSlice, IpFamily, LbAlgorithm, Object, ObjectKey, Pod, PortRef, Protocol, Resources,
+    Service, ServicePort, SliceEndpoint, TrafficPolicy,
 };
 
 /// The most backends a frontend can have (slot numbers are 16-bit, slot 0 is the header).
@@ -87,6 +93,11 @@ pub struct Plan {
     /// Backends that take no new connection but keep those they have (see the module), ordered
     /// likewise, none of them among `backends`.
     pub draining: Vec<PlannedBackend>,
+    /// How new connections choose among `backends`: the service's annotation
+    /// `service.cilium.io/lb-algorithm`, else `bpf-lb-algorithm`.
+    pub algorithm: LbAlgorithm,
+    /// `sessionAffinity: ClientIP`: its timeout in seconds; `None` without affinity.
+    pub session_affinity: Option<u32>,
     /// Why it cannot be programmed, if it cannot.
     pub error: Option<String>,
 }
@@ -147,11 +158,15 @@ pub struct Inputs {
     pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     /// This node's endpoints.
     pub endpoints: Vec<LocalEndpoint>,
+    /// This node's name, as EndpointSlices' `nodeName` say it; `None` when unknown.
+    pub node_name: Option<String>,
+    /// `bpf-lb-algorithm`: the algorithm of services without the annotation.
+    pub lb_algorithm: LbAlgorithm,
 }
 
 impl Inputs {
     /// Reads the tables and the endpoints.
-    pub fn read(resources: &Resources, endpoints: &[Endpoint]) -> Inputs {
+    pub fn read(resources: &Resources, endpoints: &[Endpoint], node_name: Option<&str>) -> Inputs {
         Inputs {
             services: resources.services.list(),
             slices: resources.endpoint_slices.list(),
@@ -162,6 +177,8 @@ impl Inputs {
                 .map(|p| (p.key(), p))
                 .collect(),
             endpoints: endpoints.iter().map(LocalEndpoint::from).collect(),
+            node_name: node_name.map(str::to_string),
+            lb_algorithm: LbAlgorithm::default(),
         }
     }
 }
@@ -190,9 +207,11 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
         {
             let family = IpFamily::of(vip);
             let (from, (backends, draining)) = if !slices.is_empty() {
+                let local = (svc.internal_traffic_policy == TrafficPolicy::Local)
+                    .then_some(inputs.node_name.as_deref());
                 (
                     BackendsFrom::EndpointSlices,
-                    from_slices(slices, family, port),
+                    from_slices(slices, family, port, local),
                 )
             } else if !svc.selector.is_empty() {
                 (
@@ -222,6 +241,8 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
                 from,
                 backends,
                 draining,
+                algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
+                session_affinity: svc.session_affinity,
                 error,
             });
         }
@@ -247,11 +268,17 @@ fn own_slices<'a>(
 }
 
 /// The backends of a frontend from its service's slices, and those draining (see the module).
+/// `local`: only the endpoints of this node (named `Some(name)`, or unknown: `None`) count.
 fn from_slices(
     slices: &[&EndpointSlice],
     family: IpFamily,
     port: &ServicePort,
+    local: Option<Option<&str>>,
 ) -> (Vec<PlannedBackend>, Vec<PlannedBackend>) {
+    let here = |ep: &SliceEndpoint| match local {
+        None => true,
+        Some(node) => node.is_some() && ep.node_name.as_deref() == node,
+    };
     let (mut ready, mut terminating, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let source = format!("EndpointSlice {}", slice.key());
@@ -261,7 +288,7 @@ fn from_slices(
             .filter(|p| p.name == port.name && p.protocol == port.protocol)
             .filter_map(|p| p.port);
         for number in numbers {
-            for ep in &slice.endpoints {
+            for ep in slice.endpoints.iter().filter(|ep| here(ep)) {
                 let planned = PlannedBackend {
                     backend: Backend {
                         addr: ep.address(),
@@ -395,7 +422,7 @@ spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] 
         let r = Resources::new();
         r.apply("app.yaml", APP).unwrap();
         r.apply("svc.yaml", services).unwrap();
-        let mut inputs = Inputs::read(&r, &[]);
+        let mut inputs = Inputs::read(&r, &[], Some("node-1"));
         inputs.endpoints = vec![
             endpoint(1, "shop", "web-0", 10, true),
             endpoint(2, "shop", "web-1", 11, true),
@@ -614,7 +641,7 @@ ports: [ { port: 5353, protocol: UDP } ]
 "#,
         )
         .unwrap();
-        let mut inputs = Inputs::read(&r, &[]);
+        let mut inputs = Inputs::read(&r, &[], Some("node-1"));
         let v6 = |last: u16| {
             IpAddr::V6(std::net::Ipv6Addr::new(
                 0xfd00, 0x10, 0x244, 0, 0, 0, 0, last,
@@ -740,5 +767,86 @@ ports: [ { port: 5353, protocol: UDP } ]
             backends(plan),
             vec!["10.1.0.9:8080 EndpointSlice shop/web-old"]
         );
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_keeps_only_this_nodes_endpoints() {
+        let yaml = |policy: &str, selector: &str| {
+            format!(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec: {{ clusterIP: 10.96.0.20, internalTrafficPolicy: {policy}, ports: [ {{ name: http, port: 80 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-a, namespace: shop, labels: {{ {WEB_LABEL} }} }}
+addressType: IPv4
+endpoints:
+- {{ addresses: [ 10.1.0.1 ], nodeName: node-1 }}
+- {{ addresses: [ 10.1.0.2 ], nodeName: node-2 }}
+- {{ addresses: [ 10.1.0.3 ] }}
+- {{ addresses: [ 10.1.0.4 ], nodeName: node-1, conditions: {{ ready: false }} }}
+- {{ addresses: [ 10.1.0.5 ], nodeName: node-2, conditions: {{ ready: false }} }}
+ports: [ {{ name: http, port: 8080 }} ]
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: sel, namespace: shop }}
+spec: {{ clusterIP: 10.96.0.21, internalTrafficPolicy: {policy}, selector: {{ {selector} }}, ports: [ {{ port: 80 }} ] }}
+"#
+            )
+        };
+        let addrs = |b: &[PlannedBackend]| -> Vec<String> {
+            b.iter().map(|b| b.backend.addr.to_string()).collect()
+        };
+        // Cluster: every ready endpoint, wherever it runs.
+        let plans_cluster = plans(&setup(&yaml("Cluster", "app: web")));
+        assert_eq!(
+            addrs(&plans_cluster[1].backends),
+            ["10.1.0.1", "10.1.0.2", "10.1.0.3"]
+        );
+        // Local: this node's only; the others are not even draining (they never were ours).
+        let mut inputs = setup(&yaml("Local", "app: web"));
+        let local = plans(&inputs);
+        assert_eq!(local[1].describe(), "shop/web http (10.96.0.20:80/TCP)");
+        assert_eq!(addrs(&local[1].backends), ["10.1.0.1"]);
+        assert_eq!(addrs(&local[1].draining), ["10.1.0.4"]);
+        // The selector's backends are this node's endpoints already.
+        assert_eq!(addrs(&local[0].backends), ["10.244.0.10", "10.244.0.11"]);
+        // Another node's name: nothing here, so no backends at all (connections are refused).
+        inputs.node_name = Some("node-3".into());
+        let elsewhere = plans(&inputs);
+        assert!(elsewhere[1].backends.is_empty() && elsewhere[1].draining.is_empty());
+        // No node name known: no endpoint of a slice can be told local.
+        inputs.node_name = None;
+        assert!(plans(&inputs)[1].backends.is_empty());
+        // A selector matching nothing local: none either.
+        let none = plans(&setup(&yaml("Local", "app: nothing")));
+        assert!(none[0].backends.is_empty());
+    }
+
+    #[test]
+    fn the_annotation_overrides_the_agents_algorithm() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: shop, annotations: {service.cilium.io/lb-algorithm: random}}\nspec: {clusterIP: 10.96.0.20, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: shop}\nspec: {clusterIP: 10.96.0.21, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: shop, annotations: {service.cilium.io/lb-algorithm: maglev}}\nspec: {clusterIP: 10.96.0.22, selector: {app: web}, ports: [{port: 80}]}\n";
+        let mut inputs = setup(yaml);
+        let algorithms = |inputs: &Inputs| -> Vec<LbAlgorithm> {
+            plans(inputs).iter().map(|p| p.algorithm).collect()
+        };
+        use LbAlgorithm::{Maglev, Random};
+        assert_eq!(algorithms(&inputs), [Random, Random, Maglev]);
+        inputs.lb_algorithm = Maglev;
+        assert_eq!(algorithms(&inputs), [Random, Maglev, Maglev]);
+    }
+
+    #[test]
+    fn session_affinity_comes_from_the_service() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: shop}\nspec: {clusterIP: 10.96.0.20, sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: shop}\nspec: {clusterIP: 10.96.0.21, sessionAffinity: ClientIP, selector: {app: web}, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: shop}\nspec: {clusterIP: 10.96.0.22, selector: {app: web}, ports: [{port: 80}]}\n";
+        let affinity: Vec<Option<u32>> = plans(&setup(yaml))
+            .iter()
+            .map(|p| p.session_affinity)
+            .collect();
+        assert_eq!(affinity, [Some(60), Some(10800), None]);
     }
 }

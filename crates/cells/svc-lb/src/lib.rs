@@ -1,7 +1,7 @@
 //! The `svc-lb` cell: ClusterIP services load-balanced by the datapath.
 //!
-//! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*` and
-//!   `cel_lb6_*`): one frontend per port and cluster IP of every ClusterIP service (a
+//! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*`, `cel_lb6_*`,
+//!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one frontend per port and cluster IP of every ClusterIP service (a
 //!   dual-stack service has one cluster IP per family), its backends (of its family), stable
 //!   backend ids shared by frontends, and one rev-NAT id per frontend, ids being one space over
 //!   both families. Headless services have no frontend.
@@ -11,9 +11,10 @@
 //! - **Depends on** resources (services, endpoint slices, pods), endpoint-manager (this node's
 //!   endpoints and their changes), loader (the maps).
 //! - **Config keys:** `service-no-backend-response`: `reject` (the default: a new connection
-//!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`
-//!   ([`SvcLbConfig`]); `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own
-//!   processes in that cgroup get services translated at `connect()` and `sendmsg()`. The
+//!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`;
+//!   `bpf-lb-algorithm` (`random` or `maglev`, [`maglev`]) and `bpf-lb-maglev-table-size`;
+//!   `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own processes in that
+//!   cgroup get services translated at `connect()` and `sendmsg()` ([`SvcLbConfig`]). The
 //!   service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
@@ -29,13 +30,14 @@ pub mod desired;
 mod error;
 mod grpc;
 mod ids;
+pub mod maglev;
 mod service_lb;
 mod sock_lb;
 pub mod sync;
 
 use cellium_hive::Module;
 
-pub use config::{NoBackendResponse, SvcLbConfig};
+pub use config::{MaglevTableSize, NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
 pub use grpc::{ServicesService, to_proto};
 pub use service_lb::ServiceLb;

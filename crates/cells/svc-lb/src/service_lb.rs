@@ -27,7 +27,7 @@ use cellium_datapath_bpf::DatapathConfig;
 use cellium_endpoint_manager::EndpointManager;
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_loader::Loader;
-use cellium_resources::Resources;
+use cellium_resources::{ApiSource, LbAlgorithm, Resources};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::WatchStream;
 
@@ -48,12 +48,18 @@ pub struct ServiceLb {
     endpoints: Arc<EndpointManager>,
     loader: Arc<Loader>,
     reporter: Reporter,
+    /// This node's name (`node-name`), from the API source, which knows it even standalone;
+    /// `internalTrafficPolicy: Local` selects slice endpoints by it.
+    node_name: Option<String>,
+    /// `bpf-lb-algorithm`.
+    lb_algorithm: LbAlgorithm,
     state: Mutex<Programmer>,
 }
 
 impl ServiceLb {
     /// Declares the cell; the `restore-services` start hook takes over the pinned maps and
     /// its jobs keep them in line with the tables.
+    #[allow(clippy::too_many_arguments)] // the hive injects each dependency by type
     pub fn new(
         cfg: Config<SvcLbConfig>,
         lc: Lifecycle,
@@ -62,13 +68,18 @@ impl ServiceLb {
         resources: Arc<Resources>,
         endpoints: Arc<EndpointManager>,
         loader: Arc<Loader>,
+        source: Option<Arc<dyn ApiSource>>,
     ) -> Arc<ServiceLb> {
         let lb = Arc::new(ServiceLb {
             resources,
             endpoints,
             loader,
             reporter,
-            state: Mutex::new(Programmer::default()),
+            node_name: source.map(|s| s.node_name()),
+            lb_algorithm: cfg.bpf_lb_algorithm,
+            state: Mutex::new(Programmer::with_maglev_table_size(
+                cfg.bpf_lb_maglev_table_size,
+            )),
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
@@ -114,7 +125,14 @@ impl ServiceLb {
         let this = self.clone();
         let report = tokio::task::spawn_blocking(move || -> Result<SyncReport> {
             let dp = this.loader.datapath()?;
-            let plans = plans(&Inputs::read(&this.resources, &this.endpoints.list()));
+            let plans = plans(&Inputs {
+                lb_algorithm: this.lb_algorithm,
+                ..Inputs::read(
+                    &this.resources,
+                    &this.endpoints.list(),
+                    this.node_name.as_deref(),
+                )
+            });
             this.state().sync(&dp, plans)
         })
         .await??;

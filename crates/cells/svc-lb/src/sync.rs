@@ -10,14 +10,25 @@
 //! its backends. A removed frontend's rev-NAT entry stays until no connection carries its id
 //! ([`Programmer::collect_rev_nats`]): replies of connections still open are translated to the
 //! address their client knows until they end.
+//!
+//! A frontend balanced by maglev also gets its lookup table, after its slots (its backends
+//! exist by then) and before stale backends go (the table in force never names a removed
+//! one). A table is computed and written only when the frontend's backends or the table size
+//! changed since it was written by this agent (after a restart, once, by the first pass: the
+//! same backends give the same table, so no connection moves). Tables of frontends removed,
+//! or no longer balanced by maglev, are removed with the stale entries.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
 
 use cellium_datapath_bpf::{Backend, Datapath, Frontend, ServiceEntry, ktime_now_ns};
+use cellium_resources::LbAlgorithm;
 
-use crate::desired::Plan;
+use crate::config::MaglevTableSize;
+use crate::desired::{Plan, PlannedBackend};
 use crate::error::{Error, Result};
 use crate::ids::Ids;
+use crate::maglev;
 
 /// A frontend as the last pass left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,9 +80,34 @@ pub struct Programmer {
     /// Rev-NAT ids of removed frontends whose map entries are still there.
     released: BTreeSet<u16>,
     status: Vec<FrontendStatus>,
+    /// `bpf-lb-maglev-table-size`.
+    maglev_size: MaglevTableSize,
+    /// What each maglev table in force was computed from.
+    tables: BTreeMap<Frontend, TableSource>,
+    /// During a pass: the (rev-NAT id, backend id) pairs of the affinity match map, as read
+    /// at its start and written since, and those the frontends with affinity want.
+    matches_in_map: BTreeSet<(u16, u32)>,
+    matches_wanted: BTreeSet<(u16, u32)>,
+}
+
+/// What a maglev table is computed from: equal sources give equal tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TableSource {
+    rev_nat_id: u16,
+    size: u32,
+    /// Each backend's name (`address:port`) and id.
+    members: Vec<(String, u32)>,
 }
 
 impl Programmer {
+    /// A programmer whose maglev tables have `size` entries.
+    pub fn with_maglev_table_size(size: MaglevTableSize) -> Programmer {
+        Programmer {
+            maglev_size: size,
+            ..Programmer::default()
+        }
+    }
+
     /// Takes over the ids the pinned maps hold, so established connections keep their
     /// backends and reverse translation; rev-NAT entries no frontend holds (frontends removed
     /// before a restart) are handed to the collector. Returns (frontends, backends, lingering
@@ -103,6 +139,11 @@ impl Programmer {
         let lb = dp.services();
         let backends = lb.backends().map_err(read("backends map"))?;
         let frontends = lb.services().map_err(read("services map"))?;
+        self.matches_in_map = dp
+            .affinity_match()
+            .entries()
+            .map_err(read("affinity match map"))?;
+        self.matches_wanted.clear();
         let mut report = SyncReport::default();
         let wanted: BTreeSet<Frontend> = plans.iter().map(|p| p.frontend).collect();
         let mut status = Vec::with_capacity(plans.len());
@@ -125,6 +166,7 @@ impl Programmer {
                     });
                 }
                 Err(e) => {
+                    self.keep_matches(&plan.frontend);
                     let message = error_chain(&e);
                     tracing::warn!(frontend = %plan.describe(), error = %message, "frontend not programmed");
                     report.failed.push(message.clone());
@@ -194,13 +236,19 @@ impl Programmer {
             .ok_or_else(|| Error::RevNatExhausted(describe()))?;
         let mut slots = ids.clone();
         slots.sort_unstable();
+        let table_written = self.program_table(dp, plan, rev_nat_id, &ids)?;
         let current = frontends.get(&plan.frontend);
-        let same = current.is_some_and(|c| c.rev_nat_id == rev_nat_id && c.backend_ids == slots)
-            && lb.rev_nat(rev_nat_id).ok().flatten()
-                == Some((plan.frontend.vip, plan.frontend.port));
+        let affinity = plan.session_affinity.unwrap_or(0);
+        // put_service keeps slot 0's timeout: what the map holds until set otherwise.
+        let stored_affinity = current.map_or(0, |c| c.affinity_timeout);
+        let same = current.is_some_and(|c| {
+            c.rev_nat_id == rev_nat_id && c.backend_ids == slots && c.affinity_timeout == affinity
+        }) && lb.rev_nat(rev_nat_id).ok().flatten()
+            == Some((plan.frontend.vip, plan.frontend.port));
         if !same {
             lb.put_service(&plan.frontend, rev_nat_id, &slots)
                 .map_err(write_err)?;
+            self.program_affinity(dp, plan, rev_nat_id, &ids, stored_affinity)?;
             tracing::info!(
                 frontend = %plan.describe(),
                 rev_nat_id,
@@ -208,12 +256,159 @@ impl Programmer {
                 "frontend programmed"
             );
         }
+        if same {
+            // Nothing to write, but the pairs are wanted (or the sweep would remove them).
+            self.program_affinity(dp, plan, rev_nat_id, &ids, stored_affinity)?;
+        }
         Ok(Programmed {
             rev_nat_id,
             backend_ids: ids,
             draining_ids,
-            written: !same,
+            written: !same || table_written,
         })
+    }
+
+    /// Session affinity: lists the frontend's backends in the affinity match map (before its
+    /// timeout is set, so a remembered backend is never refused for want of its pair), then
+    /// sets the timeout in its slot 0 where it differs. Pairs no longer wanted go with the
+    /// stale entries of the pass.
+    fn program_affinity(
+        &mut self,
+        dp: &Datapath,
+        plan: &Plan,
+        rev_nat_id: u16,
+        ids: &[u32],
+        stored: u32,
+    ) -> Result<()> {
+        let write_err = |source| Error::Program {
+            frontend: plan.describe(),
+            source,
+        };
+        let timeout = plan.session_affinity.unwrap_or(0);
+        if timeout > 0 {
+            for id in ids {
+                let pair = (rev_nat_id, *id);
+                if !self.matches_in_map.contains(&pair) {
+                    dp.affinity_match()
+                        .put(rev_nat_id, *id)
+                        .map_err(write_err)?;
+                    self.matches_in_map.insert(pair);
+                }
+                self.matches_wanted.insert(pair);
+            }
+        }
+        if stored != timeout {
+            dp.services()
+                .set_affinity_timeout(&plan.frontend, timeout)
+                .map_err(write_err)?;
+        }
+        Ok(())
+    }
+
+    /// A frontend that failed keeps its affinity pairs, as it keeps the rest.
+    fn keep_matches(&mut self, frontend: &Frontend) {
+        if let Some(rev) = self.ids.rev_nat(frontend) {
+            let kept: Vec<(u16, u32)> = self
+                .matches_in_map
+                .iter()
+                .filter(|(r, _)| *r == rev)
+                .copied()
+                .collect();
+            self.matches_wanted.extend(kept);
+        }
+    }
+
+    /// Removes the affinity pairs no frontend wants.
+    fn remove_stale_matches(&mut self, dp: &Datapath, report: &mut SyncReport) {
+        let stale: Vec<(u16, u32)> = self
+            .matches_in_map
+            .difference(&self.matches_wanted)
+            .copied()
+            .collect();
+        for (rev, id) in stale {
+            match dp.affinity_match().delete(rev, id) {
+                Ok(_) => {
+                    self.matches_in_map.remove(&(rev, id));
+                }
+                Err(source) => report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("affinity pair of rev-NAT id {rev} and backend {id}"),
+                    source,
+                })),
+            }
+        }
+    }
+
+    /// Writes the maglev table of a frontend balanced by maglev whose backends (`ids`, in the
+    /// order of `plan.backends`) or table size changed since its table was written; forgets
+    /// the table of one that is not (the stale pass removes it). Returns whether it wrote.
+    fn program_table(
+        &mut self,
+        dp: &Datapath,
+        plan: &Plan,
+        rev_nat_id: u16,
+        ids: &[u32],
+    ) -> Result<bool> {
+        if plan.algorithm != LbAlgorithm::Maglev || ids.is_empty() {
+            self.tables.remove(&plan.frontend);
+            return Ok(false);
+        }
+        let source = TableSource {
+            rev_nat_id,
+            size: self.maglev_size.get(),
+            members: plan
+                .backends
+                .iter()
+                .map(backend_name)
+                .zip(ids.iter().copied())
+                .collect(),
+        };
+        if self.tables.get(&plan.frontend) == Some(&source) {
+            return Ok(false);
+        }
+        let names: Vec<String> = source.members.iter().map(|(n, _)| n.clone()).collect();
+        let table: Vec<u32> = maglev::table(&names, source.size)
+            .into_iter()
+            .map(|i| source.members[i].1)
+            .collect();
+        dp.maglev()
+            .put(rev_nat_id, &table)
+            .map_err(|source| Error::Program {
+                frontend: plan.describe(),
+                source,
+            })?;
+        tracing::info!(
+            frontend = %plan.describe(),
+            rev_nat_id,
+            backends = ids.len(),
+            size = source.size,
+            "maglev table written"
+        );
+        self.tables.insert(plan.frontend, source);
+        Ok(true)
+    }
+
+    /// Removes the maglev tables no frontend in force is balanced with.
+    fn remove_stale_tables(
+        &mut self,
+        dp: &Datapath,
+        wanted: &BTreeSet<Frontend>,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        self.tables.retain(|fe, _| wanted.contains(fe));
+        let keep: HashSet<u16> = self.tables.values().map(|t| t.rev_nat_id).collect();
+        let maglev = dp.maglev();
+        for id in maglev.ids().map_err(read("maglev map"))? {
+            if keep.contains(&id) {
+                continue;
+            }
+            if let Err(source) = maglev.delete(id) {
+                report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("maglev table of rev-NAT id {id}"),
+                    source,
+                }));
+            }
+        }
+        Ok(())
     }
 
     /// Removes the frontends no plan wants, then the backends no frontend in the map uses.
@@ -238,6 +433,8 @@ impl Programmer {
                 })),
             }
         }
+        self.remove_stale_tables(dp, wanted, report)?;
+        self.remove_stale_matches(dp, report);
         let after = lb.services().map_err(read("services map"))?;
         // Ids of frontends gone from the plans and from the map (removed above, or never
         // written because their plan failed) wait for collection.
@@ -315,6 +512,12 @@ impl Programmer {
     pub fn lingering_rev_nats(&self) -> usize {
         self.released.len()
     }
+}
+
+/// The name a backend's maglev permutation is derived from: its address and port, the same
+/// on every node.
+fn backend_name(b: &PlannedBackend) -> String {
+    SocketAddr::new(b.backend.addr, b.backend.port).to_string()
 }
 
 fn read(what: &'static str) -> impl Fn(cellium_datapath_bpf::Error) -> Error {

@@ -60,6 +60,8 @@ pub struct ServiceEntry {
     pub rev_nat_id: u16,
     /// Backend ids, slot 1 first.
     pub backend_ids: Vec<u32>,
+    /// The session affinity timeout in seconds; 0 = none.
+    pub affinity_timeout: u32,
 }
 
 /// A frontend's key in the services map of its family.
@@ -251,7 +253,8 @@ impl Services {
             .ok_or_else(|| {
                 Error::invalid(format!("service {frontend:?}"), "more than 65534 backends")
             })?;
-        let old_count = self.slot(frontend, 0)?.map_or(0, |s| s.count);
+        let old = self.slot(frontend, 0)?;
+        let old_count = old.map_or(0, |s| s.count);
 
         self.put_rev_nat(rev_nat_id, frontend)?;
         for (slot, id) in (1u16..).zip(backend_ids) {
@@ -268,6 +271,8 @@ impl Services {
             frontend,
             0,
             &Lb4Service {
+                // Slot 0's backend_id is the affinity timeout: set_affinity_timeout's.
+                backend_id: old.map_or(0, |s| s.backend_id),
                 count,
                 rev_nat_id,
                 ..Default::default()
@@ -275,6 +280,22 @@ impl Services {
         )?;
         for slot in count + 1..=old_count {
             self.delete_slot(frontend, slot)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the session affinity timeout (seconds, 0 = none) of a frontend written by
+    /// [`Services::put_service`]; its backends must be in the affinity match map first.
+    pub fn set_affinity_timeout(&self, frontend: &Frontend, seconds: u32) -> Result<()> {
+        let Some(mut svc) = self.slot(frontend, 0)? else {
+            return Err(Error::invalid(
+                format!("service {frontend:?}"),
+                "no such frontend for session affinity",
+            ));
+        };
+        if svc.backend_id != seconds {
+            svc.backend_id = seconds;
+            self.put_slot(frontend, 0, &svc)?;
         }
         Ok(())
     }
@@ -315,6 +336,7 @@ impl Services {
         Ok(Some(ServiceEntry {
             rev_nat_id: svc.rev_nat_id,
             backend_ids,
+            affinity_timeout: svc.backend_id,
         }))
     }
 

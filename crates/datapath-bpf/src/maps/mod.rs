@@ -1,12 +1,14 @@
 //! Typed wrappers over the pinned datapath maps: one file per map, each
 //! taking and returning Rust types (addresses, enums, ports in host order).
 
+pub mod affinity;
 pub mod config;
 pub mod conntrack;
 pub mod endpoints;
 pub mod frag;
 pub mod ipcache;
 pub mod lb;
+pub mod maglev;
 pub mod metrics;
 pub mod policy;
 

@@ -3,8 +3,9 @@
 //! A slice belongs to the service of its namespace named by its `kubernetes.io/service-name`
 //! label, and serves that service's frontends of its family (`addressType: IPv4` or `IPv6`,
 //! as kube-proxy reads slices); FQDN slices are refused as not supported. Topology fields
-//! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted but do not change
-//! what is balanced: every ready endpoint is a backend.
+//! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted; of them only
+//! `nodeName` changes what is balanced: a service with `internalTrafficPolicy: Local` takes
+//! only the endpoints of this node.
 //!
 //! A slice also keeps the Services it names as owners (`metadata.ownerReferences` of kind
 //! `Service`, apiVersion `v1`, with their uids): the endpointslice controller makes the
@@ -52,6 +53,9 @@ pub struct SliceEndpoint {
     pub serving: bool,
     /// `conditions.terminating`; absent is false.
     pub terminating: bool,
+    /// `nodeName`: the node it runs on, if the slice says (what `internalTrafficPolicy:
+    /// Local` selects by).
+    pub node_name: Option<String>,
 }
 
 impl SliceEndpoint {
@@ -244,6 +248,7 @@ fn endpoint(field: &str, family: IpFamily, e: k8s::Endpoint) -> Result<SliceEndp
         ready,
         serving: conditions.serving.unwrap_or(ready),
         terminating: conditions.terminating.unwrap_or(false),
+        node_name: e.node_name,
     })
 }
 

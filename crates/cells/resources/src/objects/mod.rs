@@ -34,4 +34,7 @@ pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
-pub use service::{ClusterIp, IpFamily, IpFamilyPolicy, Service, ServicePort};
+pub use service::{
+    ClusterIp, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LbAlgorithm, Service,
+    ServicePort, TrafficPolicy,
+};

@@ -3,8 +3,7 @@
 //!
 //! What the node cannot do is refused with "not supported" naming the field, never stored and
 //! silently left out: NodePort, LoadBalancer and ExternalName services, external IPs,
-//! `sessionAffinity: ClientIP`, SCTP ports, node-local internal traffic and traffic
-//! distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! SCTP ports and traffic distribution preferences. The cluster IPs and the families (`ipFamilies`,
 //! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
@@ -98,6 +97,71 @@ impl fmt::Display for ClusterIp {
     }
 }
 
+/// `spec.internalTrafficPolicy`: which endpoints serve connections from this node's pods.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TrafficPolicy {
+    /// Every ready endpoint of the cluster (the default).
+    #[default]
+    Cluster,
+    /// Only the endpoints on the client's node; none there, no backend (the connection is
+    /// refused, never sent to another node).
+    Local,
+}
+
+/// How a frontend chooses the backend of a new connection (Cilium's `bpf-lb-algorithm` values,
+/// and those of the annotation [`LB_ALGORITHM_ANNOTATION`]).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbAlgorithm {
+    /// A backend at random.
+    #[default]
+    Random,
+    /// The backend the frontend's maglev table gives the connection's 5-tuple: the same on
+    /// every node, and few connections move when a backend comes or goes.
+    Maglev,
+}
+
+impl fmt::Display for LbAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LbAlgorithm::Random => "random",
+            LbAlgorithm::Maglev => "maglev",
+        })
+    }
+}
+
+/// The annotation that chooses a service's [`LbAlgorithm`] (Cilium's name).
+pub const LB_ALGORITHM_ANNOTATION: &str = "service.cilium.io/lb-algorithm";
+
+/// The service's own [`LbAlgorithm`], if its annotation names one.
+fn lb_algorithm(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<LbAlgorithm>, FieldError> {
+    let Some(value) = annotations.and_then(|a| a.get(LB_ALGORITHM_ANNOTATION)) else {
+        return Ok(None);
+    };
+    match value.as_str() {
+        "random" => Ok(Some(LbAlgorithm::Random)),
+        "maglev" => Ok(Some(LbAlgorithm::Maglev)),
+        other => Err(FieldError::new(
+            format!("metadata.annotations[{LB_ALGORITHM_ANNOTATION}]"),
+            format!("unsupported value {other:?} (expected random or maglev)"),
+        )),
+    }
+}
+
 /// One port of a service.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePort {
@@ -147,6 +211,15 @@ pub struct Service {
     /// The labels of the pods (of its namespace) that back it; empty = no selector, so its
     /// backends come from EndpointSlices alone.
     pub selector: BTreeMap<String, String>,
+    /// `spec.internalTrafficPolicy`.
+    pub internal_traffic_policy: TrafficPolicy,
+    /// The annotation `service.cilium.io/lb-algorithm`: how its frontends choose backends,
+    /// instead of the agent's `bpf-lb-algorithm`.
+    pub lb_algorithm: Option<LbAlgorithm>,
+    /// `sessionAffinity: ClientIP`: a client's new connections go to the backend its last one
+    /// chose if that was at most this many seconds ago
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`); `None` without affinity.
+    pub session_affinity: Option<u32>,
 }
 
 impl Object for Service {
@@ -191,9 +264,12 @@ impl Service {
         let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
         validate::dns1123_label("metadata.namespace", &namespace)?;
         validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let lb_algorithm = lb_algorithm(meta.annotations.as_ref())?;
         let uid = meta.uid.filter(|u| !u.is_empty());
         let spec = svc.spec.unwrap_or_default();
         check_type_dependent_fields(&spec)?;
+        let internal_traffic_policy = internal_traffic_policy(&spec)?;
+        let session_affinity = session_affinity(&spec)?;
         let (families, policy) = families(&spec)?;
         let requested = requested_ips(&spec)?;
         let ports = ports(spec.ports.unwrap_or_default())?;
@@ -217,6 +293,9 @@ impl Service {
                 ip_family_policy: IpFamilyPolicy::SingleStack,
                 ports,
                 selector,
+                internal_traffic_policy,
+                lb_algorithm,
+                session_affinity,
             },
             requested,
             families,
@@ -286,27 +365,6 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
             "external IPs (only the cluster IP is load-balanced)",
         ));
     }
-    match spec.session_affinity.as_deref() {
-        None | Some("None") => {}
-        Some("ClientIP") => {
-            return Err(not_supported(
-                "spec.sessionAffinity",
-                "sessionAffinity ClientIP (each connection chooses its backend)",
-            ));
-        }
-        Some(other) => {
-            return Err(FieldError::new(
-                "spec.sessionAffinity",
-                format!("unsupported value {other:?} (expected None or ClientIP)"),
-            ));
-        }
-    }
-    if spec.session_affinity_config.is_some() {
-        return Err(not_supported(
-            "spec.sessionAffinityConfig",
-            "session affinity (it belongs to sessionAffinity ClientIP)",
-        ));
-    }
     let load_balancer_only = [
         ("spec.loadBalancerIP", spec.load_balancer_ip.is_some()),
         (
@@ -335,21 +393,6 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
             "it belongs to NodePort and LoadBalancer services",
         ));
     }
-    match spec.internal_traffic_policy.as_deref() {
-        None | Some("Cluster") => {}
-        Some("Local") => {
-            return Err(not_supported(
-                "spec.internalTrafficPolicy",
-                "internalTrafficPolicy Local (every ready endpoint is a backend)",
-            ));
-        }
-        Some(other) => {
-            return Err(FieldError::new(
-                "spec.internalTrafficPolicy",
-                format!("unsupported value {other:?} (expected Cluster or Local)"),
-            ));
-        }
-    }
     if spec.traffic_distribution.is_some() {
         return Err(not_supported(
             "spec.trafficDistribution",
@@ -357,6 +400,57 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
         ));
     }
     Ok(())
+}
+
+/// The longest `sessionAffinityConfig.clientIP.timeoutSeconds` the API server accepts (a day).
+pub const MAX_AFFINITY_TIMEOUT: u32 = 86400;
+/// Its default (3 hours), as the API server sets it.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// `spec.sessionAffinity` and `spec.sessionAffinityConfig`, checked as the API server does:
+/// `Some(timeout in seconds)` for `ClientIP`, `None` for `None` (the default).
+fn session_affinity(spec: &k8s::ServiceSpec) -> Result<Option<u32>, FieldError> {
+    let config = spec.session_affinity_config.as_ref();
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => match config {
+            None => Ok(None),
+            Some(_) => Err(FieldError::new(
+                "spec.sessionAffinityConfig",
+                "must not be set when sessionAffinity is None",
+            )),
+        },
+        Some("ClientIP") => {
+            let timeout = config
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let Some(t) = timeout else {
+                return Ok(Some(DEFAULT_AFFINITY_TIMEOUT));
+            };
+            match u32::try_from(t) {
+                Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Ok(Some(t)),
+                _ => Err(FieldError::new(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{t} is not between 1 and {MAX_AFFINITY_TIMEOUT}"),
+                )),
+            }
+        }
+        Some(other) => Err(FieldError::new(
+            "spec.sessionAffinity",
+            format!("unsupported value {other:?} (expected None or ClientIP)"),
+        )),
+    }
+}
+
+/// `spec.internalTrafficPolicy` (default `Cluster`).
+fn internal_traffic_policy(spec: &k8s::ServiceSpec) -> Result<TrafficPolicy, FieldError> {
+    match spec.internal_traffic_policy.as_deref() {
+        None | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(FieldError::new(
+            "spec.internalTrafficPolicy",
+            format!("unsupported value {other:?} (expected Cluster or Local)"),
+        )),
+    }
 }
 
 /// `ipFamilies` and `ipFamilyPolicy` as written: known values, at most two families, none
@@ -715,14 +809,6 @@ mod tests {
                 "spec.externalIPs",
             ),
             (
-                "{sessionAffinity: ClientIP, ports: [{port: 80}]}",
-                "spec.sessionAffinity",
-            ),
-            (
-                "{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}",
-                "spec.sessionAffinityConfig",
-            ),
-            (
                 "{ports: [{port: 80, nodePort: 30080}]}",
                 "spec.ports[0].nodePort",
             ),
@@ -739,10 +825,6 @@ mod tests {
                 "spec.externalTrafficPolicy",
             ),
             (
-                "{internalTrafficPolicy: Local, ports: [{port: 80}]}",
-                "spec.internalTrafficPolicy",
-            ),
-            (
                 "{trafficDistribution: PreferClose, ports: [{port: 80}]}",
                 "spec.trafficDistribution",
             ),
@@ -754,6 +836,92 @@ mod tests {
         }
         // What is merely the default is accepted.
         parse("{type: ClusterIP, sessionAffinity: None, ipFamilies: [IPv4], ipFamilyPolicy: PreferDualStack, internalTrafficPolicy: Cluster, publishNotReadyAddresses: true, ports: [{port: 80, appProtocol: http}]}").unwrap();
+    }
+
+    #[test]
+    fn internal_traffic_policy_is_read_and_checked() {
+        let policy = |spec: &str| parse(spec).unwrap().service.internal_traffic_policy;
+        assert_eq!(policy("{ports: [{port: 80}]}"), TrafficPolicy::Cluster);
+        assert_eq!(
+            policy("{internalTrafficPolicy: Cluster, ports: [{port: 80}]}"),
+            TrafficPolicy::Cluster
+        );
+        assert_eq!(
+            policy("{internalTrafficPolicy: Local, ports: [{port: 80}]}"),
+            TrafficPolicy::Local
+        );
+        let e = err("{internalTrafficPolicy: Node, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.internalTrafficPolicy");
+        assert!(e.reason.contains("expected Cluster or Local"), "{e:?}");
+    }
+
+    #[test]
+    fn the_lb_algorithm_annotation_is_read_and_checked() {
+        let doc = |value: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web, annotations: {{service.cilium.io/lb-algorithm: {value}}}}}\nspec: {{ports: [{{port: 80}}]}}"
+            )
+        };
+        let decode = |yaml: &str| Service::from_k8s(serde_yaml::from_str(yaml).unwrap());
+        assert_eq!(
+            decode(&doc("maglev")).unwrap().service.lb_algorithm,
+            Some(LbAlgorithm::Maglev)
+        );
+        assert_eq!(
+            decode(&doc("random")).unwrap().service.lb_algorithm,
+            Some(LbAlgorithm::Random)
+        );
+        assert_eq!(
+            parse("{ports: [{port: 80}]}").unwrap().service.lb_algorithm,
+            None
+        );
+        let e = decode(&doc("roundrobin")).unwrap_err();
+        assert_eq!(
+            e.field,
+            "metadata.annotations[service.cilium.io/lb-algorithm]"
+        );
+        assert!(e.reason.contains("random or maglev"), "{e:?}");
+    }
+
+    #[test]
+    fn session_affinity_is_read_and_checked_as_the_api_server_does() {
+        let affinity = |spec: &str| parse(spec).unwrap().service.session_affinity;
+        assert_eq!(affinity("{ports: [{port: 80}]}"), None);
+        assert_eq!(
+            affinity("{sessionAffinity: None, ports: [{port: 80}]}"),
+            None
+        );
+        assert_eq!(
+            affinity("{sessionAffinity: ClientIP, ports: [{port: 80}]}"),
+            Some(10800)
+        );
+        assert_eq!(
+            affinity(
+                "{sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 86400}}, ports: [{port: 80}]}"
+            ),
+            Some(86400)
+        );
+        assert_eq!(
+            affinity(
+                "{sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {}}, ports: [{port: 80}]}"
+            ),
+            Some(10800)
+        );
+        for t in [0, -1, 86401] {
+            let e = err(&format!(
+                "{{sessionAffinity: ClientIP, sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}, ports: [{{port: 80}}]}}"
+            ));
+            assert_eq!(
+                e.field,
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds"
+            );
+            assert!(e.reason.contains("between 1 and 86400"), "{e:?}");
+        }
+        let e =
+            err("{sessionAffinityConfig: {clientIP: {timeoutSeconds: 10}}, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.sessionAffinityConfig");
+        let e = err("{sessionAffinity: Sticky, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.sessionAffinity");
     }
 
     #[test]
