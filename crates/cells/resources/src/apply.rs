@@ -194,6 +194,7 @@ impl Resources {
         // Built once for the whole text: per document it would cost the square of the number
         // of services, under the apply lock.
         let mut used = self.cluster_ips_in_use();
+        let mut node_ports = self.node_ports_in_use();
         for (doc, parsed) in prepared {
             let mut value = doc.value.clone();
             let checked = parsed
@@ -207,6 +208,7 @@ impl Resources {
                             &mut used,
                             restoring,
                         )?;
+                        self.settle_node_ports(draft, &mut value, &mut node_ports, restoring)?;
                     }
                     Ok(p)
                 });
@@ -634,5 +636,74 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
             assert_eq!(after.ip_family_policy, before.ip_family_policy);
             drop((next, next_state));
         }
+    }
+
+    fn node_ports(r: &Resources, name: &str) -> (Vec<Option<u16>>, Option<u16>) {
+        let svc = r
+            .services
+            .get(&ObjectKey::namespaced("shop", name))
+            .unwrap();
+        (
+            svc.ports.iter().map(|p| p.node_port).collect(),
+            svc.exposure.health_check_node_port,
+        )
+    }
+
+    #[test]
+    fn node_ports_are_allocated_or_checked_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first_state = state();
+        let first = persisted(&first_state, default_range());
+        first.apply("app.yaml", APP).unwrap();
+        let web = service(
+            "web",
+            "{type: LoadBalancer, externalTrafficPolicy: Local, ports: [{name: http, port: 80}, {name: given, port: 81, nodePort: 30081}]}",
+        );
+        first.apply("web.yaml", &web).unwrap();
+        let (ports, health) = node_ports(&first, "web");
+        assert_eq!(ports[1], Some(30081));
+        let allocated = ports[0].unwrap();
+        assert!((30000..=32767).contains(&allocated) && allocated != 30081);
+        let health = health.unwrap();
+        assert!((30000..=32767).contains(&health) && health != allocated);
+        // Applying the same text again keeps them.
+        first.apply("web.yaml", &web).unwrap();
+        assert_eq!(node_ports(&first, "web"), (ports.clone(), Some(health)));
+
+        // Taken by web, or out of range: refused naming the field, nothing changed.
+        let taken = service(
+            "db",
+            &format!("{{type: NodePort, ports: [{{port: 5432, nodePort: {allocated}}}]}}"),
+        );
+        let err = first.apply("db.yaml", &taken).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "spec.ports[0].nodePort: {allocated}: provided port is already allocated (to service shop/web)"
+            )),
+            "{err}"
+        );
+        let outside = service(
+            "db",
+            "{type: NodePort, ports: [{port: 5432, nodePort: 8080}]}",
+        );
+        let err = first.apply("db.yaml", &outside).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.ports[0].nodePort: 8080: provided port is not in the valid range; the range of valid ports is 30000-32767"),
+            "{err}"
+        );
+        assert!(
+            first
+                .services
+                .get(&ObjectKey::namespaced("shop", "db"))
+                .is_none()
+        );
+        drop((first, first_state));
+
+        // The next agent finds them recorded.
+        let second_state = state();
+        let second = persisted(&second_state, default_range());
+        second.restore();
+        assert_eq!(node_ports(&second, "web"), (ports, Some(health)));
     }
 }

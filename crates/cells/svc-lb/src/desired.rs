@@ -24,6 +24,10 @@
 //! - A service with neither has no backends: its frontend refuses new connections (or drops
 //!   them, with `service-no-backend-response: drop`).
 //!
+//! NodePort, external IP and load balancer ingress frontends ([`crate::external`]) take the
+//! backends of the cluster IP frontend of their family, only this node's with
+//! `externalTrafficPolicy: Local`.
+//!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
 use std::collections::{BTreeMap, HashSet};
@@ -35,11 +39,27 @@ use cellium_datapath_bpf::{Backend, Frontend};
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_resources::{
     EndpointSlice, IpFamily, Object, ObjectKey, Pod, PortRef, Protocol, Resources, Service,
-    ServicePort,
+    ServicePort, TrafficPolicy,
 };
+
+pub use crate::external::FrontendKind;
 
 /// The most backends a frontend can have (slot numbers are 16-bit, slot 0 is the header).
 pub const MAX_BACKENDS: usize = 65534;
+
+impl Plan {
+    /// The datapath flags of its frontend (`CEL_SVC_F_*`).
+    pub fn flags(&self) -> u8 {
+        let mut flags = 0;
+        if self.kind != FrontendKind::ClusterIp {
+            flags |= cellium_datapath_bpf::SERVICE_EXTERNAL;
+        }
+        if self.local {
+            flags |= cellium_datapath_bpf::SERVICE_LOCAL;
+        }
+        flags
+    }
+}
 
 /// Where a frontend's backends come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +98,13 @@ pub struct Plan {
     pub service: ObjectKey,
     /// The service port this frontend serves.
     pub port: ServicePort,
-    /// The cluster IP, port and protocol.
+    /// The address (cluster IP, node address, external or ingress IP), port and protocol.
     pub frontend: Frontend,
+    /// What kind of frontend it is.
+    pub kind: FrontendKind,
+    /// `externalTrafficPolicy: Local` on a frontend reached from outside: only this node's
+    /// backends, and the client's address kept.
+    pub local: bool,
     /// Where the backends come from.
     pub from: BackendsFrom,
     /// The backends new connections go to, ordered by address and port, without duplicates.
@@ -147,6 +172,8 @@ pub struct Inputs {
     pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     /// This node's endpoints.
     pub endpoints: Vec<LocalEndpoint>,
+    /// This node's addresses: NodePort frontends listen on each.
+    pub node_addresses: Vec<IpAddr>,
 }
 
 impl Inputs {
@@ -162,6 +189,7 @@ impl Inputs {
                 .map(|p| (p.key(), p))
                 .collect(),
             endpoints: endpoints.iter().map(LocalEndpoint::from).collect(),
+            node_addresses: Vec::new(),
         }
     }
 }
@@ -188,45 +216,83 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             .iter()
             .flat_map(|vip| svc.ports.iter().map(move |port| (vip, port)))
         {
-            let family = IpFamily::of(vip);
-            let (from, (backends, draining)) = if !slices.is_empty() {
-                (
-                    BackendsFrom::EndpointSlices,
-                    from_slices(slices, family, port),
-                )
-            } else if !svc.selector.is_empty() {
-                (
-                    BackendsFrom::Selector,
-                    (from_selector(svc, family, port, inputs), Vec::new()),
-                )
-            } else {
-                (BackendsFrom::None, (Vec::new(), Vec::new()))
+            let frontend = Frontend {
+                vip,
+                port: port.port,
+                protocol: datapath_protocol(port.protocol),
             };
-            let backends = dedup_sorted(backends);
-            let mut draining = dedup_sorted(draining);
-            draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
-            let error = (backends.len() > MAX_BACKENDS).then(|| {
-                format!(
-                    "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
-                    backends.len()
-                )
-            });
-            out.push(Plan {
-                service: key.clone(),
-                port: port.clone(),
-                frontend: Frontend {
-                    vip,
-                    port: port.port,
-                    protocol: datapath_protocol(port.protocol),
-                },
-                from,
-                backends,
-                draining,
-                error,
-            });
+            out.push(plan(
+                svc,
+                slices,
+                port,
+                frontend,
+                FrontendKind::ClusterIp,
+                inputs,
+            ));
+        }
+        for (kind, frontend, port) in crate::external::frontends(svc, &inputs.node_addresses) {
+            out.push(plan(svc, slices, port, frontend, kind, inputs));
         }
     }
     out
+}
+
+/// One frontend's plan: its backends of its family, from the slices or the selector; only
+/// this node's with `externalTrafficPolicy: Local` for a frontend reached from outside.
+fn plan(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    frontend: Frontend,
+    kind: FrontendKind,
+    inputs: &Inputs,
+) -> Plan {
+    let family = IpFamily::of(frontend.vip);
+    let (from, (backends, draining)) = if !slices.is_empty() {
+        (
+            BackendsFrom::EndpointSlices,
+            from_slices(slices, family, port),
+        )
+    } else if !svc.selector.is_empty() {
+        (
+            BackendsFrom::Selector,
+            (from_selector(svc, family, port, inputs), Vec::new()),
+        )
+    } else {
+        (BackendsFrom::None, (Vec::new(), Vec::new()))
+    };
+    let mut backends = dedup_sorted(backends);
+    let mut draining = dedup_sorted(draining);
+    let local = kind != FrontendKind::ClusterIp
+        && svc.exposure.external_traffic_policy == TrafficPolicy::Local;
+    if local {
+        let here = |b: &PlannedBackend| {
+            inputs
+                .endpoints
+                .iter()
+                .any(|e| e.addresses.contains(&b.backend.addr))
+        };
+        backends.retain(here);
+        draining.retain(here);
+    }
+    draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
+    let error = (backends.len() > MAX_BACKENDS).then(|| {
+        format!(
+            "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
+            backends.len()
+        )
+    });
+    Plan {
+        service: svc.key(),
+        port: port.clone(),
+        frontend,
+        kind,
+        local,
+        from,
+        backends,
+        draining,
+        error,
+    }
 }
 
 /// The slices labelled with the service's name that belong to it: all of them, whoever
@@ -739,6 +805,68 @@ ports: [ { port: 5353, protocol: UDP } ]
         assert_eq!(
             backends(plan),
             vec!["10.1.0.9:8080 EndpointSlice shop/web-old"]
+        );
+    }
+
+    #[test]
+    fn node_ports_external_and_ingress_ips_get_frontends_and_local_keeps_this_nodes_backends() {
+        let mut inputs = setup(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { type: LoadBalancer, clusterIP: 10.96.0.20, externalTrafficPolicy: Local, externalIPs: [ 192.0.2.1, "2001:db8::1" ], ports: [ { name: http, port: 80, nodePort: 30080 } ] }
+status: { loadBalancer: { ingress: [ { ip: 192.0.2.9 } ] } }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: web-a, namespace: shop, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.244.0.10 ] }, { addresses: [ 10.1.0.1 ] } ]
+ports: [ { name: http, port: 8080 } ]
+"#,
+        );
+        inputs.node_addresses = vec!["10.98.0.1".parse().unwrap(), "fd00:98::1".parse().unwrap()];
+        let plans = plans(&inputs);
+        let described: Vec<(String, FrontendKind, bool, usize)> = plans
+            .iter()
+            .map(|p| (p.describe(), p.kind, p.local, p.backends.len()))
+            .collect();
+        // No IPv6 cluster IP: no IPv6 node port or external IP frontend. Outside frontends
+        // keep this node's backend only (10.244.0.10 is endpoint 1's); the cluster IP both.
+        assert_eq!(
+            described,
+            vec![
+                (
+                    "shop/web http (10.96.0.20:80/TCP)".into(),
+                    FrontendKind::ClusterIp,
+                    false,
+                    2
+                ),
+                (
+                    "shop/web http (10.98.0.1:30080/TCP)".into(),
+                    FrontendKind::NodePort,
+                    true,
+                    1
+                ),
+                (
+                    "shop/web http (192.0.2.1:80/TCP)".into(),
+                    FrontendKind::ExternalIp,
+                    true,
+                    1
+                ),
+                (
+                    "shop/web http (192.0.2.9:80/TCP)".into(),
+                    FrontendKind::LoadBalancer,
+                    true,
+                    1
+                ),
+            ]
+        );
+        assert_eq!(plans[0].flags(), 0);
+        assert_eq!(
+            plans[1].flags(),
+            cellium_datapath_bpf::SERVICE_EXTERNAL | cellium_datapath_bpf::SERVICE_LOCAL
         );
     }
 }

@@ -25,6 +25,7 @@
 mod config;
 pub mod desired;
 mod error;
+mod external;
 mod grpc;
 mod ids;
 mod service_lb;
@@ -34,6 +35,7 @@ use cellium_hive::Module;
 
 pub use config::{NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
+pub use external::FrontendKind;
 pub use grpc::{ServicesService, to_proto};
 pub use service_lb::ServiceLb;
 pub use sync::{FrontendStatus, Programmer, SyncReport};

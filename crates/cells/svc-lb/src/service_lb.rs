@@ -107,9 +107,16 @@ impl ServiceLb {
     /// Computes the plans from the tables and the endpoints and writes them; reports health.
     pub async fn reconcile(self: &Arc<Self>) -> Result<SyncReport> {
         let this = self.clone();
+        // Read at every pass (a change of the service tables, or the periodic one): a node
+        // address added since gets its NodePort frontends within RESYNC_INTERVAL.
+        let node_addresses = cellium_ipcache::node_addresses()
+            .await
+            .map_err(Error::NodeAddresses)?;
         let report = tokio::task::spawn_blocking(move || -> Result<SyncReport> {
             let dp = this.loader.datapath()?;
-            let plans = plans(&Inputs::read(&this.resources, &this.endpoints.list()));
+            let mut inputs = Inputs::read(&this.resources, &this.endpoints.list());
+            inputs.node_addresses = node_addresses.into_iter().collect();
+            let plans = plans(&inputs);
             this.state().sync(&dp, plans)
         })
         .await??;

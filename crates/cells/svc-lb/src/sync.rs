@@ -195,11 +195,13 @@ impl Programmer {
         let mut slots = ids.clone();
         slots.sort_unstable();
         let current = frontends.get(&plan.frontend);
-        let same = current.is_some_and(|c| c.rev_nat_id == rev_nat_id && c.backend_ids == slots)
-            && lb.rev_nat(rev_nat_id).ok().flatten()
-                == Some((plan.frontend.vip, plan.frontend.port));
+        let flags = plan.flags();
+        let same = current.is_some_and(|c| {
+            c.rev_nat_id == rev_nat_id && c.backend_ids == slots && c.flags == flags
+        }) && lb.rev_nat(rev_nat_id).ok().flatten()
+            == Some((plan.frontend.vip, plan.frontend.port));
         if !same {
-            lb.put_service(&plan.frontend, rev_nat_id, &slots)
+            lb.put_service_with(&plan.frontend, rev_nat_id, &slots, flags)
                 .map_err(write_err)?;
             tracing::info!(
                 frontend = %plan.describe(),

@@ -31,6 +31,13 @@ pub const BACKENDS6: &str = "cel_lb6_backends";
 /// The IPv6 reverse NAT map name.
 pub const REVNAT6: &str = "cel_lb6_revnat";
 
+/// Slot 0 flag (`CEL_SVC_F_EXTERNAL`): the frontend is reached from outside the node too
+/// (NodePort, external IP, load balancer ingress IP), so `cel_from_netdev` translates it.
+pub const SERVICE_EXTERNAL: u8 = 1 << 0;
+/// Slot 0 flag (`CEL_SVC_F_LOCAL`): `externalTrafficPolicy: Local`, the client's address is
+/// kept; without it a client from outside is source-translated to the frontend's address.
+pub const SERVICE_LOCAL: u8 = 1 << 1;
+
 /// A service frontend: what clients connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frontend {
@@ -60,6 +67,8 @@ pub struct ServiceEntry {
     pub rev_nat_id: u16,
     /// Backend ids, slot 1 first.
     pub backend_ids: Vec<u32>,
+    /// [`SERVICE_EXTERNAL`], [`SERVICE_LOCAL`].
+    pub flags: u8,
 }
 
 /// A frontend's key in the services map of its family.
@@ -233,6 +242,18 @@ impl Services {
         rev_nat_id: u16,
         backend_ids: &[u32],
     ) -> Result<()> {
+        self.put_service_with(frontend, rev_nat_id, backend_ids, 0)
+    }
+
+    /// [`put_service`](Self::put_service) with slot 0's `flags` ([`SERVICE_EXTERNAL`],
+    /// [`SERVICE_LOCAL`]).
+    pub fn put_service_with(
+        &self,
+        frontend: &Frontend,
+        rev_nat_id: u16,
+        backend_ids: &[u32],
+        flags: u8,
+    ) -> Result<()> {
         if !matches!(frontend.protocol, Protocol::Tcp | Protocol::Udp) {
             return Err(Error::invalid(
                 format!("service {frontend:?}"),
@@ -270,6 +291,7 @@ impl Services {
             &Lb4Service {
                 count,
                 rev_nat_id,
+                flags,
                 ..Default::default()
             },
         )?;
@@ -315,6 +337,7 @@ impl Services {
         Ok(Some(ServiceEntry {
             rev_nat_id: svc.rev_nat_id,
             backend_ids,
+            flags: svc.flags,
         }))
     }
 

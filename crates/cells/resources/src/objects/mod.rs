@@ -17,6 +17,7 @@ mod policy_port;
 mod protocol;
 mod selector;
 pub(crate) mod service;
+pub(crate) mod service_exposure;
 
 pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{
@@ -35,3 +36,4 @@ pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
 pub use service::{ClusterIp, IpFamily, IpFamilyPolicy, Service, ServicePort};
+pub use service_exposure::{Exposure, ServiceType, TrafficPolicy};
