@@ -100,7 +100,7 @@ struct Env {
     _servers: Vec<PeerServer>,
     client: NetNs,
     client_ips: Vec<IpAddr>,
-    _web: NetNs,
+    web: NetNs,
     external: External,
     agent: Agent,
 }
@@ -143,7 +143,7 @@ fn setup() -> Env {
         _servers: servers,
         client,
         client_ips,
-        _web: web,
+        web,
         external,
         agent,
     }
@@ -418,4 +418,69 @@ fn an_allocated_node_port_survives_a_restart_and_a_taken_or_outside_one_is_refus
         .ok()
     });
     assert_eq!(seen, IpAddr::from(NODE_LINK_IP));
+}
+
+/// `GET /` on a health check port from `ns`: the status code and the body.
+fn health(ns: &NetNs, to: SocketAddr) -> std::io::Result<(u16, Value)> {
+    ns.run(move || -> std::io::Result<(u16, Value)> {
+        let mut stream = TcpStream::connect_timeout(&to, TIMEOUT)?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut text)?;
+        let bad = || std::io::Error::other(format!("not an HTTP answer: {text:?}"));
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(bad)?;
+        let body = text.split("\r\n\r\n").nth(1).ok_or_else(bad)?;
+        Ok((code, serde_json::from_str(body).map_err(|_| bad())?))
+    })
+    .expect("enter the namespace")
+}
+
+#[test]
+fn the_health_check_node_port_answers_200_with_a_local_endpoint_and_503_without() {
+    let _serial = serial();
+    let env = setup();
+    let agent = &env.agent;
+    agent
+        .objects(
+            "apply",
+            &service(
+                "lb",
+                "LoadBalancer",
+                "  externalTrafficPolicy: Local\n  healthCheckNodePort: 31999\n",
+            ),
+        )
+        .expect("apply the LoadBalancer service");
+    let outside = env.external.netns();
+    let port = SocketAddr::new(NODE_LINK_IP.into(), 31999);
+    let expect = |code: u16, local: u64| {
+        wait_for(&format!("{code} with {local} local endpoints"), || {
+            health(outside, port)
+                .ok()
+                .filter(|(c, body)| *c == code && body["localEndpoints"] == local)
+        })
+    };
+    let (_, body) = expect(200, 1);
+    assert_eq!(body["service"]["namespace"], "default");
+    assert_eq!(body["service"]["name"], "lb");
+    let (code, _) = health(outside, at(NODE6, 31999)).expect("over IPv6");
+    assert_eq!(code, 200);
+    // The only endpoint goes: 503, and the node port refuses.
+    agent
+        .del(&cid("web-0"), &env.web.path())
+        .expect("CNI DEL web-0");
+    expect(503, 0);
+    let nodeport = node_port(agent, "lb");
+    let refused = outside
+        .run(move || {
+            TcpStream::connect_timeout(&SocketAddr::new(NODE_LINK_IP.into(), nodeport), TIMEOUT)
+                .err()
+                .map(|e| e.kind())
+        })
+        .expect("enter the namespace");
+    assert_eq!(refused, Some(std::io::ErrorKind::ConnectionRefused));
 }

@@ -1,10 +1,13 @@
-//! The `svc-lb` cell: ClusterIP services load-balanced by the datapath.
+//! The `svc-lb` cell: services load-balanced by the datapath.
 //!
 //! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*` and
-//!   `cel_lb6_*`): one frontend per port and cluster IP of every ClusterIP service (a
-//!   dual-stack service has one cluster IP per family), its backends (of its family), stable
-//!   backend ids shared by frontends, and one rev-NAT id per frontend, ids being one space over
-//!   both families. Headless services have no frontend.
+//!   `cel_lb6_*`): one frontend per port and cluster IP of every service (a dual-stack service
+//!   has one cluster IP per family), and per node address and node port, external IP and load
+//!   balancer ingress IP of those reached from outside ([`external`]), its backends (of its
+//!   family), stable backend ids shared by frontends, and one rev-NAT id per frontend, ids
+//!   being one space over both families. Headless services have no frontend. Also the health
+//!   check node port servers of LoadBalancer services with `externalTrafficPolicy: Local`
+//!   ([`health`]).
 //! - **Provides** `Arc<ServiceLb>` ([`ServiceLb::frontends`]: what is programmed, with the
 //!   source of every backend) and the `cellium.v1.Services` gRPC service
 //!   (`cellium service list`).
@@ -25,8 +28,9 @@
 mod config;
 pub mod desired;
 mod error;
-mod external;
+pub mod external;
 mod grpc;
+pub mod health;
 mod ids;
 mod service_lb;
 pub mod sync;

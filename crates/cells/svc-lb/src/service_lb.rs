@@ -32,6 +32,7 @@ use tokio_stream::wrappers::WatchStream;
 use crate::config::{NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
 use crate::error::{Error, Result};
+use crate::health::HealthServers;
 use crate::sync::{FrontendStatus, Programmer, SyncReport};
 
 /// How often the maps are compared with the plans without any change.
@@ -47,6 +48,7 @@ pub struct ServiceLb {
     loader: Arc<Loader>,
     reporter: Reporter,
     state: Mutex<Programmer>,
+    health: HealthServers,
 }
 
 impl ServiceLb {
@@ -67,6 +69,7 @@ impl ServiceLb {
             loader,
             reporter,
             state: Mutex::new(Programmer::default()),
+            health: HealthServers::default(),
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
@@ -112,21 +115,28 @@ impl ServiceLb {
         let node_addresses = cellium_ipcache::node_addresses()
             .await
             .map_err(Error::NodeAddresses)?;
-        let report = tokio::task::spawn_blocking(move || -> Result<SyncReport> {
+        let (report, health) = tokio::task::spawn_blocking(move || -> Result<_> {
             let dp = this.loader.datapath()?;
             let mut inputs = Inputs::read(&this.resources, &this.endpoints.list());
             inputs.node_addresses = node_addresses.into_iter().collect();
             let plans = plans(&inputs);
-            this.state().sync(&dp, plans)
+            let health = crate::health::wanted(&inputs, &plans);
+            Ok((this.state().sync(&dp, plans)?, health))
         })
         .await??;
-        self.report(&report);
+        let unserved = self.health.apply(health).await;
+        self.report(&report, &unserved);
         Ok(report)
     }
 
-    fn report(&self, report: &SyncReport) {
+    fn report(&self, report: &SyncReport, unserved_health_checks: &[String]) {
         let total = report.programmed + report.failed.len();
-        if let Some(first) = report.failed.first() {
+        if let Some(first) = unserved_health_checks.first() {
+            self.reporter.degraded(format!(
+                "{} health check node ports not served: {first}",
+                unserved_health_checks.len()
+            ));
+        } else if let Some(first) = report.failed.first() {
             self.reporter.degraded(format!(
                 "{} of {total} frontends not programmed: {first}",
                 report.failed.len()
