@@ -581,6 +581,60 @@ static __always_inline int reject_out6(struct __sk_buff *skb, const struct pkt6 
 }
 
 /*
+ * A reply from another node's backend to a client from outside whose source
+ * this node translated (externalTrafficPolicy Cluster): back to the client,
+ * reverse-NATed to the frontend, and routed out past the stack. Returns the
+ * verdict, or CEL_NOT_EXTERNAL if the packet is no such reply.
+ */
+static __always_inline int nodeport_reply4(struct __sk_buff *skb, struct pkt *p,
+					   const struct datapath_config *cfg, struct trace *t)
+{
+	struct ct_entry *ce = NULL;
+	struct ct_key key = {};
+	__u64 now;
+	int ret;
+
+	if (!snat4_reply(p))
+		return CEL_NOT_EXTERNAL;
+	ret = unsnat4(skb, p);
+	if (ret)
+		return drop(skb, p, t, ret);
+	now = bpf_ktime_get_ns();
+	ct_key_from_pkt(&key, p, 0);
+	if (ct_lookup4(&key, p, cfg, now, &ce) == CT_REPLY && ce && ce->rev_nat_id) {
+		ret = lb4_rev_nat(skb, p, ce->rev_nat_id, cfg, now);
+		if (ret)
+			return drop(skb, p, t, ret);
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return fib_redirect4(skb, p);
+}
+
+static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p,
+					   const struct datapath_config *cfg, struct trace *t)
+{
+	struct ct_entry *ce = NULL;
+	struct ct6_key key = {};
+	__u64 now;
+	int ret;
+
+	if (!snat6_reply(p))
+		return CEL_NOT_EXTERNAL;
+	ret = unsnat6(skb, p);
+	if (ret)
+		return drop6(skb, p, t, ret);
+	now = bpf_ktime_get_ns();
+	ct6_key_from_pkt(&key, p, 0);
+	if (ct_lookup6(&key, p, cfg, now, &ce) == CT_REPLY && ce && ce->rev_nat_id) {
+		ret = lb6_rev_nat(skb, p, ce->rev_nat_id, cfg, now);
+		if (ret)
+			return drop6(skb, p, t, ret);
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return fib_redirect6(skb, p);
+}
+
+/*
  * IPv4 from outside for a frontend reached from outside (lib/nodeport.h):
  * translated to its backend as a pod's packet would be, the backend's
  * ingress policy decided on the client's identity (whatever the source
@@ -605,6 +659,9 @@ static __always_inline int nodeport4(struct __sk_buff *skb, const struct datapat
 
 	if (parse_ipv4(skb, &p))
 		return CEL_NOT_EXTERNAL;
+	ret = nodeport_reply4(skb, &p, cfg, &t);
+	if (ret != CEL_NOT_EXTERNAL)
+		return ret;
 	svc = lb4_external(&p);
 	if (!svc)
 		return CEL_NOT_EXTERNAL;
@@ -676,6 +733,9 @@ static __always_inline int nodeport6(struct __sk_buff *skb, const struct datapat
 	key = &s->key;
 	if (parse_ipv6(skb, p))
 		return CEL_NOT_EXTERNAL;
+	ret = nodeport_reply6(skb, p, cfg, &t);
+	if (ret != CEL_NOT_EXTERNAL)
+		return ret;
 	svc = lb6_external(p);
 	if (!svc)
 		return CEL_NOT_EXTERNAL;

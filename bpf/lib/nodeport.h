@@ -144,6 +144,27 @@ static __always_inline int unsnat4(struct __sk_buff *skb, struct pkt *p)
 	return nat4_rewrite(skb, p, NAT_DST, addr, port);
 }
 
+/* Whether the packet is a reply to a source-translated client. */
+static __always_inline int snat4_reply(const struct pkt *p)
+{
+	struct ct_key rk = {};
+
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+		return 0;
+	ct_key_from_pkt(&rk, p, 0);
+	return bpf_map_lookup_elem(&cel_snat4, &rk) != NULL;
+}
+
+static __always_inline int snat6_reply(const struct pkt6 *p)
+{
+	struct ct6_key rk = {};
+
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+		return 0;
+	ct6_key_from_pkt(&rk, p, 0);
+	return bpf_map_lookup_elem(&cel_snat6, &rk) != NULL;
+}
+
 /* After reverse NAT: whether the reply's source is a frontend reached from
  * outside (so the reply is routed past the node's stack). */
 static __always_inline int lb4_external_reply(const struct pkt *p)

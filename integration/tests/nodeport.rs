@@ -10,15 +10,13 @@
 //! goes only to addresses inside them (the node's link address, the test's external and
 //! ingress IPs, routed to the node inside the external namespace only).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_integration::lab::External;
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
+use cellium_integration::probe::{PeerServer, seen_from};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
 use serde_json::Value;
 
@@ -50,48 +48,6 @@ fn service(name: &str, kind: &str, extra: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec:\n  type: {kind}\n  ipFamilyPolicy: PreferDualStack\n  selector: {{ app: web }}\n  ports: [ {{ name: http, port: 80, targetPort: http }} ]\n{extra}"
     )
-}
-
-/// A server that answers each connection with the address it sees as the client's.
-struct PeerServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl PeerServer {
-    fn start(ns: &NetNs, addr: SocketAddr) -> PeerServer {
-        let listener = ns
-            .run(move || TcpListener::bind(addr))
-            .expect("enter the pod")
-            .expect("listen");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut conn, peer)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.write_all(format!("{}\n", peer.ip()).as_bytes());
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        PeerServer {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for PeerServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// The agent, its external network, the backend's servers and the client pod.
@@ -136,7 +92,7 @@ fn setup() -> Env {
     let (web, web_ips) = add_pod(&agent, "web-0");
     let servers = web_ips
         .iter()
-        .map(|ip| PeerServer::start(&web, SocketAddr::new(*ip, 8080)))
+        .map(|ip| PeerServer::start(&web, SocketAddr::new(*ip, 8080)).expect("server"))
         .collect();
     let (client, client_ips) = add_pod(&agent, "client");
     Env {
@@ -213,20 +169,6 @@ fn node_port(agent: &Agent, name: &str) -> u16 {
         .next()
         .and_then(|p| u16::try_from(p).ok())
         .expect("a port")
-}
-
-/// Connects from `ns` and reads the address the server saw.
-fn seen_from(ns: &NetNs, to: SocketAddr) -> std::io::Result<IpAddr> {
-    ns.run(move || -> std::io::Result<IpAddr> {
-        let stream = TcpStream::connect_timeout(&to, TIMEOUT)?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
-        let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line)?;
-        line.trim()
-            .parse()
-            .map_err(|e| std::io::Error::other(format!("{line:?}: {e}")))
-    })
-    .expect("enter the namespace")
 }
 
 fn at(ip: &str, port: u16) -> SocketAddr {
