@@ -249,6 +249,13 @@ metadata: { name: remote-1, labels: { kubernetes.io/service-name: remote } }
 addressType: IPv4
 endpoints: [ { addresses: [ 10.244.9.9 ] } ]
 ports: [ { name: http, port: 8080 } ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: remote-2, labels: { kubernetes.io/service-name: remote } }
+addressType: IPv6
+endpoints: [ { addresses: [ "fd00:10:244::99" ] } ]
+ports: [ { name: http, port: 8080 } ]
 "#;
     agent.objects("apply", remote).expect("apply");
     let port = node_port(agent, "remote");
@@ -266,10 +273,17 @@ ports: [ { name: http, port: 8080 } ]
             == Some(std::io::ErrorKind::ConnectionRefused))
         .then_some(())
     });
-    assert_eq!(
-        refused(&env.client, SocketAddr::new(NODE_LINK_IP.into(), port)),
-        Some(std::io::ErrorKind::ConnectionRefused)
-    );
+    for (ns, to) in [
+        (outside, at(NODE6, port)),
+        (&env.client, SocketAddr::new(NODE_LINK_IP.into(), port)),
+        (&env.client, at(NODE6, port)),
+    ] {
+        assert_eq!(
+            refused(ns, to),
+            Some(std::io::ErrorKind::ConnectionRefused),
+            "{to}"
+        );
+    }
 }
 
 #[test]

@@ -1,11 +1,11 @@
-//! `v1 Service`: ClusterIP and headless services, single-stack or dual-stack, checked and
-//! defaulted as the API server does.
+//! `v1 Service`: ClusterIP, NodePort, LoadBalancer and headless services, single-stack or
+//! dual-stack, checked and defaulted as the API server does.
 //!
 //! NodePort and LoadBalancer services, external IPs and the external traffic policy are read
 //! by [`service_exposure`](super::service_exposure). What the node cannot do is refused with
 //! "not supported" naming the field, never stored and silently left out: ExternalName
-//! services, load balancer source ranges, IPs and classes, `sessionAffinity: ClientIP`, SCTP ports, node-local internal traffic and traffic
-//! distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! services, load balancer source ranges, IPs and classes, `sessionAffinity: ClientIP`, SCTP
+//! ports, node-local internal traffic and traffic distribution preferences. The cluster IPs and the families (`ipFamilies`,
 //! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
