@@ -57,6 +57,7 @@ struct Env {
     client: NetNs,
     client_ips: Vec<IpAddr>,
     web: NetNs,
+    web_ips: Vec<IpAddr>,
     external: External,
     agent: Agent,
 }
@@ -90,7 +91,7 @@ fn setup() -> Env {
     let external = External::attach(agent.node(), &pod_cidrs).expect("external network");
     agent.objects("apply", PODS).expect("apply the pods");
     let (web, web_ips) = add_pod(&agent, "web-0");
-    let servers = web_ips
+    let servers: Vec<PeerServer> = web_ips
         .iter()
         .map(|ip| PeerServer::start(&web, SocketAddr::new(*ip, 8080)).expect("server"))
         .collect();
@@ -100,6 +101,7 @@ fn setup() -> Env {
         client,
         client_ips,
         web,
+        web_ips,
         external,
         agent,
     }
@@ -439,4 +441,38 @@ fn the_health_check_node_port_answers_200_with_a_local_endpoint_and_503_without(
         })
         .expect("enter the namespace");
     assert_eq!(refused, Some(std::io::ErrorKind::ConnectionRefused));
+}
+
+#[test]
+fn udp_through_a_node_port_comes_back_from_the_node_port_in_both_families() {
+    let _serial = serial();
+    let env = setup();
+    let servers: Vec<cellium_integration::probe::UdpServer> = env
+        .web_ips
+        .iter()
+        .map(|ip| {
+            cellium_integration::probe::UdpServer::start(
+                &env.web,
+                SocketAddr::new(*ip, 5353),
+                "web-0",
+            )
+            .expect("udp server")
+        })
+        .collect();
+    env.agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec:\n  type: NodePort\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: dns, port: 53, targetPort: 5353, protocol: UDP } ]\n",
+        )
+        .expect("apply the UDP service");
+    let port = node_port(&env.agent, "dns");
+    for node in [IpAddr::from(NODE_LINK_IP), NODE6.parse().unwrap()] {
+        let to = SocketAddr::new(node, port);
+        let reply = wait_for(&format!("a UDP answer from {to}"), || {
+            cellium_integration::probe::udp_request(env.external.netns(), to, TIMEOUT).ok()
+        });
+        assert_eq!(reply.banner, "web-0");
+        assert_eq!(reply.from, to, "the answer comes from the node port");
+    }
+    drop(servers);
 }

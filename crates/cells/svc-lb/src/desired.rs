@@ -234,6 +234,7 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             out.push(plan(svc, slices, port, frontend, kind, inputs));
         }
     }
+    crate::external::refuse_shared(&mut out);
     out
 }
 
@@ -867,6 +868,31 @@ ports: [ { name: http, port: 8080 } ]
         assert_eq!(
             plans[1].flags(),
             cellium_datapath_bpf::SERVICE_EXTERNAL | cellium_datapath_bpf::SERVICE_LOCAL
+        );
+    }
+
+    #[test]
+    fn an_external_ip_two_services_name_is_programmed_for_the_first_only() {
+        let two = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{selector: {{app: web}}, externalIPs: [192.0.2.1], ports: [{{port: 80}}]}}\n---\n"
+            )
+        };
+        let plans = plans(&setup(&(two("b") + &two("a"))));
+        let external: Vec<(String, Option<String>)> = plans
+            .iter()
+            .filter(|p| p.kind == FrontendKind::ExternalIp)
+            .map(|p| (p.service.to_string(), p.error.clone()))
+            .collect();
+        assert_eq!(
+            external,
+            vec![
+                ("shop/a".into(), None),
+                (
+                    "shop/b".into(),
+                    Some("the frontend is service shop/a's".into())
+                )
+            ]
         );
     }
 }

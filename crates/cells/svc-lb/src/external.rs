@@ -9,13 +9,14 @@
 //! - **ExternalIP**: each of `spec.externalIPs` at each port of its family.
 //! - **LoadBalancer**: each `status.loadBalancer.ingress[].ip` at each port of its family.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
 use cellium_datapath_bpf::Frontend;
 use cellium_resources::{IpFamily, Service, ServicePort, ServiceType};
 
-use crate::desired::datapath_protocol;
+use crate::desired::{Plan, datapath_protocol};
 
 /// What kind of frontend a plan is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,4 +78,25 @@ pub fn frontends<'a>(
         }
     }
     out
+}
+
+/// One frontend, one service: an external or ingress IP and port that two services both name
+/// (or one that is also a cluster IP or node address and port) is programmed for the first
+/// plan only, cluster IPs first, then by service; the others carry an error naming it, and
+/// are reported as not programmed, rather than overwriting each other at every pass.
+pub(crate) fn refuse_shared(plans: &mut [Plan]) {
+    let mut owner: BTreeMap<Frontend, (bool, String)> = BTreeMap::new();
+    for p in plans.iter() {
+        let claim = (p.kind != FrontendKind::ClusterIp, p.service.to_string());
+        owner
+            .entry(p.frontend)
+            .and_modify(|held| *held = held.clone().min(claim.clone()))
+            .or_insert(claim);
+    }
+    for p in plans.iter_mut() {
+        let (_, first) = &owner[&p.frontend];
+        if *first != p.service.to_string() && p.error.is_none() {
+            p.error = Some(format!("the frontend is service {first}'s"));
+        }
+    }
 }
