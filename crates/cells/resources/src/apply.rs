@@ -706,4 +706,57 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
         second.restore();
         assert_eq!(node_ports(&second, "web"), (ports, Some(health)));
     }
+
+    #[test]
+    fn node_ports_of_one_text_and_one_service_never_collide() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        // Two services of one text, each with several ports, on a range of four ports.
+        let mut r = Arc::try_unwrap(r).unwrap_or_else(|_| panic!("one owner"));
+        r.node_port_range = crate::node_ports::NodePortRange {
+            first: 30000,
+            last: 30003,
+        };
+        let text = [
+            service(
+                "a",
+                "{type: NodePort, ports: [{name: x, port: 80}, {name: y, port: 81, nodePort: 30001}]}",
+            ),
+            "---\n".to_string(),
+            service("b", "{type: NodePort, ports: [{name: x, port: 80}, {name: y, port: 81}]}"),
+        ]
+        .concat();
+        r.apply("two.yaml", &text).unwrap();
+        let mut all: Vec<u16> = ["a", "b"]
+            .iter()
+            .flat_map(|n| node_ports(&r, n).0.into_iter().flatten())
+            .collect();
+        assert_eq!(node_ports(&r, "a").0[1], Some(30001));
+        all.sort_unstable();
+        assert_eq!(all, [30000, 30001, 30002, 30003]);
+        // The range is full: the next one names the field.
+        let err = r
+            .apply(
+                "c.yaml",
+                &service("c", "{type: NodePort, ports: [{port: 80}]}"),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "spec.ports[0].nodePort: no node port left in node-port-range 30000-30003"
+            ),
+            "{err}"
+        );
+        // Applying a again keeps its ports; giving b's to a is refused.
+        r.apply("two.yaml", &text).unwrap();
+        let b_port = node_ports(&r, "b").0[0].unwrap();
+        let steal = service(
+            "a",
+            &format!(
+                "{{type: NodePort, ports: [{{name: x, port: 80, nodePort: {b_port}}}, {{name: y, port: 81, nodePort: 30001}}]}}"
+            ),
+        );
+        assert!(r.apply("a.yaml", &steal).is_err());
+    }
 }

@@ -15,7 +15,7 @@
 //! cluster IPs are; the deterministic start only makes a service deleted and applied again
 //! likely to get the same ports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -128,69 +128,90 @@ impl Resources {
         let key = draft.service.key();
         let current = self.services.get(&key);
         let range = self.node_port_range;
-        // Ports of this service are free to it: they are taken again below.
-        used.retain(|_, holder| *holder != key);
-        let mut decided = Vec::with_capacity(draft.service.ports.len());
         let exposure = draft.service.exposure.clone();
-        for (i, port) in draft.service.ports.iter().enumerate() {
+        let ports = &draft.service.ports;
+        // Given ports first, so that an allocation never takes a number a later port names.
+        let mut decided: Vec<Option<u16>> = Vec::with_capacity(ports.len());
+        for (i, port) in ports.iter().enumerate() {
             let field = format!("spec.ports[{i}].nodePort");
-            let kept = current.as_ref().and_then(|c| {
-                c.ports
-                    .iter()
-                    .find(|p| p.name == port.name && p.protocol == port.protocol)
-                    .and_then(|p| p.node_port)
-            });
-            let chosen = match port.node_port {
+            decided.push(match port.node_port {
                 Some(given) => Some(check(&field, &key, given, range, used, restoring)?),
-                None if !exposure.allocates_node_ports() => None,
-                None => match kept.filter(|k| !used.contains_key(k)) {
-                    Some(k) => Some(k),
-                    None => Some(allocate(
-                        &field,
-                        &key,
-                        &port.name,
-                        port.protocol,
-                        range,
-                        used,
-                    )?),
-                },
-            };
-            decided.push(chosen);
+                None => None,
+            });
         }
-        // Within the service a number may serve several protocols: marked used only now.
-        for port in decided.iter().flatten() {
-            used.insert(*port, key.clone());
+        let mut mine: BTreeSet<u16> = decided.iter().flatten().copied().collect();
+        // Another service's, or already this one's for another port.
+        let taken = |p: u16, mine: &BTreeSet<u16>| {
+            mine.contains(&p) || used.get(&p).is_some_and(|holder| *holder != key)
+        };
+        for (i, port) in ports.iter().enumerate() {
+            if decided[i].is_some() || !exposure.allocates_node_ports() {
+                continue;
+            }
+            let kept = current
+                .as_ref()
+                .and_then(|c| {
+                    c.ports
+                        .iter()
+                        .find(|p| p.name == port.name && p.protocol == port.protocol)
+                        .and_then(|p| p.node_port)
+                })
+                .filter(|k| !taken(*k, &mine));
+            let field = format!("spec.ports[{i}].nodePort");
+            let chosen = match kept {
+                Some(k) => k,
+                None => allocate(&field, &port.name, port.protocol, &key, range, |p| {
+                    used.contains_key(&p) || mine.contains(&p)
+                })?,
+            };
+            mine.insert(chosen);
+            decided[i] = Some(chosen);
         }
         let health = match exposure.health_check_node_port {
-            Some(given) => Some(check(
-                "spec.healthCheckNodePort",
-                &key,
-                given,
-                range,
-                used,
-                restoring,
-            )?),
+            Some(given) => {
+                let field = "spec.healthCheckNodePort";
+                let port = check(field, &key, given, range, used, restoring)?;
+                if mine.contains(&port) {
+                    return Err(FieldError::new(
+                        field,
+                        format!(
+                            "{port}: provided port is already allocated (to a node port of this service)"
+                        ),
+                    ));
+                }
+                Some(port)
+            }
             None if exposure.wants_health_check() => {
                 let kept = current
                     .as_ref()
                     .and_then(|c| c.exposure.health_check_node_port)
-                    .filter(|k| !used.contains_key(k));
-                match kept {
-                    Some(k) => Some(k),
-                    None => Some(allocate(
+                    .filter(|k| !taken(*k, &mine));
+                Some(match kept {
+                    Some(k) => k,
+                    None => allocate(
                         "spec.healthCheckNodePort",
-                        &key,
                         "health-check",
                         Protocol::Tcp,
+                        &key,
                         range,
-                        used,
-                    )?),
-                }
+                        |p| used.contains_key(&p) || mine.contains(&p),
+                    )?,
+                })
             }
             None => None,
         };
-        if let Some(port) = health {
-            used.insert(port, key.clone());
+        // This service's old ports are freed (those the table holds: a text names a service
+        // once), its new ones taken.
+        if let Some(c) = &current {
+            let old = c.ports.iter().filter_map(|p| p.node_port);
+            for port in old.chain(c.exposure.health_check_node_port) {
+                if used.get(&port) == Some(&key) {
+                    used.remove(&port);
+                }
+            }
+        }
+        for port in decided.iter().flatten().chain(health.iter()) {
+            used.insert(*port, key.clone());
         }
         for (port, chosen) in draft.service.ports.iter_mut().zip(&decided) {
             port.node_port = *chosen;
@@ -220,7 +241,7 @@ fn check(
         }
         tracing::warn!(service = %key, port, %range, "a recorded node port is outside node-port-range; kept, as the API server keeps it");
     }
-    if let Some(holder) = used.get(&port) {
+    if let Some(holder) = used.get(&port).filter(|holder| *holder != key) {
         return Err(FieldError::new(
             field,
             format!("{port}: provided port is already allocated (to service {holder})"),
@@ -232,17 +253,17 @@ fn check(
 /// The first free port from the service's start point (see the module).
 fn allocate(
     field: &str,
-    key: &ObjectKey,
     port_name: &str,
     protocol: Protocol,
+    key: &ObjectKey,
     range: NodePortRange,
-    used: &NodePortsInUse,
+    taken: impl Fn(u16) -> bool,
 ) -> Result<u16, FieldError> {
     let seed = fnv1a(&[&key.to_string(), port_name, &protocol.to_string()]);
     let size = range.size();
     (0..size)
         .map(|step| range.first + ((seed.wrapping_add(step)) % size) as u16)
-        .find(|p| !used.contains_key(p))
+        .find(|p| !taken(*p))
         .ok_or_else(|| {
             FieldError::new(
                 field,
@@ -306,29 +327,28 @@ mod tests {
             last: 30003,
         };
         let mut used = NodePortsInUse::new();
-        let first = allocate("f", &key, "http", Protocol::Tcp, range, &used).unwrap();
-        assert_eq!(
-            allocate("f", &key, "http", Protocol::Tcp, range, &used).unwrap(),
-            first
-        );
+        let alloc = |used: &NodePortsInUse| {
+            allocate(
+                "spec.ports[0].nodePort",
+                "http",
+                Protocol::Tcp,
+                &key,
+                range,
+                |p| used.contains_key(&p),
+            )
+        };
+        let first = alloc(&used).unwrap();
+        assert_eq!(alloc(&used).unwrap(), first);
         assert!(range.contains(first));
         let mut got = vec![first];
         used.insert(first, ObjectKey::namespaced("shop", "other"));
         for _ in 0..3 {
-            let p = allocate("f", &key, "http", Protocol::Tcp, range, &used).unwrap();
+            let p = alloc(&used).unwrap();
             assert!(!got.contains(&p) && range.contains(p));
             got.push(p);
             used.insert(p, key.clone());
         }
-        let e = allocate(
-            "spec.ports[0].nodePort",
-            &key,
-            "http",
-            Protocol::Tcp,
-            range,
-            &used,
-        )
-        .unwrap_err();
+        let e = alloc(&used).unwrap_err();
         assert_eq!(e.field, "spec.ports[0].nodePort");
         assert!(e.reason.contains("no node port left"), "{}", e.reason);
     }
