@@ -167,39 +167,22 @@ impl Resources {
             mine.insert(chosen);
             decided[i] = Some(chosen);
         }
-        let health = match exposure.health_check_node_port {
-            Some(given) => {
-                let field = "spec.healthCheckNodePort";
-                let port = check(field, &key, given, range, used, restoring)?;
-                if mine.contains(&port) {
-                    return Err(FieldError::new(
-                        field,
-                        format!(
-                            "{port}: provided port is already allocated (to a node port of this service)"
-                        ),
-                    ));
-                }
-                Some(port)
-            }
-            None if exposure.wants_health_check() => {
-                let kept = current
-                    .as_ref()
-                    .and_then(|c| c.exposure.health_check_node_port)
-                    .filter(|k| !taken(*k, &mine));
-                Some(match kept {
-                    Some(k) => k,
-                    None => allocate(
-                        "spec.healthCheckNodePort",
-                        "health-check",
-                        Protocol::Tcp,
-                        &key,
-                        range,
-                        |p| used.contains_key(&p) || mine.contains(&p),
-                    )?,
-                })
-            }
-            None => None,
-        };
+        let free = |p: u16, mine: &BTreeSet<u16>| !used.contains_key(&p) && !mine.contains(&p);
+        let kept = current
+            .as_ref()
+            .and_then(|c| c.exposure.health_check_node_port)
+            .filter(|k| !taken(*k, &mine));
+        let health = health_port(&exposure, &key, kept, range, used, restoring, |p| {
+            !free(p, &mine)
+        })?;
+        if let Some(port) = health.filter(|p| mine.contains(p)) {
+            return Err(FieldError::new(
+                "spec.healthCheckNodePort",
+                format!(
+                    "{port}: provided port is already allocated (to a node port of this service)"
+                ),
+            ));
+        }
         // This service's old ports are freed (those the table holds: a text names a service
         // once), its new ones taken.
         if let Some(c) = &current {
@@ -220,6 +203,28 @@ impl Resources {
         record(value, &decided, health);
         Ok(())
     }
+}
+
+/// The health check node port: given (checked), kept, or allocated when the service wants
+/// one.
+fn health_port(
+    exposure: &crate::objects::Exposure,
+    key: &ObjectKey,
+    kept: Option<u16>,
+    range: NodePortRange,
+    used: &NodePortsInUse,
+    restoring: bool,
+    taken: impl Fn(u16) -> bool,
+) -> Result<Option<u16>, FieldError> {
+    let field = "spec.healthCheckNodePort";
+    Ok(match exposure.health_check_node_port {
+        Some(given) => Some(check(field, key, given, range, used, restoring)?),
+        None if exposure.wants_health_check() => Some(match kept {
+            Some(k) => k,
+            None => allocate(field, "health-check", Protocol::Tcp, key, range, taken)?,
+        }),
+        None => None,
+    })
 }
 
 fn check(
