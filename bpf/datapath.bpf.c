@@ -41,6 +41,7 @@
 #include "lib/maps.h"
 #include "lib/nat.h"
 #include "lib/nd.h"
+#include "lib/nodeport.h"
 #include "lib/notify.h"
 #include "lib/packet.h"
 #include "lib/policy.h"
@@ -82,6 +83,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	struct scratch6 *s = scratch6();
 	struct ct6_key *key;
 	struct pkt6 *p;
+	int external = 0;
 	__u64 now;
 	int ret, ct;
 
@@ -119,6 +121,10 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	if (!src)
 		return drop6(skb, p, &t, CEL_REASON_INVALID_SOURCE);
 	ret = frag6_track(p);
+	if (ret)
+		return drop6(skb, p, &t, ret);
+	/* A reply to a source-translated client from outside: to it again. */
+	ret = unsnat6(skb, p);
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
@@ -177,6 +183,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 			ret = lb6_rev_nat(skb, p, id, cfg, now);
 			if (ret)
 				return drop6(skb, p, &t, ret);
+			external = lb6_external_reply(p);
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
@@ -187,6 +194,10 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
 		return ret < 0 ? drop6(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
+	if (external) {
+		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+		return fib_redirect6(skb, p);
 	}
 	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV6, p->daddr, t.src_identity);
 	if (ret > 0)
@@ -283,6 +294,7 @@ int cel_from_container(struct __sk_buff *skb)
 	struct ct_entry *ce = NULL;
 	struct ct_key *key;
 	struct pkt *p;
+	int external = 0;
 	__u64 now;
 	int ret, ct;
 
@@ -308,6 +320,10 @@ int cel_from_container(struct __sk_buff *skb)
 	t.endpoint_id = src->id;
 	t.src_identity = src->identity;
 	ret = frag4_track(p);
+	if (ret)
+		return drop(skb, p, &t, ret);
+	/* A reply to a source-translated client from outside: to it again. */
+	ret = unsnat4(skb, p);
 	if (ret)
 		return drop(skb, p, &t, ret);
 
@@ -370,6 +386,7 @@ int cel_from_container(struct __sk_buff *skb)
 			ret = lb4_rev_nat(skb, p, id, cfg, now);
 			if (ret)
 				return drop(skb, p, &t, ret);
+			external = lb4_external_reply(p);
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
@@ -380,6 +397,12 @@ int cel_from_container(struct __sk_buff *skb)
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
 		return ret < 0 ? drop(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
+	/* A reply from a frontend reached from outside (the node's own address,
+	 * for a NodePort): routed past the stack, which would drop it. */
+	if (external) {
+		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+		return fib_redirect4(skb, p);
 	}
 	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &p->daddr, t.src_identity);
 	if (ret > 0)
@@ -565,22 +588,293 @@ int cel_from_overlay(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* Not a frontend reached from outside: the packet goes on as before. */
+#define CEL_NOT_EXTERNAL -1
+
+/* A connection from outside to a frontend without backends: its port
+ * unreachable goes back out of the device it came in on. */
+/* Not inlined: the refusal is built in a frame of its own, off nodeport4's. */
+static __noinline int reject_out4(struct __sk_buff *skb, const struct pkt *p,
+				       const struct trace *t)
+{
+	drop(skb, p, t, CEL_REASON_NO_SERVICE_BACKEND);
+	if (reject4_build(skb, p) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline int reject_out6(struct __sk_buff *skb, const struct pkt6 *p,
+				       const struct trace *t)
+{
+	drop6(skb, p, t, CEL_REASON_NO_SERVICE_BACKEND);
+	if (reject6_build(skb, p) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/*
+ * A reply from another node's backend to a client from outside whose source
+ * this node translated (externalTrafficPolicy Cluster): back to the client,
+ * reverse-NATed to the frontend, and routed out past the stack. Returns the
+ * verdict, or CEL_NOT_EXTERNAL if the packet is no such reply.
+ */
+/* fib_redirect4 for the IPv4 node-port paths, in a frame of its own: the
+ * lookup's parameters would otherwise add to nodeport4's. */
+static __noinline int nodeport_fib4(struct __sk_buff *skb, const struct pkt *p)
+{
+	return fib_redirect4(skb, p);
+}
+
+static __always_inline int nodeport_reply4(struct __sk_buff *skb, struct pkt *p,
+					   const struct datapath_config *cfg, struct trace *t)
+{
+	struct ct_entry *ce = NULL;
+	struct ct_key key = {};
+	__u64 now;
+	int ret;
+
+	if (!snat4_reply(p))
+		return CEL_NOT_EXTERNAL;
+	ret = unsnat4(skb, p);
+	if (ret)
+		return drop(skb, p, t, ret);
+	now = bpf_ktime_get_ns();
+	ct_key_from_pkt(&key, p, 0);
+	if (ct_lookup4(&key, p, cfg, now, &ce) == CT_REPLY && ce && ce->rev_nat_id) {
+		ret = lb4_rev_nat(skb, p, ce->rev_nat_id, cfg, now);
+		if (ret)
+			return drop(skb, p, t, ret);
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return nodeport_fib4(skb, p);
+}
+
+static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p,
+					   const struct datapath_config *cfg, struct trace *t)
+{
+	struct ct_entry *ce = NULL;
+	struct ct6_key key = {};
+	__u64 now;
+	int ret;
+
+	if (!snat6_reply(p))
+		return CEL_NOT_EXTERNAL;
+	ret = unsnat6(skb, p);
+	if (ret)
+		return drop6(skb, p, t, ret);
+	now = bpf_ktime_get_ns();
+	ct6_key_from_pkt(&key, p, 0);
+	if (ct_lookup6(&key, p, cfg, now, &ce) == CT_REPLY && ce && ce->rev_nat_id) {
+		ret = lb6_rev_nat(skb, p, ce->rev_nat_id, cfg, now);
+		if (ret)
+			return drop6(skb, p, t, ret);
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return fib_redirect6(skb, p);
+}
+
+/*
+ * IPv4 from outside for a frontend reached from outside (lib/nodeport.h):
+ * translated to its backend as a pod's packet would be, the backend's
+ * ingress policy decided on the client's identity (whatever the source
+ * translation), the connection and its backend recorded, then, unless the
+ * frontend's policy is Local, the source translated to the frontend's
+ * address. A local backend gets it straight; another node's is routed to.
+ * Returns the verdict, or CEL_NOT_EXTERNAL.
+ */
+/*
+ * The node-port paths are BPF subprograms (not inlined), as are
+ * netdev_to_pod4/6, nodeport_fib4 and reject_out4: inlined together into
+ * cel_from_netdev, with the maglev and affinity choice, they would pass the
+ * 512-byte stack of one function. The verifier adds up the frames of a call
+ * chain, so the deepest (cel_from_netdev, nodeport4, nodeport_fib4) stays
+ * within 512 bytes too.
+ */
+static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_INGRESS };
+	struct scratch6 *s = scratch6();
+	struct endpoint_info *dst;
+	struct ct_entry *ce = NULL;
+	struct lb4_service *svc;
+	struct lb4_choice *lb;
+	struct ct_key *key;
+	struct pkt *p;
+	__be32 frontend;
+	__u8 flags;
+	__u64 now;
+	int ret, ct;
+
+	if (!s)
+		return CEL_NOT_EXTERNAL;
+	p = &s->p4;
+	key = &s->key4;
+	lb = &s->lb4;
+	if (parse_ipv4(skb, p))
+		return CEL_NOT_EXTERNAL;
+	ret = nodeport_reply4(skb, p, cfg, &t);
+	if (ret != CEL_NOT_EXTERNAL)
+		return ret;
+	svc = lb4_external(p);
+	if (!svc)
+		return CEL_NOT_EXTERNAL;
+	flags = svc->flags;
+	frontend = p->daddr;
+	t.src_identity = identity_of4(cfg, p->saddr);
+	now = bpf_ktime_get_ns();
+	ret = lb4_dnat(skb, p, cfg, now, lb);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject_out4(skb, p, &t);
+	if (ret)
+		return drop(skb, p, &t, ret);
+
+	dst = endpoint_lookup4(p->daddr);
+	ct_key_from_pkt(key, p, 0);
+	ct = ct_lookup4(key, p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
+		if (dst) {
+			t.endpoint_id = dst->id;
+			t.dst_identity = dst->identity;
+			ret = policy_check(skb, p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+					   &im);
+			if (ret)
+				return drop(skb, p, &t, ret);
+		}
+		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		if (ret)
+			return drop(skb, p, &t, ret);
+		if (trace_events(cfg))
+			trace_new(skb, p, &t, im << 4, lb->rev_nat_id);
+	}
+	ret = lb4_commit(lb, p, cfg, now);
+	if (ret)
+		return drop(skb, p, &t, ret);
+	if (!(flags & CEL_SVC_F_LOCAL)) {
+		ret = snat4(skb, p, frontend);
+		if (ret)
+			return drop(skb, p, &t, ret);
+	}
+	if (dst) {
+		ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
+		return ret < 0 ? drop(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
+	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+	return nodeport_fib4(skb, p);
+}
+
+/* nodeport4 for IPv6 (a subprogram, as nodeport4). */
+static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_INGRESS };
+	struct lb6_choice *lb;
+	struct endpoint_info *dst;
+	struct ct_entry *ce = NULL;
+	struct scratch6 *s = scratch6();
+	struct lb4_service *svc;
+	struct ct6_key *key;
+	struct pkt6 *p;
+	__u8 frontend[16];
+	__u8 flags;
+	__u64 now;
+	int ret, ct;
+
+	if (!s)
+		return CEL_NOT_EXTERNAL;
+	p = &s->p;
+	key = &s->key;
+	lb = &s->lb6;
+	if (parse_ipv6(skb, p))
+		return CEL_NOT_EXTERNAL;
+	ret = nodeport_reply6(skb, p, cfg, &t);
+	if (ret != CEL_NOT_EXTERNAL)
+		return ret;
+	svc = lb6_external(p);
+	if (!svc)
+		return CEL_NOT_EXTERNAL;
+	flags = svc->flags;
+	__builtin_memcpy(frontend, p->daddr, 16);
+	t.src_identity = identity_of6(cfg, p->saddr);
+	now = bpf_ktime_get_ns();
+	/* At random: with maglev and affinity, this path's frame would pass
+	 * the 512-byte stack (a limit of this version, docs/services.md). */
+	ret = lb6_dnat_by(skb, p, cfg, now, lb, 0);
+	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
+		return reject_out6(skb, p, &t);
+	if (ret)
+		return drop6(skb, p, &t, ret);
+
+	dst = endpoint_lookup6(p->daddr);
+	ct6_key_from_pkt(key, p, 0);
+	ct = ct_lookup6(key, p, cfg, now, &ce);
+	if (ct == CT_NEW) {
+		__u8 im = CEL_MATCH_NONE;
+
+		if (dst) {
+			t.endpoint_id = dst->id;
+			t.dst_identity = dst->identity;
+			ret = policy_check6(skb, p, &t, dst, CEL_DIR_INGRESS, t.src_identity, cfg,
+					    &im);
+			if (ret)
+				return drop6(skb, p, &t, ret);
+		}
+		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		if (ret)
+			return drop6(skb, p, &t, ret);
+		if (trace_events(cfg))
+			trace_new6(skb, p, &t, im << 4, lb->rev_nat_id);
+	}
+	ret = lb6_commit(lb, p, cfg, now);
+	if (ret)
+		return drop6(skb, p, &t, ret);
+	if (!(flags & CEL_SVC_F_LOCAL)) {
+		ret = snat6(skb, p, frontend);
+		if (ret)
+			return drop6(skb, p, &t, ret);
+	}
+	if (dst) {
+		ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
+		return ret < 0 ? drop6(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
+	}
+	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
+	return fib_redirect6(skb, p);
+}
+
+/* from_node4/6 for cel_from_netdev, in frames of their own: inlined there,
+ * their stack would add to that of the frame calling nodeport4/6. */
+static __noinline int netdev_to_pod4(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	return from_node4(skb, cfg, 0, 0);
+}
+
+static __noinline int netdev_to_pod6(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	return from_node6(skb, cfg, 0, 0);
+}
+
 /* The ingress of the node's own devices (those holding its addresses):
- * packets from other nodes, or from beyond, for a local pod go straight
- * into it with the source's identity from the ipcache, as those out of
- * the tunnel do. Only frames addressed to this host: a device that sees
- * other hosts' frames (promiscuous) must not have them delivered. */
+ * frontends reached from outside are translated (nodeport4/6); packets
+ * from other nodes, or from beyond, for a local pod go straight into it
+ * with the source's identity from the ipcache, as those out of the tunnel
+ * do. Only frames addressed to this host: a device that sees other hosts'
+ * frames (promiscuous) must not have them delivered. */
 SEC("tc")
 int cel_from_netdev(struct __sk_buff *skb)
 {
 	struct datapath_config *cfg = config_get();
+	int ret;
 
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return from_node4(skb, cfg, 0, 0);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return from_node6(skb, cfg, 0, 0);
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		ret = nodeport4(skb, cfg);
+		return ret != CEL_NOT_EXTERNAL ? ret : netdev_to_pod4(skb, cfg);
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		ret = nodeport6(skb, cfg);
+		return ret != CEL_NOT_EXTERNAL ? ret : netdev_to_pod6(skb, cfg);
+	}
 	return TC_ACT_OK;
 }
 

@@ -13,6 +13,7 @@
 #include <bpf/bpf_endian.h>
 #include "../include/cellium/common.h"
 #include "lookup.h"
+#include "ipv6.h"
 #include "packet.h"
 
 #define CEL_AF_INET 2
@@ -28,23 +29,18 @@ static __always_inline int is_cluster_peer(__u32 identity)
 	return identity == CEL_IDENTITY_REMOTE_NODE || (identity >= 256 && identity <= 65535);
 }
 
-/* Routes a pod's IPv4 packet for another node's pod or another node
- * itself: the TTL decremented as a router does, then redirected to the
- * device the node's FIB names, the kernel resolving the next hop's
- * neighbour. Returns the redirect verdict, or TC_ACT_OK to leave the packet
- * to the node's stack (not a cluster peer, no route, a TTL about to
- * expire: the stack answers that one). */
-static __always_inline int redirect_to_node4(struct __sk_buff *skb,
-					     const struct datapath_config *cfg,
-					     const struct pkt *p)
+/* Routes an IPv4 packet past the node's stack: the TTL decremented as a
+ * router does, then redirected to the device the node's FIB names, the
+ * kernel resolving the next hop's neighbour. Returns the redirect verdict,
+ * or TC_ACT_OK to leave the packet to the node's stack (no route, a TTL
+ * about to expire: the stack answers that one). */
+static __always_inline int fib_redirect4(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
 	__u8 ttl;
 	int ret;
 
-	if (!is_cluster_peer(ipcache_identity4(cfg, p->daddr)))
-		return TC_ACT_OK;
 	if (bpf_skb_load_bytes(skb, CEL_IPV4_TTL_OFF, &ttl, 1) < 0 || ttl <= 1)
 		return TC_ACT_OK;
 	fib.family = CEL_AF_INET;
@@ -68,6 +64,47 @@ static __always_inline int redirect_to_node4(struct __sk_buff *skb,
 	/* After the lookup ipv4_dst is the next hop (the gateway, if any). */
 	nh.nh_family = CEL_AF_INET;
 	nh.ipv4_nh = fib.ipv4_dst;
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+/* Routes a pod's IPv4 packet for another node's pod or another node
+ * itself (fib_redirect4); anything else (not a cluster peer) is left to the
+ * node's stack. */
+static __always_inline int redirect_to_node4(struct __sk_buff *skb,
+					     const struct datapath_config *cfg,
+					     const struct pkt *p)
+{
+	if (!is_cluster_peer(ipcache_identity4(cfg, p->daddr)))
+		return TC_ACT_OK;
+	return fib_redirect4(skb, p);
+}
+
+#define CEL_AF_INET6 10
+#define CEL_IPV6_HOP_OFF (ETH_HLEN + 7)
+
+/* fib_redirect4 for IPv6 (its header has no checksum to update). */
+static __always_inline int fib_redirect6(struct __sk_buff *skb, const struct pkt6 *p)
+{
+	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nh = {};
+	__u8 hops;
+	int ret;
+
+	if (bpf_skb_load_bytes(skb, CEL_IPV6_HOP_OFF, &hops, 1) < 0 || hops <= 1)
+		return TC_ACT_OK;
+	fib.family = CEL_AF_INET6;
+	fib.l4_protocol = p->protocol;
+	__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
+	fib.ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	hops -= 1;
+	if (bpf_skb_store_bytes(skb, CEL_IPV6_HOP_OFF, &hops, 1, 0) < 0)
+		return TC_ACT_SHOT;
+	nh.nh_family = CEL_AF_INET6;
+	__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
 	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 }
 

@@ -207,20 +207,22 @@ static __always_inline __u32 lb4_select(struct lb4_key *key, __u16 count, __u16 
 	return slot ? slot->backend_id : 0;
 }
 
-/* lb4_select for IPv6 frontends. */
+/* lb4_select for IPv6 frontends; without `sticky`, affinity and maglev are
+ * not looked at (a slot at random). */
 static __always_inline __u32 lb6_select(struct lb6_key *key, __u16 count, __u16 rev_nat_id,
-					__u32 affinity_timeout, const struct pkt6 *p, __u64 now)
+					__u32 affinity_timeout, const struct pkt6 *p, __u64 now,
+					const int sticky)
 {
 	struct lb6_affinity_key akey = { .rev_nat_id = rev_nat_id };
 	struct lb4_service *slot;
 	__u32 id = 0;
 
-	if (affinity_timeout) {
+	if (sticky && affinity_timeout) {
 		__builtin_memcpy(akey.client, p->saddr, 16);
 		id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb6_affinity, &akey),
 				      affinity_timeout, rev_nat_id, now);
 	}
-	if (!id)
+	if (sticky && !id)
 		id = lb_maglev_pick(rev_nat_id, lb6_hash(p));
 	if (id && bpf_map_lookup_elem(&cel_lb6_backends, &id))
 		return id;
@@ -478,9 +480,9 @@ struct lb6_choice {
 };
 
 /* lb4_dnat for IPv6 frontends (cel_lb6_*, conntrack in cel_ct6). */
-static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
-				    const struct datapath_config *cfg, __u64 now,
-				    struct lb6_choice *c)
+static __always_inline int lb6_dnat_by(struct __sk_buff *skb, struct pkt6 *p,
+				       const struct datapath_config *cfg, __u64 now,
+				       struct lb6_choice *c, const int sticky)
 {
 	struct lb6_key key = {};
 	struct lb4_service *svc;
@@ -519,7 +521,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = lb6_select(&key, count, rnat, timeout, p, now);
+		id = lb6_select(&key, count, rnat, timeout, p, now, sticky);
 		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
@@ -535,6 +537,14 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 	if (ret || !nat_port)
 		return ret;
 	return lb6_port_rewrite(skb, p, NAT_SRC, nat_port);
+}
+
+/* lb6_dnat_by with session affinity and maglev. */
+static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
+				    const struct datapath_config *cfg, __u64 now,
+				    struct lb6_choice *c)
+{
+	return lb6_dnat_by(skb, p, cfg, now, c, 1);
 }
 
 /*

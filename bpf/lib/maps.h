@@ -118,6 +118,22 @@ struct {
 	__uint(max_entries, 65536);
 } cel_lb6_revnat SEC(".maps");
 
+/* LRU: an entry outlives its connection until newer ones need the room; a
+ * reply always finds its own, which every packet of the connection renews. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct snat4_value);
+	__uint(max_entries, 65536);
+} cel_snat4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct snat6_value);
+	__uint(max_entries, 65536);
+} cel_snat6 SEC(".maps");
+
 /* A socket's entries live as long as it may ask; LRU forgets those of
  * sockets long closed (a socket cookie is never reused). */
 struct {

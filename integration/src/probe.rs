@@ -196,6 +196,69 @@ pub fn tcp_request(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) ->
     })
 }
 
+/// A TCP server in a namespace that answers each connection with the address it sees as the
+/// client's (`<ip>\n`), then closes it: what source translation left of the client. Stops on
+/// drop.
+#[derive(Debug)]
+pub struct PeerServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PeerServer {
+    /// Listens on `addr` inside `ns`.
+    pub fn start(ns: &NetNs, addr: impl Into<SocketAddr>) -> Result<Self> {
+        let addr = addr.into();
+        let listener = ns
+            .run(move || TcpListener::bind(addr))?
+            .map_err(probe_err("tcp listen", addr))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(probe_err("tcp listen", addr))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, peer)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.write_all(format!("{}\n", peer.ip()).as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects from `ns` to a [`PeerServer`] (directly or through a service) and reads the
+/// address it saw as the client's.
+pub fn seen_from(ns: &NetNs, to: SocketAddr) -> std::io::Result<IpAddr> {
+    ns.run(move || -> std::io::Result<IpAddr> {
+        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        line.trim()
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("{line:?}: {e}")))
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))?
+}
+
 /// A UDP server in a namespace: answers each datagram with `<banner>:<payload>` (payloads up
 /// to the largest datagram, so large ones come back fragmented as they went).
 #[derive(Debug)]

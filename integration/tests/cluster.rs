@@ -15,9 +15,10 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use cellium_integration::NetNs;
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode};
 use cellium_integration::lab::{OpenFlow, Stream, table};
-use cellium_integration::probe::{TcpServer, UdpServer};
+use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 use cellium_integration::reach::{Outcome, probe};
 
@@ -906,4 +907,74 @@ fn an_exhausted_pool_is_reported_on_the_cilium_node_and_by_its_agent() {
             .count(),
         1
     );
+}
+
+/// A client outside the cluster on the underlay: a namespace with `192.0.2.100/24` on the
+/// underlay bridge (removed with the namespace).
+fn outside_client(cluster: &Cluster) -> NetNs {
+    let ns = NetNs::new().expect("client netns");
+    let und = cluster.underlay();
+    und.ip(&[
+        "link",
+        "add",
+        "ext0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        ns.name(),
+    ])
+    .expect("veth");
+    und.ip(&["link", "set", "ext0", "master", "cel-und", "up"])
+        .expect("on the bridge");
+    ns.ip(&["addr", "add", "192.0.2.100/24", "dev", "eth0"])
+        .expect("address");
+    ns.ip(&["link", "set", "eth0", "up"]).expect("up");
+    ns
+}
+
+/// A NodePort service (externalTrafficPolicy Cluster) whose only backend runs on node 2,
+/// reached from outside at node 1's address: node 1 translates it, source-translates the
+/// client to its own address, routes it to node 2; the reply comes back to node 1, which
+/// translates it back to the client. The backend sees node 1's address.
+#[test]
+fn a_node_port_reached_on_one_node_serves_a_backend_on_the_other() {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
+    cluster
+        .apply(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec: {{ type: NodePort, ports: [ {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+ports: [ {{ name: http, port: {PORT}, protocol: TCP }} ]
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+"#
+        ))
+        .expect("NodePort service with a remote backend");
+    let client = outside_client(&cluster);
+    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
+    let mut seen = None;
+    eventually(
+        &cluster,
+        "the outside client reaches node 1's node port",
+        || {
+            seen = seen_from(&client, node1).ok();
+            seen.is_some()
+        },
+    );
+    assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
 }

@@ -28,7 +28,7 @@ struct lb4_service {
 	__u32 backend_id;
 	__u16 count;      /* slot 0: number of backend slots */
 	__u16 rev_nat_id; /* slot 0 */
-	__u8 flags;       /* reserved, zero */
+	__u8 flags;       /* slot 0: CEL_SVC_F_* */
 	__u8 pad[3];
 };
 
@@ -141,6 +141,37 @@ struct lb_affinity_val {
 struct lb_affinity_match {
 	__u32 backend_id;
 	__u16 rev_nat_id;
+	__u16 pad;
+};
+
+/* Slot 0 flags (struct lb4_service's flags). */
+/* Reached from outside the node too (NodePort, external IP, load balancer
+ * ingress IP): cel_from_netdev translates it. */
+#define CEL_SVC_F_EXTERNAL (1 << 0)
+/* externalTrafficPolicy Local: a client from outside keeps its address;
+ * without it, its source becomes the frontend's address (SNAT). */
+#define CEL_SVC_F_LOCAL (1 << 1)
+
+/*
+ * cel_snat4 / cel_snat6: the clients from outside whose source was
+ * translated to a frontend's address. Keyed on the reply's tuple as the
+ * backend sends it (backend -> frontend address, backend port -> NAT port,
+ * flags 0); the value is the client the reply goes back to.
+ */
+/* A cel_snat4/6 key of the client's direction (client -> backend), whose
+ * value is the translated source it was given, so that every packet of the
+ * connection gets the same. */
+#define CEL_SNAT_F_FORWARD (1 << 1)
+
+struct snat4_value {
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+struct snat6_value {
+	__u8 addr[16];
+	__be16 port;
 	__u16 pad;
 };
 

@@ -1,4 +1,5 @@
-//! `cellium service`: the ClusterIP frontends the node load-balances, and their backends.
+//! `cellium service`: the frontends the node load-balances (cluster IPs, node ports, external
+//! and load balancer IPs), and their backends.
 
 use std::path::Path;
 
@@ -11,7 +12,8 @@ use crate::output::{self, Format};
 /// `cellium service` verbs.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// List every frontend (one per ClusterIP service port) with its backends.
+    /// List every frontend (per service port: each cluster IP, node address, external IP and
+    /// load balancer IP) with its kind, traffic policy and backends.
     List {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t)]
@@ -24,6 +26,8 @@ pub enum Command {
 struct FrontendView {
     service: String,
     port_name: String,
+    kind: String,
+    traffic_policy: String,
     frontend: String,
     vip: String,
     port: u32,
@@ -58,7 +62,9 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
         Format::Table => {
             let rows: Vec<Vec<String>> = views.iter().map(row).collect();
             output::print_table(
-                &["SERVICE", "PORT", "FRONTEND", "TARGET", "FROM", "BACKENDS"],
+                &[
+                    "SERVICE", "PORT", "KIND", "POLICY", "FRONTEND", "TARGET", "FROM", "BACKENDS",
+                ],
                 &rows,
             );
             Ok(())
@@ -80,6 +86,8 @@ fn view(f: ServiceFrontend) -> FrontendView {
         service: format!("{}/{}", f.namespace, f.name),
         frontend: format!("{}/{}", host_port(&f.vip, f.port), f.protocol),
         port_name: f.port_name,
+        kind: f.kind,
+        traffic_policy: f.traffic_policy,
         vip: f.vip,
         port: f.port,
         protocol: f.protocol,
@@ -127,6 +135,8 @@ fn row(v: &FrontendView) -> Vec<String> {
     vec![
         v.service.clone(),
         port,
+        v.kind.clone(),
+        v.traffic_policy.clone(),
         v.frontend.clone(),
         v.target_port.clone(),
         v.backends_from.clone(),
@@ -171,12 +181,16 @@ mod tests {
                 source: "EndpointSlice shop/web-1".into(),
             }],
             error: String::new(),
+            kind: "NodePort".into(),
+            traffic_policy: "Local".into(),
         });
         assert_eq!(
             row(&f),
             vec![
                 "shop/web",
                 "http",
+                "NodePort",
+                "Local",
                 "10.96.1.1:80/TCP",
                 "http",
                 "selector",
@@ -184,14 +198,20 @@ mod tests {
             ]
         );
         f.backends.clear();
-        assert_eq!(row(&f)[5], "10.244.0.7:8080 (draining)");
+        assert_eq!(row(&f)[7], "10.244.0.7:8080 (draining)");
         f.draining.clear();
-        assert_eq!(row(&f)[5], "(none)");
+        assert_eq!(row(&f)[7], "(none)");
         f.error = "no rev-NAT id left".into();
-        assert_eq!(row(&f)[5], "not programmed: no rev-NAT id left");
+        assert_eq!(row(&f)[7], "not programmed: no rev-NAT id left");
+        assert_eq!(json_kind(&f), "NodePort");
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["frontend"], "10.96.1.1:80/TCP");
         assert_eq!(json["error"], "no rev-NAT id left");
+    }
+
+    fn json_kind(f: &FrontendView) -> String {
+        let json = serde_json::to_value(f).unwrap();
+        json["kind"].as_str().unwrap().to_string()
     }
 
     #[test]
@@ -211,6 +231,6 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(f.frontend, "[fd00:96::11]:80/TCP");
-        assert_eq!(row(&f)[5], "[fd00:10:244::5]:8080");
+        assert_eq!(row(&f)[7], "[fd00:10:244::5]:8080");
     }
 }

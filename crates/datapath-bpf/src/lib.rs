@@ -76,7 +76,7 @@ pub use maps::config::VXLAN_OVERHEAD;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::frag::Fragmented;
 pub use maps::ipcache::IpcacheInfo;
-pub use maps::lb::{Backend, Frontend, ServiceEntry};
+pub use maps::lb::{Backend, Frontend, SERVICE_EXTERNAL, SERVICE_LOCAL, ServiceEntry};
 pub use maps::maglev::MaglevTables;
 pub use maps::metrics::MetricSample;
 pub use maps::policy::{SyncStats, compile_policy};

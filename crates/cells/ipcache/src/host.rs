@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 /// Every address of every interface of the calling thread's network namespace, except
 /// loopback and IPv6 link-local ones (no pod reaches the node through those, and every
 /// namespace has them).
-pub(crate) async fn node_addresses() -> Result<BTreeSet<IpAddr>> {
+pub async fn node_addresses() -> Result<BTreeSet<IpAddr>> {
     // A new connection each time: the socket belongs to the namespace it is opened in, and
     // a refresh a minute is no reason to keep one open.
     let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::HostAddresses)?;

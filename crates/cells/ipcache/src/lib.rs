@@ -37,6 +37,7 @@ pub use cellium_datapath_bpf::IpcacheInfo;
 pub use config::IpcacheConfig;
 pub use error::{Error, Result};
 pub use grpc::IpcacheService;
+pub use host::node_addresses;
 pub use ipcache::Ipcache;
 pub use source::Source;
 pub use sync::SyncStats;

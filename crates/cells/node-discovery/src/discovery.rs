@@ -27,6 +27,10 @@ use crate::{netdev, routes, tunnel};
 /// How often a pass runs when nothing changed: a route or entry removed by someone else comes
 /// back within this.
 const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+/// Standalone, how often the node's addresses are looked at for the devices
+/// `cel_from_netdev` belongs on: no Node object says when they change, and the program
+/// serves NodePort and external frontends to the outside.
+const STANDALONE_NETDEV_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What this node learnt of the others, and the means to act on it.
 #[derive(Debug)]
@@ -105,6 +109,8 @@ impl NodeDiscovery {
         }));
         if this.active {
             this.follow(&jobs);
+        } else {
+            this.follow_addresses(&jobs);
         }
         Ok(this)
     }
@@ -162,6 +168,29 @@ impl NodeDiscovery {
     /// Whether this node is in a cluster it learns from (Kubernetes mode).
     pub fn is_active(&self) -> bool {
         self.active
+    }
+
+    /// Standalone: `cel_from_netdev` on the devices holding any of the node's addresses
+    /// (every address of its namespace but loopback and link-local ones), looked at every
+    /// [`STANDALONE_NETDEV_INTERVAL`].
+    fn follow_addresses(self: &Arc<Self>, jobs: &Jobs) {
+        let this = self.clone();
+        jobs.timer("netdevs", STANDALONE_NETDEV_INTERVAL, move |ctx| {
+            let this = this.clone();
+            async move {
+                let mine: Vec<IpAddr> = cellium_ipcache::node_addresses()
+                    .await?
+                    .into_iter()
+                    .collect();
+                let handle = this.netlink().await?;
+                this.attach_netdevs(handle, &mine).await?;
+                let count = this.netdevs.lock().unwrap_or_else(|p| p.into_inner()).len();
+                ctx.reporter()
+                    .ok(format!("cel_from_netdev on {count} devices of the node"));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .add();
     }
 
     fn follow(self: &Arc<Self>, jobs: &Jobs) {

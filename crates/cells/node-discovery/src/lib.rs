@@ -19,9 +19,11 @@
 //! - **Start hook** `tunnel-device`: in tunnel mode, the device, `cel_from_overlay` on it and its
 //!   index in the datapath's configuration; otherwise a previous run's device removed.
 //! - **Owns** too `cel_from_netdev` on the ingress of the devices holding the node's own
-//!   addresses (its Node's or CiliumNode's), attached at each pass to the devices that hold them
-//!   now and detached from those that no longer do ([`netdev`]): traffic from other nodes for
-//!   local pods goes straight to them.
+//!   addresses (its Node's or CiliumNode's; standalone, every address of its namespace but
+//!   loopback and link-local ones, looked at every 5 s), attached at each pass to the devices
+//!   that hold them now and detached from those that no longer do ([`netdev`]): traffic from
+//!   other nodes for local pods goes straight to them, and frontends reached from outside
+//!   (NodePort, external and load balancer IPs) are translated there.
 //! - **Degraded** (`node-discovery.reconcile`) while a pass fails (a netlink or ipcache
 //!   write), retried every 30 s and at every change.
 //!

@@ -194,6 +194,7 @@ impl Resources {
         // Built once for the whole text: per document it would cost the square of the number
         // of services, under the apply lock.
         let mut used = self.cluster_ips_in_use();
+        let mut node_ports = self.node_ports_in_use();
         for (doc, parsed) in prepared {
             let mut value = doc.value.clone();
             let checked = parsed
@@ -207,6 +208,7 @@ impl Resources {
                             &mut used,
                             restoring,
                         )?;
+                        self.settle_node_ports(draft, &mut value, &mut node_ports, restoring)?;
                     }
                     Ok(p)
                 });
@@ -634,5 +636,127 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
             assert_eq!(after.ip_family_policy, before.ip_family_policy);
             drop((next, next_state));
         }
+    }
+
+    fn node_ports(r: &Resources, name: &str) -> (Vec<Option<u16>>, Option<u16>) {
+        let svc = r
+            .services
+            .get(&ObjectKey::namespaced("shop", name))
+            .unwrap();
+        (
+            svc.ports.iter().map(|p| p.node_port).collect(),
+            svc.exposure.health_check_node_port,
+        )
+    }
+
+    #[test]
+    fn node_ports_are_allocated_or_checked_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || Arc::new(StateDir::open_at(dir.path()).unwrap());
+        let first_state = state();
+        let first = persisted(&first_state, default_range());
+        first.apply("app.yaml", APP).unwrap();
+        let web = service(
+            "web",
+            "{type: LoadBalancer, externalTrafficPolicy: Local, ports: [{name: http, port: 80}, {name: given, port: 81, nodePort: 30081}]}",
+        );
+        first.apply("web.yaml", &web).unwrap();
+        let (ports, health) = node_ports(&first, "web");
+        assert_eq!(ports[1], Some(30081));
+        let allocated = ports[0].unwrap();
+        assert!((30000..=32767).contains(&allocated) && allocated != 30081);
+        let health = health.unwrap();
+        assert!((30000..=32767).contains(&health) && health != allocated);
+        // Applying the same text again keeps them.
+        first.apply("web.yaml", &web).unwrap();
+        assert_eq!(node_ports(&first, "web"), (ports.clone(), Some(health)));
+
+        // Taken by web, or out of range: refused naming the field, nothing changed.
+        let taken = service(
+            "db",
+            &format!("{{type: NodePort, ports: [{{port: 5432, nodePort: {allocated}}}]}}"),
+        );
+        let err = first.apply("db.yaml", &taken).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "spec.ports[0].nodePort: {allocated}: provided port is already allocated (to service shop/web)"
+            )),
+            "{err}"
+        );
+        let outside = service(
+            "db",
+            "{type: NodePort, ports: [{port: 5432, nodePort: 8080}]}",
+        );
+        let err = first.apply("db.yaml", &outside).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.ports[0].nodePort: 8080: provided port is not in the valid range; the range of valid ports is 30000-32767"),
+            "{err}"
+        );
+        assert!(
+            first
+                .services
+                .get(&ObjectKey::namespaced("shop", "db"))
+                .is_none()
+        );
+        drop((first, first_state));
+
+        // The next agent finds them recorded.
+        let second_state = state();
+        let second = persisted(&second_state, default_range());
+        second.restore();
+        assert_eq!(node_ports(&second, "web"), (ports, Some(health)));
+    }
+
+    #[test]
+    fn node_ports_of_one_text_and_one_service_never_collide() {
+        let r = Resources::new();
+        r.apply("app.yaml", APP).unwrap();
+        // Two services of one text, each with several ports, on a range of four ports.
+        let mut r = Arc::try_unwrap(r).unwrap_or_else(|_| panic!("one owner"));
+        r.node_port_range = crate::node_ports::NodePortRange {
+            first: 30000,
+            last: 30003,
+        };
+        let text = [
+            service(
+                "a",
+                "{type: NodePort, ports: [{name: x, port: 80}, {name: y, port: 81, nodePort: 30001}]}",
+            ),
+            "---\n".to_string(),
+            service("b", "{type: NodePort, ports: [{name: x, port: 80}, {name: y, port: 81}]}"),
+        ]
+        .concat();
+        r.apply("two.yaml", &text).unwrap();
+        let mut all: Vec<u16> = ["a", "b"]
+            .iter()
+            .flat_map(|n| node_ports(&r, n).0.into_iter().flatten())
+            .collect();
+        assert_eq!(node_ports(&r, "a").0[1], Some(30001));
+        all.sort_unstable();
+        assert_eq!(all, [30000, 30001, 30002, 30003]);
+        // The range is full: the next one names the field.
+        let err = r
+            .apply(
+                "c.yaml",
+                &service("c", "{type: NodePort, ports: [{port: 80}]}"),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "spec.ports[0].nodePort: no node port left in node-port-range 30000-30003"
+            ),
+            "{err}"
+        );
+        // Applying a again keeps its ports; giving b's to a is refused.
+        r.apply("two.yaml", &text).unwrap();
+        let b_port = node_ports(&r, "b").0[0].unwrap();
+        let steal = service(
+            "a",
+            &format!(
+                "{{type: NodePort, ports: [{{name: x, port: 80, nodePort: {b_port}}}, {{name: y, port: 81, nodePort: 30001}}]}}"
+            ),
+        );
+        assert!(r.apply("a.yaml", &steal).is_err());
     }
 }

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::node_ports::NodePortRange;
+
 /// The default of `apply-max-bytes`: the Kubernetes API server's limit on a request body.
 pub const DEFAULT_APPLY_MAX_BYTES: usize = 3 * 1024 * 1024;
 
@@ -36,6 +38,11 @@ pub struct ResourcesConfig {
     /// none. A file removed, or an object removed from a file, is deleted; a file that does
     /// not apply leaves the previous state of its objects in place.
     pub policy_dir: PathBuf,
+    /// The range node ports of NodePort and LoadBalancer services come from in standalone
+    /// mode (`FIRST-LAST`, or Cilium's `FIRST,LAST`), as the API server's
+    /// `--service-node-port-range`; in Kubernetes mode the API server allocates them.
+    #[serde(default)]
+    pub node_port_range: NodePortRange,
 }
 
 impl Default for ResourcesConfig {
@@ -47,6 +54,7 @@ impl Default for ResourcesConfig {
             apply_max_bytes: DEFAULT_APPLY_MAX_BYTES,
             apply_max_depth: DEFAULT_APPLY_MAX_DEPTH,
             policy_dir: PathBuf::new(),
+            node_port_range: NodePortRange::default(),
         }
     }
 }

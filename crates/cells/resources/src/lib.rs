@@ -26,7 +26,10 @@
 //!   IPv6 /108 to /126;
 //!   `apply-max-bytes` (default 3 MiB) and `apply-max-depth` (default 64): the largest text
 //!   and the deepest nesting one apply or delete takes, checked before decoding;
-//!   `policy-dir` (unset by default): a directory of YAML files applied as they change.
+//!   `policy-dir` (unset by default): a directory of YAML files applied as they change;
+//!   `node-port-range` (default `30000-32767`): the node ports of NodePort and LoadBalancer
+//!   services in standalone mode, allocated when not given, checked when given (in range,
+//!   held by no other service), and recorded with the object.
 //! - **Degraded** while a record on disk is not in force (it could not be read, or no longer
 //!   loads: each named with its reason; it is kept, and an apply or delete of its object
 //!   replaces it), a committed change could not be merged into the object files (it is in
@@ -50,6 +53,7 @@ mod key;
 mod kinds;
 mod limits;
 mod listing;
+mod node_ports;
 mod objects;
 mod policy_dir;
 mod record;
@@ -70,14 +74,15 @@ pub use grpc::ResourcesService;
 pub use key::{Object, ObjectKey};
 pub use limits::Limits;
 pub use listing::Listing;
+pub use node_ports::NodePortRange;
 pub use objects::{
     CONTROLLER_MANAGED_BY, CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint,
     CiliumIdentity, CiliumNetworkPolicy, CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule,
-    ClusterIp, EndpointSlice, Entity, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION,
+    ClusterIp, EndpointSlice, Entity, Exposure, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION,
     LabelRequirement, LabelSelector, LbAlgorithm, NAME_LABEL, NamedPort, Namespace, NetworkPolicy,
     NetworkPolicyPeer, NetworkPolicyRule, Node, Pod, PolicyPort, PolicyType, PortRef, Protocol,
     SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service,
-    ServiceOwner, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    ServiceOwner, ServicePort, ServiceType, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 pub use policy_dir::PolicyDir;
 pub use resources::{Action, Outcome, Resources};

@@ -98,6 +98,8 @@ pub struct Resources {
     source: Option<Arc<dyn ApiSource>>,
     /// The range cluster IPs come from.
     pub(crate) service_ranges: ServiceRanges,
+    /// `node-port-range`.
+    pub(crate) node_port_range: crate::node_ports::NodePortRange,
     /// The bounds on one applied text.
     pub(crate) limits: Limits,
     /// The apply lock: the writers and the record. Applies and deletes take it one at a time,
@@ -209,12 +211,10 @@ impl Resources {
             crate::sync::hook(&lc, resources.clone(), source);
             return Ok(resources);
         }
-        let resources = Arc::new(Resources::build(
-            Store::Unread(state_dir),
-            ranges,
-            limits,
-            Some(reporter),
-        ));
+        let mut resources =
+            Resources::build(Store::Unread(state_dir), ranges, limits, Some(reporter));
+        resources.node_port_range = cfg.node_port_range;
+        let resources = Arc::new(resources);
         let this = resources.clone();
         lc.append(Hook::new("restore-objects").on_start(move |_| async move {
             tokio::task::spawn_blocking(move || this.restore()).await?;
@@ -257,6 +257,7 @@ impl Resources {
             cilium_endpoints: readers.cilium_endpoints,
             source: None,
             service_ranges,
+            node_port_range: Default::default(),
             limits,
             state: Mutex::new(State {
                 writers,

@@ -30,6 +30,10 @@
 //!   already). None here: no backends, so new connections are refused, never sent to
 //!   another node.
 //!
+//! NodePort, external IP and load balancer ingress frontends ([`crate::external`]) take the
+//! backends of the cluster IP frontend of their family, only this node's with
+//! `externalTrafficPolicy: Local`.
+//!
 //! Headless services have no frontend. Everything here is a pure function of its inputs.
 
 use std::collections::{BTreeMap, HashSet};
@@ -44,8 +48,24 @@ use cellium_resources::{
     Service, ServicePort, SliceEndpoint, TrafficPolicy,
 };
 
+pub use crate::external::FrontendKind;
+
 /// The most backends a frontend can have (slot numbers are 16-bit, slot 0 is the header).
 pub const MAX_BACKENDS: usize = 65534;
+
+impl Plan {
+    /// The datapath flags of its frontend (`CEL_SVC_F_*`).
+    pub fn flags(&self) -> u8 {
+        let mut flags = 0;
+        if self.kind != FrontendKind::ClusterIp {
+            flags |= cellium_datapath_bpf::SERVICE_EXTERNAL;
+        }
+        if self.local {
+            flags |= cellium_datapath_bpf::SERVICE_LOCAL;
+        }
+        flags
+    }
+}
 
 /// Where a frontend's backends come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +104,13 @@ pub struct Plan {
     pub service: ObjectKey,
     /// The service port this frontend serves.
     pub port: ServicePort,
-    /// The cluster IP, port and protocol.
+    /// The address (cluster IP, node address, external or ingress IP), port and protocol.
     pub frontend: Frontend,
+    /// What kind of frontend it is.
+    pub kind: FrontendKind,
+    /// `externalTrafficPolicy: Local` on a frontend reached from outside: only this node's
+    /// backends, and the client's address kept.
+    pub local: bool,
     /// Where the backends come from.
     pub from: BackendsFrom,
     /// The backends new connections go to, ordered by address and port, without duplicates.
@@ -162,6 +187,8 @@ pub struct Inputs {
     pub node_name: Option<String>,
     /// `bpf-lb-algorithm`: the algorithm of services without the annotation.
     pub lb_algorithm: LbAlgorithm,
+    /// This node's addresses: NodePort frontends listen on each.
+    pub node_addresses: Vec<IpAddr>,
 }
 
 impl Inputs {
@@ -179,6 +206,7 @@ impl Inputs {
             endpoints: endpoints.iter().map(LocalEndpoint::from).collect(),
             node_name: node_name.map(str::to_string),
             lb_algorithm: LbAlgorithm::default(),
+            node_addresses: Vec::new(),
         }
     }
 }
@@ -205,49 +233,90 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             .iter()
             .flat_map(|vip| svc.ports.iter().map(move |port| (vip, port)))
         {
-            let family = IpFamily::of(vip);
-            let (from, (backends, draining)) = if !slices.is_empty() {
-                let local = (svc.internal_traffic_policy == TrafficPolicy::Local)
-                    .then_some(inputs.node_name.as_deref());
-                (
-                    BackendsFrom::EndpointSlices,
-                    from_slices(slices, family, port, local),
-                )
-            } else if !svc.selector.is_empty() {
-                (
-                    BackendsFrom::Selector,
-                    (from_selector(svc, family, port, inputs), Vec::new()),
-                )
-            } else {
-                (BackendsFrom::None, (Vec::new(), Vec::new()))
+            let frontend = Frontend {
+                vip,
+                port: port.port,
+                protocol: datapath_protocol(port.protocol),
             };
-            let backends = dedup_sorted(backends);
-            let mut draining = dedup_sorted(draining);
-            draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
-            let error = (backends.len() > MAX_BACKENDS).then(|| {
-                format!(
-                    "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
-                    backends.len()
-                )
-            });
-            out.push(Plan {
-                service: key.clone(),
-                port: port.clone(),
-                frontend: Frontend {
-                    vip,
-                    port: port.port,
-                    protocol: datapath_protocol(port.protocol),
-                },
-                from,
-                backends,
-                draining,
-                algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
-                session_affinity: svc.session_affinity,
-                error,
-            });
+            out.push(plan(
+                svc,
+                slices,
+                port,
+                frontend,
+                FrontendKind::ClusterIp,
+                inputs,
+            ));
+        }
+        for (kind, frontend, port) in crate::external::frontends(svc, &inputs.node_addresses) {
+            out.push(plan(svc, slices, port, frontend, kind, inputs));
         }
     }
+    crate::external::refuse_shared(&mut out);
     out
+}
+
+/// One frontend's plan: its backends of its family, from the slices or the selector; only
+/// this node's with `externalTrafficPolicy: Local` for a frontend reached from outside.
+fn plan(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    frontend: Frontend,
+    kind: FrontendKind,
+    inputs: &Inputs,
+) -> Plan {
+    let family = IpFamily::of(frontend.vip);
+    // internalTrafficPolicy is the cluster IP's; externalTrafficPolicy the others'.
+    let internal_local = (kind == FrontendKind::ClusterIp
+        && svc.internal_traffic_policy == TrafficPolicy::Local)
+        .then_some(inputs.node_name.as_deref());
+    let (from, (backends, draining)) = if !slices.is_empty() {
+        (
+            BackendsFrom::EndpointSlices,
+            from_slices(slices, family, port, internal_local),
+        )
+    } else if !svc.selector.is_empty() {
+        (
+            BackendsFrom::Selector,
+            (from_selector(svc, family, port, inputs), Vec::new()),
+        )
+    } else {
+        (BackendsFrom::None, (Vec::new(), Vec::new()))
+    };
+    let mut backends = dedup_sorted(backends);
+    let mut draining = dedup_sorted(draining);
+    let local = kind != FrontendKind::ClusterIp
+        && svc.exposure.external_traffic_policy == TrafficPolicy::Local;
+    if local {
+        let here = |b: &PlannedBackend| {
+            inputs
+                .endpoints
+                .iter()
+                .any(|e| e.addresses.contains(&b.backend.addr))
+        };
+        backends.retain(here);
+        draining.retain(here);
+    }
+    draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
+    let error = (backends.len() > MAX_BACKENDS).then(|| {
+        format!(
+            "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
+            backends.len()
+        )
+    });
+    Plan {
+        service: svc.key(),
+        port: port.clone(),
+        frontend,
+        kind,
+        local,
+        from,
+        backends,
+        draining,
+        algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
+        session_affinity: svc.session_affinity,
+        error,
+    }
 }
 
 /// The slices labelled with the service's name that belong to it: all of them, whoever
@@ -848,5 +917,92 @@ spec: {{ clusterIP: 10.96.0.21, internalTrafficPolicy: {policy}, selector: {{ {s
             .map(|p| p.session_affinity)
             .collect();
         assert_eq!(affinity, [Some(60), Some(10800), None]);
+    }
+
+    #[test]
+    fn node_ports_external_and_ingress_ips_get_frontends_and_local_keeps_this_nodes_backends() {
+        let mut inputs = setup(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { type: LoadBalancer, clusterIP: 10.96.0.20, externalTrafficPolicy: Local, externalIPs: [ 192.0.2.1, "2001:db8::1" ], ports: [ { name: http, port: 80, nodePort: 30080 } ] }
+status: { loadBalancer: { ingress: [ { ip: 192.0.2.9 } ] } }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: web-a, namespace: shop, labels: { kubernetes.io/service-name: web } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.244.0.10 ] }, { addresses: [ 10.1.0.1 ] } ]
+ports: [ { name: http, port: 8080 } ]
+"#,
+        );
+        inputs.node_addresses = vec!["10.98.0.1".parse().unwrap(), "fd00:98::1".parse().unwrap()];
+        let plans = plans(&inputs);
+        let described: Vec<(String, FrontendKind, bool, usize)> = plans
+            .iter()
+            .map(|p| (p.describe(), p.kind, p.local, p.backends.len()))
+            .collect();
+        // No IPv6 cluster IP: no IPv6 node port or external IP frontend. Outside frontends
+        // keep this node's backend only (10.244.0.10 is endpoint 1's); the cluster IP both.
+        assert_eq!(
+            described,
+            vec![
+                (
+                    "shop/web http (10.96.0.20:80/TCP)".into(),
+                    FrontendKind::ClusterIp,
+                    false,
+                    2
+                ),
+                (
+                    "shop/web http (10.98.0.1:30080/TCP)".into(),
+                    FrontendKind::NodePort,
+                    true,
+                    1
+                ),
+                (
+                    "shop/web http (192.0.2.1:80/TCP)".into(),
+                    FrontendKind::ExternalIp,
+                    true,
+                    1
+                ),
+                (
+                    "shop/web http (192.0.2.9:80/TCP)".into(),
+                    FrontendKind::LoadBalancer,
+                    true,
+                    1
+                ),
+            ]
+        );
+        assert_eq!(plans[0].flags(), 0);
+        assert_eq!(
+            plans[1].flags(),
+            cellium_datapath_bpf::SERVICE_EXTERNAL | cellium_datapath_bpf::SERVICE_LOCAL
+        );
+    }
+
+    #[test]
+    fn an_external_ip_two_services_name_is_programmed_for_the_first_only() {
+        let two = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{selector: {{app: web}}, externalIPs: [192.0.2.1], ports: [{{port: 80}}]}}\n---\n"
+            )
+        };
+        let plans = plans(&setup(&(two("b") + &two("a"))));
+        let external: Vec<(String, Option<String>)> = plans
+            .iter()
+            .filter(|p| p.kind == FrontendKind::ExternalIp)
+            .map(|p| (p.service.to_string(), p.error.clone()))
+            .collect();
+        assert_eq!(
+            external,
+            vec![
+                ("shop/a".into(), None),
+                (
+                    "shop/b".into(),
+                    Some("the frontend is service shop/a's".into())
+                )
+            ]
+        );
     }
 }

@@ -71,6 +71,9 @@ pub enum Error {
     /// No backend id is free.
     #[error("frontend {0}: no backend id left")]
     BackendIdsExhausted(String),
+    /// The node's addresses (NodePort frontends listen on them) cannot be read.
+    #[error("cannot read the node's addresses")]
+    NodeAddresses(#[source] cellium_ipcache::Error),
     /// The blocking task running a pass failed.
     #[error("the service programming task did not finish")]
     Task(#[from] tokio::task::JoinError),

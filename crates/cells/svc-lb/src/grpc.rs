@@ -61,5 +61,7 @@ pub fn to_proto(s: &FrontendStatus) -> ServiceFrontend {
         backends: listed(&plan.backends, &s.backend_ids),
         draining: listed(&plan.draining, &s.draining_ids),
         error: s.error.clone().unwrap_or_default(),
+        kind: plan.kind.to_string(),
+        traffic_policy: if plan.local { "Local" } else { "Cluster" }.into(),
     }
 }

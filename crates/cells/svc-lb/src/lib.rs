@@ -1,10 +1,14 @@
-//! The `svc-lb` cell: ClusterIP services load-balanced by the datapath.
+//! The `svc-lb` cell: services load-balanced by the datapath.
 //!
 //! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*`, `cel_lb6_*`,
-//!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one frontend per port and cluster IP of every ClusterIP service (a
-//!   dual-stack service has one cluster IP per family), its backends (of its family), stable
-//!   backend ids shared by frontends, and one rev-NAT id per frontend, ids being one space over
-//!   both families. Headless services have no frontend.
+//!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one
+//!   frontend per port and cluster IP of every service (a dual-stack service has one cluster
+//!   IP per family), and per node address and node port, external IP and load balancer
+//!   ingress IP of those reached from outside ([`external`]), its backends (of its family),
+//!   stable backend ids shared by frontends, and one rev-NAT id per frontend, ids being one
+//!   space over both families. Headless services have no frontend. Also the health check
+//!   node port servers of LoadBalancer services with `externalTrafficPolicy: Local`
+//!   ([`health`]).
 //! - **Provides** `Arc<ServiceLb>` ([`ServiceLb::frontends`]: what is programmed, with the
 //!   source of every backend) and the `cellium.v1.Services` gRPC service
 //!   (`cellium service list`).
@@ -28,7 +32,9 @@
 mod config;
 pub mod desired;
 mod error;
+pub mod external;
 mod grpc;
+pub mod health;
 mod ids;
 pub mod maglev;
 mod service_lb;
@@ -39,6 +45,7 @@ use cellium_hive::Module;
 
 pub use config::{MaglevTableSize, NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
+pub use external::FrontendKind;
 pub use grpc::{ServicesService, to_proto};
 pub use service_lb::ServiceLb;
 pub use sync::{FrontendStatus, Programmer, SyncReport};

@@ -34,6 +34,7 @@ use tokio_stream::wrappers::WatchStream;
 use crate::config::{NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
 use crate::error::{Error, Result};
+use crate::health::HealthServers;
 use crate::sync::{FrontendStatus, Programmer, SyncReport};
 
 /// How often the maps are compared with the plans without any change.
@@ -54,6 +55,7 @@ pub struct ServiceLb {
     /// `bpf-lb-algorithm`.
     lb_algorithm: LbAlgorithm,
     state: Mutex<Programmer>,
+    health: HealthServers,
 }
 
 impl ServiceLb {
@@ -80,6 +82,7 @@ impl ServiceLb {
             state: Mutex::new(Programmer::with_maglev_table_size(
                 cfg.bpf_lb_maglev_table_size,
             )),
+            health: HealthServers::default(),
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
@@ -123,26 +126,40 @@ impl ServiceLb {
     /// Computes the plans from the tables and the endpoints and writes them; reports health.
     pub async fn reconcile(self: &Arc<Self>) -> Result<SyncReport> {
         let this = self.clone();
-        let report = tokio::task::spawn_blocking(move || -> Result<SyncReport> {
+        // Read at every pass (a change of the service tables, or the periodic one): a node
+        // address added since gets its NodePort frontends within RESYNC_INTERVAL.
+        let node_addresses = cellium_ipcache::node_addresses()
+            .await
+            .map_err(Error::NodeAddresses)?;
+        let (report, health) = tokio::task::spawn_blocking(move || -> Result<_> {
             let dp = this.loader.datapath()?;
-            let plans = plans(&Inputs {
+            let mut inputs = Inputs {
                 lb_algorithm: this.lb_algorithm,
                 ..Inputs::read(
                     &this.resources,
                     &this.endpoints.list(),
                     this.node_name.as_deref(),
                 )
-            });
-            this.state().sync(&dp, plans)
+            };
+            inputs.node_addresses = node_addresses.into_iter().collect();
+            let plans = plans(&inputs);
+            let health = crate::health::wanted(&inputs, &plans);
+            Ok((this.state().sync(&dp, plans)?, health))
         })
         .await??;
-        self.report(&report);
+        let unserved = self.health.apply(health).await;
+        self.report(&report, &unserved);
         Ok(report)
     }
 
-    fn report(&self, report: &SyncReport) {
+    fn report(&self, report: &SyncReport, unserved_health_checks: &[String]) {
         let total = report.programmed + report.failed.len();
-        if let Some(first) = report.failed.first() {
+        if let Some(first) = unserved_health_checks.first() {
+            self.reporter.degraded(format!(
+                "{} health check node ports not served: {first}",
+                unserved_health_checks.len()
+            ));
+        } else if let Some(first) = report.failed.first() {
             self.reporter.degraded(format!(
                 "{} of {total} frontends not programmed: {first}",
                 report.failed.len()

@@ -241,12 +241,16 @@ impl Programmer {
         let affinity = plan.session_affinity.unwrap_or(0);
         // put_service keeps slot 0's timeout: what the map holds until set otherwise.
         let stored_affinity = current.map_or(0, |c| c.affinity_timeout);
+        let flags = plan.flags();
         let same = current.is_some_and(|c| {
-            c.rev_nat_id == rev_nat_id && c.backend_ids == slots && c.affinity_timeout == affinity
+            c.rev_nat_id == rev_nat_id
+                && c.backend_ids == slots
+                && c.affinity_timeout == affinity
+                && c.flags == flags
         }) && lb.rev_nat(rev_nat_id).ok().flatten()
             == Some((plan.frontend.vip, plan.frontend.port));
         if !same {
-            lb.put_service(&plan.frontend, rev_nat_id, &slots)
+            lb.put_service_with(&plan.frontend, rev_nat_id, &slots, flags)
                 .map_err(write_err)?;
             self.program_affinity(dp, plan, rev_nat_id, &ids, stored_affinity)?;
             tracing::info!(

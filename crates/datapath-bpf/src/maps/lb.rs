@@ -31,6 +31,13 @@ pub const BACKENDS6: &str = "cel_lb6_backends";
 /// The IPv6 reverse NAT map name.
 pub const REVNAT6: &str = "cel_lb6_revnat";
 
+/// Slot 0 flag (`CEL_SVC_F_EXTERNAL`): the frontend is reached from outside the node too
+/// (NodePort, external IP, load balancer ingress IP), so `cel_from_netdev` translates it.
+pub const SERVICE_EXTERNAL: u8 = 1 << 0;
+/// Slot 0 flag (`CEL_SVC_F_LOCAL`): `externalTrafficPolicy: Local`, the client's address is
+/// kept; without it a client from outside is source-translated to the frontend's address.
+pub const SERVICE_LOCAL: u8 = 1 << 1;
+
 /// A service frontend: what clients connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frontend {
@@ -62,6 +69,8 @@ pub struct ServiceEntry {
     pub backend_ids: Vec<u32>,
     /// The session affinity timeout in seconds; 0 = none.
     pub affinity_timeout: u32,
+    /// [`SERVICE_EXTERNAL`], [`SERVICE_LOCAL`].
+    pub flags: u8,
 }
 
 /// A frontend's key in the services map of its family.
@@ -235,6 +244,18 @@ impl Services {
         rev_nat_id: u16,
         backend_ids: &[u32],
     ) -> Result<()> {
+        self.put_service_with(frontend, rev_nat_id, backend_ids, 0)
+    }
+
+    /// [`put_service`](Self::put_service) with slot 0's `flags` ([`SERVICE_EXTERNAL`],
+    /// [`SERVICE_LOCAL`]).
+    pub fn put_service_with(
+        &self,
+        frontend: &Frontend,
+        rev_nat_id: u16,
+        backend_ids: &[u32],
+        flags: u8,
+    ) -> Result<()> {
         if !matches!(frontend.protocol, Protocol::Tcp | Protocol::Udp) {
             return Err(Error::invalid(
                 format!("service {frontend:?}"),
@@ -275,6 +296,7 @@ impl Services {
                 backend_id: old.map_or(0, |s| s.backend_id),
                 count,
                 rev_nat_id,
+                flags,
                 ..Default::default()
             },
         )?;
@@ -337,6 +359,7 @@ impl Services {
             rev_nat_id: svc.rev_nat_id,
             backend_ids,
             affinity_timeout: svc.backend_id,
+            flags: svc.flags,
         }))
     }
 

@@ -17,6 +17,7 @@ mod policy_port;
 mod protocol;
 mod selector;
 pub(crate) mod service;
+pub(crate) mod service_exposure;
 
 pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{
@@ -35,6 +36,6 @@ pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
 pub use service::{
-    ClusterIp, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LbAlgorithm, Service,
-    ServicePort, TrafficPolicy,
+    ClusterIp, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LbAlgorithm, Service, ServicePort,
 };
+pub use service_exposure::{Exposure, ServiceType, TrafficPolicy};

@@ -1,9 +1,11 @@
-//! `v1 Service`: ClusterIP and headless services, single-stack or dual-stack, checked and
-//! defaulted as the API server does.
+//! `v1 Service`: ClusterIP, NodePort, LoadBalancer and headless services, single-stack or
+//! dual-stack, checked and defaulted as the API server does.
 //!
-//! What the node cannot do is refused with "not supported" naming the field, never stored and
-//! silently left out: NodePort, LoadBalancer and ExternalName services, external IPs,
-//! SCTP ports and traffic distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! NodePort and LoadBalancer services, external IPs and the external traffic policy are read
+//! by [`service_exposure`](super::service_exposure). What the node cannot do is refused with
+//! "not supported" naming the field, never stored and silently left out: ExternalName
+//! services, load balancer source ranges, IPs and classes, SCTP ports and traffic
+//! distribution preferences. The cluster IPs and the families (`ipFamilies`,
 //! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
@@ -19,6 +21,7 @@ use crate::key::{Object, ObjectKey};
 use crate::objects::Protocol;
 use crate::objects::pod::port_name;
 use crate::objects::policy_port::{PortRef, number};
+use crate::objects::service_exposure::{Exposure, ServiceType, TrafficPolicy, exposure};
 use crate::validate::{self, FieldError};
 
 /// A service's virtual address (`spec.clusterIP`: of its first family).
@@ -97,17 +100,6 @@ impl fmt::Display for ClusterIp {
     }
 }
 
-/// `spec.internalTrafficPolicy`: which endpoints serve connections from this node's pods.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TrafficPolicy {
-    /// Every ready endpoint of the cluster (the default).
-    #[default]
-    Cluster,
-    /// Only the endpoints on the client's node; none there, no backend (the connection is
-    /// refused, never sent to another node).
-    Local,
-}
-
 /// How a frontend chooses the backend of a new connection (Cilium's `bpf-lb-algorithm` values,
 /// and those of the annotation [`LB_ALGORITHM_ANNOTATION`]).
 #[derive(
@@ -174,6 +166,9 @@ pub struct ServicePort {
     pub target_port: PortRef,
     /// TCP or UDP (defaulted to TCP).
     pub protocol: Protocol,
+    /// The port every node serves it on (`nodePort`), for NodePort and LoadBalancer services;
+    /// allocated in standalone mode when not given, set by the API server in Kubernetes mode.
+    pub node_port: Option<u16>,
 }
 
 impl fmt::Display for ServicePort {
@@ -211,7 +206,8 @@ pub struct Service {
     /// The labels of the pods (of its namespace) that back it; empty = no selector, so its
     /// backends come from EndpointSlices alone.
     pub selector: BTreeMap<String, String>,
-    /// `spec.internalTrafficPolicy`.
+    /// `spec.internalTrafficPolicy`: which endpoints serve connections from this node's pods
+    /// (`Local`: only this node's; none there, no backend: refused, never sent elsewhere).
     pub internal_traffic_policy: TrafficPolicy,
     /// The annotation `service.cilium.io/lb-algorithm`: how its frontends choose backends,
     /// instead of the agent's `bpf-lb-algorithm`.
@@ -220,6 +216,8 @@ pub struct Service {
     /// chose if that was at most this many seconds ago
     /// (`sessionAffinityConfig.clientIP.timeoutSeconds`); `None` without affinity.
     pub session_affinity: Option<u32>,
+    /// Its type, external IPs and external traffic policy.
+    pub exposure: Exposure,
 }
 
 impl Object for Service {
@@ -267,12 +265,20 @@ impl Service {
         let lb_algorithm = lb_algorithm(meta.annotations.as_ref())?;
         let uid = meta.uid.filter(|u| !u.is_empty());
         let spec = svc.spec.unwrap_or_default();
+        let exposure = exposure(&spec, svc.status.as_ref())?;
         check_type_dependent_fields(&spec)?;
         let internal_traffic_policy = internal_traffic_policy(&spec)?;
         let session_affinity = session_affinity(&spec)?;
         let (families, policy) = families(&spec)?;
         let requested = requested_ips(&spec)?;
+        if requested == RequestedIp::Headless && exposure.type_ != ServiceType::ClusterIp {
+            return Err(FieldError::new(
+                "spec.clusterIP",
+                format!("may not be \"None\" for {} services", exposure.type_),
+            ));
+        }
         let ports = ports(spec.ports.unwrap_or_default())?;
+        check_node_ports(&exposure, &ports)?;
         if ports.is_empty() && requested != RequestedIp::Headless {
             return Err(FieldError::new(
                 "spec.ports",
@@ -296,6 +302,7 @@ impl Service {
                 internal_traffic_policy,
                 lb_algorithm,
                 session_affinity,
+                exposure,
             },
             requested,
             families,
@@ -335,35 +342,8 @@ fn not_supported(field: &str, what: &str) -> FieldError {
 /// The fields that belong to the service types, affinities and traffic policies this node
 /// does not implement.
 fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
-    match spec.type_.as_deref() {
-        None | Some("ClusterIP") => {}
-        Some(t @ ("NodePort" | "LoadBalancer" | "ExternalName")) => {
-            return Err(not_supported(
-                "spec.type",
-                &format!("type {t} (only ClusterIP services, headless or not, are served)"),
-            ));
-        }
-        Some(other) => {
-            return Err(FieldError::new(
-                "spec.type",
-                format!(
-                    "unsupported value {other:?} (expected ClusterIP, NodePort, LoadBalancer or ExternalName)"
-                ),
-            ));
-        }
-    }
     if spec.external_name.as_deref().is_some_and(|n| !n.is_empty()) {
         return Err(not_supported("spec.externalName", "ExternalName services"));
-    }
-    if spec
-        .external_ips
-        .as_ref()
-        .is_some_and(|ips| !ips.is_empty())
-    {
-        return Err(not_supported(
-            "spec.externalIPs",
-            "external IPs (only the cluster IP is load-balanced)",
-        ));
     }
     let load_balancer_only = [
         ("spec.loadBalancerIP", spec.load_balancer_ip.is_some()),
@@ -374,23 +354,11 @@ fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError
                 .is_some_and(|r| !r.is_empty()),
         ),
         ("spec.loadBalancerClass", spec.load_balancer_class.is_some()),
-        (
-            "spec.allocateLoadBalancerNodePorts",
-            spec.allocate_load_balancer_node_ports.is_some(),
-        ),
-        (
-            "spec.healthCheckNodePort",
-            spec.health_check_node_port.is_some(),
-        ),
-        (
-            "spec.externalTrafficPolicy",
-            spec.external_traffic_policy.is_some(),
-        ),
     ];
     if let Some((field, _)) = load_balancer_only.iter().find(|(_, set)| *set) {
         return Err(not_supported(
             field,
-            "it belongs to NodePort and LoadBalancer services",
+            "the node serves a load balancer's ingress IPs, but does not choose or filter them",
         ));
     }
     if spec.traffic_distribution.is_some() {
@@ -623,20 +591,41 @@ fn ports(list: Vec<k8s::ServicePort>) -> Result<Vec<ServicePort>, FieldError> {
                 PortRef::Name(s)
             }
         };
-        if p.node_port.is_some() {
-            return Err(not_supported(
-                &format!("{field}.nodePort"),
-                "node ports (they belong to NodePort and LoadBalancer services)",
-            ));
-        }
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => Some(number(&format!("{field}.nodePort"), i64::from(n))?),
+        };
         out.push(ServicePort {
             name,
             port,
             target_port,
             protocol,
+            node_port,
         });
     }
     Ok(out)
+}
+
+/// Node ports only where the type has them, and no number twice for one protocol.
+fn check_node_ports(exposure: &Exposure, ports: &[ServicePort]) -> Result<(), FieldError> {
+    let mut seen = BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        let Some(n) = p.node_port else { continue };
+        let field = format!("spec.ports[{i}].nodePort");
+        if exposure.type_ == ServiceType::ClusterIp {
+            return Err(FieldError::new(
+                field,
+                "may not be used when `type` is 'ClusterIP'",
+            ));
+        }
+        if !seen.insert((n, p.protocol)) {
+            return Err(FieldError::new(
+                field,
+                format!("duplicate value {n}/{}", p.protocol),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A DNS-1035 label, as service names must be: a DNS-1123 label that starts with a letter
@@ -680,6 +669,7 @@ mod tests {
                 port: 80,
                 target_port: PortRef::Number(80),
                 protocol: Protocol::Tcp,
+                node_port: None,
             }]
         );
         assert!(s.selects(&BTreeMap::from([
@@ -795,22 +785,107 @@ mod tests {
     }
 
     #[test]
+    fn node_ports_external_ips_and_traffic_policies_are_read_and_checked_as_the_api_server_does() {
+        let d = parse(
+            "{type: LoadBalancer, externalTrafficPolicy: Local, externalIPs: [192.0.2.1, '2001:db8::1'], ports: [{name: a, port: 80, nodePort: 30080}, {name: b, port: 53, protocol: UDP}]}",
+        )
+        .unwrap();
+        let e = &d.service.exposure;
+        assert_eq!(e.type_, ServiceType::LoadBalancer);
+        assert_eq!(
+            e.external_traffic_policy,
+            crate::objects::TrafficPolicy::Local
+        );
+        assert!(e.wants_health_check() && e.allocates_node_ports());
+        assert_eq!(e.external_ips.len(), 2);
+        assert_eq!(d.service.ports[0].node_port, Some(30080));
+        assert_eq!(d.service.ports[1].node_port, None);
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {type: LoadBalancer, allocateLoadBalancerNodePorts: false, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 192.0.2.9}, {hostname: lb.example}]}}";
+        let d = Service::from_k8s(serde_yaml::from_str(yaml).unwrap()).unwrap();
+        assert!(!d.service.exposure.allocates_node_ports());
+        assert_eq!(
+            d.service.exposure.load_balancer_ingress,
+            vec!["192.0.2.9".parse::<IpAddr>().unwrap()]
+        );
+        // A ClusterIP service with external IPs takes a traffic policy, not node ports.
+        let d =
+            parse("{externalIPs: [192.0.2.1], externalTrafficPolicy: Local, ports: [{port: 80}]}")
+                .unwrap();
+        assert_eq!(d.service.exposure.type_, ServiceType::ClusterIp);
+        let cases = [
+            (
+                "{ports: [{port: 80, nodePort: 30080}]}",
+                "spec.ports[0].nodePort",
+                "may not be used when `type` is 'ClusterIP'",
+            ),
+            (
+                "{externalTrafficPolicy: Local, ports: [{port: 80}]}",
+                "spec.externalTrafficPolicy",
+                "externally-accessible",
+            ),
+            (
+                "{type: NodePort, externalTrafficPolicy: Nearby, ports: [{port: 80}]}",
+                "spec.externalTrafficPolicy",
+                "unsupported value",
+            ),
+            (
+                "{type: NodePort, externalTrafficPolicy: Local, healthCheckNodePort: 30100, ports: [{port: 80}]}",
+                "spec.healthCheckNodePort",
+                "may only be set",
+            ),
+            (
+                "{type: NodePort, allocateLoadBalancerNodePorts: true, ports: [{port: 80}]}",
+                "spec.allocateLoadBalancerNodePorts",
+                "LoadBalancer",
+            ),
+            (
+                "{type: NodePort, clusterIP: None, ports: [{port: 80}]}",
+                "spec.clusterIP",
+                "None",
+            ),
+            (
+                "{type: NodePort, ports: [{name: a, port: 80, nodePort: 30080}, {name: b, port: 81, nodePort: 30080}]}",
+                "spec.ports[1].nodePort",
+                "duplicate",
+            ),
+            (
+                "{type: NodePort, ports: [{port: 80, nodePort: 70000}]}",
+                "spec.ports[0].nodePort",
+                "",
+            ),
+            (
+                "{externalIPs: [127.0.0.1], ports: [{port: 80}]}",
+                "spec.externalIPs[0]",
+                "loopback",
+            ),
+            (
+                "{externalIPs: [a.example], ports: [{port: 80}]}",
+                "spec.externalIPs[0]",
+                "not an IP address",
+            ),
+            (
+                "{type: Bridge, ports: [{port: 80}]}",
+                "spec.type",
+                "unsupported value",
+            ),
+        ];
+        for (spec, field, reason) in cases {
+            let e = err(spec);
+            assert_eq!(e.field, field, "{spec}: {e:?}");
+            assert!(e.reason.contains(reason), "{spec}: {e:?}");
+        }
+        // The same number may serve both protocols of one service.
+        parse("{type: NodePort, ports: [{name: a, port: 53, nodePort: 30053}, {name: b, port: 53, protocol: UDP, nodePort: 30053}]}")
+            .unwrap();
+    }
+
+    #[test]
     fn what_the_node_cannot_do_is_not_supported_and_named() {
         let cases = [
-            ("{type: NodePort, ports: [{port: 80}]}", "spec.type"),
-            ("{type: LoadBalancer, ports: [{port: 80}]}", "spec.type"),
             ("{type: ExternalName, externalName: a.example}", "spec.type"),
             (
                 "{externalName: a.example, ports: [{port: 80}]}",
                 "spec.externalName",
-            ),
-            (
-                "{externalIPs: [192.0.2.1], ports: [{port: 80}]}",
-                "spec.externalIPs",
-            ),
-            (
-                "{ports: [{port: 80, nodePort: 30080}]}",
-                "spec.ports[0].nodePort",
             ),
             (
                 "{ports: [{port: 80, protocol: SCTP}]}",
@@ -819,10 +894,6 @@ mod tests {
             (
                 "{loadBalancerIP: 192.0.2.1, ports: [{port: 80}]}",
                 "spec.loadBalancerIP",
-            ),
-            (
-                "{externalTrafficPolicy: Local, ports: [{port: 80}]}",
-                "spec.externalTrafficPolicy",
             ),
             (
                 "{trafficDistribution: PreferClose, ports: [{port: 80}]}",

@@ -1,0 +1,478 @@
+//! NodePort, external IP and load balancer IP frontends end to end: the real agent in a node
+//! namespace with the lab's external network on `celx0` (10.98.0.1 / fd00:98::1), pods
+//! through the real `cellium-cni`, services through `cellium apply`, TCP from outside and
+//! from a pod, in both families.
+//!
+//! Root, serially, after `cargo build --workspace --bins`:
+//! `cargo test -p cellium-integration --test nodeport -- --test-threads=1`.
+//!
+//! Every test makes its own namespaces and agent and removes them through guards; traffic
+//! goes only to addresses inside them (the node's link address, the test's external and
+//! ingress IPs, routed to the node inside the external namespace only).
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use cellium_integration::lab::External;
+use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
+use cellium_integration::probe::{PeerServer, seen_from};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const NODE6: &str = "fd00:98::1";
+const EXT6: &str = "fd00:98::2";
+
+/// One agent at a time: they share two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: web-0, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, labels: { app: client } }
+spec: { containers: [ { name: c } ] }
+"#;
+
+/// A service of type `kind` selecting web-0, with `extra` spec lines (indented two spaces).
+fn service(name: &str, kind: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec:\n  type: {kind}\n  ipFamilyPolicy: PreferDualStack\n  selector: {{ app: web }}\n  ports: [ {{ name: http, port: 80, targetPort: http }} ]\n{extra}"
+    )
+}
+
+/// The agent, its external network, the backend's servers and the client pod.
+struct Env {
+    // Drop order: servers, pods, external network, agent.
+    _servers: Vec<PeerServer>,
+    client: NetNs,
+    client_ips: Vec<IpAddr>,
+    web: NetNs,
+    web_ips: Vec<IpAddr>,
+    external: External,
+    agent: Agent,
+}
+
+fn cid(tag: &str) -> String {
+    format!("np{tag}x{}", std::process::id())
+}
+
+fn add_pod(agent: &Agent, name: &str) -> (NetNs, Vec<IpAddr>) {
+    let ns = NetNs::new().expect("pod netns");
+    let call = CniCall::new("ADD", &cid(name))
+        .netns(ns.path())
+        .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+    let (_, result) = agent.add_call(&call).expect("CNI ADD");
+    let v4 = cellium_integration::cni::result_ipv4(&result).expect("an IPv4 address");
+    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+    (ns, vec![v4.into(), v6.into()])
+}
+
+fn setup() -> Env {
+    let pod_cidrs = vec!["10.244.0.0/24".to_string(), "fd00:10:244::/112".to_string()];
+    let agent = Agent::start_new(AgentOptions {
+        pod_cidrs: pod_cidrs.clone(),
+        env: vec![(
+            "CELLIUM_SERVICE_CIDR".into(),
+            "10.96.0.0/16,fd00:10:96::/108".into(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    let external = External::attach(agent.node(), &pod_cidrs).expect("external network");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let (web, web_ips) = add_pod(&agent, "web-0");
+    let servers: Vec<PeerServer> = web_ips
+        .iter()
+        .map(|ip| PeerServer::start(&web, SocketAddr::new(*ip, 8080)).expect("server"))
+        .collect();
+    let (client, client_ips) = add_pod(&agent, "client");
+    Env {
+        _servers: servers,
+        client,
+        client_ips,
+        web,
+        web_ips,
+        external,
+        agent,
+    }
+}
+
+/// Polls `f` for up to 20 s (the node's device program is put in place within 5 s of its
+/// address appearing).
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let began = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn frontends(agent: &Agent) -> Vec<Value> {
+    agent
+        .cli_json(&["service", "list"])
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The frontends of `default/<name>` of `kind`, once there are `count` of them.
+fn frontends_of(agent: &Agent, name: &str, kind: &str, count: usize) -> Vec<Value> {
+    let service = format!("default/{name}");
+    wait_for(&format!("{count} {kind} frontends of {service}"), || {
+        let found: Vec<Value> = frontends(agent)
+            .into_iter()
+            .filter(|f| f["service"] == service.as_str() && f["kind"] == kind)
+            .collect();
+        (found.len() == count).then_some(found)
+    })
+}
+
+/// The NodePort frontends of `default/<name>` (one per node address: the link's and the pod
+/// gateway's, of both families), once the link's of both families are there.
+fn node_port_frontends(agent: &Agent, name: &str) -> Vec<Value> {
+    let service = format!("default/{name}");
+    wait_for(
+        &format!("NodePort frontends of {service} on the link"),
+        || {
+            let found: Vec<Value> = frontends(agent)
+                .into_iter()
+                .filter(|f| f["service"] == service.as_str() && f["kind"] == "NodePort")
+                .collect();
+            let on = |ip: &str| found.iter().any(|f| f["vip"] == ip);
+            (on(&NODE_LINK_IP.to_string()) && on(NODE6)).then_some(found)
+        },
+    )
+}
+
+/// The node port `default/<name>` listens on at the node's addresses.
+fn node_port(agent: &Agent, name: &str) -> u16 {
+    let fronts = node_port_frontends(agent, name);
+    let ports: std::collections::BTreeSet<u64> =
+        fronts.iter().filter_map(|f| f["port"].as_u64()).collect();
+    assert_eq!(ports.len(), 1, "one node port on every address: {fronts:?}");
+    ports
+        .into_iter()
+        .next()
+        .and_then(|p| u16::try_from(p).ok())
+        .expect("a port")
+}
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().expect("an address"), port)
+}
+
+#[test]
+fn a_node_port_is_reached_from_outside_and_from_pods_with_each_traffic_policy() {
+    let _serial = serial();
+    let env = setup();
+    let agent = &env.agent;
+    agent
+        .objects("apply", &service("cluster", "NodePort", ""))
+        .expect("apply the Cluster service");
+    agent
+        .objects(
+            "apply",
+            &service("local", "NodePort", "  externalTrafficPolicy: Local\n"),
+        )
+        .expect("apply the Local service");
+    let cluster = node_port(agent, "cluster");
+    let local = node_port(agent, "local");
+    for port in [cluster, local] {
+        assert!((30000..=32767).contains(&port), "{port}");
+    }
+    let fronts = node_port_frontends(agent, "local");
+    assert!(
+        fronts.iter().all(|f| f["traffic_policy"] == "Local"),
+        "{fronts:?}"
+    );
+
+    let outside = env.external.netns();
+    // From outside, Cluster: the backend sees the node's address.
+    let seen = wait_for("the IPv4 node port answering from outside", || {
+        seen_from(outside, SocketAddr::new(NODE_LINK_IP.into(), cluster)).ok()
+    });
+    assert_eq!(seen, IpAddr::from(NODE_LINK_IP));
+    let seen = seen_from(outside, at(NODE6, cluster)).expect("IPv6 node port from outside");
+    assert_eq!(seen, NODE6.parse::<IpAddr>().unwrap());
+    // From outside, Local: the client's own address.
+    let seen = seen_from(outside, SocketAddr::new(NODE_LINK_IP.into(), local))
+        .expect("IPv4 Local node port from outside");
+    assert_eq!(seen, IpAddr::from(EXT_LINK_IP));
+    let seen = seen_from(outside, at(NODE6, local)).expect("IPv6 Local node port from outside");
+    assert_eq!(seen, EXT6.parse::<IpAddr>().unwrap());
+    // From a pod, to the node's address and node port: the pod's own address.
+    for (node, client) in [
+        (IpAddr::from(NODE_LINK_IP), env.client_ips[0]),
+        (NODE6.parse().unwrap(), env.client_ips[1]),
+    ] {
+        for port in [cluster, local] {
+            let seen = seen_from(&env.client, SocketAddr::new(node, port))
+                .unwrap_or_else(|e| panic!("{node}:{port} from the pod: {e}"));
+            assert_eq!(seen, client, "{node}:{port}");
+        }
+    }
+}
+
+#[test]
+fn a_local_node_port_without_a_local_backend_refuses() {
+    let _serial = serial();
+    let env = setup();
+    let agent = &env.agent;
+    // Its only endpoint is on another node.
+    let remote = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: remote }
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  ipFamilyPolicy: PreferDualStack
+  ports: [ { name: http, port: 80 } ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: remote-1, labels: { kubernetes.io/service-name: remote } }
+addressType: IPv4
+endpoints: [ { addresses: [ 10.244.9.9 ] } ]
+ports: [ { name: http, port: 8080 } ]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: remote-2, labels: { kubernetes.io/service-name: remote } }
+addressType: IPv6
+endpoints: [ { addresses: [ "fd00:10:244::99" ] } ]
+ports: [ { name: http, port: 8080 } ]
+"#;
+    agent.objects("apply", remote).expect("apply");
+    let port = node_port(agent, "remote");
+    let outside = env.external.netns();
+    let refused = |ns: &NetNs, to: SocketAddr| {
+        ns.run(move || {
+            TcpStream::connect_timeout(&to, TIMEOUT)
+                .err()
+                .map(|e| e.kind())
+        })
+        .expect("enter the namespace")
+    };
+    wait_for("a refusal from outside", || {
+        (refused(outside, SocketAddr::new(NODE_LINK_IP.into(), port))
+            == Some(std::io::ErrorKind::ConnectionRefused))
+        .then_some(())
+    });
+    for (ns, to) in [
+        (outside, at(NODE6, port)),
+        (&env.client, SocketAddr::new(NODE_LINK_IP.into(), port)),
+        (&env.client, at(NODE6, port)),
+    ] {
+        assert_eq!(
+            refused(ns, to),
+            Some(std::io::ErrorKind::ConnectionRefused),
+            "{to}"
+        );
+    }
+}
+
+#[test]
+fn external_and_load_balancer_ips_are_served_at_the_service_port() {
+    let _serial = serial();
+    let env = setup();
+    let agent = &env.agent;
+    agent
+        .objects(
+            "apply",
+            &service("ext", "ClusterIP", "  externalIPs: [ 192.0.2.10 ]\n"),
+        )
+        .expect("apply the external IP service");
+    agent
+        .objects(
+            "apply",
+            &format!(
+                "{}status: {{ loadBalancer: {{ ingress: [ {{ ip: 192.0.2.20 }} ] }} }}\n",
+                service("lb", "LoadBalancer", "  externalTrafficPolicy: Local\n")
+            ),
+        )
+        .expect("apply the LoadBalancer service");
+    frontends_of(agent, "ext", "ExternalIP", 1);
+    frontends_of(agent, "lb", "LoadBalancer", 1);
+    let outside = env.external.netns();
+    for ip in ["192.0.2.10", "192.0.2.20"] {
+        outside
+            .ip(&["route", "add", ip, "via", &NODE_LINK_IP.to_string()])
+            .expect("route the IP to the node");
+    }
+    // Cluster: the source becomes the frontend's address; Local: the client's is kept.
+    let seen = wait_for("the external IP answering from outside", || {
+        seen_from(outside, at("192.0.2.10", 80)).ok()
+    });
+    assert_eq!(seen, "192.0.2.10".parse::<IpAddr>().unwrap());
+    let seen = seen_from(outside, at("192.0.2.20", 80)).expect("the ingress IP from outside");
+    assert_eq!(seen, IpAddr::from(EXT_LINK_IP));
+    for ip in ["192.0.2.10", "192.0.2.20"] {
+        let seen = seen_from(&env.client, at(ip, 80)).expect("from the pod");
+        assert_eq!(seen, env.client_ips[0], "{ip}");
+    }
+}
+
+#[test]
+fn an_allocated_node_port_survives_a_restart_and_a_taken_or_outside_one_is_refused() {
+    let _serial = serial();
+    let mut env = setup();
+    env.agent
+        .objects("apply", &service("web", "NodePort", ""))
+        .expect("apply");
+    let port = node_port(&env.agent, "web");
+    env.agent.stop().expect("stop the agent");
+    env.agent.start().expect("start the agent again");
+    assert_eq!(node_port(&env.agent, "web"), port);
+
+    let taken = service("other", "NodePort", "").replace(
+        "targetPort: http }",
+        &format!("targetPort: http, nodePort: {port} }}"),
+    );
+    let err = env.agent.objects("apply", &taken).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("spec.ports[0].nodePort: {port}: provided port is already allocated (to service default/web)")),
+        "{err}"
+    );
+    let outside = service("other", "NodePort", "")
+        .replace("targetPort: http }", "targetPort: http, nodePort: 8080 }");
+    let err = env
+        .agent
+        .objects("apply", &outside)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.ports[0].nodePort: 8080: provided port is not in the valid range"),
+        "{err}"
+    );
+    assert!(
+        frontends(&env.agent)
+            .iter()
+            .all(|f| f["service"] != "default/other"),
+        "nothing of the refused service is programmed"
+    );
+    assert_eq!(node_port(&env.agent, "web"), port);
+    let seen = wait_for("the node port answering from outside", || {
+        seen_from(
+            env.external.netns(),
+            SocketAddr::new(NODE_LINK_IP.into(), port),
+        )
+        .ok()
+    });
+    assert_eq!(seen, IpAddr::from(NODE_LINK_IP));
+}
+
+/// `GET /` on a health check port from `ns`: the status code and the body.
+fn health(ns: &NetNs, to: SocketAddr) -> std::io::Result<(u16, Value)> {
+    ns.run(move || -> std::io::Result<(u16, Value)> {
+        let mut stream = TcpStream::connect_timeout(&to, TIMEOUT)?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut text)?;
+        let bad = || std::io::Error::other(format!("not an HTTP answer: {text:?}"));
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(bad)?;
+        let body = text.split("\r\n\r\n").nth(1).ok_or_else(bad)?;
+        Ok((code, serde_json::from_str(body).map_err(|_| bad())?))
+    })
+    .expect("enter the namespace")
+}
+
+#[test]
+fn the_health_check_node_port_answers_200_with_a_local_endpoint_and_503_without() {
+    let _serial = serial();
+    let env = setup();
+    let agent = &env.agent;
+    agent
+        .objects(
+            "apply",
+            &service(
+                "lb",
+                "LoadBalancer",
+                "  externalTrafficPolicy: Local\n  healthCheckNodePort: 31999\n",
+            ),
+        )
+        .expect("apply the LoadBalancer service");
+    let outside = env.external.netns();
+    let port = SocketAddr::new(NODE_LINK_IP.into(), 31999);
+    let expect = |code: u16, local: u64| {
+        wait_for(&format!("{code} with {local} local endpoints"), || {
+            health(outside, port)
+                .ok()
+                .filter(|(c, body)| *c == code && body["localEndpoints"] == local)
+        })
+    };
+    let (_, body) = expect(200, 1);
+    assert_eq!(body["service"]["namespace"], "default");
+    assert_eq!(body["service"]["name"], "lb");
+    let (code, _) = health(outside, at(NODE6, 31999)).expect("over IPv6");
+    assert_eq!(code, 200);
+    // The only endpoint goes: 503, and the node port refuses.
+    agent
+        .del(&cid("web-0"), &env.web.path())
+        .expect("CNI DEL web-0");
+    expect(503, 0);
+    let nodeport = node_port(agent, "lb");
+    let refused = outside
+        .run(move || {
+            TcpStream::connect_timeout(&SocketAddr::new(NODE_LINK_IP.into(), nodeport), TIMEOUT)
+                .err()
+                .map(|e| e.kind())
+        })
+        .expect("enter the namespace");
+    assert_eq!(refused, Some(std::io::ErrorKind::ConnectionRefused));
+}
+
+#[test]
+fn udp_through_a_node_port_comes_back_from_the_node_port_in_both_families() {
+    let _serial = serial();
+    let env = setup();
+    let servers: Vec<cellium_integration::probe::UdpServer> = env
+        .web_ips
+        .iter()
+        .map(|ip| {
+            cellium_integration::probe::UdpServer::start(
+                &env.web,
+                SocketAddr::new(*ip, 5353),
+                "web-0",
+            )
+            .expect("udp server")
+        })
+        .collect();
+    env.agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec:\n  type: NodePort\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: dns, port: 53, targetPort: 5353, protocol: UDP } ]\n",
+        )
+        .expect("apply the UDP service");
+    let port = node_port(&env.agent, "dns");
+    for node in [IpAddr::from(NODE_LINK_IP), NODE6.parse().unwrap()] {
+        let to = SocketAddr::new(node, port);
+        let reply = wait_for(&format!("a UDP answer from {to}"), || {
+            cellium_integration::probe::udp_request(env.external.netns(), to, TIMEOUT).ok()
+        });
+        assert_eq!(reply.banner, "web-0");
+        assert_eq!(reply.from, to, "the answer comes from the node port");
+    }
+    drop(servers);
+}
