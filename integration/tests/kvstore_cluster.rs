@@ -75,6 +75,56 @@ spec:
   egress: [ { to: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: http } ] } ]
 "#;
 
+/// `cellium-operator` with `kvstore: etcd` in a node's namespace (its GC every 500 ms),
+/// killed on drop; its log is printed then.
+struct KvOperator {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl KvOperator {
+    fn start(node: &Agent, api: &K8sApi, etcd: &Etcd) -> KvOperator {
+        let program = node.binaries().dir().join("cellium-operator");
+        let log = node.state_dir().with_file_name("kvstore-operator.log");
+        let out = std::fs::File::create(&log).expect("operator log");
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", node.node().path().display()))
+            .arg("--")
+            .arg(&program)
+            .args([
+                "run",
+                "--k8s-api-server",
+                &api.url(),
+                "--operator-id",
+                "op-1",
+            ])
+            .env("CELLIUM_KVSTORE", "etcd")
+            .env("CELLIUM_KVSTORE_ENDPOINTS", etcd.url())
+            .env("CELLIUM_IDENTITY_GC_INTERVAL", "500ms")
+            .env("CELLIUM_LEADER_ELECTION_LEASE_DURATION", "3s")
+            .env("CELLIUM_LEADER_ELECTION_RENEW_DEADLINE", "2s")
+            .env("CELLIUM_LEADER_ELECTION_RETRY_PERIOD", "200ms")
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("start cellium-operator");
+        KvOperator { child, log }
+    }
+}
+
+impl Drop for KvOperator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- operator log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
 /// The underlay: a bridge in `switch` (192.0.2.254, where etcd listens) and a veth from it to
 /// each node (`und` at 192.0.2.<i+1>).
 fn underlay(switch: &NetNs, nodes: &[&NetNs]) {
@@ -332,6 +382,26 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
         &[&one, &two, &three],
         || reaches(&client_ns, web),
     );
+
+    // The operator's GC on this etcd: an identity no node uses goes (in two rounds), those in
+    // use stay.
+    let _operator = KvOperator::start(&one, &api, &etcd);
+    let ghost = "cilium/state/identities/v1/id/65000";
+    etcd.etcdctl(&["put", ghost, "k8s:app=ghost;"])
+        .expect("put");
+    eventually(
+        "the operator deletes the unused identity",
+        &[&one, &two, &three],
+        || {
+            etcd.etcdctl(&["get", "--print-value-only", ghost])
+                .is_ok_and(|v| v.trim().is_empty())
+        },
+    );
+    let in_use = format!("cilium/state/identities/v1/id/{client_id}");
+    let kept = etcd
+        .etcdctl(&["get", "--print-value-only", &in_use])
+        .unwrap();
+    assert!(kept.starts_with("k8s:app=client;"), "{kept}");
 
     // etcd killed: cached state keeps being enforced; a pod whose labels have a number
     // works; a pod with new labels fails its ADD within the allocation timeout, naming etcd.
