@@ -319,7 +319,12 @@ static __always_inline int lb4_taken(const struct ct_key *k, __u16 rev_nat_id, _
 {
 	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct4, k);
 
-	return e && e->expires_ns > now && (!rev_nat_id || e->rev_nat_id != rev_nat_id);
+	/* A closing TCP connection's tuple is free: conntrack takes a SYN on it
+	 * as a new connection (ct_is_reopen), as netfilter does. Counting it
+	 * would move every reused client port into the clash range, which a
+	 * burst of short connections exhausts. */
+	return e && e->expires_ns > now && e->state != CEL_CT_STATE_CLOSING &&
+	       (!rev_nat_id || e->rev_nat_id != rev_nat_id);
 }
 
 /* After lb4_dnat and lb4_hairpin: moves a new connection off a clashing
@@ -606,7 +611,12 @@ static __always_inline int lb6_taken(const struct ct6_key *k, __u16 rev_nat_id, 
 {
 	struct ct_entry *e = bpf_map_lookup_elem(&cel_ct6, k);
 
-	return e && e->expires_ns > now && (!rev_nat_id || e->rev_nat_id != rev_nat_id);
+	/* A closing TCP connection's tuple is free: conntrack takes a SYN on it
+	 * as a new connection (ct_is_reopen), as netfilter does. Counting it
+	 * would move every reused client port into the clash range, which a
+	 * burst of short connections exhausts. */
+	return e && e->expires_ns > now && e->state != CEL_CT_STATE_CLOSING &&
+	       (!rev_nat_id || e->rev_nat_id != rev_nat_id);
 }
 
 /* lb4_unclash for IPv6. */

@@ -8,7 +8,7 @@
 //! Every test makes its own namespaces and agents, removed through guards, and sends traffic
 //! only to addresses inside them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
@@ -473,7 +473,11 @@ fn named_service_of(name: &str, ip: &str, backends: &[String], extra: &str) -> S
     let mut yaml = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec: {{ clusterIP: {ip}, {extra} ports: [ {{ name: http, port: 80 }} ] }}\n"
     );
-    for port in ["8080", "8081"] {
+    let ports: BTreeSet<&str> = backends
+        .iter()
+        .filter_map(|b| b.rsplit_once(':').map(|(_, p)| p))
+        .collect();
+    for port in ports {
         let endpoints: String = backends
             .iter()
             .filter_map(|b| b.strip_suffix(&format!(":{port}")))
@@ -726,27 +730,7 @@ fn maglev_and_session_affinity_choose_alike_over_ipv6() {
 
 /// A TCP connection from `client`'s port `sport` to `to`, kept open: its banner is read.
 fn open_from(client: &NetNs, sport: u16, to: SocketAddr) -> (TcpStream, String) {
-    let (family, any) = if to.is_ipv4() {
-        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
-    } else {
-        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
-    };
-    let stream = client
-        .run(move || -> nix::Result<TcpStream> {
-            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            bind(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(SocketAddr::new(any, sport)),
-            )?;
-            connect(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(to),
-            )?;
-            Ok(TcpStream::from(fd))
-        })
-        .expect("run in the client")
-        .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"));
+    let stream = connect_from(client, sport, to);
     stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
     let mut banner = Vec::new();
     let mut byte = [0u8; 1];
@@ -761,6 +745,31 @@ fn open_from(client: &NetNs, sport: u16, to: SocketAddr) -> (TcpStream, String) 
         stream,
         String::from_utf8_lossy(&banner).trim_end().to_string(),
     )
+}
+
+/// A TCP connection from `client`'s port `sport` to `to`.
+fn connect_from(client: &NetNs, sport: u16, to: SocketAddr) -> TcpStream {
+    let (family, any) = if to.is_ipv4() {
+        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
+    } else {
+        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
+    };
+    client
+        .run(move || -> nix::Result<TcpStream> {
+            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrStorage::from(SocketAddr::new(any, sport)),
+            )?;
+            connect(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &SockaddrStorage::from(to),
+            )?;
+            Ok(TcpStream::from(fd))
+        })
+        .expect("run in the client")
+        .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"))
 }
 
 /// Sends `text` on `stream` and reads its echo.
@@ -819,4 +828,41 @@ fn connections_that_become_the_same_tuple_are_kept_apart() {
     // The first connections still flow.
     echo_on(&mut a, "a again");
     echo_on(&mut b, "b again");
+
+    // A closed connection's tuple is free again (as with netfilter): the next connection from
+    // its port, through another service of the backend, keeps the port.
+    let listener = env.web[0]
+        .0
+        .run(move || std::net::TcpListener::bind(SocketAddrV4::new(web0, 8090)))
+        .expect("run in the pod")
+        .expect("listen on 8090");
+    let other = vec![format!("{web0}:8090")];
+    env.agent
+        .objects("apply", &named_service_of("c", "10.96.0.92", &other, ""))
+        .and_then(|_| {
+            env.agent
+                .objects("apply", &named_service_of("d", "10.96.0.93", &other, ""))
+        })
+        .expect("apply the services");
+    frontend_with(&env.agent, "c", 1);
+    frontend_with(&env.agent, "d", 1);
+    for last in [92, 93] {
+        let stream = connect_from(&env.client, 42002, vip(last));
+        let (accepted, peer) = listener.accept().expect("accept");
+        assert_eq!(peer.port(), 42002, "through {}", vip(last));
+        // Reset by both ends: the conntrack entry is closing, nothing waits in TIME_WAIT.
+        for s in [&stream, &accepted] {
+            setsockopt(
+                s,
+                sockopt::Linger,
+                &nix::libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
+            )
+            .expect("linger");
+        }
+        drop((stream, accepted));
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
