@@ -147,6 +147,29 @@ impl Etcd {
         }
     }
 
+    /// Stops it (SIGSTOP) without closing anything: every request waits, as with an etcd too
+    /// busy to answer, until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a paused etcd go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(child) = self
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+    }
+
     /// Starts it again on the same data directory and address.
     pub fn restart(&self) -> Result<()> {
         self.kill();

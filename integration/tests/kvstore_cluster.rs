@@ -232,6 +232,7 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
         ("client3", "n3", "client"),
         ("late", "n1", "client"),
         ("new1", "n1", "brand-new"),
+        ("slow", "n1", "client"),
     ] {
         pods.push_str("---\n");
         pods.push_str(&pod(name, node, app));
@@ -447,6 +448,23 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
         "client's entry written again",
         &[&one, &two, &three],
         || etcd_id(&etcd, client) == Some(client_id),
+    );
+
+    // etcd answering nothing for a while (paused: every request waits, as with an etcd too
+    // busy to answer): enforcement goes on, a pod whose labels have a number comes up, and its
+    // entry reaches etcd once it answers again.
+    etcd.pause();
+    assert!(reaches(&client_ns, web), "still allowed while etcd waits");
+    assert!(!reaches(&other_ns, web), "still denied while etcd waits");
+    let slow_ns = NetNs::new().expect("netns");
+    let slow = one
+        .add_pod(&slow_ns, "cid-slow", "shop", "slow")
+        .expect("a pod with known labels works while etcd waits");
+    etcd.resume();
+    eventually(
+        "the slow pod's entry reaches etcd",
+        &[&one, &two, &three],
+        || etcd_id(&etcd, slow) == Some(client_id),
     );
 
     // An agent restart keeps its identities and ip entries.
