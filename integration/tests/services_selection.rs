@@ -397,7 +397,11 @@ fn session_affinity_keeps_a_clients_backend_within_the_timeout_and_lapses_after_
     env.agent
         .objects("apply", &service_of(&all, &extra))
         .expect("apply the service");
-    let addresses = backend_addresses(&frontend_with(&env.agent, "mg", 4));
+    let frontend = frontend_with(&env.agent, "mg", 4);
+    // `cellium service list` says how it balances.
+    assert_eq!(frontend["algorithm"], "maglev", "{frontend}");
+    assert_eq!(frontend["affinity_timeout_seconds"], AFFINITY, "{frontend}");
+    let addresses = backend_addresses(&frontend);
     let ip_of = |banner: &str| {
         let (name, port) = banner.split_once(':').expect("banner name:port");
         let ip = if name == "web-0" {

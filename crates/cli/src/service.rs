@@ -13,7 +13,8 @@ use crate::output::{self, Format};
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// List every frontend (per service port: each cluster IP, node address, external IP and
-    /// load balancer IP) with its kind, traffic policy and backends.
+    /// load balancer IP) with its kind, traffic policy, backend selection, session affinity
+    /// and backends.
     List {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t)]
@@ -28,6 +29,10 @@ struct FrontendView {
     port_name: String,
     kind: String,
     traffic_policy: String,
+    algorithm: String,
+    /// sessionAffinity ClientIP's timeout in seconds; absent without affinity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    affinity_timeout_seconds: Option<u32>,
     frontend: String,
     vip: String,
     port: u32,
@@ -63,7 +68,16 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             let rows: Vec<Vec<String>> = views.iter().map(row).collect();
             output::print_table(
                 &[
-                    "SERVICE", "PORT", "KIND", "POLICY", "FRONTEND", "TARGET", "FROM", "BACKENDS",
+                    "SERVICE",
+                    "PORT",
+                    "KIND",
+                    "POLICY",
+                    "ALGORITHM",
+                    "AFFINITY",
+                    "FRONTEND",
+                    "TARGET",
+                    "FROM",
+                    "BACKENDS",
                 ],
                 &rows,
             );
@@ -88,6 +102,8 @@ fn view(f: ServiceFrontend) -> FrontendView {
         port_name: f.port_name,
         kind: f.kind,
         traffic_policy: f.traffic_policy,
+        algorithm: f.algorithm,
+        affinity_timeout_seconds: Some(f.affinity_timeout_seconds).filter(|t| *t > 0),
         vip: f.vip,
         port: f.port,
         protocol: f.protocol,
@@ -137,6 +153,9 @@ fn row(v: &FrontendView) -> Vec<String> {
         port,
         v.kind.clone(),
         v.traffic_policy.clone(),
+        v.algorithm.clone(),
+        v.affinity_timeout_seconds
+            .map_or("-".to_string(), |t| format!("ClientIP {t}s")),
         v.frontend.clone(),
         v.target_port.clone(),
         v.backends_from.clone(),
@@ -183,6 +202,8 @@ mod tests {
             error: String::new(),
             kind: "NodePort".into(),
             traffic_policy: "Local".into(),
+            algorithm: "maglev".into(),
+            affinity_timeout_seconds: 60,
         });
         assert_eq!(
             row(&f),
@@ -191,6 +212,8 @@ mod tests {
                 "http",
                 "NodePort",
                 "Local",
+                "maglev",
+                "ClientIP 60s",
                 "10.96.1.1:80/TCP",
                 "http",
                 "selector",
@@ -198,15 +221,25 @@ mod tests {
             ]
         );
         f.backends.clear();
-        assert_eq!(row(&f)[7], "10.244.0.7:8080 (draining)");
+        assert_eq!(row(&f)[9], "10.244.0.7:8080 (draining)");
         f.draining.clear();
-        assert_eq!(row(&f)[7], "(none)");
+        assert_eq!(row(&f)[9], "(none)");
         f.error = "no rev-NAT id left".into();
-        assert_eq!(row(&f)[7], "not programmed: no rev-NAT id left");
+        assert_eq!(row(&f)[9], "not programmed: no rev-NAT id left");
         assert_eq!(json_kind(&f), "NodePort");
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["frontend"], "10.96.1.1:80/TCP");
         assert_eq!(json["error"], "no rev-NAT id left");
+        assert_eq!(json["algorithm"], "maglev");
+        assert_eq!(json["affinity_timeout_seconds"], 60);
+        f.affinity_timeout_seconds = None;
+        assert_eq!(row(&f)[5], "-");
+        assert!(
+            serde_json::to_value(&f)
+                .unwrap()
+                .get("affinity_timeout_seconds")
+                .is_none()
+        );
     }
 
     fn json_kind(f: &FrontendView) -> String {
@@ -231,6 +264,6 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(f.frontend, "[fd00:96::11]:80/TCP");
-        assert_eq!(row(&f)[7], "[fd00:10:244::5]:8080");
+        assert_eq!(row(&f)[9], "[fd00:10:244::5]:8080");
     }
 }

@@ -63,5 +63,7 @@ pub fn to_proto(s: &FrontendStatus) -> ServiceFrontend {
         error: s.error.clone().unwrap_or_default(),
         kind: plan.kind.to_string(),
         traffic_policy: if plan.local { "Local" } else { "Cluster" }.into(),
+        algorithm: plan.algorithm.to_string(),
+        affinity_timeout_seconds: plan.session_affinity.unwrap_or(0),
     }
 }
