@@ -142,47 +142,18 @@ fn backend_addresses(frontend: &Value) -> Vec<String> {
 /// datapath's entry for it is closing, so the next connection from the same tuple is a new
 /// one and chooses its backend again.
 fn request_from(client: &NetNs, sport: u16, to: impl Into<SocketAddr>) -> String {
-    let to: SocketAddr = to.into();
-    let (family, any) = if to.is_ipv4() {
-        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
-    } else {
-        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
+    let (stream, banner) = open_from(client, sport, to.into());
+    reset_on_close(&stream);
+    banner
+}
+
+/// Makes closing `stream` send a reset (linger 0).
+fn reset_on_close(stream: &TcpStream) {
+    let linger = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
     };
-    let stream = client
-        .run(move || -> nix::Result<TcpStream> {
-            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            setsockopt(
-                &fd,
-                sockopt::Linger,
-                &nix::libc::linger {
-                    l_onoff: 1,
-                    l_linger: 0,
-                },
-            )?;
-            bind(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(SocketAddr::new(any, sport)),
-            )?;
-            connect(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(to),
-            )?;
-            Ok(TcpStream::from(fd))
-        })
-        .expect("run in the client")
-        .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"));
-    stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-    let mut buf = [0u8; 64];
-    let mut got = Vec::new();
-    while !got.ends_with(b"\n") {
-        let n = (&stream)
-            .read(&mut buf)
-            .unwrap_or_else(|e| panic!("banner from {to} (port {sport}): {e}"));
-        assert!(n > 0, "{to} closed before its banner (port {sport})");
-        got.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&got).trim_end().to_string()
+    setsockopt(stream, sockopt::Linger, &linger).expect("linger");
 }
 
 #[test]
@@ -855,17 +826,8 @@ fn connections_that_become_the_same_tuple_are_kept_apart() {
         let (accepted, peer) = listener.accept().expect("accept");
         assert_eq!(peer.port(), 42002, "through {}", vip(last));
         // Reset by both ends: the conntrack entry is closing, nothing waits in TIME_WAIT.
-        for s in [&stream, &accepted] {
-            setsockopt(
-                s,
-                sockopt::Linger,
-                &nix::libc::linger {
-                    l_onoff: 1,
-                    l_linger: 0,
-                },
-            )
-            .expect("linger");
-        }
+        reset_on_close(&stream);
+        reset_on_close(&accepted);
         drop((stream, accepted));
         std::thread::sleep(Duration::from_millis(200));
     }
