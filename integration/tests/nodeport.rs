@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cellium_integration::lab::External;
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
-use cellium_integration::probe::{PeerServer, seen_from};
+use cellium_integration::probe::{self, PeerServer, seen_from};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
 use serde_json::Value;
 
@@ -473,6 +473,114 @@ fn udp_through_a_node_port_comes_back_from_the_node_port_in_both_families() {
         });
         assert_eq!(reply.banner, "web-0");
         assert_eq!(reply.from, to, "the answer comes from the node port");
+    }
+    drop(servers);
+}
+
+/// New connections to `to` from `ns`, one after another until stopped, each a whole exchange
+/// ([`probe::tcp_request`]): how many were made and every one that failed, with when.
+struct Churn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<(Instant, String)>)>,
+}
+
+impl Churn {
+    fn start(ns: &NetNs, to: SocketAddr) -> Churn {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let ns = NetNs::existing(ns.name());
+        let thread = std::thread::spawn(move || {
+            let (mut made, mut failed) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                made += 1;
+                if let Err(e) = probe::tcp_request(&ns, to, TIMEOUT) {
+                    failed.push((Instant::now(), e.to_string()));
+                }
+            }
+            (made, failed)
+        });
+        Churn { stop, thread }
+    }
+
+    fn finish(self) -> (usize, Vec<(Instant, String)>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the churn's thread")
+    }
+}
+
+#[test]
+fn agent_restarts_under_load_on_a_node_port_reset_no_connection() {
+    let _serial = serial();
+    let mut env = setup();
+    let servers: Vec<probe::TcpServer> = env
+        .web_ips
+        .iter()
+        .map(|ip| probe::TcpServer::start(&env.web, SocketAddr::new(*ip, 9090), "web-0"))
+        .collect::<Result<_, _>>()
+        .expect("echo servers");
+    env.agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: load }\nspec:\n  type: NodePort\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: echo, port: 90, targetPort: 9090 } ]\n",
+        )
+        .expect("apply the service");
+    let port = node_port(&env.agent, "load");
+    let outside = env.external.netns();
+    let targets = [SocketAddr::new(NODE_LINK_IP.into(), port), at(NODE6, port)];
+    for to in targets {
+        wait_for(&format!("{to} answering from outside"), || {
+            probe::tcp_request(outside, to, TIMEOUT).ok()
+        });
+    }
+
+    // Per family: two long connections kept busy and new connections back to back.
+    let streams: Vec<(SocketAddr, probe::EchoStream)> = targets
+        .iter()
+        .flat_map(|to| [*to, *to])
+        .map(|to| {
+            let stream = probe::tcp_connect(outside, to, TIMEOUT).expect("a long connection");
+            (to, probe::EchoStream::start(stream))
+        })
+        .collect();
+    let churns: Vec<(SocketAddr, Churn)> = targets
+        .iter()
+        .map(|to| (*to, Churn::start(outside, *to)))
+        .collect();
+
+    let settle = Duration::from_millis(700);
+    std::thread::sleep(settle);
+    let stopped = Instant::now();
+    env.agent.stop().expect("stop the agent");
+    std::thread::sleep(settle);
+    env.agent.start().expect("start the agent again");
+    let restarted = Instant::now();
+    node_port_frontends(&env.agent, "load");
+    std::thread::sleep(settle);
+    let killed = Instant::now();
+    env.agent.kill().expect("kill the agent");
+    std::thread::sleep(settle);
+    env.agent.start().expect("start the agent after the kill");
+    node_port_frontends(&env.agent, "load");
+    std::thread::sleep(settle);
+    let ended = Instant::now();
+
+    for (to, churn) in churns {
+        let (made, failed) = churn.finish();
+        assert!(
+            failed.is_empty(),
+            "new connections to {to} failed: {failed:?}"
+        );
+        assert!(made > 20, "only {made} connections to {to}");
+    }
+    for (to, stream) in streams {
+        let rounds = stream
+            .stop()
+            .unwrap_or_else(|e| panic!("a long connection to {to} broke: {e}"));
+        // It went on through every phase: stopped, restarted, killed, after.
+        for (from, until) in [(stopped, restarted), (restarted, killed), (killed, ended)] {
+            let during = rounds.iter().filter(|t| **t >= from && **t < until).count();
+            assert!(during > 0, "{to}: no round trip between two phases");
+        }
     }
     drop(servers);
 }
