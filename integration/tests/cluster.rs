@@ -49,6 +49,7 @@ every_mode!(
     an_agent_restarted_keeps_its_cross_node_flows,
     a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
+    a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -938,11 +939,15 @@ fn outside_client(cluster: &Cluster) -> NetNs {
 /// A NodePort service (externalTrafficPolicy Cluster) whose only backend runs on node 2,
 /// reached from outside at node 1's address: node 1 translates it, source-translates the
 /// client to its own address, routes it to node 2; the reply comes back to node 1, which
-/// translates it back to the client. The backend sees node 1's address.
-#[test]
-fn a_node_port_reached_on_one_node_serves_a_backend_on_the_other() {
+/// translates it back to the client. The backend sees node 1's address. In tunnel mode the
+/// translated packet crosses in the tunnel, and so does the reply.
+fn a_node_port_reached_on_one_node_serves_a_backend_on_the_other(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
     shop(&mut cluster);
     let web = cluster.pod("shop/web").unwrap().ip;
     let web_ns = &cluster.pod("shop/web").unwrap().netns;
