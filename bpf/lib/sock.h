@@ -21,6 +21,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "lb.h"
 #include "lookup.h"
 #include "maps.h"
 
@@ -60,6 +61,49 @@ static __always_inline int sock_no_backend(const struct datapath_config *cfg)
 	return 0;
 }
 
+/*
+ * Session affinity (slot 0's timeout, 0 = none) for the node's sockets.
+ * Every socket the hooks translate is of the node's network namespace, so
+ * the node is one client, as Cilium keys the host's affinity by its network
+ * namespace: its entries use the unspecified address, which no packet's
+ * source ever is. A new socket takes the backend the node's last one took
+ * while within the timeout and still the frontend's, else `drawn`; either
+ * renews the entry, as a pod's new connection does (lb4_commit).
+ */
+static __always_inline __u32 sock4_affine(__u16 rev_nat_id, __u32 timeout, __u32 drawn)
+{
+	struct lb4_affinity_key akey = { .rev_nat_id = rev_nat_id };
+	struct lb_affinity_val av = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u32 id;
+
+	if (!timeout)
+		return drawn;
+	id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb4_affinity, &akey), timeout,
+			      rev_nat_id, now);
+	av.backend_id = id ? id : drawn;
+	av.last_used_ns = now;
+	bpf_map_update_elem(&cel_lb4_affinity, &akey, &av, BPF_ANY);
+	return av.backend_id;
+}
+
+static __always_inline __u32 sock6_affine(__u16 rev_nat_id, __u32 timeout, __u32 drawn)
+{
+	struct lb6_affinity_key akey = { .rev_nat_id = rev_nat_id };
+	struct lb_affinity_val av = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u32 id;
+
+	if (!timeout)
+		return drawn;
+	id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb6_affinity, &akey), timeout,
+			      rev_nat_id, now);
+	av.backend_id = id ? id : drawn;
+	av.last_used_ns = now;
+	bpf_map_update_elem(&cel_lb6_affinity, &akey, &av, BPF_ANY);
+	return av.backend_id;
+}
+
 /* connect4 / sendmsg4: the frontend the socket names, translated. Returns
  * the hook's verdict (1: go on, 0: refuse). */
 static __always_inline int sock4_translate(struct bpf_sock_addr *ctx, int per_message)
@@ -91,7 +135,7 @@ static __always_inline int sock4_translate(struct bpf_sock_addr *ctx, int per_me
 	slot = bpf_map_lookup_elem(&cel_lb4_services, &key);
 	if (!slot)
 		return sock_no_backend(cfg);
-	id = slot->backend_id;
+	id = sock4_affine(svc->rev_nat_id, svc->backend_id, slot->backend_id);
 	be = bpf_map_lookup_elem(&cel_lb4_backends, &id);
 	if (!be)
 		return sock_no_backend(cfg);
@@ -175,7 +219,7 @@ static __always_inline int sock6_translate(struct bpf_sock_addr *ctx, int per_me
 	slot = bpf_map_lookup_elem(&cel_lb6_services, &key);
 	if (!slot)
 		return sock_no_backend(cfg);
-	id = slot->backend_id;
+	id = sock6_affine(svc->rev_nat_id, svc->backend_id, slot->backend_id);
 	be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
 	if (!be)
 		return sock_no_backend(cfg);

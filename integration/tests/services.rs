@@ -1069,3 +1069,80 @@ fn the_nodes_own_sockets_are_balanced_at_connect_and_sendmsg_in_both_families() 
     assert!(from_the_node(&agent, Some(&cgroup), &frontends[..1]).is_err());
     drop(servers);
 }
+
+/// Who answers `count` new TCP connections to `to` made from the node inside `cgroup`.
+fn answers_from_the_node(
+    agent: &Agent,
+    cgroup: &TestCgroup,
+    to: SocketAddr,
+    count: usize,
+) -> BTreeSet<String> {
+    let _inside = cgroup.enter().expect("enter the cgroup");
+    (0..count)
+        .map(|_| {
+            let reply = probe::tcp_request(agent.node(), to, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{to} from the node: {e}"));
+            assert_eq!(reply.peer, to, "the socket sees the service address");
+            reply.banner
+        })
+        .collect()
+}
+
+#[test]
+fn the_nodes_own_sockets_keep_their_backend_with_session_affinity() {
+    let _serial = serial();
+    let cgroup = TestCgroup::new().expect("a cgroup");
+    let agent = dual_stack_agent(vec![
+        ("CELLIUM_BPF_LB_SOCK".into(), "true".into()),
+        (
+            "CELLIUM_CGROUP_ROOT".into(),
+            cgroup.path().display().to_string(),
+        ),
+    ]);
+    agent.objects("apply", PODS).expect("apply the pods");
+    let mut servers = Vec::new();
+    let mut pods = Vec::new();
+    for name in ["web-0", "web-1"] {
+        let pod = NetNs::new().expect("pod netns");
+        let call = cellium_integration::CniCall::new("ADD", &cid(name))
+            .netns(pod.path())
+            .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+        let (v4, result) = agent.add_call(&call).expect("CNI ADD");
+        let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
+        for ip in [IpAddr::from(v4), v6.into()] {
+            servers.push(TcpServer::start(&pod, SocketAddr::new(ip, 8080), name).expect("server"));
+        }
+        pods.push(pod);
+    }
+    let service = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {{ app: web }}\n  ports: [ {{ name: http, port: 80, targetPort: http }} ]\n{extra}"
+        )
+    };
+    agent
+        .objects("apply", &service("sticky", "  sessionAffinity: ClientIP\n"))
+        .expect("apply the service with affinity");
+    agent
+        .objects("apply", &service("plain", ""))
+        .expect("apply the service without");
+    for fe in frontends_with(&agent, "sticky", 2, 2) {
+        let seen = answers_from_the_node(&agent, &cgroup, vip(&fe), 30);
+        assert_eq!(
+            seen.len(),
+            1,
+            "{}: the node's sockets took {seen:?}",
+            vip(&fe)
+        );
+    }
+    // Without affinity each socket draws: both backends within 30 (all on one: 2^-29).
+    for fe in frontends_with(&agent, "plain", 2, 2) {
+        let seen = answers_from_the_node(&agent, &cgroup, vip(&fe), 30);
+        assert_eq!(
+            seen.len(),
+            2,
+            "{}: the node's sockets took {seen:?}",
+            vip(&fe)
+        );
+    }
+    drop(servers);
+}
