@@ -635,6 +635,9 @@ static __always_inline int nodeport_reply4(struct __sk_buff *skb, struct pkt *p,
 
 	if (!snat4_reply(p))
 		return CEL_NOT_EXTERNAL;
+	ret = frag4_track(p);
+	if (ret)
+		return drop(skb, p, t, ret);
 	ret = unsnat4(skb, p);
 	if (ret)
 		return drop(skb, p, t, ret);
@@ -659,6 +662,9 @@ static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p
 
 	if (!snat6_reply(p))
 		return CEL_NOT_EXTERNAL;
+	ret = frag6_track(p);
+	if (ret)
+		return drop6(skb, p, t, ret);
 	ret = unsnat6(skb, p);
 	if (ret)
 		return drop6(skb, p, t, ret);
@@ -712,12 +718,19 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	lb = &s->lb4;
 	if (parse_ipv4(skb, p))
 		return CEL_NOT_EXTERNAL;
+	/* A later fragment takes the ports its first recorded here (below, or
+	 * in nodeport_reply4); one whose first was not seen here is not ours. */
+	if (p->frag == CEL_FRAG_LATER && frag4_track(p))
+		return CEL_NOT_EXTERNAL;
 	ret = nodeport_reply4(skb, p, cfg, &t);
 	if (ret != CEL_NOT_EXTERNAL)
 		return ret;
 	svc = lb4_external(p);
 	if (!svc)
 		return CEL_NOT_EXTERNAL;
+	ret = frag4_track(p);
+	if (ret)
+		return drop(skb, p, &t, ret);
 	flags = svc->flags;
 	frontend = p->daddr;
 	t.src_identity = identity_of4(cfg, p->saddr);
@@ -787,12 +800,19 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	lb = &s->lb6;
 	if (parse_ipv6(skb, p))
 		return CEL_NOT_EXTERNAL;
+	/* A later fragment takes the ports its first recorded here (below, or
+	 * in nodeport_reply6); one whose first was not seen here is not ours. */
+	if (p->frag == CEL_FRAG_LATER && frag6_track(p))
+		return CEL_NOT_EXTERNAL;
 	ret = nodeport_reply6(skb, p, cfg, &t);
 	if (ret != CEL_NOT_EXTERNAL)
 		return ret;
 	svc = lb6_external(p);
 	if (!svc)
 		return CEL_NOT_EXTERNAL;
+	ret = frag6_track(p);
+	if (ret)
+		return drop6(skb, p, &t, ret);
 	flags = svc->flags;
 	__builtin_memcpy(frontend, p->daddr, 16);
 	t.src_identity = identity_of6(cfg, p->saddr);

@@ -40,14 +40,14 @@
 #define CEL_SNAT_TRIES 6
 
 /* Slot 0 of the frontend the packet is for, if it is reached from outside.
- * A later fragment carries no ports and is not translated. */
+ * A later fragment has the ports its first fragment recorded (frag4_track,
+ * in nodeport4). */
 static __always_inline struct lb4_service *lb4_external(const struct pkt *p)
 {
 	struct lb4_key k = {};
 	struct lb4_service *svc;
 
-	if ((p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP) ||
-	    p->frag == CEL_FRAG_LATER)
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
 		return NULL;
 	k.vip = p->daddr;
 	k.dport = p->dport;
@@ -61,8 +61,7 @@ static __always_inline struct lb4_service *lb6_external(const struct pkt6 *p)
 	struct lb6_key k = {};
 	struct lb4_service *svc;
 
-	if ((p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP) ||
-	    p->frag == CEL_FRAG_LATER)
+	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
 		return NULL;
 	__builtin_memcpy(k.vip, p->daddr, 16);
 	k.dport = p->dport;

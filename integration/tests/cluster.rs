@@ -953,19 +953,25 @@ fn a_node_port_reached_on_one_node_serves_a_backend_on_the_other(mode: RoutingMo
     let web_ns = &cluster.pod("shop/web").unwrap().netns;
     let _server =
         PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
+    let _udp = UdpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), 5353), "web")
+        .expect("udp server");
     cluster
         .apply(&format!(
             r#"
 apiVersion: v1
 kind: Service
 metadata: {{ name: web, namespace: shop }}
-spec: {{ type: NodePort, ports: [ {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }} ] }}
+spec:
+  type: NodePort
+  ports:
+  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
+  - {{ name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP }}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
 addressType: IPv4
-ports: [ {{ name: http, port: {PORT}, protocol: TCP }} ]
+ports: [ {{ name: http, port: {PORT}, protocol: TCP }}, {{ name: dns, port: 5353, protocol: UDP }} ]
 endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
 "#
         ))
@@ -982,4 +988,18 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         },
     );
     assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
+    // Datagrams of several fragments, both ways: node 1 translates the later fragments as
+    // their first, and the backend's fragmented answer back.
+    let dns = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053);
+    for size in [1000, 3000, 8000] {
+        let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let reply = cellium_integration::probe::udp_exchange(
+            &client,
+            dns,
+            &payload,
+            Duration::from_secs(3),
+        )
+        .unwrap_or_else(|e| panic!("{size} bytes to {dns}: {e}"));
+        assert_eq!((reply.banner.as_str(), reply.from), ("web", dns));
+    }
 }

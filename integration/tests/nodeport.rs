@@ -584,3 +584,42 @@ fn agent_restarts_under_load_on_a_node_port_reset_no_connection() {
     }
     drop(servers);
 }
+
+#[test]
+fn fragmented_datagrams_through_a_node_port_arrive_and_their_answers_come_back() {
+    let _serial = serial();
+    let env = setup();
+    let servers: Vec<probe::UdpServer> = env
+        .web_ips
+        .iter()
+        .map(|ip| probe::UdpServer::start(&env.web, SocketAddr::new(*ip, 5353), "web-0"))
+        .collect::<Result<_, _>>()
+        .expect("udp servers");
+    env.agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec:\n  type: NodePort\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: dns, port: 53, targetPort: 5353, protocol: UDP } ]\n",
+        )
+        .expect("apply the UDP service");
+    let port = node_port(&env.agent, "dns");
+    let outside = env.external.netns();
+    // The largest unfragmented payload on a 1500-byte link, the smallest fragmented one, and
+    // one of six fragments; each answered with the same payload behind the banner.
+    for (node, sizes) in [
+        (IpAddr::from(NODE_LINK_IP), [1472, 1473, 8000]),
+        (NODE6.parse().unwrap(), [1452, 1453, 8000]),
+    ] {
+        let to = SocketAddr::new(node, port);
+        wait_for(&format!("{to} answering"), || {
+            probe::udp_request(outside, to, TIMEOUT).ok()
+        });
+        for size in sizes {
+            let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let reply = probe::udp_exchange(outside, to, &payload, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{size} bytes to {to}: {e}"));
+            assert_eq!(reply.banner, "web-0");
+            assert_eq!(reply.from, to, "the answer comes from the node port");
+        }
+    }
+    drop(servers);
+}
