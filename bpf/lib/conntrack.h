@@ -93,12 +93,11 @@ static __always_inline void ct_account(struct ct_entry *e, int dir, const struct
 	__u8 state = e->state;
 	__u64 expires;
 
-	if (dir == CEL_CT_FORWARD) {
-		__sync_fetch_and_add(&e->packets[CEL_CT_FORWARD], 1);
-		__sync_fetch_and_add(&e->bytes[CEL_CT_FORWARD], p->len);
-	} else {
-		__sync_fetch_and_add(&e->packets[CEL_CT_REPLY], 1);
-		__sync_fetch_and_add(&e->bytes[CEL_CT_REPLY], p->len);
+	if (cfg && (cfg->flags & CEL_CFG_F_CT_ACCOUNTING)) {
+		int d = dir == CEL_CT_FORWARD ? CEL_CT_FORWARD : CEL_CT_REPLY;
+
+		__sync_fetch_and_add(&e->packets[d], 1);
+		__sync_fetch_and_add(&e->bytes[d], p->len);
 	}
 
 	if (p->protocol == CEL_PROTO_TCP) {

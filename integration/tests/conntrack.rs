@@ -12,7 +12,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use cellium_datapath_bpf::abi::{CtKey, Plain, ipv4_of};
+use cellium_datapath_bpf::abi::{CtEntry, CtKey, Plain, ipv4_of};
 use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::probe;
 use cellium_integration::reach::{Outcome, Probe};
@@ -331,4 +331,51 @@ spec:
             .any(|c| c.service && c.daddr == *web.ip() && c.dport == web.port()),
         "{db:?}"
     );
+}
+
+/// The packet counters [forward, reply] of the connection `from` -> `to` in the agent's
+/// pinned `cel_ct4`.
+fn counters(agent: &Agent, from: Ipv4Addr, to: SocketAddrV4) -> [u64; 2] {
+    let map = MapHandle::from_pinned_path(agent.bpf_root().join("maps/cel_ct4"))
+        .expect("open the pinned conntrack map");
+    map.keys()
+        .find_map(|raw| {
+            let k = CtKey::decode(&raw)?;
+            let ours = ipv4_of(k.saddr) == from
+                && ipv4_of(k.daddr) == *to.ip()
+                && u16::from_be(k.dport) == to.port();
+            let value = map.lookup(&raw, libbpf_rs::MapFlags::ANY).ok()??;
+            ours.then(|| CtEntry::decode(&value)).flatten()
+        })
+        .map(|e| e.packets)
+        .expect("the connection's entry")
+}
+
+#[test]
+fn conntrack_entries_count_every_packet_only_with_bpf_conntrack_accounting() {
+    let _serial = serial();
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: { name: a }\nspec: { containers: [ { name: c } ] }\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: b }\nspec: { containers: [ { name: c } ] }\n";
+    for accounting in [false, true] {
+        let mut opts = AgentOptions::default();
+        if accounting {
+            opts.env
+                .push(("CELLIUM_BPF_CONNTRACK_ACCOUNTING".into(), "true".into()));
+        }
+        let agent = Agent::start_new(opts).expect("start the agent");
+        agent.objects("apply", pods).expect("apply the pods");
+        let tag = |n: &str| format!("acct{n}{}x{}", u8::from(accounting), std::process::id());
+        let (a, b) = (NetNs::new().expect("netns"), NetNs::new().expect("netns"));
+        let a_ip = agent.add_pod(&a, &tag("a"), "default", "a").expect("ADD a");
+        let b_ip = agent.add_pod(&b, &tag("b"), "default", "b").expect("ADD b");
+        let to = SocketAddrV4::new(b_ip, 8080);
+        let _server = probe::TcpServer::start(&b, to, "b").expect("server");
+        // Handshake, banner, message, echo, close: several packets each way.
+        probe::tcp_request(&a, to, Duration::from_secs(2)).expect("a -> b");
+        let packets = counters(&agent, a_ip, to);
+        if accounting {
+            assert!(packets[0] >= 4 && packets[1] >= 3, "{packets:?}");
+        } else {
+            assert_eq!(packets, [1, 0], "only the first packet is counted");
+        }
+    }
 }

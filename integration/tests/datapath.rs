@@ -51,6 +51,10 @@ fn env_with(pods: u8, mode: AttachMode, flags: impl Fn(u8) -> EndpointFlags) -> 
         })
         .expect("open datapath"),
     );
+    // These tests read packet counts from conntrack entries.
+    dp.config()
+        .set_flag(DatapathConfig::CT_ACCOUNTING, true)
+        .expect("conntrack accounting");
     for pod in &topo.pods {
         let info = pod.endpoint(u16::from(pod.index), identity(pod.index), flags(pod.index));
         dp.endpoints().put(pod.ip.into(), &info).expect("endpoint");
@@ -751,6 +755,16 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         "{first}"
     );
     let first_ids = program_ids(&first);
+    // Count every packet in conntrack (the pinned setting outlives this handle), so that the
+    // flow's entry shows it carried every round across the replacement.
+    Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..Default::default()
+    })
+    .unwrap()
+    .config()
+    .set_flag(DatapathConfig::CT_ACCOUNTING, true)
+    .unwrap();
 
     // A long-lived stream through the datapath, in lock-step rounds.
     let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();

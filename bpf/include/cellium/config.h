@@ -21,6 +21,12 @@
  * (ICMPv6) port unreachable sent back into the client pod (the agent's
  * service-no-backend-response: reject); clear, it is only dropped. */
 #define CEL_CFG_F_SERVICE_REJECT (1 << 3)
+/* Count every packet and byte of a connection in its conntrack entry (the
+ * agent's bpf-conntrack-accounting). Clear, an entry holds its first packet's
+ * only and an established connection's packets write nothing to it: the
+ * entry is shared by the CPUs of both directions, and two atomic adds per
+ * packet keep its cache line moving between them. */
+#define CEL_CFG_F_CT_ACCOUNTING (1 << 4)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

@@ -681,6 +681,9 @@ impl DatapathConfig {
     /// A new connection to a frontend without backends is refused with an ICMP (ICMPv6) port
     /// unreachable sent back into the client pod; clear, it is only dropped.
     pub const SERVICE_REJECT: u32 = 1 << 3;
+    /// Count every packet and byte of a connection in its conntrack entry; clear, an entry
+    /// holds its first packet's only, and established traffic writes nothing to it.
+    pub const CT_ACCOUNTING: u32 = 1 << 4;
 }
 
 impl Default for DatapathConfig {
@@ -904,6 +907,10 @@ mod tests {
         assert_eq!(
             u64::from(DatapathConfig::SERVICE_REJECT),
             c::CEL_CFG_F_SERVICE_REJECT
+        );
+        assert_eq!(
+            u64::from(DatapathConfig::CT_ACCOUNTING),
+            c::CEL_CFG_F_CT_ACCOUNTING
         );
         assert_eq!(c::CEL_EVENT_TRACE, 3);
         assert_eq!(

@@ -17,6 +17,10 @@ pub struct LoaderConfig {
     /// How often expired connections are removed from the conntrack table.
     #[serde(with = "humantime_serde")]
     pub conntrack_gc_interval: Duration,
+    /// Count every packet and byte of a connection in its conntrack entry (Cilium's
+    /// `bpf-conntrack-accounting`, off by default as there): each packet then writes the
+    /// entry both directions share.
+    pub bpf_conntrack_accounting: bool,
 }
 
 impl Default for LoaderConfig {
@@ -25,6 +29,7 @@ impl Default for LoaderConfig {
             bpf_root: PathBuf::from("/sys/fs/bpf/cellium"),
             attach_mode: AttachModeConfig::Clsact,
             conntrack_gc_interval: Duration::from_secs(30),
+            bpf_conntrack_accounting: false,
         }
     }
 }

@@ -9,6 +9,9 @@ pub enum Error {
     /// Loading failed.
     #[error("cannot load the datapath")]
     Load(#[source] cellium_datapath_bpf::Error),
+    /// `bpf-conntrack-accounting` could not be written into the datapath's settings.
+    #[error("cannot set bpf-conntrack-accounting in the datapath's settings")]
+    Accounting(#[source] cellium_datapath_bpf::Error),
 }
 
 /// The result type of this crate.

@@ -10,7 +10,8 @@
 //!   are exported as `cellium_datapath_packets_total` and `cellium_datapath_bytes_total`.
 //! - **Config keys:** `bpf-root` (default `/sys/fs/bpf/cellium`), `attach-mode` (`clsact`,
 //!   the default, `tcx` or `auto`; see [`AttachModeConfig`] for why clsact),
-//!   `conntrack-gc-interval` (default `30s`).
+//!   `conntrack-gc-interval` (default `30s`), `bpf-conntrack-accounting` (default `false`:
+//!   conntrack entries count their first packet only).
 //! - **Degraded** when a conntrack collection fails; failing to load fails the start.
 
 mod config;

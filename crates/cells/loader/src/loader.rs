@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cellium_datapath_bpf::{Datapath, DatapathOptions, MapOrigin};
+use cellium_datapath_bpf::{Datapath, DatapathConfig, DatapathOptions, MapOrigin};
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use cellium_metrics::Metrics;
 
@@ -34,6 +34,7 @@ impl Loader {
         let root = cfg.bpf_root.clone();
         let attach_mode = cfg.attach_mode.into();
         let interval = cfg.conntrack_gc_interval;
+        let accounting = cfg.bpf_conntrack_accounting;
         lc.append(Hook::new("load-datapath").on_start(move |_| async move {
             let options = DatapathOptions {
                 bpf_root: root,
@@ -43,6 +44,9 @@ impl Loader {
             let dp = tokio::task::spawn_blocking(move || Datapath::open(options))
                 .await?
                 .map_err(Error::Load)?;
+            dp.config()
+                .set_flag(DatapathConfig::CT_ACCOUNTING, accounting)
+                .map_err(Error::Accounting)?;
             reporter.ok(summary(&dp));
             let dp = Arc::new(dp);
             let _ = this.datapath.set(dp.clone());
