@@ -8,17 +8,19 @@ use cellium_hive::{Cell, Config, Module, group};
 use cellium_loader::LoaderConfig;
 use cellium_statedir::node_lock::{self, NodeClaim};
 
-/// Every cell of the agent, infrastructure first, and the node lock before everything.
+/// Every cell of the agent, infrastructure first, and the node lock before everything; the
+/// loader's `load-datapath` right after it, so that the load runs beside the rest of the start.
 pub fn cells() -> Vec<Cell> {
     vec![
         group([
             node_lock().into(),
             cellium_statedir::cell().into(),
             cellium_metrics::cell().into(),
+            // Before the cells that read the API server: the datapath loads beside their sync.
+            cellium_loader::cell().into(),
             cellium_api_server::cell().provide(datapath_modules).into(),
         ])
         .into(),
-        cellium_loader::cell().into(),
         group([
             cellium_k8s_watchers::cell().into(),
             cellium_resources::cell().into(),

@@ -40,7 +40,12 @@ fn the_description_lists_every_module_and_the_start_order() {
         "claim-node is not first:\n{order}"
     );
     // Dependencies start first: the datapath before the endpoints, the endpoints before the API.
-    assert!(pos("load-datapath") < pos("restore-endpoints"));
+    assert!(pos("datapath-loaded") < pos("restore-endpoints"));
+    // The load starts before the tables are restored (in Kubernetes mode, listed), and runs
+    // beside them; it is waited for before the first cell that uses the datapath starts.
+    assert!(pos("load-datapath") < pos("restore-objects"));
+    assert!(pos("restore-objects") < pos("datapath-loaded"));
+    assert!(pos("datapath-loaded") < pos("mirror-datapath"));
     assert!(pos("restore-endpoints") < pos("serve-api"));
     // Services are taken over from the pinned maps only once objects and endpoints are back.
     assert!(pos("restore-objects") < pos("restore-services"));

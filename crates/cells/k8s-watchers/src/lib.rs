@@ -36,7 +36,10 @@
 //!   that wrote everything.
 //!
 //! Only what cells read is kept: the feed converts each object into the tables' slim types at
-//! once, and managed fields are dropped before that.
+//! once. The built-in kinds are decoded once, straight from the API server's bytes into their
+//! k8s-openapi types ([`cellium_resources::Decoded`]; an object that does not decode is rejected
+//! alone, naming its field); Cilium's kinds as dynamic objects, their managed fields dropped,
+//! and then as JSON for their strict decoder.
 
 mod cilium_node;
 mod client;

@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use cellium_hive::{Config, Reporter};
-use cellium_resources::{API_KINDS, ApiSource, Feed};
+use cellium_resources::{API_KINDS, ApiSource, BuiltIn, Decoded, Feed, Listing};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -103,6 +104,70 @@ impl K8sWatchers {
     }
 }
 
+impl K8sWatchers {
+    /// The watch of one kind: the built-in kinds decoded once into their k8s-openapi types,
+    /// Cilium's kinds as dynamic objects (their decoder works on JSON).
+    fn watch(
+        &self,
+        client: &kube::Client,
+        feed: &Feed,
+        api_version: &'static str,
+        kind: &'static str,
+        cancel: &CancellationToken,
+    ) -> BoxFuture<'static, ()> {
+        use k8s_openapi::api::{
+            core::v1 as core, discovery::v1 as discovery, networking::v1 as networking,
+        };
+        let fields = (kind == "Pod").then(|| format!("spec.nodeName={}", self.node_name));
+        let reporter = self.reporter.child(&kind.to_lowercase());
+        let (feed, cancel) = (feed.clone(), cancel.clone());
+        fn typed<K: BuiltIn>(
+            client: &kube::Client,
+            kind: &'static str,
+            fields: Option<String>,
+            feed: Feed,
+            reporter: Reporter,
+            cancel: CancellationToken,
+        ) -> BoxFuture<'static, ()> {
+            let api: Api<Decoded<K>> = Api::all(client.clone());
+            KindWatch {
+                api,
+                kind,
+                fields,
+                feed,
+                reporter,
+            }
+            .run(cancel)
+            .boxed()
+        }
+        match kind {
+            "Namespace" => typed::<core::Namespace>(client, kind, fields, feed, reporter, cancel),
+            "Pod" => typed::<core::Pod>(client, kind, fields, feed, reporter, cancel),
+            "Node" => typed::<core::Node>(client, kind, fields, feed, reporter, cancel),
+            "Service" => typed::<core::Service>(client, kind, fields, feed, reporter, cancel),
+            "EndpointSlice" => {
+                typed::<discovery::EndpointSlice>(client, kind, fields, feed, reporter, cancel)
+            }
+            "NetworkPolicy" => {
+                typed::<networking::NetworkPolicy>(client, kind, fields, feed, reporter, cancel)
+            }
+            _ => {
+                let api: Api<DynamicObject> =
+                    Api::all_with(client.clone(), &api_resource(api_version, kind));
+                KindWatch {
+                    api,
+                    kind,
+                    fields,
+                    feed,
+                    reporter,
+                }
+                .run(cancel)
+                .boxed()
+            }
+        }
+    }
+}
+
 impl ApiSource for K8sWatchers {
     fn server(&self) -> Option<String> {
         self.credentials.as_ref().map(Credentials::server)
@@ -122,16 +187,9 @@ impl ApiSource for K8sWatchers {
                 self.server().unwrap_or_default(),
                 self.node_name
             ));
-            let watches = API_KINDS.iter().map(|(api_version, kind)| {
-                let kind_watch = KindWatch {
-                    api: Api::all_with(client.clone(), &api_resource(api_version, kind)),
-                    kind,
-                    fields: (*kind == "Pod").then(|| format!("spec.nodeName={}", self.node_name)),
-                    feed: feed.clone(),
-                    reporter: self.reporter.child(&kind.to_lowercase()),
-                };
-                kind_watch.run(cancel.clone())
-            });
+            let watches = API_KINDS
+                .iter()
+                .map(|(api_version, kind)| self.watch(&client, &feed, api_version, kind, &cancel));
             let upkeep = crate::cilium_node::upkeep(
                 client.clone(),
                 self.node_name.clone(),
@@ -160,16 +218,53 @@ impl ApiSource for K8sWatchers {
     }
 }
 
+/// How the objects of a watch go to the feed.
+trait Watched: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static {
+    fn push(self, listing: &mut Listing);
+    fn apply(self, feed: &Feed, kind: &str);
+    fn delete(self, feed: &Feed, kind: &str);
+}
+
+/// Cilium's kinds: as JSON, without managed fields.
+impl Watched for DynamicObject {
+    fn push(self, listing: &mut Listing) {
+        listing.push(to_value(self));
+    }
+    fn apply(self, feed: &Feed, kind: &str) {
+        feed.apply(kind, to_value(self));
+    }
+    fn delete(self, feed: &Feed, kind: &str) {
+        feed.delete(kind, &to_value(self));
+    }
+}
+
+/// The built-in kinds, decoded once.
+impl<K: BuiltIn> Watched for Decoded<K> {
+    fn push(self, listing: &mut Listing) {
+        listing.push_decoded(self);
+    }
+    fn apply(self, feed: &Feed, _kind: &str) {
+        feed.apply_decoded(self);
+    }
+    fn delete(self, feed: &Feed, _kind: &str) {
+        feed.delete_decoded(&self);
+    }
+}
+
 /// The watch of one kind.
-struct KindWatch {
-    api: Api<DynamicObject>,
+struct KindWatch<K: kube::Resource> {
+    api: Api<K>,
     kind: &'static str,
     fields: Option<String>,
     feed: Feed,
     reporter: Reporter,
 }
 
-impl KindWatch {
+impl<K> KindWatch<K>
+where
+    K: Watched,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
     /// Lists, then watches, relisting when the watch expires or drops (kube-runtime's watcher,
     /// with its default backoff so that a failing server is not hammered), until `cancel`.
     /// Each complete list replaces the table's objects of the kind, so what was deleted while
@@ -195,7 +290,7 @@ impl KindWatch {
                 None => return,
                 // A list that starts (again) discards what a list cut short gathered.
                 Some(Ok(Event::Init)) => listing = self.feed.listing(self.kind),
-                Some(Ok(Event::InitApply(obj))) => listing.push(to_value(obj)),
+                Some(Ok(Event::InitApply(obj))) => obj.push(&mut listing),
                 Some(Ok(Event::InitDone)) => {
                     let objects = listing.len();
                     let complete = std::mem::replace(&mut listing, self.feed.listing(self.kind));
@@ -203,8 +298,8 @@ impl KindWatch {
                     self.reporter
                         .ok(format!("{objects} objects listed; watching"));
                 }
-                Some(Ok(Event::Apply(obj))) => self.feed.apply(self.kind, to_value(obj)),
-                Some(Ok(Event::Delete(obj))) => self.feed.delete(self.kind, &to_value(obj)),
+                Some(Ok(Event::Apply(obj))) => obj.apply(&self.feed, self.kind),
+                Some(Ok(Event::Delete(obj))) => obj.delete(&self.feed, self.kind),
                 Some(Err(e)) => {
                     // The table keeps what it holds: enforcing the last known state beats
                     // dropping it while the API server is away.

@@ -12,7 +12,12 @@
 //!   the default, `tcx` or `auto`; see [`AttachModeConfig`] for why clsact),
 //!   `conntrack-gc-interval` (default `30s`), `bpf-conntrack-accounting` (default `false`:
 //!   conntrack entries count their first packet only).
-//! - **Degraded** when a conntrack collection fails; failing to load fails the start.
+//! - **Hooks:** `load-datapath` starts the load (the verifier's work, off the runtime) as
+//!   soon as the node is claimed, and the start goes on beside it; `datapath-loaded` waits for
+//!   it before the first cell that uses the datapath starts (in Kubernetes mode, after the API
+//!   server's lists are in).
+//! - **Degraded** when a conntrack collection fails; failing to load fails the start (at
+//!   `datapath-loaded`, naming why; the failure is logged as soon as it happens).
 
 mod config;
 mod counters;
@@ -32,5 +37,8 @@ pub fn cell() -> Module {
         "Loads the eBPF datapath, pins its maps and collects expired connections",
     )
     .config::<LoaderConfig>()
+    .provide_private(loader::LoadJob::new)
+    // Constructed where the module stands in the agent's cells, so that the load starts there.
+    .invoke(|_: std::sync::Arc<loader::LoadJob>| {})
     .provide(Loader::new)
 }

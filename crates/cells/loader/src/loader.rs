@@ -1,14 +1,68 @@
 //! Loading the datapath at start and keeping it for the other cells.
+//!
+//! Loading is two hooks. `load-datapath` runs as early as the node is claimed and only starts
+//! the load (the kernel verifier's hundreds of milliseconds) on a blocking thread: it needs
+//! nothing but the BPF root, so it runs beside what the start does meanwhile (in Kubernetes
+//! mode, the API server's lists). `datapath-loaded` waits for it, and comes before the first
+//! hook of any cell that uses the datapath, since those depend on [`Loader`]: a failed load
+//! fails the start there, naming why.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cellium_datapath_bpf::{Datapath, DatapathConfig, DatapathOptions, MapOrigin};
 use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
 use cellium_metrics::Metrics;
+use tokio::task::JoinHandle;
 
 use crate::config::LoaderConfig;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
+
+type Loading = JoinHandle<Result<Datapath, cellium_datapath_bpf::Error>>;
+
+/// The load under way, started by the `load-datapath` hook; taken by [`Loader`]'s hook.
+#[derive(Debug, Default)]
+pub struct LoadJob {
+    loading: Mutex<Option<Loading>>,
+}
+
+impl LoadJob {
+    /// Declares the `load-datapath` hook. The module invokes this constructor, so that the
+    /// hook comes right after the hooks of what is constructed before the loader (the node's
+    /// claim on the BPF root), not where the first user of the datapath is constructed.
+    pub(crate) fn new(cfg: Config<LoaderConfig>, lc: Lifecycle) -> Arc<LoadJob> {
+        let job = Arc::new(LoadJob::default());
+        let this = job.clone();
+        let options = DatapathOptions {
+            bpf_root: cfg.bpf_root.clone(),
+            attach_mode: cfg.attach_mode.into(),
+        };
+        lc.append(Hook::new("load-datapath").on_start(move |_| async move {
+            // Seconds of CPU in the verifier at worst: off the runtime, and not waited for here.
+            let loading = tokio::task::spawn_blocking(move || {
+                let loaded = Datapath::open(options);
+                if let Err(e) = &loaded {
+                    // Said now: the start may be waiting for something else meanwhile.
+                    tracing::error!(error = %chain(e), "cannot load the datapath");
+                }
+                loaded
+            });
+            *this.slot() = Some(loading);
+            Ok(())
+        }));
+        job
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Loading>> {
+        self.loading.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for the load started by `load-datapath`.
+    async fn wait(&self) -> Result<Datapath, cellium_hive::BoxError> {
+        let loading = self.slot().take().ok_or(Error::NotStarted)?;
+        Ok(loading.await?.map_err(Error::Load)?)
+    }
+}
 
 /// The loaded datapath, shared by every cell that writes maps or attaches programs.
 #[derive(Debug)]
@@ -17,13 +71,14 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Declares the loader; the object is loaded by the start hook.
+    /// Declares the `datapath-loaded` hook, which waits for the load `load-datapath` started.
     pub fn new(
         cfg: Config<LoaderConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
         metrics: Option<Arc<Metrics>>,
+        job: Arc<LoadJob>,
     ) -> Arc<Loader> {
         let datapath = Arc::new(OnceLock::new());
         if let Some(metrics) = metrics {
@@ -31,19 +86,10 @@ impl Loader {
         }
         let loader = Arc::new(Loader { datapath });
         let this = loader.clone();
-        let root = cfg.bpf_root.clone();
-        let attach_mode = cfg.attach_mode.into();
         let interval = cfg.conntrack_gc_interval;
         let accounting = cfg.bpf_conntrack_accounting;
-        lc.append(Hook::new("load-datapath").on_start(move |_| async move {
-            let options = DatapathOptions {
-                bpf_root: root,
-                attach_mode,
-            };
-            // Loading runs the verifier: seconds of CPU that must not stall the runtime.
-            let dp = tokio::task::spawn_blocking(move || Datapath::open(options))
-                .await?
-                .map_err(Error::Load)?;
+        lc.append(Hook::new("datapath-loaded").on_start(move |_| async move {
+            let dp = job.wait().await?;
             dp.config()
                 .set_flag(DatapathConfig::CT_ACCOUNTING, accounting)
                 .map_err(Error::Accounting)?;
@@ -61,6 +107,17 @@ impl Loader {
     pub fn datapath(&self) -> Result<Arc<Datapath>> {
         self.datapath.get().cloned().ok_or(Error::NotLoaded)
     }
+}
+
+/// An error with its sources, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
 }
 
 /// "loaded from /sys/fs/bpf/cellium: 9 maps reused, 1 created", and each non-trivial

@@ -194,38 +194,51 @@ impl PolicyRepository {
     pub fn remove(&self, kind: PolicyKind, key: &ObjectKey) {
         let mut st = self.lock();
         st.problems.remove(&(kind, key.clone()));
-        self.replace(&mut st, (kind, key.clone()), None);
+        if self.replace(&mut st, (kind, key.clone()), None) {
+            self.changed(&mut st);
+        }
         self.report(&st);
     }
 
     /// Makes the rules exactly those of the policy tables of `resources` (level-triggered: for
-    /// the start and after missed events).
+    /// the start and after missed events). One batch: the CIDR identities are reconciled, the
+    /// revision increased and the health line composed once, not once per policy (which is
+    /// quadratic in the number of policies at the start).
     pub fn sync_resources(&self, resources: &Resources) {
-        let mut present: BTreeSet<SourceKey> = BTreeSet::new();
+        let mut sources: Vec<(SourceKey, Result<RuleSet, String>)> = Vec::new();
         for p in resources.network_policies.list() {
-            present.insert((PolicyKind::NetworkPolicy, p.key()));
-            self.upsert_network_policy(&p);
+            let translated = translate::network_policy::translate(&p);
+            sources.push(((PolicyKind::NetworkPolicy, p.key()), translated));
         }
         for p in resources.cilium_network_policies.list() {
-            present.insert((PolicyKind::CiliumNetworkPolicy, p.key()));
-            self.upsert_cilium_network_policy(&p);
+            let kind = PolicyKind::CiliumNetworkPolicy;
+            sources.push(((kind, p.key()), translate::cilium::translate(kind, &p)));
         }
         for p in resources.cilium_clusterwide_network_policies.list() {
-            present.insert((PolicyKind::CiliumClusterwideNetworkPolicy, p.key()));
-            self.upsert_cilium_clusterwide_network_policy(&p);
+            let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
+            sources.push(((kind, p.key()), translate::cilium::translate(kind, &p)));
         }
-        let stale: Vec<SourceKey> = {
-            let st = self.lock();
-            st.sets
-                .keys()
-                .chain(st.problems.keys())
-                .filter(|k| !present.contains(k))
-                .cloned()
-                .collect()
-        };
-        for (kind, key) in stale {
-            self.remove(kind, &key);
+        let present: BTreeSet<SourceKey> = sources.iter().map(|(k, _)| k.clone()).collect();
+        let mut st = self.lock();
+        let mut changed = false;
+        for (key, translated) in sources {
+            changed |= self.take_source(&mut st, key, translated);
         }
+        let stale: Vec<SourceKey> = st
+            .sets
+            .keys()
+            .chain(st.problems.keys())
+            .filter(|k| !present.contains(k))
+            .cloned()
+            .collect();
+        for key in stale {
+            st.problems.remove(&key);
+            changed |= self.replace(&mut st, key, None);
+        }
+        if changed {
+            self.changed(&mut st);
+        }
+        self.report(&st);
     }
 
     /// Makes the known identities exactly those of `identities` (level-triggered).
@@ -385,10 +398,24 @@ impl PolicyRepository {
 
     fn set_source(&self, key: SourceKey, translated: Result<RuleSet, String>) {
         let mut st = self.lock();
+        if self.take_source(&mut st, key, translated) {
+            self.changed(&mut st);
+        }
+        self.report(&st);
+    }
+
+    /// Takes in the translation of one object; whether its rules changed. The caller then
+    /// finishes the change ([`changed`](Self::changed)) and reports, once for a batch.
+    fn take_source(
+        &self,
+        st: &mut State,
+        key: SourceKey,
+        translated: Result<RuleSet, String>,
+    ) -> bool {
         match translated {
             Ok(set) => {
                 st.problems.remove(&key);
-                self.replace(&mut st, key, Some(set));
+                self.replace(st, key, Some(set))
             }
             Err(reason) => {
                 let origin = Origin {
@@ -401,19 +428,25 @@ impl PolicyRepository {
                     .insert(key.clone(), format!("{origin}: {reason}"));
                 // The previous rules of the object go: enforcing a policy its author has
                 // since changed would be worse than enforcing none of it.
-                self.replace(&mut st, key, None);
+                self.replace(st, key, None)
             }
         }
-        self.report(&st);
     }
 
-    fn replace(&self, st: &mut State, key: SourceKey, new: Option<RuleSet>) {
+    /// After rules changed: the CIDR identities their prefixes need, and a new revision.
+    fn changed(&self, st: &mut State) {
+        self.reconcile_cidrs(st);
+        Self::bump(st, &self.revision);
+    }
+
+    /// Replaces the rules of one object; whether they changed.
+    fn replace(&self, st: &mut State, key: SourceKey, new: Option<RuleSet>) -> bool {
         let old = st.sets.remove(&key);
         if old.as_deref() == new.as_ref() {
             if let Some(old) = old {
                 st.sets.insert(key, old);
             }
-            return;
+            return false;
         }
         // New users first, so a selector both versions use keeps its computed set.
         if let Some(new) = &new {
@@ -444,8 +477,7 @@ impl PolicyRepository {
                 .insert(key.clone(), new.clone());
             st.sets.insert(key, new);
         }
-        self.reconcile_cidrs(st);
-        Self::bump(st, &self.revision);
+        true
     }
 
     fn reconcile_cidrs(&self, st: &mut State) {

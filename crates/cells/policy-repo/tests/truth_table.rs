@@ -1054,3 +1054,43 @@ spec:
     assert_eq!(computed.len(), 300, "one computation per identity");
     eprintln!("1000 resolves over 300 identities: {:?}", start.elapsed());
 }
+
+#[test]
+fn a_sync_takes_every_policy_in_one_change_and_a_second_one_changes_nothing() {
+    let np = |name: &str, cidr: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: dev}}\nspec: {{podSelector: {{}}, ingress: [{{from: [{{ipBlock: {{cidr: {cidr}}}}}]}}]}}\n"
+        )
+    };
+    let w = World::new("");
+    let start = w.repo.revision();
+    let text = [
+        np("a", "192.0.2.0/24"),
+        np("b", "198.51.100.0/24"),
+        np("c", "203.0.113.0/24"),
+    ]
+    .join("---\n");
+    w.resources.apply("p.yaml", &text).unwrap();
+    w.repo.sync_resources(&w.resources);
+    // One revision for the batch, with every prefix's CIDR identity already in it.
+    assert_eq!(w.repo.revision(), start + 1);
+    assert_eq!(w.repo.cidr_identities().len(), 3);
+    w.repo.sync_resources(&w.resources);
+    assert_eq!(w.repo.revision(), start + 1, "nothing changed");
+    // A policy gone from the tables goes in the same batch as one that changed.
+    w.resources
+        .delete("p.yaml", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: a, namespace: dev}\n")
+        .unwrap();
+    w.resources
+        .apply("p.yaml", &np("b", "198.51.100.0/25"))
+        .unwrap();
+    w.repo.sync_resources(&w.resources);
+    assert_eq!(w.repo.revision(), start + 2);
+    let prefixes: Vec<String> = w
+        .repo
+        .cidr_identities()
+        .iter()
+        .map(|(net, _)| net.to_string())
+        .collect();
+    assert_eq!(prefixes, ["198.51.100.0/25", "203.0.113.0/24"]);
+}

@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::decoded::{BuiltIn, Decoded, path_error};
 use crate::document::decode;
 use crate::key::{Object, ObjectKey};
 use crate::kinds::Parsed;
@@ -115,8 +116,25 @@ impl Feed {
             );
             return;
         };
+        self.put(kind, key, from_api(kind, value));
+    }
+
+    /// [`apply`](Feed::apply) for an object of a built-in kind, decoded once.
+    pub fn apply_decoded<K: BuiltIn>(&self, object: Decoded<K>) {
+        let kind = object.kind();
+        let Some(key) = object.key() else {
+            tracing::warn!(
+                kind,
+                "an object without a name from the API server; ignored"
+            );
+            return;
+        };
+        self.put(kind, key, object.parse());
+    }
+
+    fn put(&self, kind: &str, key: ObjectKey, parsed: Result<Parsed, FieldError>) {
         let mut state = self.resources.lock();
-        match from_api(kind, value) {
+        match parsed {
             Ok(parsed) => {
                 state.rejected.remove(&(kind.to_string(), key));
                 state.writers.upsert(parsed);
@@ -132,9 +150,19 @@ impl Feed {
 
     /// Deletes the object of `kind` named in `value`.
     pub fn delete(&self, kind: &str, value: &Value) {
-        let Some(key) = key_of(kind, value) else {
-            return;
-        };
+        if let Some(key) = key_of(kind, value) {
+            self.remove(kind, key);
+        }
+    }
+
+    /// [`delete`](Feed::delete) for an object of a built-in kind, decoded once.
+    pub fn delete_decoded<K: BuiltIn>(&self, object: &Decoded<K>) {
+        if let Some(key) = object.key() {
+            self.remove(object.kind(), key);
+        }
+    }
+
+    fn remove(&self, kind: &str, key: ObjectKey) {
         let mut state = self.resources.lock();
         state.rejected.remove(&(kind.to_string(), key.clone()));
         state.writers.delete(kind, &key);
@@ -201,6 +229,12 @@ fn reject(
 pub(crate) fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
     let meta = value.get("metadata")?;
     let name = meta.get("name")?.as_str()?;
+    key_from(kind, name, meta.get("namespace").and_then(Value::as_str))
+}
+
+/// The key of an object of `kind` named `name` in `namespace`; `None` for an object of a
+/// namespaced kind without a namespace.
+pub(crate) fn key_from(kind: &str, name: &str, namespace: Option<&str>) -> Option<ObjectKey> {
     let clusterwide = matches!(
         kind,
         "Namespace" | "Node" | "CiliumClusterwideNetworkPolicy" | "CiliumNode" | "CiliumIdentity"
@@ -208,8 +242,7 @@ pub(crate) fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
     Some(if clusterwide {
         ObjectKey::cluster(name)
     } else {
-        let namespace = meta.get("namespace").and_then(Value::as_str)?;
-        ObjectKey::namespaced(namespace, name)
+        ObjectKey::namespaced(namespace?, name)
     })
 }
 
@@ -256,15 +289,11 @@ pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldErro
 }
 
 fn lenient<T: DeserializeOwned>(value: Value) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        FieldError::new(field, e.into_inner().to_string())
-    })
+    serde_path_to_error::deserialize(value).map_err(path_error)
 }
 
 /// A service's addresses and families as the API server decided them.
-fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
+pub(crate) fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
     let service = &mut draft.service;
     match &draft.requested {
         RequestedIp::Headless => {

@@ -45,6 +45,7 @@ mod apply;
 mod cell_tests;
 mod cluster_ips;
 mod config;
+mod decoded;
 mod document;
 mod error;
 mod feed;
@@ -67,6 +68,7 @@ mod writers;
 use cellium_hive::Module;
 
 pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
+pub use decoded::{BuiltIn, Decoded};
 pub use document::DocumentError;
 pub use error::{Error, Result};
 pub use feed::{API_KINDS, ApiSource, Feed};

@@ -8,6 +8,7 @@
 
 use serde_json::Value;
 
+use crate::decoded::{BuiltIn, Decoded};
 use crate::feed::{Feed, from_api, key_of};
 use crate::key::ObjectKey;
 use crate::kinds::Parsed;
@@ -46,6 +47,27 @@ impl Listing {
         };
         let item = from_api(&self.kind, value);
         self.items.push((key, item));
+    }
+
+    /// [`push`](Listing::push) for an object of a built-in kind, decoded once. An object of
+    /// another kind than the listing's is a mistake of the caller's, and left out.
+    pub fn push_decoded<K: BuiltIn>(&mut self, object: Decoded<K>) {
+        if object.kind() != self.kind {
+            tracing::error!(
+                kind = self.kind,
+                other = object.kind(),
+                "an object of another kind pushed to a listing; ignored"
+            );
+            return;
+        }
+        let Some(key) = object.key() else {
+            tracing::warn!(
+                kind = self.kind,
+                "an object without a name from the API server; ignored"
+            );
+            return;
+        };
+        self.items.push((key, object.parse()));
     }
 
     /// The kind listed.

@@ -14,9 +14,6 @@ use crate::resources::Resources;
 /// How often the start says which kinds it still waits for.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
-/// How often the start looks whether every kind is synced.
-const POLL: Duration = Duration::from_millis(20);
-
 /// Appends the `sync-from-api-server` hook: it starts the source and returns once every kind
 /// is synced. Within `start-timeout`, or the start fails naming the kinds that are not: the
 /// agent does not serve CNI calls from tables it knows to be incomplete. (The datapath's pinned
@@ -59,21 +56,35 @@ async fn wait_synced(
     server: &str,
     ctx: &HookContext,
 ) -> Result<(), cellium_hive::BoxError> {
+    // Each table signals its own sync: the start goes on as soon as the last kind is in.
+    let signals: Vec<_> = {
+        let state = resources.lock();
+        API_KINDS
+            .iter()
+            .filter_map(|(_, kind)| state.writers.synced(kind))
+            .collect()
+    };
+    let all_synced = async move {
+        for mut signal in signals {
+            // The table outlives the wait (`resources` is held): an error cannot happen.
+            let _ = signal.wait_for(|synced| *synced).await;
+        }
+    };
+    tokio::pin!(all_synced);
     let mut progress = tokio::time::interval(PROGRESS_EVERY);
     progress.tick().await;
     loop {
-        let missing = unsynced(resources);
-        if missing.is_empty() {
-            tracing::info!(server, "every kind synced from the API server");
-            return Ok(());
-        }
         tokio::select! {
-            // Polled: a kind syncs once per start, and a few milliseconds do not matter here.
-            _ = tokio::time::sleep(POLL) => {}
+            _ = &mut all_synced => {
+                tracing::info!(server, "every kind synced from the API server");
+                return Ok(());
+            }
             _ = progress.tick() => {
+                let missing = unsynced(resources);
                 tracing::info!(server, waiting_for = ?missing, "waiting for the API server's first complete lists");
             }
             _ = ctx.cancelled() => {
+                let missing = unsynced(resources);
                 return Err(format!(
                     "the API server {server} did not give a complete list of {} before start-timeout; the agent does not start from incomplete tables",
                     missing.join(", ")

@@ -136,23 +136,27 @@ impl Writers {
 
     /// Whether the table of `kind` holds its source's complete state.
     pub(crate) fn is_synced(&self, kind: &str) -> bool {
+        self.synced(kind).is_some_and(|rx| *rx.borrow())
+    }
+
+    /// The signal of the table of `kind` becoming synced ([`Table::synced`]); `None` for a
+    /// kind the tables do not hold.
+    pub(crate) fn synced(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<bool>> {
         let r = self.readers();
-        match kind {
-            Namespace::KIND => r.namespaces.is_synced(),
-            Pod::KIND => r.pods.is_synced(),
-            NetworkPolicy::KIND => r.network_policies.is_synced(),
-            CiliumNetworkPolicy::KIND => r.cilium_network_policies.is_synced(),
-            CiliumClusterwideNetworkPolicy::KIND => {
-                r.cilium_clusterwide_network_policies.is_synced()
-            }
-            Service::KIND => r.services.is_synced(),
-            EndpointSlice::KIND => r.endpoint_slices.is_synced(),
-            Node::KIND => r.nodes.is_synced(),
-            CiliumNode::KIND => r.cilium_nodes.is_synced(),
-            CiliumIdentity::KIND => r.cilium_identities.is_synced(),
-            CiliumEndpoint::KIND => r.cilium_endpoints.is_synced(),
-            _ => false,
-        }
+        Some(match kind {
+            Namespace::KIND => r.namespaces.synced(),
+            Pod::KIND => r.pods.synced(),
+            NetworkPolicy::KIND => r.network_policies.synced(),
+            CiliumNetworkPolicy::KIND => r.cilium_network_policies.synced(),
+            CiliumClusterwideNetworkPolicy::KIND => r.cilium_clusterwide_network_policies.synced(),
+            Service::KIND => r.services.synced(),
+            EndpointSlice::KIND => r.endpoint_slices.synced(),
+            Node::KIND => r.nodes.synced(),
+            CiliumNode::KIND => r.cilium_nodes.synced(),
+            CiliumIdentity::KIND => r.cilium_identities.synced(),
+            CiliumEndpoint::KIND => r.cilium_endpoints.synced(),
+            _ => return None,
+        })
     }
 
     /// The keys of every object of `kind`.

@@ -88,7 +88,14 @@ pub struct Programmer {
     /// at its start and written since, and those the frontends with affinity want.
     matches_in_map: BTreeSet<(u16, u32)>,
     matches_wanted: BTreeSet<(u16, u32)>,
+    /// The backends and frontends [`adopt`](Programmer::adopt) read, for the pass that
+    /// follows it: the maps are read an entry at a time, and at a restart with thousands of
+    /// services reading them twice in a row is a good part of the takeover.
+    adopted: Option<PinnedServices>,
 }
+
+/// The backends and frontends in the pinned maps.
+type PinnedServices = (BTreeMap<u32, Backend>, BTreeMap<Frontend, ServiceEntry>);
 
 /// What a maglev table is computed from: equal sources give equal tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,17 +118,22 @@ impl Programmer {
     /// Takes over the ids the pinned maps hold, so established connections keep their
     /// backends and reverse translation; rev-NAT entries no frontend holds (frontends removed
     /// before a restart) are handed to the collector. Returns (frontends, backends, lingering
-    /// rev-NAT entries) found.
+    /// rev-NAT entries) found. The next [`sync`](Programmer::sync) starts from what this read
+    /// instead of reading the maps again: nothing may write them in between.
     pub fn adopt(&mut self, dp: &Datapath) -> Result<(usize, usize, usize)> {
-        let lb = dp.services();
-        let backends = lb.backends().map_err(read("backends map"))?;
-        let frontends = lb.services().map_err(read("services map"))?;
+        let (backends, frontends) = read_pinned(dp)?;
         let counts = (frontends.len(), backends.len());
         self.ids.adopt(
-            backends,
+            backends.iter().map(|(id, b)| (*id, *b)),
             frontends.iter().map(|(fe, s)| (*fe, s.rev_nat_id)),
         );
-        for id in lb.rev_nats().map_err(read("rev-NAT maps"))?.into_keys() {
+        self.adopted = Some((backends, frontends));
+        for id in dp
+            .services()
+            .rev_nats()
+            .map_err(read("rev-NAT maps"))?
+            .into_keys()
+        {
             if !self.ids.rev_nat_in_use(id) {
                 self.released.insert(id);
             }
@@ -136,9 +148,10 @@ impl Programmer {
 
     /// One pass: programs every plan, then removes stale frontends and backends.
     pub fn sync(&mut self, dp: &Datapath, plans: Vec<Plan>) -> Result<SyncReport> {
-        let lb = dp.services();
-        let backends = lb.backends().map_err(read("backends map"))?;
-        let frontends = lb.services().map_err(read("services map"))?;
+        let (backends, frontends) = match self.adopted.take() {
+            Some(adopted) => adopted,
+            None => read_pinned(dp)?,
+        };
         self.matches_in_map = dp
             .affinity_match()
             .entries()
@@ -522,6 +535,14 @@ impl Programmer {
 /// on every node.
 fn backend_name(b: &PlannedBackend) -> String {
     SocketAddr::new(b.backend.addr, b.backend.port).to_string()
+}
+
+/// Every backend and frontend of the pinned maps.
+fn read_pinned(dp: &Datapath) -> Result<PinnedServices> {
+    let lb = dp.services();
+    let backends = lb.backends().map_err(read("backends map"))?;
+    let frontends = lb.services().map_err(read("services map"))?;
+    Ok((backends, frontends))
 }
 
 fn read(what: &'static str) -> impl Fn(cellium_datapath_bpf::Error) -> Error {

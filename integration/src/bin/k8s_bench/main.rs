@@ -13,7 +13,7 @@
 //! - the floor, `cellium-k8s-reflector-floor` (one kube-runtime reflector per kind, exiting
 //!   when every store is ready), runs `--floor-runs` times in the same node namespace against
 //!   the same server, timed from its exec to its exit (the round's figure is the median), each
-//!   time followed by a run with `--dynamic`, the agent's decoding (shown, not in the ratio);
+//!   time followed by a run with `--dynamic`, the dynamic decoding the agent keeps for Cilium's kinds only (shown, not in the ratio);
 //! - the agent is executed again on its state and timed ([`restart`]) from the exec until
 //!   every kind is synced and every endpoint of this node is restored and enforcing at the
 //!   repository's policy revision; its VmRSS is read then.
@@ -64,7 +64,7 @@ struct Cli {
     /// Timed restarts (and floor runs).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Runs of the floor (and of the floor with the agent's decoding) in each round; the
+    /// Runs of the floor (and of the floor with dynamic decoding) in each round; the
     /// round's figure is their median.
     #[arg(long, default_value_t = 3)]
     floor_runs: usize,
@@ -79,7 +79,7 @@ struct Sample {
     /// The floor's median over the round's runs.
     floor: Duration,
     floor_rss_kib: u64,
-    /// The floor with the agent's decoding (`--dynamic`).
+    /// The floor with dynamic decoding (`--dynamic`).
     floor_dynamic: Duration,
     timeline: Timeline,
     rss_kib: u64,
@@ -176,7 +176,7 @@ fn main() -> Result<()> {
             );
         }
         eprintln!(
-            "round {round}: agent {:.0} ms (synced at {:.0} ms, API at {:.0} ms), {:.1} MiB; floor {:.0} ms, {:.1} MiB ({objects}); floor with the agent's decoding {:.0} ms",
+            "round {round}: agent {:.0} ms (synced at {:.0} ms, API at {:.0} ms), {:.1} MiB; floor {:.0} ms, {:.1} MiB ({objects}); floor with dynamic decoding {:.0} ms",
             ms(timeline.ready),
             ms(timeline.synced),
             ms(timeline.api),
@@ -342,7 +342,7 @@ fn report(samples: &[Sample], shape: Shape, local: usize) {
         ms(pick(|s| s.timeline.synced)) / ms(floor).max(1e-9),
     );
     println!(
-        "  floor with the agent's decoding (every kind as dynamic objects, each converted into JSON): median {:.1} ms (min {:.1}, max {:.1})",
+        "  floor with dynamic decoding (every kind as dynamic objects, each converted into JSON, as the agent does for Cilium's kinds only): median {:.1} ms (min {:.1}, max {:.1})",
         ms(pick(|s| s.floor_dynamic)),
         ms(min(|s| s.floor_dynamic)),
         ms(max(|s| s.floor_dynamic)),
