@@ -302,7 +302,7 @@ int cel_from_container(struct __sk_buff *skb)
 		return from_container6(skb, cfg);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
-	s = scratch6();
+	s = scratch4();
 	if (!s)
 		return TC_ACT_SHOT;
 	lb = &s->lb4;
@@ -699,7 +699,7 @@ static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p
 static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS };
-	struct scratch6 *s = scratch6();
+	struct scratch6 *s = scratch4();
 	struct endpoint_info *dst;
 	struct ct_entry *ce = NULL;
 	struct lb4_service *svc;

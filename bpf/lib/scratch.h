@@ -31,14 +31,27 @@ struct {
 	__uint(max_entries, 1);
 } cel_scratch6 SEC(".maps");
 
-/* This CPU's slot, zeroed; NULL only if the map is missing. */
+/* This CPU's slot with its IPv6 part (p, key, lb6) zeroed; NULL only if the
+ * map is missing. Each family clears only its own part: the memset is paid
+ * on every packet. */
 static __always_inline struct scratch6 *scratch6(void)
 {
 	__u32 zero = 0;
 	struct scratch6 *s = bpf_map_lookup_elem(&cel_scratch6, &zero);
 
 	if (s)
-		__builtin_memset(s, 0, sizeof(*s));
+		__builtin_memset(s, 0, __builtin_offsetof(struct scratch6, p4));
+	return s;
+}
+
+/* This CPU's slot with its IPv4 part (p4, key4, lb4) zeroed. */
+static __always_inline struct scratch6 *scratch4(void)
+{
+	__u32 zero = 0;
+	struct scratch6 *s = bpf_map_lookup_elem(&cel_scratch6, &zero);
+
+	if (s)
+		__builtin_memset(&s->p4, 0, sizeof(*s) - __builtin_offsetof(struct scratch6, p4));
 	return s;
 }
 
