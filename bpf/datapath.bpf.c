@@ -4,17 +4,19 @@
  * the host-side veth of a pod; everything endpoint-specific comes from maps.
  *
  *   cel_from_container  TC ingress: packets the pod sends.
- *     source check -> later fragments take their first's ports ->
- *     service DNAT (backend chosen, nothing written; no backend: refused
- *     with a port unreachable, or dropped; back to the client itself: its
- *     source becomes the service loopback address) -> conntrack ->
+ *     source check -> later fragments take their first's ports -> an ICMP
+ *     error about a known connection is that connection's (lib/related.h:
+ *     translated back, forwarded past policy) -> service DNAT (backend
+ *     chosen, nothing written; no backend: refused with a port
+ *     unreachable, or dropped; back to the client itself: its source
+ *     becomes the service loopback address) -> conntrack ->
  *     (new: egress policy of the source, ingress policy of a local
  *     destination) -> service entry recorded -> reverse NAT of replies
  *     (a hairpin reply back to the pod that sent it) -> redirect into a
  *     local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
- *     later fragments take their first's ports -> conntrack -> (new:
- *     ingress policy) -> reverse NAT of replies.
+ *     later fragments take their first's ports -> related errors ->
+ *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
  *
  * IPv4 and IPv6 take the same steps over maps of their own family
  * (conntrack, fragments, services); IPv6 also lets the link-local control

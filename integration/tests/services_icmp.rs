@@ -286,12 +286,17 @@ fn a_closed_backend_port_behind_a_node_port_is_refused_from_the_node_port_outsid
     }
 }
 
-/// A datagram of `size` bytes to `to` from a connected UDP socket (which sets DF: path MTU
-/// discovery is Linux's default), then a read: the read's OS error and the socket's path MTU
-/// (`IP_MTU`) after it.
-fn pmtu_probe(ns: &NetNs, to: SocketAddr, size: usize) -> (Option<i32>, i32) {
-    ns.run(move || -> std::io::Result<(Option<i32>, i32)> {
-        let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+/// A datagram of `size` bytes to `to` from a connected UDP socket (which sets DF, or for
+/// IPv6 does not fragment below the path MTU: path MTU discovery is Linux's default), then a
+/// read: the read's OS error and, for IPv4, the socket's path MTU (`IP_MTU`) after it.
+fn pmtu_probe(ns: &NetNs, to: SocketAddr, size: usize) -> (Option<i32>, Option<i32>) {
+    ns.run(move || -> std::io::Result<(Option<i32>, Option<i32>)> {
+        let any: SocketAddr = if to.is_ipv4() {
+            "0.0.0.0:0".parse().expect("an address")
+        } else {
+            "[::]:0".parse().expect("an address")
+        };
+        let sock = std::net::UdpSocket::bind(any)?;
         sock.connect(to)?;
         sock.set_read_timeout(Some(TIMEOUT))?;
         sock.send(&vec![0x5a; size])?;
@@ -299,48 +304,59 @@ fn pmtu_probe(ns: &NetNs, to: SocketAddr, size: usize) -> (Option<i32>, i32) {
             .recv(&mut [0u8; 64])
             .err()
             .and_then(|e| e.raw_os_error());
+        if to.is_ipv6() {
+            return Ok((error, None));
+        }
         let mtu = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::IpMtu)
             .map_err(std::io::Error::from)?;
-        Ok((error, mtu))
+        Ok((error, Some(mtu)))
     })
     .expect("run in the namespace")
     .expect("the probe's socket")
 }
 
-#[test]
-fn a_router_behind_a_cluster_ip_teaches_the_client_the_path_mtu_of_the_cluster_ip() {
-    let _serial = serial();
-    let env = setup();
-    // Behind the external namespace, a link of MTU 1280 to a backend outside the cluster:
-    // the external namespace routes to it and answers "fragmentation needed" for more.
+/// The path MTU the client's routing cache holds for `to` (`ip route get`), if any.
+fn cached_mtu(ns: &NetNs, to: IpAddr) -> Option<u32> {
+    let out = ns
+        .ip(&["route", "get", &to.to_string()])
+        .expect("ip route get");
+    let mut words = out.split_whitespace();
+    words.find(|w| *w == "mtu")?;
+    words.next()?.parse().ok()
+}
+
+/// The link of MTU 1280 behind the external namespace, to `10.99.0.50` and `fd00:99::50`:
+/// the external namespace routes to them and answers "fragmentation needed" ("packet too
+/// big") for more.
+fn far_link(ext: &NetNs) -> NetNs {
     let far = NetNs::new().expect("far netns");
-    let ext = env.external.netns();
-    ext.ip(&[
-        "link",
-        "add",
-        "far0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        far.name(),
-    ])
-    .expect("far link");
-    ext.ip(&["link", "set", "far0", "mtu", "1280", "up"])
-        .expect("far0 up");
-    ext.ip(&["route", "add", "10.99.0.50/32", "dev", "far0"])
-        .expect("route");
+    let name = far.name().to_string();
+    let commands: [&[&str]; 3] = [
+        &[
+            "link", "add", "far0", "type", "veth", "peer", "name", "eth0", "netns", &name,
+        ],
+        &["link", "set", "far0", "mtu", "1280", "up"],
+        &["route", "add", "10.99.0.50/32", "dev", "far0"],
+    ];
+    for args in commands {
+        ext.ip(args).expect("the external side");
+    }
+    ext.ip(&["-6", "route", "add", "fd00:99::50/128", "dev", "far0"])
+        .expect("the external side");
     ext.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+    ext.sysctl("net.ipv6.conf.all.forwarding", "1")
+        .expect("forwarding");
     far.ip(&["addr", "add", "10.99.0.50/32", "dev", "eth0"])
-        .expect("far addr");
+        .expect("far address");
+    far.ip(&["addr", "add", "fd00:99::50/128", "dev", "eth0", "nodad"])
+        .expect("far address");
     far.ip(&["link", "set", "eth0", "mtu", "1280", "up"])
         .expect("far up");
-    env.agent
-        .objects(
-            "apply",
-            r#"
+    far
+}
+
+/// Services whose one backend is beyond the far link: `far` (IPv4, 10.96.0.60:53) and `far6`.
+const FAR: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: { name: far }
@@ -352,24 +368,56 @@ metadata: { name: far-1, labels: { kubernetes.io/service-name: far } }
 addressType: IPv4
 endpoints: [ { addresses: [ 10.99.0.50 ] } ]
 ports: [ { name: dns, port: 7000, protocol: UDP } ]
-"#,
-        )
-        .expect("apply the service");
+---
+apiVersion: v1
+kind: Service
+metadata: { name: far6 }
+spec: { ipFamilies: [ IPv6 ], ports: [ { name: dns, port: 53, protocol: UDP } ] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: far6-1, labels: { kubernetes.io/service-name: far6 } }
+addressType: IPv6
+endpoints: [ { addresses: [ "fd00:99::50" ] } ]
+ports: [ { name: dns, port: 7000, protocol: UDP } ]
+"#;
+
+#[test]
+fn a_router_behind_a_cluster_ip_teaches_the_client_the_path_mtu_of_the_cluster_ip() {
+    let _serial = serial();
+    let env = setup();
+    let _far = far_link(env.external.netns());
+    env.agent.objects("apply", FAR).expect("apply the services");
     let vip = frontends(&env.agent, "far", "ClusterIP", 1)[0];
     assert_eq!(
         vip,
         SocketAddr::new(Ipv4Addr::new(10, 96, 0, 60).into(), 53)
     );
+    let vip6 = frontends(&env.agent, "far6", "ClusterIP", 1)[0];
+    assert!(vip6.is_ipv6(), "{vip6}");
+
+    assert_eq!(cached_mtu(&env.client, vip.ip()), None);
     let (error, mtu) = pmtu_probe(&env.client, vip, 1300);
     assert_eq!(
         error,
         Some(nix::libc::EMSGSIZE),
         "the socket learns the datagram was too big"
     );
-    assert_eq!(mtu, 1280, "the path MTU towards the cluster IP");
+    assert_eq!(mtu, Some(1280), "the path MTU towards the cluster IP");
+    assert_eq!(cached_mtu(&env.client, vip.ip()), Some(1280));
     // What fits the path goes through as before.
     let (error, _) = pmtu_probe(&env.client, vip, 1000);
     assert_ne!(error, Some(nix::libc::EMSGSIZE));
+
+    // IPv6: packet too big, the same way.
+    assert_eq!(cached_mtu(&env.client, vip6.ip()), None);
+    let (error, _) = pmtu_probe(&env.client, vip6, 1300);
+    assert_eq!(
+        error,
+        Some(nix::libc::EMSGSIZE),
+        "packet too big reaches the socket"
+    );
+    assert_eq!(cached_mtu(&env.client, vip6.ip()), Some(1280));
 }
 
 /// A pod's interface as the datapath sees it: both MACs.
