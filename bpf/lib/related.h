@@ -281,7 +281,7 @@ static __always_inline int lb4_is_external(__be32 addr, __be16 port, __u8 protoc
  * The error's way back to the client of a translated connection: un-SNAT
  * (`client`, when the quoted source was the node's), the client's own port
  * (`ce`'s nat_port after a tuple clash), the frontend for the backend.
- * Returns CEL_RELATED, CEL_RELATED_EXTERNAL or -1 (could not rewrite).
+ * Returns CEL_RELATED, CEL_RELATED_EXTERNAL or CEL_REASON_NAT_FAILED.
  */
 static __always_inline int related4_translate(struct __sk_buff *skb, struct pkt *p,
 					      struct related_scratch *r)
@@ -291,7 +291,7 @@ static __always_inline int related4_translate(struct __sk_buff *skb, struct pkt 
 
 	if (r->snat) {
 		if (related4_outer(skb, p, NAT_DST, r->client4.addr) < 0)
-			return -1;
+			return CEL_REASON_NAT_FAILED;
 		__builtin_memcpy(&r->buf[12], &r->client4.addr, 4);
 		__builtin_memcpy(&r->buf[20], &r->client4.port, 2);
 	}
@@ -306,7 +306,7 @@ static __always_inline int related4_translate(struct __sk_buff *skb, struct pkt 
 		/* The backend itself answered: from the frontend. A router on
 		 * the way keeps its own address. */
 		if (p->saddr == r->key4.daddr && related4_outer(skb, p, NAT_SRC, vip) < 0)
-			return -1;
+			return CEL_REASON_NAT_FAILED;
 		__builtin_memcpy(&r->buf[16], &vip, 4);
 		__builtin_memcpy(&r->buf[22], &port, 2);
 		external = lb4_is_external(vip, port, r->key4.protocol);
@@ -314,7 +314,7 @@ static __always_inline int related4_translate(struct __sk_buff *skb, struct pkt 
 	if (!r->snat && !r->nat_port && !rn)
 		return CEL_RELATED;
 	if (quote4_write(skb, p, r, r->len) < 0)
-		return -1;
+		return CEL_REASON_NAT_FAILED;
 	return external ? CEL_RELATED_EXTERNAL : CEL_RELATED;
 }
 
@@ -381,12 +381,10 @@ static __noinline int icmp4_relate(struct __sk_buff *skb, struct pkt *p, int sna
 static __noinline int icmp4_translate(struct __sk_buff *skb, struct pkt *p)
 {
 	struct related_scratch *r = related_scratch();
-	int ret;
 
 	if (!r)
 		return CEL_REASON_NAT_FAILED;
-	ret = related4_translate(skb, p, r);
-	return ret < 0 ? CEL_REASON_NAT_FAILED : ret;
+	return related4_translate(skb, p, r);
 }
 
 /*
@@ -504,7 +502,7 @@ static __always_inline int related6_translate(struct __sk_buff *skb, struct pkt6
 
 	if (r->snat) {
 		if (related6_outer(skb, p, NAT_DST, r->client6.addr, r) < 0)
-			return -1;
+			return CEL_REASON_NAT_FAILED;
 		__builtin_memcpy(&r->buf[8], r->client6.addr, 16);
 		__builtin_memcpy(&r->buf[40], &r->client6.port, 2);
 	}
@@ -517,7 +515,7 @@ static __always_inline int related6_translate(struct __sk_buff *skb, struct pkt6
 
 		if (ipv6_equal(p->saddr, r->key.daddr) &&
 		    related6_outer(skb, p, NAT_SRC, rn->vip, r) < 0)
-			return -1;
+			return CEL_REASON_NAT_FAILED;
 		__builtin_memcpy(&r->buf[24], rn->vip, 16);
 		__builtin_memcpy(&r->buf[42], &port, 2);
 		external = lb6_is_external(rn->vip, port, r->key.protocol, &r->lb6);
@@ -525,7 +523,7 @@ static __always_inline int related6_translate(struct __sk_buff *skb, struct pkt6
 	if (!r->snat && !r->nat_port && !rn)
 		return CEL_RELATED;
 	if (quote6_write(skb, p, r, r->len) < 0)
-		return -1;
+		return CEL_REASON_NAT_FAILED;
 	return external ? CEL_RELATED_EXTERNAL : CEL_RELATED;
 }
 
@@ -594,12 +592,10 @@ static __noinline int icmp6_relate(const struct pkt6 *p, int snat_only)
 static __noinline int icmp6_translate(struct __sk_buff *skb, struct pkt6 *p)
 {
 	struct related_scratch *r = related_scratch();
-	int ret;
 
 	if (!r)
 		return CEL_REASON_NAT_FAILED;
-	ret = related6_translate(skb, p, r);
-	return ret < 0 ? CEL_REASON_NAT_FAILED : ret;
+	return related6_translate(skb, p, r);
 }
 
 /* icmp4_related for IPv6. */
