@@ -348,18 +348,12 @@ static __noinline int icmp4_relate(struct __sk_buff *skb, struct pkt *p, int sna
 	if (len < 0)
 		return CEL_RELATED_NONE;
 	ct_key_reverse(&r->rkey4, &r->key4);
-	now = bpf_ktime_get_ns();
 	/* An error goes to the sender of the packet it quotes. */
-	if (p->daddr != r->key4.saddr) {
-		/* About a reply: the error goes the connection's original
-		 * way, untranslated (an error to a frontend is not balanced). */
-		if (snat_only || p->daddr != r->key4.daddr)
-			return CEL_RELATED_NONE;
-		ce = bpf_map_lookup_elem(&cel_ct4, &r->rkey4);
-		return ct_live(ce, now) ? CEL_RELATED : CEL_RELATED_NONE;
-	}
-	/* About a packet of the original direction: back to its client, who
-	 * may be a client from outside whose source this node translated. */
+	if (p->daddr != r->key4.saddr)
+		return CEL_RELATED_NONE;
+	now = bpf_ktime_get_ns();
+	/* Its client, who may be a client from outside whose source this
+	 * node translated. */
 	client = bpf_map_lookup_elem(&cel_snat4, &r->rkey4);
 	if (snat_only && !client)
 		return CEL_RELATED_NONE;
@@ -370,8 +364,14 @@ static __noinline int icmp4_relate(struct __sk_buff *skb, struct pkt *p, int sna
 		r->key4.sport = r->client4.port;
 	}
 	ce = bpf_map_lookup_elem(&cel_ct4, &r->key4);
-	if (!ct_live(ce, now))
-		return CEL_RELATED_NONE;
+	if (!ct_live(ce, now)) {
+		/* About a reply: the error goes the connection's original
+		 * way, untranslated (an error to a frontend is not balanced). */
+		if (client)
+			return CEL_RELATED_NONE;
+		ce = bpf_map_lookup_elem(&cel_ct4, &r->rkey4);
+		return ct_live(ce, now) ? CEL_RELATED : CEL_RELATED_NONE;
+	}
 	r->rev_nat_id = ce->rev_nat_id;
 	r->nat_port = ce->nat_port;
 	r->len = len;
@@ -564,14 +564,9 @@ static __noinline int icmp6_relate(const struct pkt6 *p, int snat_only)
 
 	if (!r)
 		return CEL_RELATED_NONE;
+	if (!ipv6_equal(p->daddr, r->key.saddr))
+		return CEL_RELATED_NONE;
 	now = bpf_ktime_get_ns();
-	if (!ipv6_equal(p->daddr, r->key.saddr)) {
-		/* As for IPv4: about a reply, the original way. */
-		if (snat_only || !ipv6_equal(p->daddr, r->key.daddr))
-			return CEL_RELATED_NONE;
-		ce = bpf_map_lookup_elem(&cel_ct6, &r->rkey);
-		return ct_live(ce, now) ? CEL_RELATED : CEL_RELATED_NONE;
-	}
 	client = bpf_map_lookup_elem(&cel_snat6, &r->rkey);
 	if (snat_only && !client)
 		return CEL_RELATED_NONE;
@@ -582,8 +577,13 @@ static __noinline int icmp6_relate(const struct pkt6 *p, int snat_only)
 		r->key.sport = r->client6.port;
 	}
 	ce = bpf_map_lookup_elem(&cel_ct6, &r->key);
-	if (!ct_live(ce, now))
-		return CEL_RELATED_NONE;
+	if (!ct_live(ce, now)) {
+		/* As for IPv4: about a reply, the original way. */
+		if (client)
+			return CEL_RELATED_NONE;
+		ce = bpf_map_lookup_elem(&cel_ct6, &r->rkey);
+		return ct_live(ce, now) ? CEL_RELATED : CEL_RELATED_NONE;
+	}
 	r->rev_nat_id = ce->rev_nat_id;
 	r->nat_port = ce->nat_port;
 	return CEL_RELATED_TRANSLATE;
