@@ -4,17 +4,19 @@
  * the host-side veth of a pod; everything endpoint-specific comes from maps.
  *
  *   cel_from_container  TC ingress: packets the pod sends.
- *     source check -> later fragments take their first's ports ->
- *     service DNAT (backend chosen, nothing written; no backend: refused
- *     with a port unreachable, or dropped; back to the client itself: its
- *     source becomes the service loopback address) -> conntrack ->
+ *     source check -> later fragments take their first's ports -> an ICMP
+ *     error about a known connection is that connection's (lib/related.h:
+ *     translated back, forwarded past policy) -> service DNAT (backend
+ *     chosen, nothing written; no backend: refused with a port
+ *     unreachable, or dropped; back to the client itself: its source
+ *     becomes the service loopback address) -> conntrack ->
  *     (new: egress policy of the source, ingress policy of a local
  *     destination) -> service entry recorded -> reverse NAT of replies
  *     (a hairpin reply back to the pod that sent it) -> redirect into a
  *     local pod, or up the node's stack.
  *   cel_to_container    TC egress: packets the node's stack sends to the pod.
- *     later fragments take their first's ports -> conntrack -> (new:
- *     ingress policy) -> reverse NAT of replies.
+ *     later fragments take their first's ports -> related errors ->
+ *     conntrack -> (new: ingress policy) -> reverse NAT of replies.
  *
  * IPv4 and IPv6 take the same steps over maps of their own family
  * (conntrack, fragments, services); IPv6 also lets the link-local control
@@ -46,6 +48,7 @@
 #include "lib/packet.h"
 #include "lib/policy.h"
 #include "lib/reject.h"
+#include "lib/related.h"
 #include "lib/scratch.h"
 #include "lib/sock.h"
 #include "lib/tunnel.h"
@@ -123,6 +126,18 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	ret = frag6_track(p);
 	if (ret)
 		return drop6(skb, p, &t, ret);
+	/* An error about one of the node's connections is that connection's
+	 * (lib/related.h): past policy, translated back to its frontend. */
+	if (icmp6_is_error(p)) {
+		ret = icmp6_related(skb, p, 0);
+		if (ret > 0)
+			return drop6(skb, p, &t, ret);
+		if (ret != CEL_RELATED_NONE) {
+			external = ret == CEL_RELATED_EXTERNAL;
+			dst = endpoint_lookup6(p->daddr);
+			goto forward;
+		}
+	}
 	/* A reply to a source-translated client from outside: to it again. */
 	ret = unsnat6(skb, p);
 	if (ret)
@@ -191,6 +206,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	if (ret)
 		return drop6(skb, p, &t, ret);
 
+forward:
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
 		return ret < 0 ? drop6(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
@@ -221,6 +237,13 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	ret = frag6_track(p);
 	if (ret)
 		return ret;
+	/* An error about one of this endpoint's connections: delivered as
+	 * the connection's packets are, translated back to its frontend. */
+	if (icmp6_is_error(p)) {
+		ret = icmp6_related(skb, p, 0);
+		if (ret != CEL_RELATED_NONE)
+			return ret > 0 ? ret : 0;
+	}
 
 	now = bpf_ktime_get_ns();
 	ct6_key_from_pkt(&key, p, 0);
@@ -322,6 +345,18 @@ int cel_from_container(struct __sk_buff *skb)
 	ret = frag4_track(p);
 	if (ret)
 		return drop(skb, p, &t, ret);
+	/* An error about one of the node's connections is that connection's
+	 * (lib/related.h): past policy, translated back to its frontend. */
+	if (icmp4_is_error(p)) {
+		ret = icmp4_related(skb, p, 0);
+		if (ret > 0)
+			return drop(skb, p, &t, ret);
+		if (ret != CEL_RELATED_NONE) {
+			external = ret == CEL_RELATED_EXTERNAL;
+			dst = endpoint_lookup4(p->daddr);
+			goto forward;
+		}
+	}
 	/* A reply to a source-translated client from outside: to it again. */
 	ret = unsnat4(skb, p);
 	if (ret)
@@ -394,6 +429,7 @@ int cel_from_container(struct __sk_buff *skb)
 	if (ret)
 		return drop(skb, p, &t, ret);
 
+forward:
 	if (dst) {
 		ret = redirect_to_endpoint(skb, CEL_DIR_EGRESS, dst);
 		return ret < 0 ? drop(skb, p, &t, CEL_REASON_NAT_FAILED) : ret;
@@ -431,6 +467,13 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	ret = frag4_track(p);
 	if (ret)
 		return ret;
+	/* An error about one of this endpoint's connections: delivered as
+	 * the connection's packets are, translated back to its frontend. */
+	if (icmp4_is_error(p)) {
+		ret = icmp4_related(skb, p, 0);
+		if (ret != CEL_RELATED_NONE)
+			return ret > 0 ? ret : 0;
+	}
 
 	now = bpf_ktime_get_ns();
 	ct_key_from_pkt(&key, p, 0);
@@ -590,6 +633,8 @@ int cel_from_overlay(struct __sk_buff *skb)
 
 /* Not a frontend reached from outside: the packet goes on as before. */
 #define CEL_NOT_EXTERNAL -1
+/* An ICMP error, for nodeport_error4/6. */
+#define CEL_NODEPORT_ERROR -2
 
 /* A connection from outside to a frontend without backends: its port
  * unreachable goes back out of the device it came in on. */
@@ -722,6 +767,8 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	 * in nodeport_reply4); one whose first was not seen here is not ours. */
 	if (p->frag == CEL_FRAG_LATER && frag4_track(p))
 		return CEL_NOT_EXTERNAL;
+	if (icmp4_is_error(p))
+		return CEL_NODEPORT_ERROR;
 	ret = nodeport_reply4(skb, p, cfg, &t);
 	if (ret != CEL_NOT_EXTERNAL)
 		return ret;
@@ -804,6 +851,8 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	 * in nodeport_reply6); one whose first was not seen here is not ours. */
 	if (p->frag == CEL_FRAG_LATER && frag6_track(p))
 		return CEL_NOT_EXTERNAL;
+	if (icmp6_is_error(p))
+		return CEL_NODEPORT_ERROR;
 	ret = nodeport_reply6(skb, p, cfg, &t);
 	if (ret != CEL_NOT_EXTERNAL)
 		return ret;
@@ -861,6 +910,47 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	return fib_redirect6(skb, p);
 }
 
+/*
+ * An error from another node's backend (or a router on its way) about a
+ * connection of a client from outside whose source this node translated:
+ * back to that client, from the frontend (lib/related.h), routed out past
+ * the stack. Anything else: CEL_NOT_EXTERNAL. Subprograms of their own, off
+ * nodeport4/6's frames: the verifier adds up a call chain's frames.
+ */
+static __noinline int nodeport_error4(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_EGRESS };
+	struct pkt p = {};
+	int ret;
+
+	if (parse_ipv4(skb, &p))
+		return CEL_NOT_EXTERNAL;
+	ret = icmp4_related(skb, &p, 1);
+	if (ret == CEL_RELATED_NONE)
+		return CEL_NOT_EXTERNAL;
+	if (ret > 0)
+		return drop(skb, &p, &t, ret);
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return nodeport_fib4(skb, &p);
+}
+
+static __noinline int nodeport_error6(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	struct trace t = { .direction = CEL_DIR_EGRESS };
+	struct scratch6 *s = scratch6();
+	int ret;
+
+	if (!s || parse_ipv6(skb, &s->p))
+		return CEL_NOT_EXTERNAL;
+	ret = icmp6_related(skb, &s->p, 1);
+	if (ret == CEL_RELATED_NONE)
+		return CEL_NOT_EXTERNAL;
+	if (ret > 0)
+		return drop6(skb, &s->p, &t, ret);
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+	return fib_redirect6(skb, &s->p);
+}
+
 /* from_node4/6 for cel_from_netdev, in frames of their own: inlined there,
  * their stack would add to that of the frame calling nodeport4/6. */
 static __noinline int netdev_to_pod4(struct __sk_buff *skb, const struct datapath_config *cfg)
@@ -889,10 +979,14 @@ int cel_from_netdev(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		ret = nodeport4(skb, cfg);
+		if (ret == CEL_NODEPORT_ERROR)
+			ret = nodeport_error4(skb, cfg);
 		return ret != CEL_NOT_EXTERNAL ? ret : netdev_to_pod4(skb, cfg);
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		ret = nodeport6(skb, cfg);
+		if (ret == CEL_NODEPORT_ERROR)
+			ret = nodeport_error6(skb, cfg);
 		return ret != CEL_NOT_EXTERNAL ? ret : netdev_to_pod6(skb, cfg);
 	}
 	return TC_ACT_OK;

@@ -62,6 +62,11 @@ static __always_inline struct event *event_start(struct __sk_buff *skb, const st
 	e->endpoint_id = t->endpoint_id;
 	e->src_identity = t->src_identity;
 	e->dst_identity = t->dst_identity;
+	/* An opaque copy of the context: the compiler must load the field
+	 * through it, never keep a pointer into the context it computed
+	 * for one of the many inlined copies (the verifier refuses loads
+	 * through a context pointer with an offset). */
+	asm volatile("" : "+r"(skb));
 	e->ifindex = skb->ifindex;
 	e->verdict = verdict;
 	e->match = t->match;
