@@ -866,9 +866,7 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	__builtin_memcpy(frontend, p->daddr, 16);
 	t.src_identity = identity_of6(cfg, p->saddr);
 	now = bpf_ktime_get_ns();
-	/* At random: with maglev and affinity, this path's frame would pass
-	 * the 512-byte stack (a limit of this version, docs/services.md). */
-	ret = lb6_dnat_by(skb, p, cfg, now, lb, 0);
+	ret = lb6_dnat(skb, p, cfg, now, lb);
 	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
 		return reject_out6(skb, p, &t);
 	if (ret)

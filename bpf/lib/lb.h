@@ -122,17 +122,16 @@ static __always_inline __u32 lb4_hash(const struct pkt *p)
 
 static __always_inline __u32 lb6_hash(const struct pkt6 *p)
 {
-	__u32 s[4], d[4], h = CEL_LB_MAGLEV_SEED;
+	/* Word by word from the packet (the addresses are 4-byte aligned in
+	 * struct pkt6), in a loop kept rolled: unrolled, the words' mixes are
+	 * computed side by side and spill to the stack. */
+	const __u32 *w = (const __u32 *)p->saddr;
+	__u32 h = CEL_LB_MAGLEV_SEED;
 	int i;
 
-	__builtin_memcpy(s, p->saddr, 16);
-	__builtin_memcpy(d, p->daddr, 16);
-#pragma unroll
-	for (i = 0; i < 4; i++)
-		h = lb_hash_mix(h, s[i]);
-#pragma unroll
-	for (i = 0; i < 4; i++)
-		h = lb_hash_mix(h, d[i]);
+#pragma clang loop unroll(disable)
+	for (i = 0; i < 8; i++)
+		h = lb_hash_mix(h, w[i]);
 	return lb_hash_ports(h, p->sport, p->dport, p->protocol);
 }
 
@@ -207,22 +206,20 @@ static __always_inline __u32 lb4_select(struct lb4_key *key, __u16 count, __u16 
 	return slot ? slot->backend_id : 0;
 }
 
-/* lb4_select for IPv6 frontends; without `sticky`, affinity and maglev are
- * not looked at (a slot at random). */
+/* lb4_select for IPv6 frontends. */
 static __always_inline __u32 lb6_select(struct lb6_key *key, __u16 count, __u16 rev_nat_id,
-					__u32 affinity_timeout, const struct pkt6 *p, __u64 now,
-					const int sticky)
+					__u32 affinity_timeout, const struct pkt6 *p, __u64 now)
 {
 	struct lb6_affinity_key akey = { .rev_nat_id = rev_nat_id };
 	struct lb4_service *slot;
 	__u32 id = 0;
 
-	if (sticky && affinity_timeout) {
+	if (affinity_timeout) {
 		__builtin_memcpy(akey.client, p->saddr, 16);
 		id = lb_affinity_live(bpf_map_lookup_elem(&cel_lb6_affinity, &akey),
 				      affinity_timeout, rev_nat_id, now);
 	}
-	if (sticky && !id)
+	if (!id)
 		id = lb_maglev_pick(rev_nat_id, lb6_hash(p));
 	if (id && bpf_map_lookup_elem(&cel_lb6_backends, &id))
 		return id;
@@ -485,9 +482,9 @@ struct lb6_choice {
 };
 
 /* lb4_dnat for IPv6 frontends (cel_lb6_*, conntrack in cel_ct6). */
-static __always_inline int lb6_dnat_by(struct __sk_buff *skb, struct pkt6 *p,
-				       const struct datapath_config *cfg, __u64 now,
-				       struct lb6_choice *c, const int sticky)
+static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
+				    const struct datapath_config *cfg, __u64 now,
+				    struct lb6_choice *c)
 {
 	struct lb6_key key = {};
 	struct lb4_service *svc;
@@ -526,7 +523,7 @@ static __always_inline int lb6_dnat_by(struct __sk_buff *skb, struct pkt6 *p,
 	if (!be) {
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
-		id = lb6_select(&key, count, rnat, timeout, p, now, sticky);
+		id = lb6_select(&key, count, rnat, timeout, p, now);
 		be = bpf_map_lookup_elem(&cel_lb6_backends, &id);
 		if (!be)
 			return CEL_REASON_NO_SERVICE_BACKEND;
@@ -542,14 +539,6 @@ static __always_inline int lb6_dnat_by(struct __sk_buff *skb, struct pkt6 *p,
 	if (ret || !nat_port)
 		return ret;
 	return lb6_port_rewrite(skb, p, NAT_SRC, nat_port);
-}
-
-/* lb6_dnat_by with session affinity and maglev. */
-static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
-				    const struct datapath_config *cfg, __u64 now,
-				    struct lb6_choice *c)
-{
-	return lb6_dnat_by(skb, p, cfg, now, c, 1);
 }
 
 /*

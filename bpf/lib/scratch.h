@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * Per-CPU scratch space for the largest per-packet state of the IPv6 path
- * (and of the IPv4 path from a pod), kept off the 512-byte BPF stack that the inlined programs share. A program
- * runs to completion on its CPU before another packet's program may start
- * there (tc runs with bottom halves off), so one slot per CPU is enough.
+ * (and of the IPv4 paths), kept off the 512-byte BPF stack that the inlined
+ * programs share. A program runs to completion on its CPU before another
+ * packet's program may start there (tc runs with bottom halves off), so one
+ * slot per CPU is enough.
  */
 #ifndef CELLIUM_LIB_SCRATCH_H
 #define CELLIUM_LIB_SCRATCH_H

@@ -156,6 +156,75 @@ pub fn tcp_connect(ns: &NetNs, dst: impl Into<SocketAddr>, timeout: Duration) ->
     Ok(stream)
 }
 
+/// Connects from inside `ns`, from source port `sport` (so a test controls the flow's whole
+/// tuple, as a load balancer's hash sees it), to `dst` within `timeout`.
+pub fn tcp_connect_from(
+    ns: &NetNs,
+    sport: u16,
+    dst: impl Into<SocketAddr>,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, setsockopt, socket,
+        sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let dst = dst.into();
+    let (family, any) = if dst.is_ipv4() {
+        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
+    } else {
+        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
+    };
+    let stream = ns
+        .run(move || -> nix::Result<TcpStream> {
+            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            bind(
+                fd.as_raw_fd(),
+                &SockaddrStorage::from(SocketAddr::new(any, sport)),
+            )?;
+            connect(fd.as_raw_fd(), &SockaddrStorage::from(dst))?;
+            Ok(TcpStream::from(fd))
+        })?
+        .map_err(|e| Error::Probe {
+            probe: "tcp connect from a port",
+            target: dst.to_string(),
+            source: e.into(),
+        })?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(probe_err("tcp connect from a port", dst))?;
+    Ok(stream)
+}
+
+/// One connection from `ns`'s port `sport` to a [`TcpServer`] at `dst`: its banner. Closed with
+/// a reset (linger 0), so that neither side keeps the tuple in TIME-WAIT and the next
+/// connection from the same port is a new one for the datapath.
+pub fn banner_from(
+    ns: &NetNs,
+    sport: u16,
+    dst: impl Into<SocketAddr>,
+    timeout: Duration,
+) -> Result<String> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let dst = dst.into();
+    let stream = tcp_connect_from(ns, sport, dst, timeout)?;
+    let linger = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    setsockopt(&stream, sockopt::Linger, &linger).map_err(|e| Error::Probe {
+        probe: "tcp linger",
+        target: dst.to_string(),
+        source: e.into(),
+    })?;
+    let mut banner = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut banner)
+        .map_err(probe_err("tcp banner", dst))?;
+    Ok(banner.trim_end().to_string())
+}
+
 /// What a TCP request saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpReply {

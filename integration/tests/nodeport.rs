@@ -623,3 +623,107 @@ fn fragmented_datagrams_through_a_node_port_arrive_and_their_answers_come_back()
     }
     drop(servers);
 }
+
+#[test]
+fn an_ipv6_node_port_reached_from_outside_chooses_by_maglev_and_keeps_affinity() {
+    let _serial = serial();
+    let env = setup();
+    let web6 = env.web_ips[1];
+    let servers: Vec<probe::TcpServer> = [9080, 9081]
+        .into_iter()
+        .map(|port| {
+            let at = SocketAddr::new(web6, port);
+            probe::TcpServer::start(&env.web, at, &at.to_string())
+        })
+        .collect::<Result<_, _>>()
+        .expect("servers");
+    // Two backends (web-0's two ports), one slice each.
+    let service = |name: &str, extra: &str| {
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, annotations: {{ service.cilium.io/lb-algorithm: maglev }} }}\nspec: {{ type: NodePort, ipFamilies: [ IPv6 ], {extra} ports: [ {{ name: http, port: 80 }} ] }}\n"
+        );
+        for port in [9080, 9081] {
+            yaml.push_str(&format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-{port}, labels: {{ kubernetes.io/service-name: {name} }} }}\naddressType: IPv6\nendpoints: [ {{ addresses: [ \"{web6}\" ] }} ]\nports: [ {{ name: http, port: {port} }} ]\n"
+            ));
+        }
+        yaml
+    };
+    let agent = &env.agent;
+    agent
+        .objects("apply", &service("mg", ""))
+        .expect("apply mg");
+    agent
+        .objects(
+            "apply",
+            &service(
+                "aff",
+                "sessionAffinity: ClientIP, sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } },",
+            ),
+        )
+        .expect("apply aff");
+    let frontend_of = |name: &str| {
+        let service = format!("default/{name}");
+        wait_for(&format!("{service} on the link with 2 backends"), || {
+            frontends(agent).into_iter().find(|f| {
+                f["service"] == service.as_str()
+                    && f["vip"] == NODE6
+                    && f["backends"].as_array().map(Vec::len) == Some(2)
+            })
+        })
+    };
+    let (mg, aff) = (frontend_of("mg"), frontend_of("aff"));
+    let port_of = |f: &Value| {
+        f["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .expect("a port")
+    };
+    // The backend maglev's table gives a flow from the outside client's port `sport`.
+    let predicted = |f: &Value, sport: u16| {
+        let addresses: Vec<String> = f["backends"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["address"].as_str().map(String::from))
+            .collect();
+        let m = cellium_svc_lb::maglev::DEFAULT_TABLE_SIZE;
+        let table = cellium_svc_lb::maglev::table(&addresses, m);
+        let hash = cellium_svc_lb::maglev::flow_hash(
+            SocketAddr::new(EXT6.parse().unwrap(), sport),
+            at(NODE6, port_of(f)),
+            6,
+        );
+        let backend: SocketAddr = addresses[table[(hash % m) as usize]]
+            .parse()
+            .expect("a backend address");
+        backend.to_string()
+    };
+    let outside = env.external.netns();
+    let from = |sport: u16, f: &Value| {
+        probe::banner_from(outside, sport, at(NODE6, port_of(f)), TIMEOUT)
+            .unwrap_or_else(|e| panic!("port {sport}: {e}"))
+    };
+    wait_for("the node port answering from outside", || {
+        probe::banner_from(outside, 42999, at(NODE6, port_of(&mg)), TIMEOUT).ok()
+    });
+    let mut used = std::collections::BTreeSet::new();
+    for sport in 43000..43030 {
+        let banner = from(sport, &mg);
+        assert_eq!(banner, predicted(&mg, sport), "port {sport}");
+        used.insert(banner);
+    }
+    assert_eq!(used.len(), 2, "30 flows took one backend: {used:?}");
+    // Affinity: every new connection of the client takes its first one's backend.
+    let chosen = from(43000, &aff);
+    let mut overridden = 0;
+    for sport in 43001..43021 {
+        assert_eq!(from(sport, &aff), chosen, "port {sport}");
+        overridden += usize::from(predicted(&aff, sport) != chosen);
+    }
+    assert!(
+        overridden >= 3,
+        "only {overridden} flows would have chosen another backend"
+    );
+    drop(servers);
+}
