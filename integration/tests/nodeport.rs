@@ -14,16 +14,13 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use cellium_integration::lab::External;
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
+use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends};
 use cellium_integration::probe::{self, PeerServer, seen_from};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, NetNs};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-const NODE6: &str = "fd00:98::1";
-const EXT6: &str = "fd00:98::2";
-
 /// One agent at a time: they share two cores.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -50,85 +47,42 @@ fn service(name: &str, kind: &str, extra: &str) -> String {
     )
 }
 
-/// The agent, its external network, the backend's servers and the client pod.
+/// The service bed with web-0's servers on its port `http` (8080) in both families.
 struct Env {
-    // Drop order: servers, pods, external network, agent.
+    // Drop order: servers, then the bed.
     _servers: Vec<PeerServer>,
-    client: NetNs,
-    client_ips: Vec<IpAddr>,
-    web: NetNs,
-    web_ips: Vec<IpAddr>,
-    external: External,
-    agent: Agent,
+    bed: ServiceBed,
 }
 
-fn cid(tag: &str) -> String {
-    format!("np{tag}x{}", std::process::id())
+impl std::ops::Deref for Env {
+    type Target = ServiceBed;
+    fn deref(&self) -> &ServiceBed {
+        &self.bed
+    }
 }
 
-fn add_pod(agent: &Agent, name: &str) -> (NetNs, Vec<IpAddr>) {
-    let ns = NetNs::new().expect("pod netns");
-    let call = CniCall::new("ADD", &cid(name))
-        .netns(ns.path())
-        .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
-    let (_, result) = agent.add_call(&call).expect("CNI ADD");
-    let v4 = cellium_integration::cni::result_ipv4(&result).expect("an IPv4 address");
-    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
-    (ns, vec![v4.into(), v6.into()])
+impl std::ops::DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut ServiceBed {
+        &mut self.bed
+    }
 }
 
 fn setup() -> Env {
-    let pod_cidrs = vec!["10.244.0.0/24".to_string(), "fd00:10:244::/112".to_string()];
-    let agent = Agent::start_new(AgentOptions {
-        pod_cidrs: pod_cidrs.clone(),
-        env: vec![(
-            "CELLIUM_SERVICE_CIDR".into(),
-            "10.96.0.0/16,fd00:10:96::/108".into(),
-        )],
-        ..AgentOptions::default()
-    })
-    .expect("start the agent");
-    let external = External::attach(agent.node(), &pod_cidrs).expect("external network");
-    agent.objects("apply", PODS).expect("apply the pods");
-    let (web, web_ips) = add_pod(&agent, "web-0");
-    let servers: Vec<PeerServer> = web_ips
+    let bed = ServiceBed::start(PODS, "np").expect("the service bed");
+    let servers: Vec<PeerServer> = bed
+        .web_ips
         .iter()
-        .map(|ip| PeerServer::start(&web, SocketAddr::new(*ip, 8080)).expect("server"))
+        .map(|ip| PeerServer::start(&bed.web, SocketAddr::new(*ip, 8080)).expect("server"))
         .collect();
-    let (client, client_ips) = add_pod(&agent, "client");
     Env {
         _servers: servers,
-        client,
-        client_ips,
-        web,
-        web_ips,
-        external,
-        agent,
+        bed,
     }
 }
 
-/// Polls `f` for up to 20 s (the node's device program is put in place within 5 s of its
-/// address appearing).
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn frontends(agent: &Agent) -> Vec<Value> {
-    agent
-        .cli_json(&["service", "list"])
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
+/// [`service_bed::wait_for`], failing the test when it times out.
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    service_bed::wait_for(what, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The frontends of `default/<name>` of `kind`, once there are `count` of them.
@@ -429,7 +383,7 @@ fn the_health_check_node_port_answers_200_with_a_local_endpoint_and_503_without(
     assert_eq!(code, 200);
     // The only endpoint goes: 503, and the node port refuses.
     agent
-        .del(&cid("web-0"), &env.web.path())
+        .del(&service_bed::container_id("web-0", "np"), &env.web.path())
         .expect("CNI DEL web-0");
     expect(503, 0);
     let nodeport = node_port(agent, "lb");

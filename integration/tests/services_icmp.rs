@@ -12,17 +12,16 @@
 //! goes only to addresses inside them.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_integration::frame::{self, Ipv4Packet};
-use cellium_integration::lab::External;
 use cellium_integration::lab::external::NODE_LINK_IP;
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, probe};
+use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
+use cellium_integration::{Agent, NetNs, probe};
 use serde_json::Value;
 
 /// Long enough that a lost error shows as a timeout, not as a refusal.
 const TIMEOUT: Duration = Duration::from_secs(3);
-const NODE6: &str = "fd00:98::1";
 /// The port nothing listens on in the backend.
 const CLOSED: u16 = 9999;
 /// A port the backend answers on.
@@ -54,71 +53,13 @@ fn closed_service(kind: &str) -> String {
     )
 }
 
-/// The agent, its external network, the backend pod and the client pod.
-struct Env {
-    // Drop order: pods, external network, agent.
-    client: NetNs,
-    client_ips: Vec<IpAddr>,
-    web: NetNs,
-    web_ips: Vec<IpAddr>,
-    external: External,
-    agent: Agent,
+fn setup() -> ServiceBed {
+    ServiceBed::start(PODS, "icmp").expect("the service bed")
 }
 
-fn cid(tag: &str) -> String {
-    format!("icmp{tag}x{}", std::process::id())
-}
-
-fn add_pod(agent: &Agent, name: &str) -> (NetNs, Vec<IpAddr>) {
-    let ns = NetNs::new().expect("pod netns");
-    let call = CniCall::new("ADD", &cid(name))
-        .netns(ns.path())
-        .args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
-    let (_, result) = agent.add_call(&call).expect("CNI ADD");
-    let v4 = cellium_integration::cni::result_ipv4(&result).expect("an IPv4 address");
-    let v6 = cellium_integration::cni::result_ipv6(&result).expect("an IPv6 address");
-    (ns, vec![v4.into(), v6.into()])
-}
-
-fn setup() -> Env {
-    let pod_cidrs = vec!["10.244.0.0/24".to_string(), "fd00:10:244::/112".to_string()];
-    let agent = Agent::start_new(AgentOptions {
-        pod_cidrs: pod_cidrs.clone(),
-        env: vec![(
-            "CELLIUM_SERVICE_CIDR".into(),
-            "10.96.0.0/16,fd00:10:96::/108".into(),
-        )],
-        ..AgentOptions::default()
-    })
-    .expect("start the agent");
-    let external = External::attach(agent.node(), &pod_cidrs).expect("external network");
-    agent.objects("apply", PODS).expect("apply the pods");
-    let (web, web_ips) = add_pod(&agent, "web-0");
-    let (client, client_ips) = add_pod(&agent, "client");
-    Env {
-        client,
-        client_ips,
-        web,
-        web_ips,
-        external,
-        agent,
-    }
-}
-
-/// Polls `f` for up to 20 s (the node's device program is put in place within 5 s of its
-/// address appearing).
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// [`service_bed::wait_for`], failing the test when it times out.
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    service_bed::wait_for(what, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The frontends of `default/<name>` of `kind`, once there are `count` of them, each with a

@@ -31,6 +31,7 @@ pub mod external;
 pub mod fixture;
 pub mod hammer;
 pub mod open;
+pub mod service_bed;
 pub mod table;
 
 use std::collections::BTreeMap;
