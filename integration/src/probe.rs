@@ -225,6 +225,29 @@ pub fn banner_from(
     Ok(banner.trim_end().to_string())
 }
 
+/// A datagram to `dst` from a connected UDP socket inside `ns`, then a read within `timeout`:
+/// how the read failed (`ConnectionRefused` once an ICMP port unreachable came back), or
+/// `None` if an answer came.
+pub fn udp_error(
+    ns: &NetNs,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> Result<Option<std::io::ErrorKind>> {
+    let outcome = ns.run(move || -> std::io::Result<usize> {
+        let any: IpAddr = if dst.is_ipv4() {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
+        };
+        let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
+        sock.connect(dst)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.send(b"anyone?")?;
+        sock.recv(&mut [0u8; 64])
+    })?;
+    Ok(outcome.err().map(|e| e.kind()))
+}
+
 /// What a TCP request saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpReply {

@@ -966,12 +966,16 @@ spec:
   ports:
   - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
   - {{ name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP }}
+  - {{ name: closed, port: 54, targetPort: 5354, nodePort: 30054, protocol: UDP }}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
 addressType: IPv4
-ports: [ {{ name: http, port: {PORT}, protocol: TCP }}, {{ name: dns, port: 5353, protocol: UDP }} ]
+ports:
+- {{ name: http, port: {PORT}, protocol: TCP }}
+- {{ name: dns, port: 5353, protocol: UDP }}
+- {{ name: closed, port: 5354, protocol: UDP }}
 endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
 "#
         ))
@@ -1002,4 +1006,12 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         .unwrap_or_else(|e| panic!("{size} bytes to {dns}: {e}"));
         assert_eq!((reply.banner.as_str(), reply.from), ("web", dns));
     }
+    // The backend's port unreachable, about a datagram node 1 translated both ways, comes
+    // back to the client as from node 1's node port: its connected socket is refused.
+    let closed = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30054);
+    assert_eq!(
+        cellium_integration::probe::udp_error(&client, closed, Duration::from_secs(3))
+            .expect("run in the client"),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
 }

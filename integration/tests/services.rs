@@ -752,23 +752,9 @@ fn connect_error(ns: &NetNs, to: SocketAddr, timeout: Duration) -> Option<std::i
     .expect("run in the client")
 }
 
-/// A datagram from a connected UDP socket inside `ns`, then a read: how the read failed.
+/// [`probe::udp_error`], failing the test if the namespace cannot be entered.
 fn udp_error(ns: &NetNs, to: SocketAddr, timeout: Duration) -> Option<std::io::ErrorKind> {
-    ns.run(move || -> std::io::Result<usize> {
-        let any: SocketAddr = if to.is_ipv4() {
-            "0.0.0.0:0".parse().expect("an address")
-        } else {
-            "[::]:0".parse().expect("an address")
-        };
-        let sock = std::net::UdpSocket::bind(any)?;
-        sock.connect(to)?;
-        sock.set_read_timeout(Some(timeout))?;
-        sock.send(b"anyone?")?;
-        sock.recv(&mut [0u8; 64])
-    })
-    .expect("run in the client")
-    .err()
-    .map(|e| e.kind())
+    probe::udp_error(ns, to, timeout).expect("run in the client")
 }
 
 /// Checks a captured port unreachable for the packet the client sent to `vip` from `client`:

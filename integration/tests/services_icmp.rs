@@ -89,23 +89,9 @@ fn frontends(agent: &Agent, name: &str, kind: &str, count: usize) -> Vec<SocketA
     addrs
 }
 
-/// A datagram from a connected UDP socket inside `ns`, then a read: how the read failed.
-fn udp_error(ns: &NetNs, to: SocketAddr) -> Option<std::io::ErrorKind> {
-    ns.run(move || -> std::io::Result<usize> {
-        let any: SocketAddr = if to.is_ipv4() {
-            "0.0.0.0:0".parse().expect("an address")
-        } else {
-            "[::]:0".parse().expect("an address")
-        };
-        let sock = std::net::UdpSocket::bind(any)?;
-        sock.connect(to)?;
-        sock.set_read_timeout(Some(TIMEOUT))?;
-        sock.send(b"anyone?")?;
-        sock.recv(&mut [0u8; 64])
-    })
-    .expect("run in the namespace")
-    .err()
-    .map(|e| e.kind())
+/// [`probe::udp_error`] within [`TIMEOUT`].
+fn udp_error_of(ns: &NetNs, to: SocketAddr) -> Option<std::io::ErrorKind> {
+    probe::udp_error(ns, to, TIMEOUT).expect("run in the namespace")
 }
 
 /// Whether a frame is an ICMP or ICMPv6 destination unreachable (no extension headers).
@@ -166,7 +152,7 @@ fn check_error(frame: &[u8], client: IpAddr, service: SocketAddr) {
 fn refused_from_service(ns: &NetNs, ifname: &str, client: IpAddr, to: SocketAddr) {
     let capture = frame::Capture::open(ns, ifname).expect("capture");
     assert_eq!(
-        udp_error(ns, to),
+        udp_error_of(ns, to),
         Some(std::io::ErrorKind::ConnectionRefused),
         "to {to}"
     );
@@ -478,7 +464,7 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
     });
     // A related error after it still arrives, and is the first error the client sees.
     assert_eq!(
-        udp_error(&env.client, vips[0]),
+        udp_error_of(&env.client, vips[0]),
         Some(std::io::ErrorKind::ConnectionRefused)
     );
     let first = capture
