@@ -120,11 +120,15 @@ static __always_inline __u32 lb4_hash(const struct pkt *p)
 	return lb_hash_ports(h, p->sport, p->dport, p->protocol);
 }
 
+_Static_assert(__builtin_offsetof(struct pkt6, daddr) == __builtin_offsetof(struct pkt6, saddr) + 16,
+	       "lb6_hash reads the destination right after the source");
+
 static __always_inline __u32 lb6_hash(const struct pkt6 *p)
 {
-	/* Word by word from the packet (the addresses are 4-byte aligned in
-	 * struct pkt6), in a loop kept rolled: unrolled, the words' mixes are
-	 * computed side by side and spill to the stack. */
+	/* The source then the destination, word by word from the packet (both
+	 * 4-byte aligned and adjacent in struct pkt6, asserted below), in a loop
+	 * kept rolled: unrolled, the words' mixes are computed side by side and
+	 * spill to the stack. */
 	const __u32 *w = (const __u32 *)p->saddr;
 	__u32 h = CEL_LB_MAGLEV_SEED;
 	int i;
