@@ -10,15 +10,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::{Agent, AgentOptions, NetNs};
 use cellium_svc_lb::maglev;
-use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, setsockopt, socket, sockopt,
-};
+use nix::sys::socket::{setsockopt, sockopt};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -142,9 +140,9 @@ fn backend_addresses(frontend: &Value) -> Vec<String> {
 /// datapath's entry for it is closing, so the next connection from the same tuple is a new
 /// one and chooses its backend again.
 fn request_from(client: &NetNs, sport: u16, to: impl Into<SocketAddr>) -> String {
-    let (stream, banner) = open_from(client, sport, to.into());
-    reset_on_close(&stream);
-    banner
+    let to = to.into();
+    probe::banner_from(client, sport, to, TIMEOUT)
+        .unwrap_or_else(|e| panic!("banner from {to} (port {sport}): {e}"))
 }
 
 /// Makes closing `stream` send a reset (linger 0).
@@ -724,26 +722,7 @@ fn open_from(client: &NetNs, sport: u16, to: SocketAddr) -> (TcpStream, String) 
 
 /// A TCP connection from `client`'s port `sport` to `to`.
 fn connect_from(client: &NetNs, sport: u16, to: SocketAddr) -> TcpStream {
-    let (family, any) = if to.is_ipv4() {
-        (AddressFamily::Inet, IpAddr::from(Ipv4Addr::UNSPECIFIED))
-    } else {
-        (AddressFamily::Inet6, IpAddr::from(Ipv6Addr::UNSPECIFIED))
-    };
-    client
-        .run(move || -> nix::Result<TcpStream> {
-            let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            bind(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(SocketAddr::new(any, sport)),
-            )?;
-            connect(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &SockaddrStorage::from(to),
-            )?;
-            Ok(TcpStream::from(fd))
-        })
-        .expect("run in the client")
+    probe::tcp_connect_from(client, sport, to, TIMEOUT)
         .unwrap_or_else(|e| panic!("connect from port {sport} to {to}: {e}"))
 }
 
