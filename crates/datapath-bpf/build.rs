@@ -3,6 +3,7 @@
 //! with what the C compiler actually produced.
 
 use std::env;
+use std::hash::{DefaultHasher, Hasher};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -18,8 +19,10 @@ fn main() {
     let multiarch = "/usr/include/x86_64-linux-gnu";
 
     let source = bpf.join("datapath.bpf.c");
+    let object = out.join("datapath.bpf.o");
     SkeletonBuilder::new()
         .source(&source)
+        .obj(&object)
         .clang_args([
             format!("-I{}", include.display()),
             format!("-I{}", bpf.display()),
@@ -29,6 +32,18 @@ fn main() {
         ])
         .build_and_generate(out.join("datapath.skel.rs"))
         .expect("compiling bpf/datapath.bpf.c");
+
+    // What names this object among the programs pinned by earlier agents (`src/programs.rs`):
+    // equal hashes mean the same programs. A hasher that differs between Rust releases only
+    // makes an upgraded agent load afresh once.
+    let bytes = std::fs::read(&object).expect("reading the compiled object");
+    let mut hasher = DefaultHasher::new();
+    hasher.write(&bytes);
+    std::fs::write(
+        out.join("object_hash.rs"),
+        format!("{:#018x}\n", hasher.finish()),
+    )
+    .expect("writing object_hash.rs");
 
     // A host program that prints the headers' sizes and offsets as Rust
     // constants: the ground truth for the `abi` layout tests.

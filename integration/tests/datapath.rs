@@ -728,6 +728,17 @@ fn testbed_attach(name: &str, bpf_root: &std::path::Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Removes every program pinned for a next start (`<bpf>/programs/<tag>/<name>`).
+fn unpin_programs(bpf: &std::path::Path) {
+    for dir in std::fs::read_dir(bpf.join("programs")).unwrap() {
+        let dir = dir.unwrap().path();
+        for pin in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(pin.unwrap().path()).unwrap();
+        }
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}
+
 fn program_ids(report: &str) -> (u32, u32) {
     let line = report
         .lines()
@@ -776,7 +787,10 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     let client = probe::EchoStream::start(stream);
 
     std::thread::sleep(Duration::from_millis(700));
-    // Second agent: reopens the pinned maps and swaps the programs in place.
+    // Second agent, of another build: its programs are not the pinned ones (those are
+    // unpinned here, as another build's tag would not find them), so it loads its own,
+    // reopens the pinned maps and swaps the programs in place.
+    unpin_programs(bpf.path());
     let restart_at = Instant::now();
     let second = testbed_attach(&name, bpf.path());
     let restart_done = Instant::now();
@@ -797,6 +811,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         );
     }
     assert_eq!(second.matches("tcx Replaced").count(), 4, "{second}");
+    assert!(second.contains("program origin loaded"), "{second}");
     let second_ids = program_ids(&second);
     assert_ne!(first_ids, second_ids, "programs were not replaced");
 
@@ -855,6 +870,56 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     {
         assert_eq!(a.program_id, Some(second_ids.0));
     }
+}
+
+#[test]
+fn a_restart_of_the_same_build_reuses_its_programs_and_their_maps() {
+    let _serial = serial();
+    let name = format!("rr{}", std::process::id());
+    let topo = Topology::named(&name, 2).expect("topology");
+    let _cleanup = NamedTopology(name.clone(), 2);
+    let bpf = BpffsMount::new().unwrap();
+    let (p1, p2) = (topo.pod(1), topo.pod(2));
+
+    let first = testbed_attach(&name, bpf.path());
+    assert!(
+        first.contains("program origin loaded (no programs pinned by this build)"),
+        "{first}"
+    );
+    let first_ids = program_ids(&first);
+
+    // The next process of this build takes the pinned programs: no verifier, the same
+    // programs stay attached, and traffic goes on through them.
+    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let second = testbed_attach(&name, bpf.path());
+    assert!(second.contains("program origin reused"), "{second}");
+    assert_eq!(program_ids(&second), first_ids, "{second}");
+    assert_eq!(second.matches("tcx Replaced").count(), 4, "{second}");
+    probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).expect("allowed before");
+
+    // Its map handles are the maps those programs read and write: a policy written
+    // through them is enforced, and the drop comes back through its events.
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        dp.program_origin(),
+        &cellium_datapath_bpf::ProgramOrigin::Reused
+    );
+    set_policy(&dp, 2, &[]);
+    let event = wait_event(
+        &dp,
+        || {
+            let refused = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), SHORT);
+            assert!(refused.is_err(), "connected with no rule allowing it");
+        },
+        |e| e.kind == EventKind::Drop && e.saddr == p1.ip && e.dport == 8080,
+    );
+    assert_eq!(event.reason, Reason::PolicyDefaultDeny, "{event:?}");
+    assert!(dp.metrics().drops().unwrap() > 0);
+    drop(server);
 }
 
 #[test]

@@ -3,7 +3,9 @@
 
 use std::ffi::OsStr;
 
-use cellium_datapath_bpf::{Backend, Datapath, DatapathOptions, MapOrigin, Protocol};
+use cellium_datapath_bpf::{
+    Backend, Datapath, DatapathOptions, MapOrigin, ProgramOrigin, Protocol,
+};
 use cellium_integration::BpffsMount;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
@@ -111,6 +113,11 @@ fn a_different_layout_version_recreates_every_map() {
         .unwrap();
 
     let dp = open(&bpf);
+    assert!(
+        loaded_because(&dp).contains("layout version 99"),
+        "{:?}",
+        dp.program_origin()
+    );
     for r in dp.maps_report() {
         match &r.origin {
             MapOrigin::Recreated { reason } => {
@@ -127,4 +134,117 @@ fn a_different_layout_version_recreates_every_map() {
         dp.config().get().unwrap().layout_version,
         cellium_datapath_bpf::LAYOUT_VERSION
     );
+}
+
+fn programs(dp: &Datapath) -> &ProgramOrigin {
+    dp.program_origin()
+}
+
+/// The directories under `<bpf>/programs`, by name.
+fn program_dirs(bpf: &BpffsMount) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(bpf.path().join("programs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn the_program_dir(bpf: &BpffsMount) -> std::path::PathBuf {
+    let dirs = program_dirs(bpf);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    bpf.path().join("programs").join(&dirs[0])
+}
+
+fn loaded_because(dp: &Datapath) -> String {
+    match programs(dp) {
+        ProgramOrigin::Loaded { reason } => reason.clone(),
+        ProgramOrigin::Reused => panic!("the pinned programs were reused"),
+    }
+}
+
+#[test]
+fn a_second_open_of_the_same_build_reuses_the_programs_it_pinned() {
+    let bpf = BpffsMount::new().unwrap();
+    let first = open(&bpf);
+    assert!(loaded_because(&first).contains("no programs pinned"));
+    let ids = first.program_ids().unwrap();
+    drop(first);
+
+    let second = open(&bpf);
+    assert_eq!(programs(&second), &ProgramOrigin::Reused);
+    assert_eq!(second.program_ids().unwrap(), ids);
+    assert!(
+        second
+            .maps_report()
+            .iter()
+            .all(|r| r.origin == MapOrigin::Reused)
+    );
+    // Every pinned map of the object is there, by the handles the programs use.
+    let pinned = std::fs::read_dir(bpf.path().join("maps")).unwrap().count();
+    assert_eq!(second.maps_report().len(), pinned);
+}
+
+#[test]
+fn programs_whose_maps_were_replaced_are_loaded_afresh() {
+    let bpf = BpffsMount::new().unwrap();
+    let first = open(&bpf);
+    let ids = first.program_ids().unwrap();
+    drop(first);
+
+    // Another map of the very same shape pinned under the policy map's name: the pinned
+    // programs still use the old one, which no handle of the agent would reach.
+    let path = bpf.path().join("maps/cel_policy");
+    let old = MapHandle::from_pinned_path(&path).unwrap();
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
+        map_flags: old.info().unwrap().info.map_flags,
+        ..Default::default()
+    };
+    let mut new = MapHandle::create(
+        old.map_type(),
+        Some(OsStr::new("cel_policy")),
+        old.key_size(),
+        old.value_size(),
+        old.max_entries(),
+        &opts,
+    )
+    .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    new.pin(&path).unwrap();
+
+    let second = open(&bpf);
+    let reason = loaded_because(&second);
+    assert!(reason.contains("no longer pinned"), "{reason}");
+    assert_ne!(second.program_ids().unwrap(), ids);
+    assert_eq!(origin(&second, "cel_policy"), MapOrigin::Reused);
+    drop(second);
+    // Pinned anew: the next open takes them.
+    assert_eq!(programs(&open(&bpf)), &ProgramOrigin::Reused);
+}
+
+#[test]
+fn a_missing_program_pin_or_another_builds_programs_load_afresh() {
+    let bpf = BpffsMount::new().unwrap();
+    drop(open(&bpf));
+    let dir = the_program_dir(&bpf);
+    std::fs::remove_file(dir.join("cel_to_container")).unwrap();
+    let dp = open(&bpf);
+    let reason = loaded_because(&dp);
+    assert!(reason.contains("cel_to_container"), "{reason}");
+    drop(dp);
+
+    // Another build's directory and what an interrupted pinning left are removed when
+    // this build pins its own.
+    let tag = program_dirs(&bpf).remove(0);
+    let programs = bpf.path().join("programs");
+    std::fs::rename(
+        programs.join(&tag),
+        programs.join("0123456789abcdef-layout0-libbpf1-0"),
+    )
+    .unwrap();
+    std::fs::create_dir(programs.join("staging")).unwrap();
+    let dp = open(&bpf);
+    assert!(loaded_because(&dp).contains("no programs pinned"));
+    assert_eq!(program_dirs(&bpf), vec![tag]);
 }

@@ -1,12 +1,13 @@
 //! [`Datapath`]: the loaded object, its pinned maps and its attachments.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapHandle, OpenObject, PrintLevel, Program};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{MapCore, MapHandle, OpenObject, PrintLevel, Program};
 
 use crate::abi::{DatapathConfig, LAYOUT_VERSION};
 use crate::attach::{
@@ -27,6 +28,7 @@ use crate::maps::maglev::MaglevTables;
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::pinning::{self, MapOrigin, MapReport};
+use crate::programs::{self, Parts, ProgramOrigin};
 use crate::skel::DatapathSkelBuilder;
 use crate::sock::{self, SockHook};
 use crate::sys;
@@ -90,6 +92,7 @@ pub struct Datapath {
     sock: [OwnedFd; 8],
     attacher: Attacher,
     maps_report: Vec<MapReport>,
+    program_origin: ProgramOrigin,
 }
 
 /// libbpf's own messages go to `tracing` instead of stderr: expected
@@ -109,29 +112,101 @@ fn route_libbpf_logs() {
     });
 }
 
-fn handle(name: &'static str, map: &libbpf_rs::Map<'_>) -> Result<MapHandle> {
-    MapHandle::try_from(map).map_err(|e| Error::Handle {
-        object: name,
-        source: std::io::Error::other(e.to_string()),
-    })
+impl Parts {
+    fn map(&mut self, name: &'static str) -> Result<MapHandle> {
+        self.maps.remove(name).ok_or_else(|| missing(name))
+    }
+
+    fn typed<K, V>(&mut self, name: &'static str) -> Result<TypedMap<K, V>>
+    where
+        K: crate::abi::Plain,
+        V: crate::abi::Plain,
+    {
+        Ok(TypedMap::new(name, self.map(name)?))
+    }
+
+    fn prog(&mut self, name: &'static str) -> Result<OwnedFd> {
+        self.progs.remove(name).ok_or_else(|| missing(name))
+    }
 }
 
-fn typed<K, V>(name: &'static str, map: &libbpf_rs::Map<'_>) -> Result<TypedMap<K, V>>
-where
-    K: crate::abi::Plain,
-    V: crate::abi::Plain,
-{
-    Ok(TypedMap::new(name, handle(name, map)?))
+fn missing(name: &'static str) -> Error {
+    Error::Handle {
+        object: name,
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "not in the object"),
+    }
+}
+
+fn handle_error(name: &str, e: impl std::fmt::Display) -> Error {
+    Error::Handle {
+        object: "a map or program of the object",
+        source: std::io::Error::other(format!("{name}: {e}")),
+    }
+}
+
+/// Loads the object (the verifier runs), creating or reusing the pinned maps, and pins its
+/// programs for the next open of this build.
+fn load(
+    mut open: crate::skel::OpenDatapathSkel<'_>,
+    maps_dir: &Path,
+    programs_dir: &Path,
+) -> Result<(Parts, Vec<MapReport>)> {
+    let plan = pinning::prepare(open.open_object_mut(), maps_dir)?;
+    let skel = open.load().map_err(Error::LoadObject)?;
+    let object = skel.object();
+    let mut parts = Parts {
+        maps: BTreeMap::new(),
+        progs: BTreeMap::new(),
+    };
+    for map in object.maps() {
+        let name = map.name().to_string_lossy().into_owned();
+        let handle = MapHandle::try_from(&map).map_err(|e| handle_error(&name, e))?;
+        parts.maps.insert(name, handle);
+    }
+    for prog in object.progs() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let fd = prog
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| handle_error(&name, e))?;
+        parts.progs.insert(name, fd);
+    }
+    // The object's own descriptors close with it; ours keep everything.
+    drop(skel);
+
+    let mut reports = plan.reports;
+    for (name, old, reason) in plan.migrations {
+        let Some(new) = parts.maps.get(&name) else {
+            continue;
+        };
+        let entries = pinning::migrate(&name, &old, new);
+        if let Some(r) = reports.iter_mut().find(|r| r.name == name) {
+            r.origin = MapOrigin::Migrated { reason, entries };
+        }
+    }
+
+    let pins: Vec<_> = parts
+        .progs
+        .iter()
+        .map(|(name, fd)| (name.clone(), fd.as_fd()))
+        .collect();
+    if let Err(error) = programs::pin(programs_dir, &pins) {
+        // Loaded all the same: the next start verifies again.
+        tracing::warn!(%error, dir = %programs_dir.display(), "cannot pin the programs for the next start");
+    }
+    Ok((parts, reports))
 }
 
 impl Datapath {
-    /// Mounts bpffs if needed, loads the programs, and creates or reuses
-    /// the pinned maps (see [`crate::pinning`]). Nothing is attached yet.
+    /// Mounts bpffs if needed, creates or reuses the pinned maps (see [`crate::pinning`])
+    /// and loads the programs, or takes those an earlier open of this build loaded against
+    /// the same maps (see [`crate::programs`]). Nothing is attached yet.
     pub fn open(options: DatapathOptions) -> Result<Self> {
         route_libbpf_logs();
         let root = options.bpf_root;
         bpffs::ensure_bpffs(&root)?;
         let maps_dir = root.join("maps");
+        let programs_dir = root.join("programs");
         let links_dir = attach::links_dir(&root);
         for dir in [&maps_dir, &links_dir] {
             fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
@@ -141,102 +216,92 @@ impl Datapath {
         }
 
         let mut storage = MaybeUninit::<OpenObject>::uninit();
-        let mut open = DatapathSkelBuilder::default()
+        let open = DatapathSkelBuilder::default()
             .open(&mut storage)
             .map_err(Error::OpenObject)?;
-        let plan = pinning::prepare(open.open_object_mut(), &maps_dir)?;
-        let skel = open.load().map_err(Error::LoadObject)?;
-        let m = &skel.maps;
-
-        let mut maps_report = plan.reports;
-        for (name, old, reason) in plan.migrations {
-            let new = match name.as_str() {
-                "cel_endpoints" => handle("cel_endpoints", &m.cel_endpoints)?,
-                "cel_ipcache" => handle("cel_ipcache", &m.cel_ipcache)?,
-                "cel_policy" => handle("cel_policy", &m.cel_policy)?,
-                "cel_ct4" => handle("cel_ct4", &m.cel_ct4)?,
-                "cel_ct6" => handle("cel_ct6", &m.cel_ct6)?,
-                "cel_lb4_services" => handle("cel_lb4_services", &m.cel_lb4_services)?,
-                "cel_lb4_backends" => handle("cel_lb4_backends", &m.cel_lb4_backends)?,
-                "cel_lb4_revnat" => handle("cel_lb4_revnat", &m.cel_lb4_revnat)?,
-                "cel_lb6_services" => handle("cel_lb6_services", &m.cel_lb6_services)?,
-                "cel_lb6_backends" => handle("cel_lb6_backends", &m.cel_lb6_backends)?,
-                "cel_lb6_revnat" => handle("cel_lb6_revnat", &m.cel_lb6_revnat)?,
-                "cel_lb_affinity_match" => {
-                    handle("cel_lb_affinity_match", &m.cel_lb_affinity_match)?
+        let (parts, maps_report, program_origin) =
+            match programs::reuse(open.open_object(), &programs_dir, &maps_dir) {
+                Ok(parts) => {
+                    let reports = parts
+                        .maps
+                        .keys()
+                        .map(|name| MapReport {
+                            name: name.clone(),
+                            origin: MapOrigin::Reused,
+                        })
+                        .collect();
+                    tracing::info!("reusing the programs pinned by this build");
+                    (parts, reports, ProgramOrigin::Reused)
                 }
-                "cel_config" => handle("cel_config", &m.cel_config)?,
-                _ => continue,
+                Err(reason) => {
+                    tracing::info!(%reason, "loading the programs");
+                    let (parts, reports) = load(open, &maps_dir, &programs_dir)?;
+                    (parts, reports, ProgramOrigin::Loaded { reason })
+                }
             };
-            let entries = pinning::migrate(&name, &old, &new);
-            if let Some(r) = maps_report.iter_mut().find(|r| r.name == name) {
-                r.origin = MapOrigin::Migrated { reason, entries };
-            }
-        }
-
-        let dup = |name: &'static str, prog: &Program<'_>| {
-            prog.as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| Error::Handle {
-                    object: name,
-                    source,
-                })
-        };
-        let dp = Self {
-            endpoints: Endpoints::new(typed("cel_endpoints", &m.cel_endpoints)?),
-            ipcache: Ipcache::new(typed("cel_ipcache", &m.cel_ipcache)?),
-            policy: PolicyMap::new(typed("cel_policy", &m.cel_policy)?),
-            conntrack: Conntrack::new(typed("cel_ct4", &m.cel_ct4)?, typed("cel_ct6", &m.cel_ct6)?),
-            fragments: Fragments::new(
-                typed("cel_frag4", &m.cel_frag4)?,
-                typed("cel_frag6", &m.cel_frag6)?,
-            ),
-            services: Services::new(
-                FamilyMaps {
-                    services: typed("cel_lb4_services", &m.cel_lb4_services)?,
-                    backends: typed("cel_lb4_backends", &m.cel_lb4_backends)?,
-                    revnat: typed("cel_lb4_revnat", &m.cel_lb4_revnat)?,
-                },
-                FamilyMaps {
-                    services: typed("cel_lb6_services", &m.cel_lb6_services)?,
-                    backends: typed("cel_lb6_backends", &m.cel_lb6_backends)?,
-                    revnat: typed("cel_lb6_revnat", &m.cel_lb6_revnat)?,
-                },
-            ),
-            maglev: MaglevTables::new(typed("cel_lb_maglev", &m.cel_lb_maglev)?),
-            affinity_match: AffinityMatch::new(typed(
-                "cel_lb_affinity_match",
-                &m.cel_lb_affinity_match,
-            )?),
-            config: ConfigMap::new(typed("cel_config", &m.cel_config)?),
-            metrics: Metrics::new(typed("cel_metrics", &m.cel_metrics)?),
-            events: handle("cel_events", &m.cel_events)?,
-            from_container: dup("cel_from_container", &skel.progs.cel_from_container)?,
-            to_container: dup("cel_to_container", &skel.progs.cel_to_container)?,
-            from_overlay: dup("cel_from_overlay", &skel.progs.cel_from_overlay)?,
-            to_overlay: dup("cel_to_overlay", &skel.progs.cel_to_overlay)?,
-            from_netdev: dup("cel_from_netdev", &skel.progs.cel_from_netdev)?,
-            sock: [
-                dup("cel_sock4_connect", &skel.progs.cel_sock4_connect)?,
-                dup("cel_sock4_sendmsg", &skel.progs.cel_sock4_sendmsg)?,
-                dup("cel_sock4_recvmsg", &skel.progs.cel_sock4_recvmsg)?,
-                dup("cel_sock4_getpeername", &skel.progs.cel_sock4_getpeername)?,
-                dup("cel_sock6_connect", &skel.progs.cel_sock6_connect)?,
-                dup("cel_sock6_sendmsg", &skel.progs.cel_sock6_sendmsg)?,
-                dup("cel_sock6_recvmsg", &skel.progs.cel_sock6_recvmsg)?,
-                dup("cel_sock6_getpeername", &skel.progs.cel_sock6_getpeername)?,
-            ],
-            attacher: Attacher::new(links_dir, options.attach_mode),
+        let dp = Self::assemble(
+            parts,
             root,
+            Attacher::new(links_dir, options.attach_mode),
             maps_report,
-        };
-        // The object's own descriptors close here; ours keep everything.
-        drop(skel);
-
+            program_origin,
+        )?;
         if dp.config.get()?.layout_version != LAYOUT_VERSION {
             dp.config.set(&DatapathConfig::default())?;
         }
         Ok(dp)
+    }
+
+    fn assemble(
+        mut p: Parts,
+        root: PathBuf,
+        attacher: Attacher,
+        maps_report: Vec<MapReport>,
+        program_origin: ProgramOrigin,
+    ) -> Result<Self> {
+        Ok(Self {
+            endpoints: Endpoints::new(p.typed("cel_endpoints")?),
+            ipcache: Ipcache::new(p.typed("cel_ipcache")?),
+            policy: PolicyMap::new(p.typed("cel_policy")?),
+            conntrack: Conntrack::new(p.typed("cel_ct4")?, p.typed("cel_ct6")?),
+            fragments: Fragments::new(p.typed("cel_frag4")?, p.typed("cel_frag6")?),
+            services: Services::new(
+                FamilyMaps {
+                    services: p.typed("cel_lb4_services")?,
+                    backends: p.typed("cel_lb4_backends")?,
+                    revnat: p.typed("cel_lb4_revnat")?,
+                },
+                FamilyMaps {
+                    services: p.typed("cel_lb6_services")?,
+                    backends: p.typed("cel_lb6_backends")?,
+                    revnat: p.typed("cel_lb6_revnat")?,
+                },
+            ),
+            maglev: MaglevTables::new(p.typed("cel_lb_maglev")?),
+            affinity_match: AffinityMatch::new(p.typed("cel_lb_affinity_match")?),
+            config: ConfigMap::new(p.typed("cel_config")?),
+            metrics: Metrics::new(p.typed("cel_metrics")?),
+            events: p.map("cel_events")?,
+            from_container: p.prog("cel_from_container")?,
+            to_container: p.prog("cel_to_container")?,
+            from_overlay: p.prog("cel_from_overlay")?,
+            to_overlay: p.prog("cel_to_overlay")?,
+            from_netdev: p.prog("cel_from_netdev")?,
+            sock: [
+                p.prog("cel_sock4_connect")?,
+                p.prog("cel_sock4_sendmsg")?,
+                p.prog("cel_sock4_recvmsg")?,
+                p.prog("cel_sock4_getpeername")?,
+                p.prog("cel_sock6_connect")?,
+                p.prog("cel_sock6_sendmsg")?,
+                p.prog("cel_sock6_recvmsg")?,
+                p.prog("cel_sock6_getpeername")?,
+            ],
+            attacher,
+            root,
+            maps_report,
+            program_origin,
+        })
     }
 
     /// The BPF root.
@@ -247,6 +312,11 @@ impl Datapath {
     /// What happened to each map at open (reused, created, ...).
     pub fn maps_report(&self) -> &[MapReport] {
         &self.maps_report
+    }
+
+    /// Whether the programs were loaded at open or taken from an earlier open's pins.
+    pub fn program_origin(&self) -> &ProgramOrigin {
+        &self.program_origin
     }
 
     /// Returns once every program run that began before the call has finished, so that

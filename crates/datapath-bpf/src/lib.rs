@@ -1,9 +1,10 @@
 //! The Cellium eBPF datapath, from Rust.
 //!
 //! `bpf/datapath.bpf.c` is compiled into a libbpf skeleton at build time.
-//! [`Datapath::open`] mounts bpffs at the configured root if needed, loads
-//! the programs, and creates or reuses the maps pinned under
-//! `<root>/maps` (a restarted agent keeps conntrack, policy and services);
+//! [`Datapath::open`] mounts bpffs at the configured root if needed, creates
+//! or reuses the maps pinned under `<root>/maps` (a restarted agent keeps
+//! conntrack, policy and services), and loads the programs, or takes those an
+//! earlier open of the same build pinned under `<root>/programs` ([`programs`]);
 //! [`Datapath::attach`] puts `cel_from_container` and `cel_to_container` on
 //! a pod's host-side veth with pinned tcx links (clsact as fallback) and
 //! replaces the programs of an existing attachment atomically.
@@ -50,6 +51,7 @@ mod error;
 pub mod events;
 pub mod maps;
 pub mod pinning;
+pub mod programs;
 mod sock;
 mod sys;
 mod types;
@@ -81,5 +83,6 @@ pub use maps::maglev::MaglevTables;
 pub use maps::metrics::MetricSample;
 pub use maps::policy::{SyncStats, compile_policy};
 pub use pinning::{MapOrigin, MapReport};
+pub use programs::ProgramOrigin;
 pub use sock::SockHook;
 pub use types::{EndpointFlags, MacAddr, Reason};

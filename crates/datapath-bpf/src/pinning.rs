@@ -11,7 +11,7 @@ use std::fmt;
 use std::fs;
 use std::path::Path;
 
-use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenObject};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenMap, OpenObject};
 
 use crate::abi::LAYOUT_VERSION;
 use crate::error::{Error, Result};
@@ -84,6 +84,40 @@ impl fmt::Display for Shape {
     }
 }
 
+impl Shape {
+    fn of_object(map: &OpenMap<'_>) -> Self {
+        Shape {
+            ty: map.map_type(),
+            key: map.key_size(),
+            value: map.value_size(),
+            max: map.max_entries(),
+            flags: map.map_flags(),
+        }
+    }
+
+    fn of_pin(map: &MapHandle) -> Self {
+        Shape {
+            ty: map.map_type(),
+            key: map.key_size(),
+            value: map.value_size(),
+            max: map.max_entries(),
+            flags: map.info().map(|i| i.info.map_flags).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Whether the pinned `map` is what the object's `object_map` would create.
+pub(crate) fn same_shape(object_map: &OpenMap<'_>, pinned: &MapHandle) -> bool {
+    Shape::of_object(object_map) == Shape::of_pin(pinned)
+}
+
+/// A layout version other than this build's stored in the pinned `cel_config` under
+/// `maps_dir`: its maps' entries are another layout's. A version of 0 is a config nobody
+/// wrote yet: nothing to distrust.
+pub(crate) fn stale_layout_version(maps_dir: &Path) -> Option<u32> {
+    pinned_layout_version(&maps_dir.join("cel_config")).filter(|v| *v != 0 && *v != LAYOUT_VERSION)
+}
+
 /// The layout version stored in a pinned `cel_config`, if there is one.
 fn pinned_layout_version(path: &Path) -> Option<u32> {
     let map = MapHandle::from_pinned_path(path).ok()?;
@@ -103,9 +137,7 @@ fn migratable(ty: MapType) -> bool {
 /// Decides, for every map of `object`, whether to reuse its pin, and sets
 /// the pin paths libbpf loads with.
 pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> {
-    // A version of 0 is a config nobody wrote yet: nothing to distrust.
-    let stale_version = pinned_layout_version(&maps_dir.join("cel_config"))
-        .filter(|v| *v != 0 && *v != LAYOUT_VERSION);
+    let stale_version = stale_layout_version(maps_dir);
     let mut plan = Plan {
         reports: Vec::new(),
         migrations: Vec::new(),
@@ -114,27 +146,14 @@ pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> 
     for mut map in object.maps_mut() {
         let name = map.name().to_string_lossy().into_owned();
         let path = maps_dir.join(&name);
-        let wanted = Shape {
-            ty: map.map_type(),
-            key: map.key_size(),
-            value: map.value_size(),
-            max: map.max_entries(),
-            flags: map.map_flags(),
-        };
+        let wanted = Shape::of_object(&map);
 
         let origin = if path.exists() {
             let old = MapHandle::from_pinned_path(&path).map_err(|source| Error::OpenPinned {
                 path: path.clone(),
                 source,
             })?;
-            let flags = old.info().map(|i| i.info.map_flags).unwrap_or(u32::MAX);
-            let have = Shape {
-                ty: old.map_type(),
-                key: old.key_size(),
-                value: old.value_size(),
-                max: old.max_entries(),
-                flags,
-            };
+            let have = Shape::of_pin(&old);
             let origin = if let Some(v) = stale_version {
                 MapOrigin::Recreated {
                     reason: format!("layout version {v}, this build has {LAYOUT_VERSION}"),

@@ -1,6 +1,7 @@
 //! The few libbpf calls libbpf-rs 0.27 has no safe wrapper for: creating,
 //! pinning, opening, updating and detaching tcx and cgroup links by file
-//! descriptor; and the cookie of the caller's network namespace.
+//! descriptor; the maps a loaded program uses; libbpf's version; and the cookie of the caller's network
+//! namespace.
 //! Every function returns an owned fd or an `io::Error` with the errno.
 #![allow(unsafe_code)]
 
@@ -130,6 +131,42 @@ pub(crate) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let c = cstring(path)?;
     // SAFETY: a NUL-terminated path that outlives the call.
     fd_or_errno(unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) })
+}
+
+/// The ids of the maps the program open at `prog` uses.
+pub(crate) fn prog_map_ids(prog: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: `info` is a valid bpf_prog_info of `len` bytes; no array is asked for yet.
+    ok_or_errno(unsafe {
+        libbpf_sys::bpf_prog_get_info_by_fd(prog.as_raw_fd(), &mut info, &mut len)
+    })?;
+    let mut ids = vec![0u32; info.nr_map_ids as usize];
+    let mut info = libbpf_sys::bpf_prog_info {
+        nr_map_ids: ids.len() as u32,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    let mut len = size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: `map_ids` points at `nr_map_ids` u32s that outlive the call; the kernel
+    // writes at most that many.
+    ok_or_errno(unsafe {
+        libbpf_sys::bpf_prog_get_info_by_fd(prog.as_raw_fd(), &mut info, &mut len)
+    })?;
+    // Maps added between the two calls are not listed; the program's maps never change.
+    ids.truncate(info.nr_map_ids as usize);
+    Ok(ids)
+}
+
+/// The linked libbpf's (major, minor) version.
+pub(crate) fn libbpf_version() -> (u32, u32) {
+    // SAFETY: getters of constants compiled into libbpf; no arguments.
+    unsafe {
+        (
+            libbpf_sys::libbpf_major_version(),
+            libbpf_sys::libbpf_minor_version(),
+        )
+    }
 }
 
 fn libc_einval() -> i32 {

@@ -202,6 +202,7 @@ fn attach(
     for r in dp.maps_report() {
         println!("map {} {}", r.name, r.origin);
     }
+    println!("program origin {}", dp.program_origin());
     dp.config()
         .set_flag(DatapathConfig::TRACE_EVENTS, trace == Switch::On)?;
     let flags = match policy {

@@ -120,8 +120,8 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// "loaded from /sys/fs/bpf/cellium: 9 maps reused, 1 created", and each non-trivial
-/// origin logged, so a restart that lost state says so.
+/// "loaded from /sys/fs/bpf/cellium: programs reused, 9 maps reused, 1 created", and each
+/// non-trivial origin logged, so a restart that lost state says so.
 fn summary(dp: &Datapath) -> String {
     let (mut reused, mut created, mut replaced) = (0, 0, 0);
     for report in dp.maps_report() {
@@ -135,8 +135,9 @@ fn summary(dp: &Datapath) -> String {
         }
     }
     let text = format!(
-        "loaded from {}: {reused} maps reused, {created} created, {replaced} migrated or recreated",
-        dp.bpf_root().display()
+        "loaded from {}: programs {}, {reused} maps reused, {created} created, {replaced} migrated or recreated",
+        dp.bpf_root().display(),
+        dp.program_origin()
     );
     tracing::info!("{text}");
     text
