@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::{
-    AttachKind, AttachMode, Backend, CtTuple, Datapath, DatapathConfig, DatapathOptions, Direction,
-    EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin, PolicyMatch, PolicyRule, Protocol,
-    Reason, Verdict, compile_policy,
+    AttachAction, AttachKind, AttachMode, Backend, CtTuple, Datapath, DatapathConfig,
+    DatapathOptions, Direction, EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin,
+    PolicyMatch, PolicyRule, Protocol, Reason, Verdict, compile_policy,
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::topology::GATEWAY;
@@ -618,6 +618,18 @@ fn clsact_attach_works_and_detach_restores_plain_routing() {
     let attached = env.dp.attached().unwrap();
     assert_eq!(attached.len(), 4);
     assert!(attached.iter().all(|a| a.kind == AttachKind::Clsact));
+    // Attaching again the programs already there leaves the filters as they are.
+    let (dp, ifindex) = (env.dp.clone(), p1.host_ifindex);
+    let again = env
+        .topo
+        .node
+        .run(move || dp.attach(ifindex))
+        .unwrap()
+        .unwrap();
+    assert!(
+        again.iter().all(|h| h.action == AttachAction::Unchanged),
+        "{again:?}"
+    );
     assert!(probe::ping(&p1.ns, p2.ip, 2).unwrap());
     let before = env
         .dp
@@ -889,12 +901,13 @@ fn a_restart_of_the_same_build_reuses_its_programs_and_their_maps() {
     let first_ids = program_ids(&first);
 
     // The next process of this build takes the pinned programs: no verifier, the same
-    // programs stay attached, and traffic goes on through them.
+    // programs stay attached (their links left as they were), and traffic goes on
+    // through them.
     let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
     let second = testbed_attach(&name, bpf.path());
     assert!(second.contains("program origin reused"), "{second}");
     assert_eq!(program_ids(&second), first_ids, "{second}");
-    assert_eq!(second.matches("tcx Replaced").count(), 4, "{second}");
+    assert_eq!(second.matches("tcx Unchanged").count(), 4, "{second}");
     probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).expect("allowed before");
 
     // Its map handles are the maps those programs read and write: a policy written

@@ -121,6 +121,9 @@ pub enum AttachAction {
     Created,
     /// An existing attachment now runs the new program.
     Replaced,
+    /// The attachment ran this very program already (an agent restarted with the programs
+    /// it pinned): left as it was.
+    Unchanged,
 }
 
 /// One attached hook.
@@ -227,7 +230,11 @@ impl Attacher {
                 path: path.clone(),
                 source,
             })?;
-            if link_target(link.as_fd()) == Some(ifindex) {
+            let info = LinkInfo::from_fd(link.as_fd()).ok();
+            if link_target(info.as_ref()) == Some(ifindex) {
+                if info.map(|i| i.prog_id) == program_id(prog) {
+                    return Ok(AttachAction::Unchanged);
+                }
                 sys::link_update(link.as_fd(), prog).map_err(|source| Error::Link {
                     op: "update",
                     path: path.clone(),
@@ -277,9 +284,18 @@ impl Attacher {
             }
         };
         let mut tc = clsact_hook(prog, ifindex, hook)?;
-        tc.create().map_err(err("create the clsact qdisc for"))?;
-        let existed = tc.query().is_ok();
-        tc.attach().map_err(err("attach"))?;
+        // One netlink round trip when the filter runs this program already, three otherwise.
+        let action = match tc.query() {
+            Ok(id) if Some(id) == program_id(prog) => AttachAction::Unchanged,
+            Ok(_) => AttachAction::Replaced,
+            Err(_) => {
+                tc.create().map_err(err("create the clsact qdisc for"))?;
+                AttachAction::Created
+            }
+        };
+        if action != AttachAction::Unchanged {
+            tc.attach().map_err(err("attach"))?;
+        }
         self.clsact
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -288,11 +304,7 @@ impl Attacher {
         // left in place, both programs would see the pod's packets. The filter is in place
         // now, so removing the link leaves no moment without a program.
         self.detach_tcx(ifindex, hook)?;
-        Ok(if existed {
-            AttachAction::Replaced
-        } else {
-            AttachAction::Created
-        })
+        Ok(action)
     }
 
     /// Detaches the programs of `hooks` from `ifindex`; a hook with nothing attached
@@ -418,12 +430,8 @@ fn tcx_ifindex(info: &LinkInfo) -> Option<u32> {
 }
 
 /// The interface a pinned tcx link is attached to (0 or None when defunct).
-fn link_target(link: BorrowedFd<'_>) -> Option<u32> {
-    LinkInfo::from_fd(link)
-        .ok()
-        .as_ref()
-        .and_then(tcx_ifindex)
-        .filter(|i| *i != 0)
+fn link_target(link: Option<&LinkInfo>) -> Option<u32> {
+    link.and_then(tcx_ifindex).filter(|i| *i != 0)
 }
 
 /// Kernels without tcx reject the attach type.
@@ -451,6 +459,11 @@ fn clsact_hook(prog: BorrowedFd<'_>, ifindex: u32, hook: Hook) -> Result<libbpf_
         .handle(CLSACT_HANDLE)
         .priority(CLSACT_PRIORITY)
         .hook(point))
+}
+
+/// The kernel id of a loaded program, if the kernel tells it.
+fn program_id(prog: BorrowedFd<'_>) -> Option<u32> {
+    libbpf_rs::Program::id_from_fd(prog).ok()
 }
 
 /// `links` directory under the BPF root.

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use libbpf_rs::Program;
 use libbpf_rs::query::{LinkInfo, LinkTypeInfo};
 
 use crate::attach::AttachAction;
@@ -96,9 +97,15 @@ pub(crate) fn attach(
         let path = links_dir.join(hook.pin_name());
         if path.exists() {
             let link = sys::obj_get(&path).map_err(link_err("open", &path))?;
-            if cgroup_of(link.as_fd()) == Some(id) {
-                sys::link_update(link.as_fd(), *prog).map_err(link_err("update", &path))?;
-                done.push((hook, AttachAction::Replaced));
+            let info = LinkInfo::from_fd(link.as_fd()).ok();
+            if cgroup_of(info.as_ref()) == Some(id) {
+                let action = if info.map(|i| i.prog_id) == Program::id_from_fd(*prog).ok() {
+                    AttachAction::Unchanged
+                } else {
+                    sys::link_update(link.as_fd(), *prog).map_err(link_err("update", &path))?;
+                    AttachAction::Replaced
+                };
+                done.push((hook, action));
                 continue;
             }
             tracing::info!(path = %path.display(), "replacing a link to another cgroup");
@@ -142,7 +149,7 @@ pub(crate) fn attached(links_dir: &Path) -> Result<Vec<(SockHook, u64)>> {
         let path = links_dir.join(hook.pin_name());
         if path.exists() {
             let link = sys::obj_get(&path).map_err(link_err("open", &path))?;
-            if let Some(id) = cgroup_of(link.as_fd()) {
+            if let Some(id) = cgroup_of(LinkInfo::from_fd(link.as_fd()).ok().as_ref()) {
                 out.push((hook, id));
             }
         }
@@ -170,8 +177,8 @@ fn link_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Err
 }
 
 /// The cgroup a pinned link is attached to (None when defunct or not a cgroup link).
-fn cgroup_of(link: BorrowedFd<'_>) -> Option<u64> {
-    match LinkInfo::from_fd(link).ok()?.info {
+fn cgroup_of(link: Option<&LinkInfo>) -> Option<u64> {
+    match &link?.info {
         LinkTypeInfo::Cgroup(c) if c.cgroup_id != 0 => Some(c.cgroup_id),
         _ => None,
     }
