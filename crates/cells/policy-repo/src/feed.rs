@@ -5,13 +5,16 @@
 //! subscriber that falls behind (`Lagged`) resynchronises that source from its current
 //! state, which is safe because every update is idempotent.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cellium_hive::{Backoff, BoxError, Hook, JobContext, Jobs, Lifecycle, Reporter};
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
-use cellium_resources::{Event, Object, Resources};
+use cellium_resources::{
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Event, NetworkPolicy, Object, Resources,
+};
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{broadcast, watch};
 
 use crate::repository::PolicyRepository;
 use crate::rule::PolicyKind;
@@ -35,24 +38,85 @@ impl PolicyRepository {
         // The repository holds every policy and identity before the cells that resolve
         // policies start (the endpoint manager restores endpoints in its own start hook):
         // without this, a restored endpoint could be regenerated against an empty repository
-        // and open up for a moment what its policy closes.
-        let (r, res, ids) = (repo.clone(), resources.clone(), identities.clone());
+        // and open up for a moment what its policy closes. The job goes on from the
+        // subscriptions this sync took, rather than translating every policy again while the
+        // start goes on; only a retry of the job syncs afresh.
+        let first: Arc<Mutex<Option<Sources>>> = Arc::default();
+        let (r, res, ids, ipc, slot) = (
+            repo.clone(),
+            resources.clone(),
+            identities.clone(),
+            ipcache.clone(),
+            first.clone(),
+        );
         lc.append(Hook::new("initial-sync").on_start(move |_| async move {
-            let (snapshot, _) = ids.snapshot_and_subscribe();
-            r.sync_identities(&snapshot);
-            r.sync_resources(&res);
-            r.sync_named_ports();
-            r.set_policy_gaps(res.policy_gaps().borrow().clone());
+            let sources = Sources::sync(&r, &res, &ids, &ipc);
             r.report_now();
+            *lock(&slot) = Some(sources);
             Ok(())
         }));
         let (r, res, ids) = (repo.clone(), resources.clone(), identities);
         jobs.one_shot("feed", move |ctx| {
-            feed(ctx, r.clone(), res.clone(), ids.clone(), ipcache.clone())
+            let sources = lock(&first).take();
+            feed(
+                ctx,
+                r.clone(),
+                res.clone(),
+                ids.clone(),
+                ipcache.clone(),
+                sources,
+            )
         })
         .retry(Backoff::default())
         .add();
         repo
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the repository follows, subscribed before the state it was synced from was read, so
+/// that nothing falls between.
+struct Sources {
+    nps: broadcast::Receiver<Event<NetworkPolicy>>,
+    cnps: broadcast::Receiver<Event<CiliumNetworkPolicy>>,
+    ccnps: broadcast::Receiver<Event<CiliumClusterwideNetworkPolicy>>,
+    named_ports: watch::Receiver<u64>,
+    gaps: watch::Receiver<Vec<String>>,
+    id_events: broadcast::Receiver<IdentityEvent>,
+}
+
+impl Sources {
+    /// Subscribes to every source, then makes the repository what they hold now.
+    fn sync(
+        repo: &PolicyRepository,
+        res: &Resources,
+        ids: &Identities,
+        ipcache: &Ipcache,
+    ) -> Sources {
+        let (_, nps) = res.network_policies.snapshot_and_subscribe();
+        let (_, cnps) = res.cilium_network_policies.snapshot_and_subscribe();
+        let (_, ccnps) = res
+            .cilium_clusterwide_network_policies
+            .snapshot_and_subscribe();
+        let named_ports = ipcache.named_port_changes();
+        let mut gaps = res.policy_gaps();
+        let (snapshot, id_events) = ids.snapshot_and_subscribe();
+        // Identities before rules, so the first revision already resolves selectors fully.
+        repo.sync_identities(&snapshot);
+        repo.sync_resources(res);
+        repo.sync_named_ports();
+        repo.set_policy_gaps(gaps.borrow_and_update().clone());
+        Sources {
+            nps,
+            cnps,
+            ccnps,
+            named_ports,
+            gaps,
+            id_events,
+        }
     }
 }
 
@@ -62,48 +126,41 @@ async fn feed(
     res: Arc<Resources>,
     ids: Arc<Identities>,
     ipcache: Arc<Ipcache>,
+    first: Option<Sources>,
 ) -> Result<(), BoxError> {
-    // Subscriptions first, each with its snapshot, so that nothing falls between.
-    let (_, mut nps) = res.network_policies.snapshot_and_subscribe();
-    let (_, mut cnps) = res.cilium_network_policies.snapshot_and_subscribe();
-    let (_, mut ccnps) = res
-        .cilium_clusterwide_network_policies
-        .snapshot_and_subscribe();
-    // Subscribed before the first read below, so no change falls between.
-    let mut named_ports = ipcache.named_port_changes();
-    let mut gaps = res.policy_gaps();
-    let (snapshot, mut id_events) = ids.snapshot_and_subscribe();
-    // Identities before rules, so the first revision already resolves selectors fully.
-    repo.sync_identities(&snapshot);
-    repo.sync_resources(&res);
-    repo.sync_named_ports();
-    repo.set_policy_gaps(gaps.borrow_and_update().clone());
-    repo.report_now();
+    let mut s = match first {
+        Some(sources) => sources,
+        None => {
+            let sources = Sources::sync(&repo, &res, &ids, &ipcache);
+            repo.report_now();
+            sources
+        }
+    };
     ctx.reporter()
         .ok("following policies, pods, namespaces and identities");
     loop {
         tokio::select! {
             _ = ctx.cancelled() => return Ok(()),
-            ev = id_events.recv() => match ev {
+            ev = s.id_events.recv() => match ev {
                 Ok(IdentityEvent::Added(i)) => repo.identity_added(&i),
                 Ok(IdentityEvent::Removed(i)) => repo.identity_removed(&i),
                 Err(RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "identity events missed; resynchronising");
                     let (snapshot, rx) = ids.snapshot_and_subscribe();
-                    id_events = rx;
+                    s.id_events = rx;
                     repo.sync_identities(&snapshot);
                 }
                 Err(RecvError::Closed) => return Err("the identity events ended".into()),
             },
-            ev = nps.recv() => table_event(&repo, &res, PolicyKind::NetworkPolicy, ev, |r, p| r.upsert_network_policy(p))?,
-            ev = cnps.recv() => table_event(&repo, &res, PolicyKind::CiliumNetworkPolicy, ev, |r, p| r.upsert_cilium_network_policy(p))?,
-            ev = ccnps.recv() => table_event(&repo, &res, PolicyKind::CiliumClusterwideNetworkPolicy, ev, |r, p| r.upsert_cilium_clusterwide_network_policy(p))?,
-            changed = named_ports.changed() => match changed {
+            ev = s.nps.recv() => table_event(&repo, &res, PolicyKind::NetworkPolicy, ev, |r, p| r.upsert_network_policy(p))?,
+            ev = s.cnps.recv() => table_event(&repo, &res, PolicyKind::CiliumNetworkPolicy, ev, |r, p| r.upsert_cilium_network_policy(p))?,
+            ev = s.ccnps.recv() => table_event(&repo, &res, PolicyKind::CiliumClusterwideNetworkPolicy, ev, |r, p| r.upsert_cilium_clusterwide_network_policy(p))?,
+            changed = s.named_ports.changed() => match changed {
                 Ok(()) => repo.sync_named_ports(),
                 Err(_) => return Err("the ipcache's named port changes ended".into()),
             },
-            changed = gaps.changed() => match changed {
-                Ok(()) => repo.set_policy_gaps(gaps.borrow_and_update().clone()),
+            changed = s.gaps.changed() => match changed {
+                Ok(()) => repo.set_policy_gaps(s.gaps.borrow_and_update().clone()),
                 Err(_) => return Err("the records' policy gaps ended".into()),
             },
         }
@@ -151,6 +208,40 @@ mod tests {
     }
 
     const NP: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: db}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]\n";
+
+    #[tokio::test]
+    async fn a_policy_applied_by_a_later_start_hook_is_taken_in() {
+        let resources = Resources::new();
+        let (r, r2) = (resources.clone(), resources.clone());
+        let slot: Arc<Mutex<Option<Arc<PolicyRepository>>>> = Arc::default();
+        let s = slot.clone();
+        let mut hive = Hive::new([
+            Module::new("tables", "The resources, identities and ipcache, in memory")
+                .provide(move || r.clone())
+                .provide(Identities::in_memory)
+                .provide(Ipcache::in_memory)
+                .into(),
+            crate::cell().into(),
+            // Constructed after the repository: its hook runs after the initial sync, while
+            // the feed job may not have run yet.
+            Module::new("later", "Applies a policy from its start hook")
+                .invoke(move |lc: Lifecycle, repo: Arc<PolicyRepository>| {
+                    *s.lock().unwrap() = Some(repo);
+                    let res = r2.clone();
+                    lc.append(Hook::new("apply").on_start(move |_| async move {
+                        res.apply("np.yaml", NP)?;
+                        Ok(())
+                    }));
+                })
+                .into(),
+        ])
+        .with_config(ConfigSources::new());
+        hive.start().await.unwrap();
+        let repo = slot.lock().unwrap().clone().unwrap();
+        assert_eq!(resources.network_policies.len(), 1);
+        eventually("the policy is applied", || repo.rules().len() == 2).await;
+        hive.stop().await.unwrap();
+    }
 
     #[tokio::test]
     async fn the_cell_follows_the_tables_and_the_identities() {
