@@ -762,17 +762,36 @@ fn program_ids(report: &str) -> (u32, u32) {
     (ids.next().expect("from id"), ids.next().expect("to id"))
 }
 
+/// Two pods in a named topology (what `cellium-testbed` attaches to), removed at the end,
+/// and a private bpffs. Fields drop in order: the pins first, the topology last.
+struct NamedBed {
+    bpf: BpffsMount,
+    name: String,
+    _cleanup: NamedTopology,
+    topo: Topology,
+}
+
+fn named_bed(prefix: &str) -> NamedBed {
+    let name = format!("{prefix}{}", std::process::id());
+    let topo = Topology::named(&name, 2).expect("topology");
+    NamedBed {
+        bpf: BpffsMount::new().unwrap(),
+        _cleanup: NamedTopology(name.clone(), 2),
+        name,
+        topo,
+    }
+}
+
 #[test]
 fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     let _serial = serial();
-    let name = format!("rt{}", std::process::id());
-    let topo = Topology::named(&name, 2).expect("topology");
-    let _cleanup = NamedTopology(name.clone(), 2);
-    let bpf = BpffsMount::new().unwrap();
+    let NamedBed {
+        bpf, name, topo, ..
+    } = &named_bed("rt");
     let (p1, p2) = (topo.pod(1), topo.pod(2));
 
     // First agent: loads, writes endpoints and an allow policy, attaches, exits.
-    let first = testbed_attach(&name, bpf.path());
+    let first = testbed_attach(name, bpf.path());
     assert!(
         first.contains("map cel_ct4 created") && first.contains("tcx Created"),
         "{first}"
@@ -804,7 +823,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     // reopens the pinned maps and swaps the programs in place.
     unpin_programs(bpf.path());
     let restart_at = Instant::now();
-    let second = testbed_attach(&name, bpf.path());
+    let second = testbed_attach(name, bpf.path());
     let restart_done = Instant::now();
     std::thread::sleep(Duration::from_millis(700));
     let rounds = client.stop().expect("stream failed");
@@ -887,13 +906,12 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
 #[test]
 fn a_restart_of_the_same_build_reuses_its_programs_and_their_maps() {
     let _serial = serial();
-    let name = format!("rr{}", std::process::id());
-    let topo = Topology::named(&name, 2).expect("topology");
-    let _cleanup = NamedTopology(name.clone(), 2);
-    let bpf = BpffsMount::new().unwrap();
+    let NamedBed {
+        bpf, name, topo, ..
+    } = &named_bed("rr");
     let (p1, p2) = (topo.pod(1), topo.pod(2));
 
-    let first = testbed_attach(&name, bpf.path());
+    let first = testbed_attach(name, bpf.path());
     assert!(
         first.contains("program origin loaded (no programs pinned by this build)"),
         "{first}"
@@ -904,7 +922,7 @@ fn a_restart_of_the_same_build_reuses_its_programs_and_their_maps() {
     // programs stay attached (their links left as they were), and traffic goes on
     // through them.
     let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
-    let second = testbed_attach(&name, bpf.path());
+    let second = testbed_attach(name, bpf.path());
     assert!(second.contains("program origin reused"), "{second}");
     assert_eq!(program_ids(&second), first_ids, "{second}");
     assert_eq!(second.matches("tcx Unchanged").count(), 4, "{second}");
