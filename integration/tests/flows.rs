@@ -132,6 +132,10 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
     lab.settle().unwrap();
     lab.serve(&[Tcp(5432)]).unwrap();
     let ids = lab.identities().unwrap();
+    // The reader says it works (a job is Unknown until it does).
+    let status = lab.agent().cli(&["status", "--verbose"]).unwrap();
+    let reader = status.lines().find(|l| l.contains("read-events"));
+    assert!(reader.is_some_and(|l| l.contains(" OK ")), "{status}");
 
     let tool = &lab.pod("dev/tool").unwrap().netns;
     assert!(probe::tcp_connect(tool, addr(&lab, "shop/db", 5432), SHORT).is_err());

@@ -158,6 +158,8 @@ impl Flows {
         reader: EventReader,
         enricher: Enricher,
     ) -> Result<(), BoxError> {
+        // A one-shot job is not known to work until it says so: it reads from now on.
+        ctx.reporter().ok("reading the datapath's events");
         self.read_events(&dp, reader, enricher, ctx.cancelled())
             .await
             .map_err(Into::into)
