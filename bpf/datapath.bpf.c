@@ -976,6 +976,8 @@ int cel_from_netdev(struct __sk_buff *skb)
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if (tunnel_own_packet4(skb, cfg))
+			return TC_ACT_OK;
 		ret = nodeport4(skb, cfg);
 		if (ret == CEL_NODEPORT_ERROR)
 			ret = nodeport_error4(skb, cfg);

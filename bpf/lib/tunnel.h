@@ -13,11 +13,15 @@
 #define CELLIUM_LIB_TUNNEL_H
 
 #include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
 #include "maps.h"
+#include "packet.h"
 
 struct tunnel_scratch {
 	struct ipcache_key lookup;
@@ -107,6 +111,33 @@ static __always_inline __u32 tunnel_source_identity(struct __sk_buff *skb)
 		return 0;
 	id = s->key.tunnel_id;
 	return id == CEL_IDENTITY_HOST ? CEL_IDENTITY_REMOTE_NODE : id;
+}
+
+/* Whether an IPv4 packet off one of the node's devices is the tunnel's own:
+ * UDP to the VXLAN device's port (no later fragment, which has no port). The
+ * kernel's VXLAN socket takes those and hands the inner packet to
+ * cel_from_overlay; nothing cel_from_netdev does (node ports, the fast path
+ * to local pods) applies to the outer packet, so it is passed on at once
+ * rather than parsed and looked up for nothing, once per packet between
+ * nodes. A node port on the tunnel's port could not be served anyway: the
+ * VXLAN socket holds it. */
+static __always_inline int tunnel_own_packet4(struct __sk_buff *skb,
+					      const struct datapath_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	__be16 *ports;
+
+	if (!cfg || !cfg->tunnel_port)
+		return 0;
+	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_UDP ||
+	    ip->frag_off & bpf_htons(CEL_IP_OFFSET))
+		return 0;
+	ports = (void *)ip + ip->ihl * 4;
+	if ((void *)(ports + 2) > data_end)
+		return 0;
+	return ports[1] == cfg->tunnel_port;
 }
 
 #endif /* CELLIUM_LIB_TUNNEL_H */

@@ -50,7 +50,11 @@ struct datapath_config {
 	 * metadata), where traffic to other nodes' pods is redirected; 0 when
 	 * routing is native. */
 	__u32 tunnel_ifindex;
-	__u32 pad;
+	/* Tunnel mode: the VXLAN device's UDP port (network order), whose
+	 * packets cel_from_netdev leaves to the kernel's VXLAN socket at once;
+	 * 0 when routing is native. */
+	__be16 tunnel_port;
+	__u16 pad;
 	/* Socket-level load balancing (lib/sock.h): the cookie of the node's
 	 * network namespace, whose sockets the cgroup hooks translate; 0 when
 	 * bpf-lb-sock is off. */

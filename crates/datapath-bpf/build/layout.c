@@ -143,6 +143,7 @@ int main(void)
 	OFF(datapath_config, ct_icmp);
 	OFF(datapath_config, ct_other);
 	OFF(datapath_config, tunnel_ifindex);
+	OFF(datapath_config, tunnel_port);
 	OFF(datapath_config, pad);
 	OFF(datapath_config, host_netns_cookie);
 

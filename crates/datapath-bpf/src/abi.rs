@@ -649,8 +649,10 @@ pub struct DatapathConfig {
     pub ct_other: u32,
     /// Tunnel mode: the ifindex of the node's VXLAN device; 0 in native routing.
     pub tunnel_ifindex: u32,
+    /// Tunnel mode: the VXLAN device's UDP port, network order; 0 in native routing.
+    pub tunnel_port: u16,
     /// Zero.
-    pub pad: u32,
+    pub pad: u16,
     /// Socket-level load balancing: the cookie of the node's network namespace, whose
     /// sockets the cgroup hooks translate; 0 translates none.
     pub host_netns_cookie: u64,
@@ -665,6 +667,7 @@ plain!(DatapathConfig {
     ct_icmp,
     ct_other,
     tunnel_ifindex,
+    tunnel_port,
     pad,
     host_netns_cookie
 });
@@ -699,6 +702,7 @@ impl Default for DatapathConfig {
             ct_icmp: 60,
             ct_other: 60,
             tunnel_ifindex: 0,
+            tunnel_port: 0,
             pad: 0,
             host_netns_cookie: 0,
         }
@@ -874,7 +878,7 @@ mod tests {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,
             ct_udp => ct_udp, ct_icmp => ct_icmp, ct_other => ct_other,
-            tunnel_ifindex => tunnel_ifindex, pad => pad,
+            tunnel_ifindex => tunnel_ifindex, tunnel_port => tunnel_port, pad => pad,
             host_netns_cookie => host_netns_cookie,
         });
         check!(MetricsValue, metrics_value { packets => packets, bytes => bytes });

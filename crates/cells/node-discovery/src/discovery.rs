@@ -115,19 +115,20 @@ impl NodeDiscovery {
         Ok(this)
     }
 
-    /// Tunnel mode: the VXLAN device, `cel_from_overlay` on its ingress, and its index in the
-    /// datapath's configuration (from then on pods' traffic to other nodes' pods takes it).
+    /// Tunnel mode: the VXLAN device, `cel_from_overlay` on its ingress, and its index and
+    /// UDP port in the datapath's configuration (from then on pods' traffic to other nodes'
+    /// pods takes it, and `cel_from_netdev` leaves the tunnel's packets to the device).
     /// Otherwise: a previous run's device and setting removed.
     async fn set_up_tunnel(&self, loader: &Loader, port: u16) -> Result<()> {
         let dp = loader.datapath()?;
         let handle = self.netlink().await?;
-        let ifindex = if self.tunnel {
+        let (ifindex, on_port) = if self.tunnel {
             let ifindex = tunnel::ensure(handle, port).await?;
             dp.attach_overlay(ifindex).map_err(|source| Error::Tunnel {
                 what: "program",
                 source,
             })?;
-            ifindex
+            (ifindex, port)
         } else {
             if let Some(gone) = tunnel::remove(handle).await? {
                 // Its programs' pinned links went defunct with it: unpinned here.
@@ -136,10 +137,10 @@ impl NodeDiscovery {
                     source,
                 })?;
             }
-            0
+            (0, 0)
         };
         dp.config()
-            .set_tunnel_ifindex(ifindex)
+            .set_tunnel(ifindex, on_port)
             .map_err(|source| Error::Tunnel {
                 what: "setting",
                 source,

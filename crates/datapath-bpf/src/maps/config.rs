@@ -35,6 +35,7 @@ impl ConfigMap {
             ct_icmp: 0,
             ct_other: 0,
             tunnel_ifindex: 0,
+            tunnel_port: 0,
             pad: 0,
             host_netns_cookie: 0,
         }))
@@ -52,12 +53,13 @@ impl ConfigMap {
         self.set(&config)
     }
 
-    /// Sets the VXLAN device traffic to other nodes' pods is redirected to (tunnel mode), or
-    /// 0 (native routing), keeping the other settings.
-    pub fn set_tunnel_ifindex(&self, ifindex: u32) -> Result<()> {
+    /// Sets the VXLAN device traffic to other nodes' pods is redirected to and its UDP port
+    /// (tunnel mode), or 0 and 0 (native routing), keeping the other settings.
+    pub fn set_tunnel(&self, ifindex: u32, port: u16) -> Result<()> {
         let config = self.get()?;
         self.set(&DatapathConfig {
             tunnel_ifindex: ifindex,
+            tunnel_port: port.to_be(),
             ..config
         })
     }
