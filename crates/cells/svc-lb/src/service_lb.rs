@@ -11,7 +11,9 @@
 //!    without backends gets (`service-no-backend-response`), turns socket-level load
 //!    balancing on or off (`bpf-lb-sock`; the node's sockets are translated by the same
 //!    maps), and adopts the backend and rev-NAT ids the maps hold (a map it cannot read fails
-//!    the start). It does not wait for the first pass.
+//!    the start). It does not wait for the first pass, unless the maps held no frontend (a
+//!    node's first start, or maps recreated): nothing serves the services then, and the hook
+//!    runs the first pass itself, as below, before the pods' CNI calls are served.
 //! 3. The first pass is the `reconcile` job's first run, at the start of the cell's jobs:
 //!    frontends are rewritten only where they differ, and only then are the frontends and
 //!    backends nobody wants removed. Removing them any earlier would drop services whose
@@ -101,9 +103,14 @@ impl ServiceLb {
             this.set_no_backend_response(reject)?;
             let dp = this.loader.datapath()?;
             crate::sock_lb::apply(&dp, &sock)?;
-            let adopted = this.clone().adopt().await?;
-            tracing::info!("{adopted}");
-            // The first pass is the reconcile job's first run (see the module docs).
+            let taken_over = this.clone().adopt().await?;
+            if taken_over == 0 {
+                // Maps without a frontend (a node's first start, or maps recreated) serve no
+                // service: here the pods wait for the first pass, run by the hook (one that
+                // fails is reported, and the job tries again).
+                let _ = this.first_pass_now().await;
+            }
+            // Otherwise the first pass is the reconcile job's first run (see the module docs).
             this.follow(&jobs);
             Ok(())
         }));
@@ -197,15 +204,28 @@ impl ServiceLb {
         }
     }
 
-    async fn adopt(self: Arc<Self>) -> Result<String> {
-        tokio::task::spawn_blocking(move || -> Result<String> {
+    /// Takes over the pinned maps' ids; returns how many frontends they held.
+    async fn adopt(self: Arc<Self>) -> Result<usize> {
+        tokio::task::spawn_blocking(move || -> Result<usize> {
             let dp = self.loader.datapath()?;
             let (frontends, backends, lingering) = self.state().adopt(&dp)?;
-            Ok(format!(
+            tracing::info!(
                 "pinned services taken over: {frontends} frontends, {backends} backends, {lingering} rev-NAT entries of removed frontends"
-            ))
+            );
+            Ok(frontends)
         })
         .await?
+    }
+
+    /// A pass that [`first_pass`](ServiceLb::first_pass) waits for. One that fails is
+    /// reported and retried like any other, not fatal: the maps keep serving what they held.
+    async fn first_pass_now(self: &Arc<Self>) -> Result<SyncReport> {
+        let pass = self.reconcile().await;
+        if let Err(e) = &pass {
+            self.reporter.degraded(crate::sync::error_chain(e));
+        }
+        self.first_pass.send_replace(true);
+        pass
     }
 
     /// Starts the jobs that keep the maps in line (see the module docs).
@@ -221,14 +241,7 @@ impl ServiceLb {
         jobs.timer("reconcile", RESYNC_INTERVAL, move |_ctx| {
             let this = this.clone();
             async move {
-                let pass = this.reconcile().await;
-                // A first pass that fails is reported and retried like any other, not
-                // fatal: the maps keep serving what they held.
-                if let Err(e) = &pass {
-                    this.reporter.degraded(crate::sync::error_chain(e));
-                }
-                this.first_pass.send_replace(true);
-                pass?;
+                this.first_pass_now().await?;
                 Ok::<(), BoxError>(())
             }
         })
