@@ -40,6 +40,12 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Decoded<K> {
         // Delimited first (a scan, no parse), so that a failure inside leaves the rest of the
         // list readable.
         let raw = Box::<RawValue>::deserialize(deserializer)?;
+        // Decoded plainly: tracking the path of every field costs a good part of the decode,
+        // and only an object that fails needs it. That one is decoded again, with the path,
+        // to name its field (the same input fails at the same field).
+        if let Ok(object) = serde_json::from_str::<K>(raw.get()) {
+            return Ok(Decoded::Object(object));
+        }
         let mut de = serde_json::Deserializer::from_str(raw.get());
         match serde_path_to_error::deserialize::<_, K>(&mut de) {
             Ok(object) => Ok(Decoded::Object(object)),

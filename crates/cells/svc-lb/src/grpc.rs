@@ -28,6 +28,9 @@ impl ServicesApi for ServicesService {
         &self,
         _: Request<ListServicesRequest>,
     ) -> Result<Response<ListServicesResponse>, Status> {
+        // Before the first pass after a start there is no status yet, though the pinned
+        // maps serve: wait for it rather than answer that nothing is programmed.
+        self.0.first_pass().await;
         let frontends = self.0.frontends().iter().map(to_proto).collect();
         Ok(Response::new(ListServicesResponse { frontends }))
     }

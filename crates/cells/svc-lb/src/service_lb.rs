@@ -5,20 +5,28 @@
 //!    pinned load-balancing maps, so the previous agent's frontends keep serving, and the
 //!    programs attached to every pod keep using them (established connections keep their
 //!    backends through their service conntrack entries).
-//! 2. The hook (`restore-services`) runs after the resources cell has applied its recorded
+//! 2. The hook (`restore-services`) runs after the resources cell has synced or applied its
 //!    objects and the endpoint manager has restored the endpoints (both are dependencies, so
-//!    their hooks come first). It adopts the backend and rev-NAT ids the maps hold, then runs
-//!    a first pass: frontends are rewritten only where they differ, and only then are the
-//!    frontends and backends nobody wants removed. Removing them any earlier would drop
-//!    services whose objects or endpoints had not been restored yet. Before all that it tells
-//!    the datapath what a new connection to a frontend without backends gets
-//!    (`service-no-backend-response`), and turns socket-level load balancing on or off
-//!    (`bpf-lb-sock`): the node's sockets are translated from the first pass on, by the same
-//!    maps.
-//! 3. The `watch-changes` job turns every change of services, slices, pods and endpoints into
-//!    a trigger of the `reconcile` job (triggers coalesce), which also runs every minute to
-//!    repair drift; `revnat-gc` deletes the rev-NAT entries of removed frontends once no
-//!    connection carries their id.
+//!    their hooks come first). It tells the datapath what a new connection to a frontend
+//!    without backends gets (`service-no-backend-response`), turns socket-level load
+//!    balancing on or off (`bpf-lb-sock`; the node's sockets are translated by the same
+//!    maps), and adopts the backend and rev-NAT ids the maps hold (a map it cannot read fails
+//!    the start). It does not wait for the first pass, unless the maps held no frontend (a
+//!    node's first start, or maps recreated): nothing serves the services then, and the hook
+//!    runs the first pass itself, as below, before the pods' CNI calls are served.
+//! 3. The first pass is the `reconcile` job's first run, at the start of the cell's jobs:
+//!    frontends are rewritten only where they differ, and only then are the frontends and
+//!    backends nobody wants removed. Removing them any earlier would drop services whose
+//!    objects or endpoints had not been restored yet; the jobs start after the hook, so after
+//!    both. Nothing needs the pass before the agent goes on: the pinned maps serve what they
+//!    held meanwhile (as during the restart itself), the endpoints are already restored, and
+//!    nothing else writes these maps. So the cells after this one and the API (whose
+//!    `Services.List` waits for the first pass, never answering from an empty status) do not
+//!    wait for it, and a node with thousands of services is back as soon as its endpoints.
+//! 4. The `watch-changes` job, subscribed before the first pass, turns every change of
+//!    services, slices, pods and endpoints into a trigger of the `reconcile` job (triggers
+//!    coalesce), which also runs every minute to repair drift; `revnat-gc` deletes the
+//!    rev-NAT entries of removed frontends once no connection carries their id.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,6 +37,7 @@ use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_loader::Loader;
 use cellium_resources::{ApiSource, LbAlgorithm, Resources};
 use futures::{Stream, StreamExt};
+use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::config::{NoBackendResponse, SvcLbConfig};
@@ -56,6 +65,8 @@ pub struct ServiceLb {
     lb_algorithm: LbAlgorithm,
     state: Mutex<Programmer>,
     health: HealthServers,
+    /// Whether the first pass has run (succeeded or not): `Services.List` waits for it.
+    first_pass: watch::Sender<bool>,
 }
 
 impl ServiceLb {
@@ -83,6 +94,7 @@ impl ServiceLb {
                 cfg.bpf_lb_maglev_table_size,
             )),
             health: HealthServers::default(),
+            first_pass: watch::Sender::new(false),
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
@@ -91,13 +103,14 @@ impl ServiceLb {
             this.set_no_backend_response(reject)?;
             let dp = this.loader.datapath()?;
             crate::sock_lb::apply(&dp, &sock)?;
-            let adopted = this.clone().adopt().await?;
-            tracing::info!("{adopted}");
-            // A first pass that fails is reported and retried by the job, not fatal: the
-            // maps keep serving what they held.
-            if let Err(e) = this.reconcile().await {
-                this.reporter.degraded(crate::sync::error_chain(&e));
+            let taken_over = this.clone().adopt().await?;
+            if taken_over == 0 {
+                // Maps without a frontend (a node's first start, or maps recreated) serve no
+                // service: here the pods wait for the first pass, run by the hook (one that
+                // fails is reported, and the job tries again).
+                let _ = this.first_pass_now().await;
             }
+            // Otherwise the first pass is the reconcile job's first run (see the module docs).
             this.follow(&jobs);
             Ok(())
         }));
@@ -118,9 +131,17 @@ impl ServiceLb {
         Ok(())
     }
 
-    /// The frontends as the last pass left them, ordered by service and port.
+    /// The frontends as the last pass left them, ordered by service and port; empty before
+    /// the first pass (see [`ServiceLb::first_pass`]).
     pub fn frontends(&self) -> Vec<FrontendStatus> {
         self.state().status()
+    }
+
+    /// Completes once the first pass after the start has run, programmed or failed.
+    pub async fn first_pass(&self) {
+        let mut done = self.first_pass.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = done.wait_for(|ran| *ran).await;
     }
 
     /// Computes the plans from the tables and the endpoints and writes them; reports health.
@@ -183,15 +204,28 @@ impl ServiceLb {
         }
     }
 
-    async fn adopt(self: Arc<Self>) -> Result<String> {
-        tokio::task::spawn_blocking(move || -> Result<String> {
+    /// Takes over the pinned maps' ids; returns how many frontends they held.
+    async fn adopt(self: Arc<Self>) -> Result<usize> {
+        tokio::task::spawn_blocking(move || -> Result<usize> {
             let dp = self.loader.datapath()?;
             let (frontends, backends, lingering) = self.state().adopt(&dp)?;
-            Ok(format!(
+            tracing::info!(
                 "pinned services taken over: {frontends} frontends, {backends} backends, {lingering} rev-NAT entries of removed frontends"
-            ))
+            );
+            Ok(frontends)
         })
         .await?
+    }
+
+    /// A pass that [`first_pass`](ServiceLb::first_pass) waits for. One that fails is
+    /// reported and retried like any other, not fatal: the maps keep serving what they held.
+    async fn first_pass_now(self: &Arc<Self>) -> Result<SyncReport> {
+        let pass = self.reconcile().await;
+        if let Err(e) = &pass {
+            self.reporter.degraded(crate::sync::error_chain(e));
+        }
+        self.first_pass.send_replace(true);
+        pass
     }
 
     /// Starts the jobs that keep the maps in line (see the module docs).
@@ -207,7 +241,7 @@ impl ServiceLb {
         jobs.timer("reconcile", RESYNC_INTERVAL, move |_ctx| {
             let this = this.clone();
             async move {
-                this.reconcile().await?;
+                this.first_pass_now().await?;
                 Ok::<(), BoxError>(())
             }
         })

@@ -19,7 +19,7 @@
 //! or no longer balanced by maglev, are removed with the stale entries.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use cellium_datapath_bpf::{Backend, Datapath, Frontend, ServiceEntry, ktime_now_ns};
 use cellium_resources::LbAlgorithm;
@@ -88,14 +88,29 @@ pub struct Programmer {
     /// at its start and written since, and those the frontends with affinity want.
     matches_in_map: BTreeSet<(u16, u32)>,
     matches_wanted: BTreeSet<(u16, u32)>,
-    /// The backends and frontends [`adopt`](Programmer::adopt) read, for the pass that
-    /// follows it: the maps are read an entry at a time, and at a restart with thousands of
-    /// services reading them twice in a row is a good part of the takeover.
-    adopted: Option<PinnedServices>,
+    /// What [`adopt`](Programmer::adopt) read, for the pass that follows it: at a restart
+    /// with thousands of services, reading the maps twice in a row is a good part of the
+    /// takeover.
+    adopted: Option<Pinned>,
 }
 
-/// The backends and frontends in the pinned maps.
-type PinnedServices = (BTreeMap<u32, Backend>, BTreeMap<Frontend, ServiceEntry>);
+/// What the pinned load-balancing maps hold, read at the start of a pass (in batches: three
+/// reads of each family's maps, not a lookup per frontend, slot or rev-NAT id).
+struct Pinned {
+    backends: BTreeMap<u32, Backend>,
+    frontends: BTreeMap<Frontend, ServiceEntry>,
+    rev_nats: BTreeMap<u16, (IpAddr, u16)>,
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pinned")
+            .field("backends", &self.backends.len())
+            .field("frontends", &self.frontends.len())
+            .field("rev_nats", &self.rev_nats.len())
+            .finish()
+    }
+}
 
 /// What a maglev table is computed from: equal sources give equal tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,23 +136,16 @@ impl Programmer {
     /// rev-NAT entries) found. The next [`sync`](Programmer::sync) starts from what this read
     /// instead of reading the maps again: nothing may write them in between.
     pub fn adopt(&mut self, dp: &Datapath) -> Result<(usize, usize, usize)> {
-        let (backends, frontends) = read_pinned(dp)?;
-        let counts = (frontends.len(), backends.len());
+        let pinned = read_pinned(dp)?;
+        let counts = (pinned.frontends.len(), pinned.backends.len());
         self.ids.adopt(
-            backends.iter().map(|(id, b)| (*id, *b)),
-            frontends.iter().map(|(fe, s)| (*fe, s.rev_nat_id)),
+            pinned.backends.iter().map(|(id, b)| (*id, *b)),
+            pinned.frontends.iter().map(|(fe, s)| (*fe, s.rev_nat_id)),
         );
-        self.adopted = Some((backends, frontends));
-        for id in dp
-            .services()
-            .rev_nats()
-            .map_err(read("rev-NAT maps"))?
-            .into_keys()
-        {
-            if !self.ids.rev_nat_in_use(id) {
-                self.released.insert(id);
-            }
-        }
+        let held: HashSet<u16> = pinned.frontends.values().map(|s| s.rev_nat_id).collect();
+        self.released
+            .extend(pinned.rev_nats.keys().filter(|id| !held.contains(id)));
+        self.adopted = Some(pinned);
         Ok((counts.0, counts.1, self.released.len()))
     }
 
@@ -148,7 +156,7 @@ impl Programmer {
 
     /// One pass: programs every plan, then removes stale frontends and backends.
     pub fn sync(&mut self, dp: &Datapath, plans: Vec<Plan>) -> Result<SyncReport> {
-        let (backends, frontends) = match self.adopted.take() {
+        let pinned = match self.adopted.take() {
             Some(adopted) => adopted,
             None => read_pinned(dp)?,
         };
@@ -161,7 +169,7 @@ impl Programmer {
         let wanted: BTreeSet<Frontend> = plans.iter().map(|p| p.frontend).collect();
         let mut status = Vec::with_capacity(plans.len());
         for plan in plans {
-            match self.program(dp, &plan, &backends, &frontends) {
+            match self.program(dp, &plan, &pinned) {
                 Ok(Programmed {
                     rev_nat_id,
                     backend_ids,
@@ -194,18 +202,13 @@ impl Programmer {
             }
         }
         self.status = status;
-        self.remove_stale(dp, &wanted, &frontends, &mut report)?;
+        self.remove_stale(dp, &wanted, &pinned.frontends, &mut report)?;
         Ok(report)
     }
 
     /// Writes one plan's backends (draining ones too) and frontend where the maps differ.
-    fn program(
-        &mut self,
-        dp: &Datapath,
-        plan: &Plan,
-        backends: &BTreeMap<u32, Backend>,
-        frontends: &BTreeMap<Frontend, ServiceEntry>,
-    ) -> Result<Programmed> {
+    fn program(&mut self, dp: &Datapath, plan: &Plan, pinned: &Pinned) -> Result<Programmed> {
+        let backends = &pinned.backends;
         let lb = dp.services();
         let describe = || plan.describe();
         if let Some(reason) = &plan.error {
@@ -250,18 +253,20 @@ impl Programmer {
         let mut slots = ids.clone();
         slots.sort_unstable();
         let table_written = self.program_table(dp, plan, rev_nat_id, &ids)?;
-        let current = frontends.get(&plan.frontend);
+        let current = pinned.frontends.get(&plan.frontend);
         let affinity = plan.session_affinity.unwrap_or(0);
         // put_service keeps slot 0's timeout: what the map holds until set otherwise.
         let stored_affinity = current.map_or(0, |c| c.affinity_timeout);
         let flags = plan.flags();
+        // The rev-NAT entry as read at the start of the pass: only this frontend writes its
+        // id's entry, so nothing in the pass has changed it before this point.
         let same = current.is_some_and(|c| {
             c.rev_nat_id == rev_nat_id
                 && c.backend_ids == slots
                 && c.affinity_timeout == affinity
                 && c.flags == flags
-        }) && lb.rev_nat(rev_nat_id).ok().flatten()
-            == Some((plan.frontend.vip, plan.frontend.port));
+        }) && pinned.rev_nats.get(&rev_nat_id)
+            == Some(&(plan.frontend.vip, plan.frontend.port));
         if !same {
             lb.put_service_with(&plan.frontend, rev_nat_id, &slots, flags)
                 .map_err(write_err)?;
@@ -537,12 +542,14 @@ fn backend_name(b: &PlannedBackend) -> String {
     SocketAddr::new(b.backend.addr, b.backend.port).to_string()
 }
 
-/// Every backend and frontend of the pinned maps.
-fn read_pinned(dp: &Datapath) -> Result<PinnedServices> {
+/// Every backend, frontend and rev-NAT entry of the pinned maps.
+fn read_pinned(dp: &Datapath) -> Result<Pinned> {
     let lb = dp.services();
-    let backends = lb.backends().map_err(read("backends map"))?;
-    let frontends = lb.services().map_err(read("services map"))?;
-    Ok((backends, frontends))
+    Ok(Pinned {
+        backends: lb.backends().map_err(read("backends map"))?,
+        frontends: lb.services().map_err(read("services map"))?,
+        rev_nats: lb.rev_nats().map_err(read("rev-NAT maps"))?,
+    })
 }
 
 fn read(what: &'static str) -> impl Fn(cellium_datapath_bpf::Error) -> Error {

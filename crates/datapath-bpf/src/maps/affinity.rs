@@ -41,13 +41,14 @@ impl AffinityMatch {
         self.map.delete(&key(rev_nat_id, backend_id))
     }
 
-    /// Every (rev-NAT id, backend id) pair listed.
+    /// Every (rev-NAT id, backend id) pair listed (read in batches: the value says nothing,
+    /// but a batch costs less than a syscall a key).
     pub fn entries(&self) -> Result<BTreeSet<(u16, u32)>> {
         Ok(self
             .map
-            .keys()?
+            .entries()?
             .into_iter()
-            .map(|k| (k.rev_nat_id, k.backend_id))
+            .map(|(k, _)| (k.rev_nat_id, k.backend_id))
             .collect())
     }
 }

@@ -8,7 +8,7 @@
 //! backend's own address). A frontend's backends must be of its family: a slot naming an id
 //! of the other family's map finds no backend.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
 
 use crate::abi::{
@@ -129,6 +129,37 @@ fn backend6(b: &Lb6Backend) -> Backend {
         addr: Ipv6Addr::from(b.addr).into(),
         port: u16::from_be(b.port),
         protocol: Protocol::from(b.protocol),
+    }
+}
+
+/// The slots of one frontend as read from its services map.
+#[derive(Default)]
+struct FrontendSlots {
+    head: Option<Lb4Service>,
+    backends: HashMap<u16, u32>,
+}
+
+impl FrontendSlots {
+    fn add(&mut self, slot: u16, value: Lb4Service) {
+        if slot == 0 {
+            self.head = Some(value);
+        } else {
+            self.backends.insert(slot, value.backend_id);
+        }
+    }
+
+    /// The service, as [`Services::service`] reads it: slots 1 to slot 0's count that exist
+    /// (slots past the count are left-overs being removed); none without slot 0.
+    fn entry(self) -> Option<ServiceEntry> {
+        let head = self.head?;
+        Some(ServiceEntry {
+            rev_nat_id: head.rev_nat_id,
+            backend_ids: (1..=head.count)
+                .filter_map(|slot| self.backends.get(&slot).copied())
+                .collect(),
+            affinity_timeout: head.backend_id,
+            flags: head.flags,
+        })
     }
 }
 
@@ -363,31 +394,26 @@ impl Services {
         }))
     }
 
-    /// Every service of both families.
+    /// Every service of both families, from one read of each services map (in batches), not
+    /// a lookup per slot.
     pub fn services(&self) -> Result<BTreeMap<Frontend, ServiceEntry>> {
-        let mut frontends: Vec<Frontend> = self
-            .v4
-            .services
-            .keys()?
-            .iter()
-            .filter(|k| k.slot == 0)
-            .map(Frontend::from_key4)
-            .collect();
-        frontends.extend(
-            self.v6
-                .services
-                .keys()?
-                .iter()
-                .filter(|k| k.slot == 0)
-                .map(Frontend::from_key6),
-        );
-        let mut out = BTreeMap::new();
-        for fe in frontends {
-            if let Some(s) = self.service(&fe)? {
-                out.insert(fe, s);
-            }
+        let mut slots: BTreeMap<Frontend, FrontendSlots> = BTreeMap::new();
+        for (k, v) in self.v4.services.entries()? {
+            slots
+                .entry(Frontend::from_key4(&k))
+                .or_default()
+                .add(k.slot, v);
         }
-        Ok(out)
+        for (k, v) in self.v6.services.entries()? {
+            slots
+                .entry(Frontend::from_key6(&k))
+                .or_default()
+                .add(k.slot, v);
+        }
+        Ok(slots
+            .into_iter()
+            .filter_map(|(fe, s)| Some((fe, s.entry()?)))
+            .collect())
     }
 
     /// Removes a service's slots (slot 0 first, so no new connection picks

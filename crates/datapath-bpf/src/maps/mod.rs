@@ -2,6 +2,7 @@
 //! taking and returning Rust types (addresses, enums, ports in host order).
 
 pub mod affinity;
+pub mod batch;
 pub mod config;
 pub mod conntrack;
 pub mod endpoints;
@@ -68,16 +69,20 @@ impl<K: Plain, V: Plain> TypedMap<K, V> {
         }
     }
 
-    /// Every entry. Concurrent datapath updates may add or remove entries
-    /// during the walk; each returned pair was present when read.
+    /// Every entry, read in batches where the kernel can ([`batch`]). Concurrent datapath
+    /// updates may add or remove entries during the read; each returned pair was present
+    /// when read.
     pub(crate) fn entries(&self) -> Result<Vec<(K, V)>> {
         let mut out = Vec::new();
-        for key in self.keys()? {
-            // The entry may have been deleted since get_next_key.
-            if let Some(v) = self.get(&key)? {
-                out.push((key, v));
-            }
-        }
+        batch::for_each_entry(&self.handle, self.name, |key, value| {
+            let key = K::decode(key).ok_or(Error::Layout {
+                map: self.name,
+                len: key.len(),
+                expected: K::SIZE,
+            })?;
+            out.push((key, self.decode_value(value)?));
+            Ok(())
+        })?;
         Ok(out)
     }
 
