@@ -507,6 +507,34 @@ impl Agent {
         Ok(as_array(self.cli_json(&["endpoint", "list"])?))
     }
 
+    /// The interface of the endpoint holding `ip`, as the datapath sees it (from
+    /// `cellium endpoint list`). Panics when no endpoint holds it: a test's precondition.
+    pub fn endpoint_link(&self, ip: std::net::IpAddr) -> EndpointLink {
+        let eps = self.endpoints().expect("endpoint list");
+        let prefix = format!("{ip}/");
+        let ep = eps
+            .iter()
+            .find(|e| {
+                e["addresses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|a| a.as_str().is_some_and(|a| a.starts_with(&prefix)))
+            })
+            .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
+        let text = |k: &str| {
+            ep[k]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {k} in {ep}"))
+                .to_string()
+        };
+        EndpointLink {
+            host_ifname: text("host_ifname"),
+            host_mac: mac(&text("host_mac")),
+            pod_mac: mac(&text("pod_mac")),
+        }
+    }
+
     /// `cellium ipam list -o json`.
     pub fn pools(&self) -> Result<Vec<Value>> {
         Ok(as_array(self.cli_json(&["ipam", "list"])?))
@@ -739,4 +767,24 @@ fn as_array(v: Value) -> Vec<Value> {
         Value::Array(items) => items,
         _ => Vec::new(),
     }
+}
+
+/// An endpoint's interface as the datapath sees it: the host end's name and both MACs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointLink {
+    /// The host end of the pod's veth.
+    pub host_ifname: String,
+    /// The host end's MAC.
+    pub host_mac: [u8; 6],
+    /// The pod end's MAC.
+    pub pod_mac: [u8; 6],
+}
+
+/// `aa:bb:cc:dd:ee:ff` as bytes.
+fn mac(text: &str) -> [u8; 6] {
+    let mut out = [0u8; 6];
+    for (b, part) in out.iter_mut().zip(text.split(':')) {
+        *b = u8::from_str_radix(part, 16).expect("mac");
+    }
+    out
 }

@@ -35,7 +35,7 @@ pub mod readonly;
 pub mod topology;
 pub mod veth;
 
-pub use agent::{Agent, AgentOptions};
+pub use agent::{Agent, AgentOptions, EndpointLink};
 pub use bpffs::BpffsMount;
 pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterOptions};
@@ -46,3 +46,11 @@ pub use k8s::K8sApi;
 pub use netns::NetNs;
 pub use readonly::ReadOnlyDir;
 pub use topology::{Pod, Topology};
+
+/// One privileged test of a test binary at a time: the tests share two cores, run agents
+/// and wait on time-sensitive events. Hold the guard for the whole test; a test that failed
+/// while holding it does not stop the others.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -21,12 +21,7 @@ use cellium_integration::lab::{OpenFlow, Stream, table};
 use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 use cellium_integration::reach::{Outcome, probe};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::serial;
 
 const PORT: u16 = 8080;
 

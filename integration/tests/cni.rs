@@ -13,16 +13,8 @@ use std::time::{Duration, Instant};
 
 use cellium_integration::cni::{CniProcess, result_ipv4};
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
-
-/// Tests share two cores and each runs an agent: one at a time even when the harness runs
-/// threads in parallel.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn agent() -> Agent {
     Agent::start_new(AgentOptions::default()).expect("start the agent")

@@ -10,14 +10,8 @@
 
 use cellium_api::v1::endpoints_client::EndpointsClient;
 use cellium_api::v1::{CreateEndpointRequest, ListEndpointsRequest};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, probe};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, probe, serial};
 use serde_json::{Value, json};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn cid(tag: &str) -> String {
     format!("{tag}x{}", std::process::id())

@@ -5,14 +5,8 @@
 //! Root, serially, after `cargo build --workspace`:
 //! `cargo test -p cellium-integration --test cni_protocol -- --test-threads=1`.
 
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::{Value, json};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn agent(cidr: &str) -> Agent {
     Agent::start_new(AgentOptions::with_pod_cidr(cidr)).expect("start the agent")

@@ -16,15 +16,8 @@ use cellium_datapath_bpf::abi::{CtEntry, CtKey, Plain, ipv4_of};
 use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::probe;
 use cellium_integration::reach::{Outcome, Probe};
-use cellium_integration::{Agent, AgentOptions, NetNs};
+use cellium_integration::{Agent, AgentOptions, NetNs, serial};
 use libbpf_rs::{MapCore, MapHandle};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const DB: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 11);
 

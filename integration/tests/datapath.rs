@@ -16,18 +16,10 @@ use cellium_datapath_bpf::{
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::topology::GATEWAY;
-use cellium_integration::{BpffsMount, Topology};
+use cellium_integration::{BpffsMount, Topology, serial};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const SHORT: Duration = Duration::from_millis(700);
-
-/// Tests share two cores and time-sensitive assertions: one at a time even
-/// when the harness runs threads in parallel.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A node with pods and the datapath attached to every pod.
 struct Env {

@@ -14,15 +14,9 @@ use cellium_integration::agent::Binaries;
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam};
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::Probe::Tcp;
-use cellium_integration::{K8sApi, NetNs};
+use cellium_integration::{K8sApi, NetNs, serial};
 use cellium_test_apiserver::rbac::AuditEntry;
 use serde_json::Value;
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const PORT: u16 = 8080;
 const AGENT: &str = "system:serviceaccount:kube-system:cellium";

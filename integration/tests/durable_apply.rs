@@ -29,16 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use cellium_integration::{Agent, AgentOptions, cmd};
+use cellium_integration::{Agent, AgentOptions, cmd, serial};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const BASE: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: st}\n---\n\
 apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: old, namespace: st}\n\

@@ -14,16 +14,8 @@ use std::time::{Duration, Instant};
 use cellium_datapath_bpf::{Datapath, DatapathOptions, Direction, L4Match, PolicyEntry, Verdict};
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{self, Outcome, Probe};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, ReadOnlyDir, probe};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, ReadOnlyDir, probe, serial};
 use serde_json::Value;
-
-/// Tests share two cores and each runs an agent: one at a time even when the harness runs
-/// threads in parallel.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A container id unique to this test process.
 fn cid(tag: &str) -> String {

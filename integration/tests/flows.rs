@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::probe;
 use cellium_integration::reach::Probe::Tcp;
-use cellium_integration::{Agent, AgentOptions};
+use cellium_integration::{Agent, AgentOptions, serial};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -24,13 +24,6 @@ use serde_json::Value;
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Shorter than TCP's first SYN retransmission (1 s): a refused connect sends one SYN.
 const SHORT: Duration = Duration::from_millis(500);
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// shop/db takes connections on 5432 from app=web pods only.
 const DB_FROM_WEB: &str = r#"

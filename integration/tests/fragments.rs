@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use cellium_integration::cni::{result_ipv4, result_ipv6};
 use cellium_integration::frame::{self, Ipv4Packet, Ipv6Packet, UDP};
 use cellium_integration::probe::{self, UdpServer};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use libbpf_rs::{MapCore, MapHandle};
 use serde_json::Value;
 
@@ -34,13 +34,6 @@ fn sizes(ip: IpAddr) -> [usize; 3] {
         IpAddr::V4(_) => [1472, 1473, 8000],
         IpAddr::V6(_) => [1452, 1453, 8000],
     }
-}
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A dual-stack pod made through the plugin.
@@ -264,51 +257,15 @@ fn fragmented_datagrams_reach_a_cluster_ip_and_its_answers_come_from_it() {
     assert_eq!(agent.datapath_drops().expect("metrics"), 0);
 }
 
-/// A pod's interface as the datapath sees it: the host end's name and both MACs.
-struct Link {
-    host_ifname: String,
-    host_mac: [u8; 6],
-    pod_mac: [u8; 6],
-}
-
-fn link_of(agent: &Agent, ip: IpAddr) -> Link {
-    let eps = agent.endpoints().expect("endpoint list");
-    let ep = eps
-        .iter()
-        .find(|e| {
-            e["addresses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}/"))))
-        })
-        .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
-    let text = |k: &str| {
-        ep[k]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {k} in {ep}"))
-            .to_string()
-    };
-    let mac = |k: &str| {
-        let mut out = [0u8; 6];
-        for (b, part) in out.iter_mut().zip(text(k).split(':')) {
-            *b = u8::from_str_radix(part, 16).expect("mac");
-        }
-        out
-    };
-    Link {
-        host_ifname: text("host_ifname"),
-        host_mac: mac("host_mac"),
-        pod_mac: mac("pod_mac"),
-    }
-}
-
 #[test]
 fn a_fragment_whose_first_was_never_seen_is_dropped_and_counted() {
     let _serial = serial();
     let agent = agent();
     let [a, b] = pods(&agent, ["a", "b"]);
-    let (la, lb) = (link_of(&agent, a.v4.into()), link_of(&agent, b.v4.into()));
+    let (la, lb) = (
+        agent.endpoint_link(a.v4.into()),
+        agent.endpoint_link(b.v4.into()),
+    );
     let fragment = |src, dst, id, offset, more, payload: Vec<u8>| Ipv4Packet {
         src,
         dst,

@@ -10,14 +10,8 @@
 
 use std::net::Ipv4Addr;
 
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn cid(tag: &str, i: usize) -> String {
     format!("{tag}{i:02}x{}", std::process::id())

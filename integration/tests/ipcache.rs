@@ -14,16 +14,9 @@ use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::IpNet;
 use cellium_hive::{ConfigSources, Hive, Module};
-use cellium_integration::{BpffsMount, NetNs};
+use cellium_integration::{BpffsMount, NetNs, serial};
 use cellium_ipcache::{Ipcache, Source};
 use cellium_loader::Loader;
-
-/// One privileged test at a time: they share two cores and time-sensitive waits.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()

@@ -19,20 +19,13 @@ use cellium_integration::frame::{
     self, DSTOPTS, ECHO_REQUEST, HOPOPTS, Ipv6Packet, MLD2_REPORT, MOBILITY, ROUTING,
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
-use cellium_integration::{Agent, AgentOptions, CniCall, NetNs};
+use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use libbpf_rs::{MapCore, MapHandle};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 const SHORT: Duration = Duration::from_millis(700);
 const POD_CIDR4: &str = "10.244.0.0/24";
 const POD_CIDR6: &str = "fd00:10:244::/112";
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A pod made through the plugin: dual-stack, or IPv6 only (`v4` unset).
 struct Pod {
@@ -477,7 +470,7 @@ spec:
 "#,
         )
         .expect("the policy is enforced");
-    let host_mac = link_of(&agent, a.v6).host_mac;
+    let host_mac = agent.endpoint_link(a.v6.into()).host_mac;
     let gw = gw6.to_string();
     // The permanent entry gone, a must solicit its gateway to reach anything.
     a.ns.ip(&["-6", "neigh", "del", &gw, "dev", "eth0"])
@@ -645,46 +638,6 @@ spec: { ipFamilyPolicy: PreferDualStack, selector: { app: a }, ports: [ { port: 
     assert!(services.contains("[fd00:10:96::"), "{services}");
 }
 
-/// A pod's interface as the datapath sees it: the host end's name and both MACs.
-struct Link {
-    host_ifname: String,
-    host_mac: [u8; 6],
-    pod_mac: [u8; 6],
-}
-
-fn mac(text: &str) -> [u8; 6] {
-    let mut out = [0u8; 6];
-    for (b, part) in out.iter_mut().zip(text.split(':')) {
-        *b = u8::from_str_radix(part, 16).expect("mac");
-    }
-    out
-}
-
-fn link_of(agent: &Agent, ip: Ipv6Addr) -> Link {
-    let eps = agent.endpoints().expect("endpoint list");
-    let ep = eps
-        .iter()
-        .find(|e| {
-            e["addresses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}/"))))
-        })
-        .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
-    let text = |k: &str| {
-        ep[k]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {k} in {ep}"))
-            .to_string()
-    };
-    Link {
-        host_ifname: text("host_ifname"),
-        host_mac: mac(&text("host_mac")),
-        pod_mac: mac(&text("pod_mac")),
-    }
-}
-
 /// Every drop counter of the agent's datapath, by its labels.
 fn drops(agent: &Agent) -> BTreeMap<String, u64> {
     agent
@@ -762,7 +715,10 @@ spec: { podSelector: { matchLabels: { app: locked } }, policyTypes: [ Ingress, E
 "#,
         )
         .expect("the policy is enforced");
-    let (l, o) = (link_of(&agent, locked.v6), link_of(&agent, open.v6));
+    let (l, o) = (
+        agent.endpoint_link(locked.v6.into()),
+        agent.endpoint_link(open.v6.into()),
+    );
     // The node's link-local address on locked's link (what locked's neighbour unreachability
     // detection probes), a link-local address of locked's own choosing, one that no one has.
     let host_ll = link_local(&agent, &l.host_ifname);

@@ -14,14 +14,7 @@ use std::time::{Duration, Instant};
 use cellium_integration::cluster::{Cluster as Nodes, ClusterOptions};
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
-use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs, serial};
 
 const NODE: &str = "n1";
 const PORT: u16 = 8080;

@@ -10,15 +10,8 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use cellium_integration::{Agent, AgentOptions, K8sApi, NetNs};
+use cellium_integration::{Agent, AgentOptions, K8sApi, NetNs, serial};
 use serde_json::{Value, json};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const NODE: &str = "n1";
 /// The label the agent marks its objects with (`cellium_k8s_watchers::NODE_LABEL`).

@@ -11,13 +11,7 @@ use cellium_integration::AgentOptions;
 use cellium_integration::NetNs;
 use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::reach::{self, Outcome, Probe};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::serial;
 
 /// Only `shop/web` may reach `shop/db`, on 5432.
 const DB_POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\

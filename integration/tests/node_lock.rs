@@ -16,15 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cellium_integration::{Agent, AgentOptions, NetNs, probe};
+use cellium_integration::{Agent, AgentOptions, NetNs, probe, serial};
 use cellium_statedir::node_lock::{Error, Holder, NodeClaim, NodeLock};
 use nix::mount::{MntFlags, umount2};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How long a refused rival may take to give up (it stops before loading anything).
 const RIVAL_TIMEOUT: Duration = Duration::from_secs(30);

@@ -17,17 +17,10 @@ use std::time::{Duration, Instant};
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
 use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends};
 use cellium_integration::probe::{self, PeerServer, seen_from};
-use cellium_integration::{Agent, NetNs};
+use cellium_integration::{Agent, NetNs, serial};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-/// One agent at a time: they share two cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 const PODS: &str = r#"
 apiVersion: v1
 kind: Pod

@@ -22,14 +22,7 @@
 
 use cellium_integration::lab::{Family, Flow, Lab, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
-
-/// Tests share two cores and each runs an agent: one at a time even when the harness runs
-/// threads in parallel.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::serial;
 
 /// A dual-stack lab with the pods of [`fixture::BASE`] and no policy.
 fn lab() -> Lab {

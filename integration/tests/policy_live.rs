@@ -13,14 +13,7 @@
 use cellium_integration::lab::{Lab, OpenFlow, fixture};
 use cellium_integration::reach::Outcome;
 use cellium_integration::reach::Probe::{Icmp, Tcp, Udp};
-use cellium_integration::{AgentOptions, CniCall, NetNs};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::{AgentOptions, CniCall, NetNs, serial};
 
 const PROBES: [cellium_integration::reach::Probe; 3] = [Tcp(5432), Udp(53), Icmp];
 

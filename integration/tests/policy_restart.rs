@@ -17,13 +17,7 @@ use std::time::{Duration, Instant};
 
 use cellium_integration::lab::{Family, Flow, Lab, Stream, fixture};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+use cellium_integration::serial;
 
 /// Pod, namespace, ipBlock (pods and the world) and entity rules: what the agent must restore.
 const POLICIES: &str = r#"

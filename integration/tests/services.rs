@@ -18,7 +18,7 @@ use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
 use cellium_integration::frame;
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs, TestCgroup};
+use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs, TestCgroup, serial};
 use cellium_resources::{ObjectKey, Resources};
 use cellium_svc_lb::Programmer;
 use cellium_svc_lb::desired::{Inputs, LocalEndpoint, plans};
@@ -26,13 +26,6 @@ use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const SHORT: Duration = Duration::from_millis(700);
-
-/// Tests share two cores and each runs an agent: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const PODS: &str = r#"
 apiVersion: v1

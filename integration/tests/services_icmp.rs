@@ -17,7 +17,7 @@ use std::time::Duration;
 use cellium_integration::frame::{self, Ipv4Packet};
 use cellium_integration::lab::external::NODE_LINK_IP;
 use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
-use cellium_integration::{Agent, NetNs, probe};
+use cellium_integration::{Agent, NetNs, probe, serial};
 use serde_json::Value;
 
 /// Long enough that a lost error shows as a timeout, not as a refusal.
@@ -26,13 +26,6 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 const CLOSED: u16 = 9999;
 /// A port the backend answers on.
 const ECHO: u16 = 8053;
-
-/// One agent at a time: they share two cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const PODS: &str = r#"
 apiVersion: v1
@@ -361,38 +354,6 @@ fn a_router_behind_a_cluster_ip_teaches_the_client_the_path_mtu_of_the_cluster_i
     assert_eq!(cached_mtu(&env.client, vip6.ip()), Some(1280));
 }
 
-/// A pod's interface as the datapath sees it: both MACs.
-struct Link {
-    host_mac: [u8; 6],
-    pod_mac: [u8; 6],
-}
-
-fn link_of(agent: &Agent, ip: IpAddr) -> Link {
-    let eps = agent.endpoints().expect("endpoint list");
-    let ep = eps
-        .iter()
-        .find(|e| {
-            e["addresses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}/"))))
-        })
-        .unwrap_or_else(|| panic!("no endpoint with {ip} in {eps:?}"));
-    let mac = |k: &str| {
-        let mut out = [0u8; 6];
-        let text = ep[k].as_str().unwrap_or_else(|| panic!("no {k} in {ep}"));
-        for (b, part) in out.iter_mut().zip(text.split(':')) {
-            *b = u8::from_str_radix(part, 16).expect("mac");
-        }
-        out
-    };
-    Link {
-        host_mac: mac("host_mac"),
-        pod_mac: mac("pod_mac"),
-    }
-}
-
 /// An ICMP port unreachable from `from` to `to` quoting a UDP datagram `to:40000` ->
 /// `from:4242` that no connection ever carried.
 fn forged_unreachable(from: Ipv4Addr, to: Ipv4Addr) -> Ipv4Packet {
@@ -449,7 +410,7 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
     let (IpAddr::V4(web), IpAddr::V4(client)) = (env.web_ips[0], client4) else {
         panic!("IPv4 first: {:?} {:?}", env.web_ips, env.client_ips);
     };
-    let link = link_of(&env.agent, env.web_ips[0]);
+    let link = env.agent.endpoint_link(env.web_ips[0]);
     let reason = "policy default deny";
     let before = counter(&env.agent, "ingress", reason);
     let capture = frame::Capture::open(&env.client, "eth0").expect("capture");

@@ -14,18 +14,12 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::{Agent, AgentOptions, NetNs};
+use cellium_integration::{Agent, AgentOptions, NetNs, serial};
 use cellium_svc_lb::maglev;
 use nix::sys::socket::{setsockopt, sockopt};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 const PODS: &str = r#"
 apiVersion: v1
