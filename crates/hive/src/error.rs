@@ -489,9 +489,32 @@ pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// An error and its sources on one line, `a: b: c`: what health messages, logs and gRPC
+/// statuses show.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_chain_is_one_line_of_every_source() {
+        let io = std::io::Error::other("disk gone");
+        assert_eq!(error_chain(&io), "disk gone");
+        #[derive(Debug, thiserror::Error)]
+        #[error("saving the record")]
+        struct Saving(#[source] std::io::Error);
+        assert_eq!(error_chain(&Saving(io)), "saving the record: disk gone");
+    }
 
     #[test]
     fn names_follow_the_id_rule() {

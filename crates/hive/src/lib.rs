@@ -43,7 +43,7 @@ mod graph;
 pub use config::{Config, ConfigSection, ConfigSources, HiveConfig};
 pub use constructor::{Constructor, CtorOutput, Decorator, InvokeOutput, Invoker};
 pub use dependency::Dependency;
-pub use error::{BoxError, Error, HookFailure, JobError, Problem, Result};
+pub use error::{BoxError, Error, HookFailure, JobError, Problem, Result, error_chain};
 pub use health::{Health, HealthNode, Level, Reporter, Status};
 pub use hive::Hive;
 pub use job::{Backoff, JobContext, Jobs, Observer, OneShot, Timer, Trigger};

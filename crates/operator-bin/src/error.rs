@@ -1,5 +1,7 @@
 //! The operator's errors.
 
+pub(crate) use cellium_hive::error_chain as chain;
+
 /// What went wrong in an operator cell.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -54,15 +56,3 @@ impl Error {
 
 /// The operator's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// An error with its sources, `a: b: c`, as health and logs show it.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use cellium_api::Reason;
 
 use crate::plumbing;
+pub(crate) use cellium_hive::error_chain as chain;
 
 /// Why an endpoint operation failed. Every failure of `create` leaves nothing behind.
 #[derive(Debug, thiserror::Error)]
@@ -150,18 +151,6 @@ pub enum Error {
         /// The pod CIDRs now configured.
         cidrs: String,
     },
-}
-
-/// An error with its sources, as one line: `a: b: c`.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 impl Error {

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use cellium_hive::error_chain as chain;
 use cellium_labels::Labels;
 
 use crate::error::{Error, Result};
@@ -156,18 +157,6 @@ impl Persister {
     fn held(&self) -> Option<String> {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
-}
-
-/// `error: cause: cause`, one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

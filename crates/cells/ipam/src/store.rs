@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use cellium_hive::Reporter;
+use cellium_hive::error_chain as chain;
 use cellium_statedir::StateDir;
 
 use crate::error::{Error, Result};
@@ -154,16 +155,4 @@ fn apply(inner: &mut Inner, record: Option<&Record>, now: SystemTime) -> String 
     inner.quarantine.prune(now);
     let quarantined = inner.quarantine.entries().0.len();
     format!("{pools} pools; {cursors} cursors and {quarantined} addresses in quarantine restored")
-}
-
-/// An error with its causes, for a one-line report.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

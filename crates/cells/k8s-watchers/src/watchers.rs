@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Credentials;
 use crate::config::K8sConfig;
 use crate::error::{Error, Result};
+pub(crate) use cellium_hive::error_chain as chain;
 
 /// How long to wait before building the client again when it cannot be built.
 const CLIENT_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
@@ -352,17 +353,6 @@ fn node_name(cfg: &K8sConfig) -> Result<String> {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .ok_or(Error::NodeName)
-}
-
-/// An error with its sources, `a: b: c`.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cellium_datapath_bpf::{Datapath, DatapathConfig, DatapathOptions, MapOrigin};
-use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, error_chain as chain};
 use cellium_metrics::Metrics;
 use tokio::task::JoinHandle;
 
@@ -107,17 +107,6 @@ impl Loader {
     pub fn datapath(&self) -> Result<Arc<Datapath>> {
         self.datapath.get().cloned().ok_or(Error::NotLoaded)
     }
-}
-
-/// An error with its sources, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
 }
 
 /// "loaded from /sys/fs/bpf/cellium: programs reused, 9 maps reused, 1 created", and each

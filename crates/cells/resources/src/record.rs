@@ -29,6 +29,7 @@ use cellium_statedir::StateDir;
 use serde::{Deserialize, Serialize};
 
 use crate::key::ObjectKey;
+pub(crate) use cellium_hive::error_chain;
 
 const DIR: &str = "resources";
 const JOURNAL: &str = "resources/journal";
@@ -288,18 +289,6 @@ impl Record {
 
 fn journal_file(seq: u64) -> String {
     format!("{JOURNAL}/{seq:020}.json")
-}
-
-/// `error: cause: cause`, as one line for a health message or a gRPC status.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

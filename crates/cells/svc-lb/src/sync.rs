@@ -29,6 +29,7 @@ use crate::desired::{Plan, PlannedBackend};
 use crate::error::{Error, Result};
 use crate::ids::Ids;
 use crate::maglev;
+pub use cellium_hive::error_chain;
 
 /// A frontend as the last pass left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -554,16 +555,4 @@ fn read_pinned(dp: &Datapath) -> Result<Pinned> {
 
 fn read(what: &'static str) -> impl Fn(cellium_datapath_bpf::Error) -> Error {
     move |source| Error::Read { what, source }
-}
-
-/// An error and its sources on one line, for health messages and listings.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
