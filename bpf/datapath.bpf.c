@@ -88,6 +88,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	struct pkt6 *p;
 	int external = 0;
 	__u64 now;
+	__u32 len;
 	int ret, ct;
 
 	if (!s)
@@ -215,11 +216,19 @@ forward:
 		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 		return fib_redirect6(skb, p);
 	}
-	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV6, p->daddr, t.src_identity);
+	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV6, p->daddr, t.src_identity);
 	if (ret > 0)
 		return drop6(skb, p, &t, ret);
-	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
-	return ret == 0 && cfg ? bpf_redirect(cfg->tunnel_ifindex, 0) : TC_ACT_OK;
+	len = skb->len;
+	if (ret == 0) {
+		ret = tunnel_send(skb, cfg);
+		if (ret < 0)
+			return drop6(skb, p, &t, -ret);
+	} else {
+		ret = TC_ACT_OK;
+	}
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, len);
+	return ret;
 }
 
 /* As endpoint_ingress4, for IPv6. */
@@ -319,6 +328,7 @@ int cel_from_container(struct __sk_buff *skb)
 	struct pkt *p;
 	int external = 0;
 	__u64 now;
+	__u32 len;
 	int ret, ct;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
@@ -440,13 +450,19 @@ forward:
 		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 		return fib_redirect4(skb, p);
 	}
-	ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &p->daddr, t.src_identity);
+	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV4, &p->daddr, t.src_identity);
 	if (ret > 0)
 		return drop(skb, p, &t, ret);
-	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
-	if (ret == 0 && cfg)
-		return bpf_redirect(cfg->tunnel_ifindex, 0);
-	return redirect_to_node4(skb, cfg, p);
+	if (ret == TUNNEL_PASS) {
+		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
+		return redirect_to_node4(skb, cfg, p);
+	}
+	len = skb->len;
+	ret = tunnel_send(skb, cfg);
+	if (ret < 0)
+		return drop(skb, p, &t, -ret);
+	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, len);
+	return ret;
 }
 
 /* A packet for local endpoint dst, past its interface checks: conntrack,
@@ -529,18 +545,29 @@ int cel_to_container(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* Where a packet for a local endpoint came from (from_node4/6). */
+/* Off one of the node's devices: the source's identity is its address's. */
+#define CEL_FROM_DEVICE 0
+/* Out of the VXLAN device: the VNI's identity; anything not for a local
+ * endpoint is the node's stack's, as the device delivered it there. */
+#define CEL_FROM_OVERLAY 1
+/* Decapsulated by tunnel_decap: the VNI's identity, and nowhere to go but
+ * a local endpoint (the one tunnel_decap found). */
+#define CEL_FROM_DECAP 2
+
 /* IPv4 that reaches the node for a local endpoint, out of the tunnel or
  * straight off one of the node's devices: its ingress, then straight into
  * the pod, past the node's routing. Out of the tunnel, the source's
  * identity is the one the VNI carries (none is an error); off a device
  * (src_identity 0) it is the source address's, from the ipcache. Anything
- * not for a local endpoint, or that does not parse, is the node's stack's
- * to route or refuse: what it then delivers to a pod meets that pod's
- * cel_to_container. */
+ * else not for a local endpoint, or that does not parse, is the node's
+ * stack's to route or refuse: what it then delivers to a pod meets that
+ * pod's cel_to_container. */
 static __always_inline int from_node4(struct __sk_buff *skb, const struct datapath_config *cfg,
-				      __u32 src_identity, int tunnelled)
+				      __u32 src_identity, int from)
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	int tunnelled = from != CEL_FROM_DEVICE;
 	struct endpoint_info *dst;
 	struct pkt p = {};
 	int ret;
@@ -549,6 +576,10 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 	if (ret)
 		return tunnelled ? drop(skb, &p, &t, ret) : TC_ACT_OK;
 	dst = endpoint_lookup4(p.daddr);
+	/* Gone since tunnel_decap looked: the stack must not route a packet
+	 * that lost its outer headers and the identity they carried. */
+	if (!dst && from == CEL_FROM_DECAP)
+		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
 	if (!dst)
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
@@ -560,11 +591,13 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 	return ret < 0 ? drop(skb, &p, &t, CEL_REASON_NAT_FAILED) : ret;
 }
 
-/* IPv6 for a local endpoint from outside the node: as from_node4. */
+/* IPv6 for a local endpoint from outside the node: as from_node4 (none is
+ * decapsulated by the programs). */
 static __always_inline int from_node6(struct __sk_buff *skb, const struct datapath_config *cfg,
-				      __u32 src_identity, int tunnelled)
+				      __u32 src_identity, int from)
 {
 	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	int tunnelled = from != CEL_FROM_DEVICE;
 	struct endpoint_info *dst;
 	struct pkt6 p = {};
 	int ret;
@@ -602,13 +635,15 @@ int cel_to_overlay(struct __sk_buff *skb)
 		struct iphdr *ip = data + ETH_HLEN;
 
 		if ((void *)(ip + 1) <= data_end)
-			ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV4, &ip->daddr, CEL_IDENTITY_HOST);
+			ret = tunnel_lookup(cfg, CEL_FAMILY_IPV4, &ip->daddr, CEL_IDENTITY_HOST);
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 
 		if ((void *)(ip6 + 1) <= data_end)
-			ret = tunnel_to(skb, cfg, CEL_FAMILY_IPV6, &ip6->daddr, CEL_IDENTITY_HOST);
+			ret = tunnel_lookup(cfg, CEL_FAMILY_IPV6, &ip6->daddr, CEL_IDENTITY_HOST);
 	}
+	if (ret == 0)
+		ret = tunnel_set_key(skb);
 	if (ret == 0)
 		return TC_ACT_OK;
 	/* No node to send it to: the kernel's own link-local chatter on the
@@ -625,9 +660,9 @@ int cel_from_overlay(struct __sk_buff *skb)
 	__u32 src_identity = tunnel_source_identity(skb);
 
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return from_node4(skb, cfg, src_identity, 1);
+		return from_node4(skb, cfg, src_identity, CEL_FROM_OVERLAY);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return from_node6(skb, cfg, src_identity, 1);
+		return from_node6(skb, cfg, src_identity, CEL_FROM_OVERLAY);
 	return TC_ACT_OK;
 }
 
@@ -953,12 +988,22 @@ static __noinline int nodeport_error6(struct __sk_buff *skb, const struct datapa
  * their stack would add to that of the frame calling nodeport4/6. */
 static __noinline int netdev_to_pod4(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
-	return from_node4(skb, cfg, 0, 0);
+	return from_node4(skb, cfg, 0, CEL_FROM_DEVICE);
 }
 
 static __noinline int netdev_to_pod6(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
-	return from_node6(skb, cfg, 0, 0);
+	return from_node6(skb, cfg, 0, CEL_FROM_DEVICE);
+}
+
+/* The tunnel's own packets at the node's device: those tunnel_decap takes
+ * go straight into their pod with the identity their VNI carries; the rest
+ * go on to the VXLAN device. */
+static __noinline int tunnel_receive(struct __sk_buff *skb, const struct datapath_config *cfg)
+{
+	int id = tunnel_decap(skb, cfg);
+
+	return id == TUNNEL_PASS ? TC_ACT_OK : from_node4(skb, cfg, id, CEL_FROM_DECAP);
 }
 
 /* The ingress of the node's own devices (those holding its addresses):
@@ -977,7 +1022,7 @@ int cel_from_netdev(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		if (tunnel_own_packet4(skb, cfg))
-			return TC_ACT_OK;
+			return tunnel_receive(skb, cfg);
 		ret = nodeport4(skb, cfg);
 		if (ret == CEL_NODEPORT_ERROR)
 			ret = nodeport_error4(skb, cfg);

@@ -219,3 +219,88 @@ fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
         .collect();
     assert!(!pins.iter().any(|p| p.contains("overlay")), "{pins:?}");
 }
+
+/// Packets `cel_vxlan` on `node` sent and received: (tx, rx).
+fn vxlan_packets(node: &NetNs) -> (u64, u64) {
+    let read = |counter: &str| {
+        let path = format!("/sys/class/net/cel_vxlan/statistics/{counter}");
+        let text = node.exec("cat", &[&path]).expect("device statistics");
+        text.trim().parse::<u64>().expect("a count")
+    };
+    (read("tx_packets"), read("rx_packets"))
+}
+
+/// The programs encapsulate pods' packets themselves and send them straight to the underlay,
+/// and take the outer headers off those for a local pod themselves: connections between pods
+/// of two nodes move no packet through either node's VXLAN device. The one kind of packet the
+/// receiving programs leave to the device, a GSO packet (its encapsulation state can only be
+/// reset by the device), arrives whole through it.
+#[test]
+fn the_programs_encapsulate_and_decapsulate_past_both_vxlan_devices() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: RoutingMode::Tunnel,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    for i in 0..2 {
+        cluster
+            .agent(i)
+            .node()
+            .ip(&[
+                "rule",
+                "add",
+                "iif",
+                UNDERLAY_IF,
+                "to",
+                "10.245.0.0/16",
+                "prohibit",
+            ])
+            .expect("no pod traffic on the underlay");
+    }
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(0, "shop/client", "app=client", &[])
+        .expect("client");
+    let web = cluster
+        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
+        .expect("web")
+        .ip;
+    let client = &cluster.pod("shop/client").expect("client").netns;
+    let web_ns = &cluster.pod("shop/web").expect("web").netns;
+    let to_web = SocketAddr::new(IpAddr::V4(web), PORT);
+    let _server = TcpServer::start(web_ns, to_web, "web").expect("server");
+    eventually(&cluster, "client reaches web through the tunnel", || {
+        reaches(client, web)
+    });
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+
+    let before = (vxlan_packets(one), vxlan_packets(two));
+    for _ in 0..20 {
+        assert!(reaches(client, web), "a connection across the tunnel");
+    }
+    let mut stream = tcp_connect(client, to_web, Duration::from_secs(5)).expect("connect");
+    let mut banner = [0u8; 4];
+    stream.read_exact(&mut banner).expect("banner");
+    for _ in 0..20 {
+        echo(&mut stream, 100).expect("a small echo");
+    }
+    let after = (vxlan_packets(one), vxlan_packets(two));
+    assert_eq!(
+        before, after,
+        "((tx, rx) node 1, (tx, rx) node 2): no packet crossed a VXLAN device"
+    );
+
+    // Segments of a bulk transfer leave encapsulated by the programs, and arrive as GSO
+    // packets, which the device takes.
+    echo(&mut stream, 1024 * 1024).expect("bulk echo across the tunnel");
+    let bulk = (vxlan_packets(one), vxlan_packets(two));
+    assert_eq!(
+        (bulk.0.0, bulk.1.0),
+        (after.0.0, after.1.0),
+        "neither device sent a packet"
+    );
+    assert!(
+        bulk.1.1 > after.1.1 && bulk.0.1 > after.0.1,
+        "both devices received the GSO packets: before {after:?}, after {bulk:?}"
+    );
+}

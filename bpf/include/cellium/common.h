@@ -58,8 +58,9 @@
  * does not know, a routing header with segments left, more than
  * CEL_IPV6_MAX_EXT_HDRS headers): never passed unchecked. */
 #define CEL_REASON_EXTENSION_HEADER 12
-/* Tunnel mode: the tunnel key could not be set on a packet for another
- * node's pod, or a packet came out of the tunnel without one. */
+/* Tunnel mode: a packet for another node's pod could not be encapsulated
+ * (nor given a tunnel key), a packet came out of the tunnel without an
+ * identity, or one decapsulated for a local pod found it gone. */
 #define CEL_REASON_ENCAP_FAILED 13
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room

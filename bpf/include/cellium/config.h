@@ -51,8 +51,9 @@ struct datapath_config {
 	 * routing is native. */
 	__u32 tunnel_ifindex;
 	/* Tunnel mode: the VXLAN device's UDP port (network order), whose
-	 * packets cel_from_netdev leaves to the kernel's VXLAN socket at once;
-	 * 0 when routing is native. */
+	 * packets cel_from_netdev decapsulates or leaves to the kernel's VXLAN
+	 * socket, and the one the programs encapsulate to; 0 when routing is
+	 * native. */
 	__be16 tunnel_port;
 	__u16 pad;
 	/* Socket-level load balancing (lib/sock.h): the cookie of the node's
