@@ -6,7 +6,7 @@
  * node reads the identity back and enforces ingress policy with it.
  *
  * The programs encapsulate and decapsulate themselves where they can
- * (tunnel_send, tunnel_receive): the outer headers are written with
+ * (tunnel_send, tunnel_decap): the outer headers are written with
  * bpf_skb_adjust_room and the packet goes straight to the underlay device
  * (bpf_redirect_neigh); on the other node cel_from_netdev takes them off and
  * hands the inner packet to the pod. Neither node's VXLAN device is crossed,
@@ -233,13 +233,16 @@ static __always_inline __u16 ipv4_header_csum(const void *ip)
 /* Writes the outer headers of an IPv4 packet of len bytes from saddr to
  * what tunnel_lookup found, the inner Ethernet header already in place. */
 static __always_inline void vxlan_fill(struct tunnel_scratch *s, __u32 len, __be32 saddr,
-				       __u32 hash, __be16 port)
+				       __u32 hash, __be16 port, __u8 ecn)
 {
 	struct vxlan_encap *h = &s->hdr;
 
 	__builtin_memset(&h->ip, 0, sizeof(h->ip));
 	h->ip.version = 4;
 	h->ip.ihl = 5;
+	/* The inner packet's ECN field, as the device copies it (RFC 6040),
+	 * so that the underlay may mark rather than drop. */
+	h->ip.tos = ecn & CEL_ECN_MASK;
 	h->ip.tot_len = bpf_htons(len);
 	/* DF clear, as the device sends them: the outer packet may be
 	 * fragmented on a narrower path, so it needs an ID. */
@@ -272,6 +275,7 @@ static __noinline int tunnel_encap(struct __sk_buff *skb, __be16 port)
 	struct tunnel_scratch *s = tunnel_scratch();
 	__be16 outer_proto = bpf_htons(ETH_P_IP);
 	__u32 len, hash;
+	__u8 tos;
 	int ret;
 
 	if (!s || skb->len <= ETH_HLEN)
@@ -294,12 +298,13 @@ static __noinline int tunnel_encap(struct __sk_buff *skb, __be16 port)
 		return TUNNEL_PASS;
 	/* The inner flow's hash, before the outer headers hide it. */
 	hash = bpf_get_hash_recalc(skb);
-	if (bpf_skb_load_bytes(skb, 0, &s->hdr.inner, ETH_HLEN) < 0)
+	if (bpf_skb_load_bytes(skb, 0, &s->hdr.inner, ETH_HLEN) < 0 ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + __builtin_offsetof(struct iphdr, tos), &tos, 1) < 0)
 		return TUNNEL_PASS;
 	/* Fails before changing anything on a packet encapsulated already. */
 	if (bpf_skb_adjust_room(skb, CEL_VXLAN_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) < 0)
 		return TUNNEL_PASS;
-	vxlan_fill(s, len, s->fib.ipv4_src, hash, port);
+	vxlan_fill(s, len, s->fib.ipv4_src, hash, port, tos);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &s->hdr, sizeof(s->hdr), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, __builtin_offsetof(struct ethhdr, h_proto), &outer_proto,
 				sizeof(outer_proto), 0) < 0)
