@@ -13,7 +13,7 @@
 //! until it is changed or deleted, as for a record that does not load
 //! ([`Resources::policy_gaps`]): a policy that is not enforced must not leave pods open.
 
-use std::collections::BTreeSet;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -178,7 +178,8 @@ impl Feed {
         let (kind, items) = listing.into_parts();
         let kind = kind.as_str();
         let mut state = self.resources.lock();
-        let mut keep = BTreeSet::new();
+        // Hashed, not ordered: a sync looks every object of the kind up here twice.
+        let mut keep = HashSet::with_capacity(items.len());
         state.rejected.retain(|(k, _), _| k != kind);
         for (key, item) in items {
             match item {

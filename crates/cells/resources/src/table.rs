@@ -1,6 +1,7 @@
 //! A table of one kind: the current objects and a stream of their changes.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::{broadcast, watch};
@@ -119,18 +120,22 @@ impl<T: Object> Writer<T> {
 
     /// Creates or replaces the object with `obj`'s key.
     pub fn upsert(&mut self, obj: T) -> Change {
-        let key = obj.key();
         let mut objects = self.shared.write();
-        let old = objects.get(&key).cloned();
-        if old.as_deref() == Some(&obj) {
-            return Change::Unchanged;
-        }
-        let new = Arc::new(obj);
-        objects.insert(key, new.clone());
-        let change = if old.is_some() {
-            Change::Configured
-        } else {
-            Change::Created
+        // One search of the map per object: a sync upserts every object of a kind.
+        let (old, new, change) = match objects.entry(obj.key()) {
+            Entry::Occupied(mut e) => {
+                if **e.get() == obj {
+                    return Change::Unchanged;
+                }
+                let new = Arc::new(obj);
+                let old = e.insert(new.clone());
+                (Some(old), new, Change::Configured)
+            }
+            Entry::Vacant(e) => {
+                let new = Arc::new(obj);
+                e.insert(new.clone());
+                (None, new, Change::Created)
+            }
         };
         self.staged.push(Event::Upsert { old, new });
         change
