@@ -40,7 +40,7 @@ pub use requirement::{Key, Operator, Requirement};
 /// matchLabels: { app: web }
 /// matchExpressions: [ { key: tier, operator: NotIn, values: [db] } ]
 /// ").unwrap();
-/// let sel = sel.and(&Selector::namespace("shop"));
+/// let sel = sel.and(Selector::namespace("shop"));
 /// assert_eq!(sel.to_string(), "any:app=web,any:tier!=db,k8s:io.kubernetes.pod.namespace=shop");
 /// let web: Labels = "k8s:app=web,k8s:io.kubernetes.pod.namespace=shop".parse()?;
 /// assert!(sel.matches(&web));
@@ -97,9 +97,11 @@ impl Selector {
         Selector::new(labels.iter().map(Requirement::from_label))
     }
 
-    /// The requirements of both selectors: what both select.
-    pub fn and(&self, other: &Selector) -> Selector {
-        Selector::new(self.requirements.iter().chain(&other.requirements).cloned())
+    /// The requirements of both selectors: what both select. Takes both, so that their
+    /// requirements move rather than being copied (a policy builds one for every peer).
+    pub fn and(mut self, other: Selector) -> Selector {
+        self.requirements.extend(other.requirements);
+        Selector::new(self.requirements)
     }
 
     /// Whether `labels` satisfy every requirement.
@@ -159,9 +161,9 @@ mod tests {
     fn and_requires_both_and_is_canonical() {
         let a = Selector::from_labels(&labels("k8s:app=web"));
         let ns = Selector::namespace("shop");
-        let both = a.and(&ns);
-        assert_eq!(both, ns.and(&a));
-        assert_eq!(both, both.and(&a));
+        let both = a.clone().and(ns.clone());
+        assert_eq!(both, ns.and(a.clone()));
+        assert_eq!(both, both.clone().and(a));
         assert!(both.matches(&labels("k8s:app=web,k8s:io.kubernetes.pod.namespace=shop")));
         assert!(!both.matches(&labels("k8s:app=web,k8s:io.kubernetes.pod.namespace=dev")));
         assert!(!both.matches(&labels("k8s:io.kubernetes.pod.namespace=shop")));

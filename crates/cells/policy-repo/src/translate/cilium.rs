@@ -40,7 +40,7 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
         let mut subject = selector(&rule.endpoint_selector, str::to_string)
             .map_err(|e| format!("{field}.endpointSelector: {e}"))?;
         if !ns.is_empty() {
-            subject = subject.and(&Selector::namespace(ns));
+            subject = subject.and(Selector::namespace(ns));
         }
         for (direction, on) in [
             (Direction::Ingress, rule.default_deny_ingress),
@@ -101,11 +101,11 @@ fn peers(ns: &str, r: &CiliumPeerRule, set: &mut RuleSet) -> Result<Vec<Peer>, S
     let world = Selector::reserved("world").map_err(|e| e.to_string())?;
     for cidr in r.cidrs.iter().flatten() {
         set.prefixes.push(*cidr);
-        out.push(Peer::Selector(Selector::cidr(*cidr).and(&world)));
+        out.push(Peer::Selector(Selector::cidr(*cidr).and(world.clone())));
     }
     for block in r.cidr_sets.iter().flatten() {
         set.prefixes.extend(block_prefixes(block));
-        out.push(Peer::Selector(cidr_block(block)?.and(&world)));
+        out.push(Peer::Selector(cidr_block(block)?.and(world.clone())));
     }
     for e in r.entities.iter().flatten() {
         if let Some(p) = entity(*e)? {
@@ -167,7 +167,7 @@ fn endpoint_peer(ns: &str, sel: &LabelSelector) -> Result<Selector, String> {
     }
     if ns.is_empty() {
         // Cluster-wide: endpoints of every namespace, but never the node or the world.
-        return Ok(out.and(&Selector::new([present(&format!(
+        return Ok(out.and(Selector::new([present(&format!(
             "k8s:{POD_NAMESPACE_LABEL}"
         ))?])));
     }
@@ -177,7 +177,7 @@ fn endpoint_peer(ns: &str, sel: &LabelSelector) -> Result<Selector, String> {
     if names_namespace_labels {
         return Ok(out);
     }
-    Ok(out.and(&Selector::namespace(ns)))
+    Ok(out.and(Selector::namespace(ns)))
 }
 
 #[cfg(test)]

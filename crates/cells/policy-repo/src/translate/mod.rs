@@ -54,7 +54,7 @@ pub fn present(key: &str) -> Result<Requirement, String> {
 pub fn cidr_block(block: &CidrBlock) -> Result<Selector, String> {
     let mut sel = Selector::cidr(block.cidr);
     for e in &block.except {
-        sel = sel.and(&Selector::new([absent(&Label::cidr(*e).to_string())?]));
+        sel = sel.and(Selector::new([absent(&Label::cidr(*e).to_string())?]));
     }
     Ok(sel)
 }

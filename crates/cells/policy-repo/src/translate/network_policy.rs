@@ -30,7 +30,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
     });
     let subject = pod_selector(&np.pod_selector)
         .map_err(|e| format!("spec.podSelector: {e}"))?
-        .and(&Selector::namespace(&np.namespace));
+        .and(Selector::namespace(&np.namespace));
     let mut set = RuleSet {
         prefixes_cover_pods: true,
         ..RuleSet::default()
@@ -88,7 +88,7 @@ fn peers(
                     .map(pod_selector)
                     .transpose()?
                     .unwrap_or_default();
-                pods.and(&Selector::namespace(&np.namespace))
+                pods.and(Selector::namespace(&np.namespace))
             }
             NetworkPolicyPeer::Pods {
                 pod_selector: pods,
@@ -103,7 +103,7 @@ fn peers(
                 // Only pods carry a namespace: without this, `namespaceSelector: {}` would
                 // match the node and the world too.
                 let is_pod = Selector::new([present(&format!("k8s:{POD_NAMESPACE_LABEL}"))?]);
-                pods.and(&ns).and(&is_pod)
+                pods.and(ns).and(is_pod)
             }
             NetworkPolicyPeer::IpBlock(block) => {
                 set.prefixes.extend(block_prefixes(block));
