@@ -6,6 +6,13 @@ use cellium_agent::{ConfigArgs, cells};
 use cellium_hive::process;
 use clap::{Parser, Subcommand};
 
+/// mimalloc (its v2 line), not glibc's malloc: a restart decodes and copies tens of thousands
+/// of API objects, and a quarter of the agent's CPU went to glibc's allocator (consolidating
+/// and unlinking chunks). docs/performance.md, "Kubernetes mode", has the figures, memory
+/// included.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The Cellium node agent.
 #[derive(Debug, Parser)]
 #[command(name = "cellium-agent", version, about)]
