@@ -74,27 +74,37 @@ fn echo(stream: &mut TcpStream, len: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-#[test]
-fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
-    let mut cluster = Cluster::start(ClusterOptions {
+/// A cluster in tunnel mode whose nodes refuse pod addresses arriving on the underlay; packets
+/// to the nodes themselves, the tunnel's among them, pass.
+fn tunnel_only_cluster() -> Cluster {
+    let cluster = Cluster::start(ClusterOptions {
         routing_mode: RoutingMode::Tunnel,
         ..ClusterOptions::default()
     })
     .expect("cluster");
     for i in 0..2 {
+        cluster
+            .agent(i)
+            .node()
+            .ip(&[
+                "rule",
+                "add",
+                "iif",
+                UNDERLAY_IF,
+                "to",
+                "10.245.0.0/16",
+                "prohibit",
+            ])
+            .expect("no pod traffic on the underlay");
+    }
+    cluster
+}
+
+#[test]
+fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
+    let mut cluster = tunnel_only_cluster();
+    for i in 0..2 {
         let node = cluster.agent(i).node();
-        // Pod addresses arriving on the underlay are refused; packets to the nodes
-        // themselves, the tunnel's among them, pass.
-        node.ip(&[
-            "rule",
-            "add",
-            "iif",
-            UNDERLAY_IF,
-            "to",
-            "10.245.0.0/16",
-            "prohibit",
-        ])
-        .expect("no pod traffic on the underlay");
         let link = node
             .ip(&["-d", "link", "show", "cel_vxlan"])
             .expect("device");
@@ -237,26 +247,7 @@ fn vxlan_packets(node: &NetNs) -> (u64, u64) {
 /// reset by the device), arrives whole through it.
 #[test]
 fn the_programs_encapsulate_and_decapsulate_past_both_vxlan_devices() {
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: RoutingMode::Tunnel,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    for i in 0..2 {
-        cluster
-            .agent(i)
-            .node()
-            .ip(&[
-                "rule",
-                "add",
-                "iif",
-                UNDERLAY_IF,
-                "to",
-                "10.245.0.0/16",
-                "prohibit",
-            ])
-            .expect("no pod traffic on the underlay");
-    }
+    let mut cluster = tunnel_only_cluster();
     cluster.namespace("shop", "").expect("namespace");
     cluster
         .add_pod(0, "shop/client", "app=client", &[])
