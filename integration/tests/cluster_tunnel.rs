@@ -10,11 +10,12 @@
 //! `cargo test -p cellium-integration --test cluster_tunnel -- --test-threads=1`.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use cellium_integration::NetNs;
 use cellium_integration::cluster::{Cluster, ClusterOptions, RoutingMode, UNDERLAY_IF};
+use cellium_integration::frame::{self, Ipv4Packet};
 use cellium_integration::probe::{TcpServer, tcp_connect};
 use cellium_integration::reach::{Outcome, Probe, probe};
 
@@ -294,4 +295,126 @@ fn the_programs_encapsulate_and_decapsulate_past_both_vxlan_devices() {
         bulk.1.1 > after.1.1 && bulk.0.1 > after.0.1,
         "both devices received the GSO packets: before {after:?}, after {bulk:?}"
     );
+}
+
+/// The MAC address of `ifname` in `ns`.
+fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
+    let text = ns
+        .exec("cat", &[&format!("/sys/class/net/{ifname}/address")])
+        .expect("address");
+    let mut mac = [0u8; 6];
+    for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
+        *b = u8::from_str_radix(part, 16).expect("a MAC");
+    }
+    mac
+}
+
+/// A UDP datagram's bytes, header (checksum 0: none, as VXLAN sends them) and `data`.
+fn udp(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + data.len());
+    out.extend_from_slice(&sport.to_be_bytes());
+    out.extend_from_slice(&dport.to_be_bytes());
+    out.extend_from_slice(&(8 + data.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(data);
+    out
+}
+
+/// What `node` (an index) sends to node 2's VXLAN port: the VXLAN header with `flags` and
+/// `vni`, then `inner` (an Ethernet frame), as an Ethernet frame for node 2's underlay MAC.
+fn vxlan_frame(cluster: &Cluster, flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let mut vxlan = vec![flags, 0, 0, 0];
+    vxlan.extend_from_slice(&(vni << 8).to_be_bytes());
+    vxlan.extend_from_slice(inner);
+    let outer = Ipv4Packet {
+        src: Cluster::node_ip(0),
+        dst: Cluster::node_ip(1),
+        protocol: 17,
+        id: 1,
+        offset: 0,
+        more: false,
+        payload: udp(40000, 8472, &vxlan),
+    };
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    outer.frame(mac_of(one, UNDERLAY_IF), mac_of(two, UNDERLAY_IF))
+}
+
+/// Frames made by hand and sent from node 1's underlay interface to node 2's VXLAN port, with
+/// the zero UDP checksum the programs' own encapsulation sends (so that node 2's programs, not
+/// only its VXLAN device, look at them). A well-formed one reaches the pod: the underlay is
+/// trusted, as in Cilium, so the VNI's identity is taken at its word. One without an identity
+/// (VNI 0), one whose inner header claims more than the packet holds and one with flags VXLAN
+/// does not define reach nothing, and the node goes on serving real traffic.
+#[test]
+fn hostile_vxlan_frames_reach_no_pod() {
+    let mut cluster = tunnel_only_cluster();
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(0, "shop/client", "app=client", &[])
+        .expect("client");
+    let web = cluster
+        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
+        .expect("web")
+        .ip;
+    let client = &cluster.pod("shop/client").expect("client").netns;
+    let web_ns = &cluster.pod("shop/web").expect("web").netns;
+    let to_web = SocketAddr::new(IpAddr::V4(web), PORT);
+    let _server = TcpServer::start(web_ns, to_web, "web").expect("server");
+    eventually(&cluster, "client reaches web through the tunnel", || {
+        reaches(client, web)
+    });
+    let sink = web_ns
+        .run(move || UdpSocket::bind(to_web))
+        .expect("netns")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let inner = |data: &[u8]| {
+        Ipv4Packet {
+            src: Ipv4Addr::new(10, 245, 11, 200),
+            dst: web,
+            protocol: 17,
+            id: 7,
+            offset: 0,
+            more: false,
+            payload: udp(40000, PORT, data),
+        }
+        .frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+    };
+    let received = |frame: Vec<u8>| {
+        frame::send(cluster.agent(0).node(), UNDERLAY_IF, frame).expect("send");
+        let mut buf = [0u8; 256];
+        sink.recv_from(&mut buf)
+            .ok()
+            .map(|(n, _)| buf[..n].to_vec())
+    };
+    let (_, rx_before) = vxlan_packets(cluster.agent(1).node());
+
+    // The positive control: the world's identity (2), which no policy refuses yet.
+    let got = received(vxlan_frame(&cluster, 0x08, 2, &inner(b"hello")));
+    assert_eq!(got.as_deref(), Some(&b"hello"[..]), "a well-formed frame");
+    assert_eq!(
+        vxlan_packets(cluster.agent(1).node()).1,
+        rx_before,
+        "taken by node 2's programs, not its device"
+    );
+    let mut short = inner(&[0u8; 100]);
+    short.truncate(14 + 20 + 8);
+    for (what, frame) in [
+        (
+            "no identity",
+            vxlan_frame(&cluster, 0x08, 0, &inner(b"none")),
+        ),
+        (
+            "an inner length beyond the packet",
+            vxlan_frame(&cluster, 0x08, 2, &short),
+        ),
+        (
+            "undefined VXLAN flags",
+            vxlan_frame(&cluster, 0x0c, 2, &inner(b"flags")),
+        ),
+    ] {
+        assert_eq!(received(frame), None, "{what} reached the pod");
+    }
+    assert!(reaches(client, web), "real traffic still passes");
 }
