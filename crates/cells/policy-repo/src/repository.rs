@@ -205,19 +205,21 @@ impl PolicyRepository {
     /// revision increased and the health line composed once, not once per policy (which is
     /// quadratic in the number of policies at the start).
     pub fn sync_resources(&self, resources: &Resources) {
-        let mut sources: Vec<(SourceKey, Result<RuleSet, String>)> = Vec::new();
-        for p in resources.network_policies.list() {
-            let translated = translate::network_policy::translate(&p);
-            sources.push(((PolicyKind::NetworkPolicy, p.key()), translated));
-        }
-        for p in resources.cilium_network_policies.list() {
-            let kind = PolicyKind::CiliumNetworkPolicy;
-            sources.push(((kind, p.key()), translate::cilium::translate(kind, &p)));
-        }
-        for p in resources.cilium_clusterwide_network_policies.list() {
-            let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
-            sources.push(((kind, p.key()), translate::cilium::translate(kind, &p)));
-        }
+        let mut sources: Vec<(SourceKey, Result<RuleSet, String>)> =
+            translate::all(&resources.network_policies.list(), |p| {
+                let translated = translate::network_policy::translate(p);
+                ((PolicyKind::NetworkPolicy, p.key()), translated)
+            });
+        let kind = PolicyKind::CiliumNetworkPolicy;
+        sources.extend(translate::all(
+            &resources.cilium_network_policies.list(),
+            |p| ((kind, p.key()), translate::cilium::translate(kind, p)),
+        ));
+        let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
+        let ccnps = resources.cilium_clusterwide_network_policies.list();
+        sources.extend(translate::all(&ccnps, |p| {
+            ((kind, p.key()), translate::cilium::translate(kind, p))
+        }));
         let present: BTreeSet<SourceKey> = sources.iter().map(|(k, _)| k.clone()).collect();
         let mut st = self.lock();
         let mut changed = false;

@@ -8,21 +8,25 @@
 //! 2. The hook (`restore-services`) runs after the resources cell has synced or applied its
 //!    objects and the endpoint manager has restored the endpoints (both are dependencies, so
 //!    their hooks come first). It tells the datapath what a new connection to a frontend
-//!    without backends gets (`service-no-backend-response`), turns socket-level load
+//!    without backends gets (`service-no-backend-response`) and turns socket-level load
 //!    balancing on or off (`bpf-lb-sock`; the node's sockets are translated by the same
-//!    maps), and adopts the backend and rev-NAT ids the maps hold (a map it cannot read fails
-//!    the start). It does not wait for the first pass, unless the maps held no frontend (a
-//!    node's first start, or maps recreated): nothing serves the services then, and the hook
-//!    runs the first pass itself, as below, before the pods' CNI calls are served.
-//! 3. The first pass is the `reconcile` job's first run, at the start of the cell's jobs:
-//!    frontends are rewritten only where they differ, and only then are the frontends and
-//!    backends nobody wants removed. Removing them any earlier would drop services whose
-//!    objects or endpoints had not been restored yet; the jobs start after the hook, so after
-//!    both. Nothing needs the pass before the agent goes on: the pinned maps serve what they
-//!    held meanwhile (as during the restart itself), the endpoints are already restored, and
+//!    maps). It does not wait for the first pass, unless the maps hold no frontend (a node's
+//!    first start, or maps recreated; one key read per family tells): nothing serves the
+//!    services then, and the hook runs the first pass itself, as below, before the pods' CNI
+//!    calls are served.
+//! 3. The first pass is the `reconcile` job's first run, at the start of the cell's jobs. It
+//!    first adopts the backend and rev-NAT ids the maps hold (reading them whole), so
+//!    established connections keep their backends and reverse translation; then frontends
+//!    are rewritten only where they differ, and only then are the frontends and backends
+//!    nobody wants removed. Removing them any earlier would drop services whose objects or
+//!    endpoints had not been restored yet; the jobs start after the hook, so after both.
+//!    Nothing needs the pass before the agent goes on: the pinned maps serve what they held
+//!    meanwhile (as during the restart itself), the endpoints are already restored, and
 //!    nothing else writes these maps. So the cells after this one and the API (whose
 //!    `Services.List` waits for the first pass, never answering from an empty status) do not
 //!    wait for it, and a node with thousands of services is back as soon as its endpoints.
+//!    A pass whose takeover fails (a map it cannot read) writes nothing, is reported and
+//!    retried like any other.
 //! 4. The `watch-changes` job, subscribed before the first pass, turns every change of
 //!    services, slices, pods and endpoints into a trigger of the `reconcile` job (triggers
 //!    coalesce), which also runs every minute to repair drift; `revnat-gc` deletes the
@@ -31,7 +35,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use cellium_datapath_bpf::DatapathConfig;
+use cellium_datapath_bpf::{Datapath, DatapathConfig};
 use cellium_endpoint_manager::EndpointManager;
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_loader::Loader;
@@ -70,8 +74,8 @@ pub struct ServiceLb {
 }
 
 impl ServiceLb {
-    /// Declares the cell; the `restore-services` start hook takes over the pinned maps and
-    /// its jobs keep them in line with the tables.
+    /// Declares the cell; the `restore-services` start hook readies the datapath, and its jobs
+    /// take over the pinned maps and keep them in line with the tables.
     #[allow(clippy::too_many_arguments)] // the hive injects each dependency by type
     pub fn new(
         cfg: Config<SvcLbConfig>,
@@ -103,8 +107,7 @@ impl ServiceLb {
             this.set_no_backend_response(reject)?;
             let dp = this.loader.datapath()?;
             crate::sock_lb::apply(&dp, &sock)?;
-            let taken_over = this.clone().adopt().await?;
-            if taken_over == 0 {
+            if !dp.services().holds_frontends() {
                 // Maps without a frontend (a node's first start, or maps recreated) serve no
                 // service: here the pods wait for the first pass, run by the hook (one that
                 // fails is reported, and the job tries again).
@@ -145,6 +148,7 @@ impl ServiceLb {
     }
 
     /// Computes the plans from the tables and the endpoints and writes them; reports health.
+    /// The first pass takes over the pinned maps' ids before it writes anything.
     pub async fn reconcile(self: &Arc<Self>) -> Result<SyncReport> {
         let this = self.clone();
         // Read at every pass (a change of the service tables, or the periodic one): a node
@@ -154,6 +158,7 @@ impl ServiceLb {
             .map_err(Error::NodeAddresses)?;
         let (report, health) = tokio::task::spawn_blocking(move || -> Result<_> {
             let dp = this.loader.datapath()?;
+            this.take_over(&dp)?;
             let mut inputs = Inputs {
                 lb_algorithm: this.lb_algorithm,
                 ..Inputs::read(
@@ -204,17 +209,17 @@ impl ServiceLb {
         }
     }
 
-    /// Takes over the pinned maps' ids; returns how many frontends they held.
-    async fn adopt(self: Arc<Self>) -> Result<usize> {
-        tokio::task::spawn_blocking(move || -> Result<usize> {
-            let dp = self.loader.datapath()?;
-            let (frontends, backends, lingering) = self.state().adopt(&dp)?;
-            tracing::info!(
-                "pinned services taken over: {frontends} frontends, {backends} backends, {lingering} rev-NAT entries of removed frontends"
-            );
-            Ok(frontends)
-        })
-        .await?
+    /// Takes over the ids the pinned maps hold, once: the first pass's first step.
+    fn take_over(&self, dp: &Datapath) -> Result<()> {
+        let mut state = self.state();
+        if state.taken_over() {
+            return Ok(());
+        }
+        let (frontends, backends, lingering) = state.adopt(dp)?;
+        tracing::info!(
+            "pinned services taken over: {frontends} frontends, {backends} backends, {lingering} rev-NAT entries of removed frontends"
+        );
+        Ok(())
     }
 
     /// A pass that [`first_pass`](ServiceLb::first_pass) waits for. One that fails is

@@ -93,6 +93,8 @@ pub struct Programmer {
     /// with thousands of services, reading the maps twice in a row is a good part of the
     /// takeover.
     adopted: Option<Pinned>,
+    /// Whether [`adopt`](Programmer::adopt) has succeeded once.
+    taken_over: bool,
 }
 
 /// What the pinned load-balancing maps hold, read at the start of a pass (in batches: three
@@ -147,7 +149,13 @@ impl Programmer {
         self.released
             .extend(pinned.rev_nats.keys().filter(|id| !held.contains(id)));
         self.adopted = Some(pinned);
+        self.taken_over = true;
         Ok((counts.0, counts.1, self.released.len()))
+    }
+
+    /// Whether [`adopt`](Programmer::adopt) has succeeded once.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
     }
 
     /// The statuses of the last pass, ordered as the plans.

@@ -11,6 +11,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
 
+use libbpf_rs::MapCore;
+
 use crate::abi::{
     Lb4Backend, Lb4Key, Lb4ReverseNat, Lb4Service, Lb6Backend, Lb6Key, Lb6ReverseNat, be32, ipv4_of,
 };
@@ -414,6 +416,15 @@ impl Services {
             .into_iter()
             .filter_map(|(fe, s)| Some((fe, s.entry()?)))
             .collect())
+    }
+
+    /// Whether either family's services map holds any frontend: one key read each, where
+    /// [`services`](Self::services) reads them whole. A map that cannot be read counts as
+    /// holding none, which sends a caller to the path of maps that serve nothing (whose full
+    /// read then reports the error).
+    pub fn holds_frontends(&self) -> bool {
+        self.v4.services.handle().keys().next().is_some()
+            || self.v6.services.handle().keys().next().is_some()
     }
 
     /// Removes a service's slots (slot 0 first, so no new connection picks
