@@ -323,10 +323,16 @@ fn udp(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
 /// What `node` (an index) sends to node 2's VXLAN port: the VXLAN header with `flags` and
 /// `vni`, then `inner` (an Ethernet frame), as an Ethernet frame for node 2's underlay MAC.
 fn vxlan_frame(cluster: &Cluster, flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    vxlan_datagram(flags, vni, inner).frame(mac_of(one, UNDERLAY_IF), mac_of(two, UNDERLAY_IF))
+}
+
+/// The outer packet of [`vxlan_frame`].
+fn vxlan_datagram(flags: u8, vni: u32, inner: &[u8]) -> Ipv4Packet {
     let mut vxlan = vec![flags, 0, 0, 0];
     vxlan.extend_from_slice(&(vni << 8).to_be_bytes());
     vxlan.extend_from_slice(inner);
-    let outer = Ipv4Packet {
+    Ipv4Packet {
         src: Cluster::node_ip(0),
         dst: Cluster::node_ip(1),
         protocol: 17,
@@ -334,9 +340,27 @@ fn vxlan_frame(cluster: &Cluster, flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> 
         offset: 0,
         more: false,
         payload: udp(40000, 8472, &vxlan),
-    };
-    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
-    outer.frame(mac_of(one, UNDERLAY_IF), mac_of(two, UNDERLAY_IF))
+    }
+}
+
+/// Where a frame's IPv4 header starts.
+const IP_AT: usize = 14;
+
+/// `frame` with the IPv4 header at `at` changed by `edit` (which may grow it: the header
+/// length, total length and checksum are computed again).
+fn edit_ipv4(mut frame: Vec<u8>, at: usize, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let len = usize::from(frame[at] & 0x0f) * 4;
+    let mut header: Vec<u8> = frame.splice(at..at + len, []).collect();
+    edit(&mut header);
+    let len = header.len();
+    header[0] = 0x40 | u8::try_from(len / 4).expect("a header length");
+    let total = u16::try_from(frame.len() - at + len).expect("a total length");
+    header[2..4].copy_from_slice(&total.to_be_bytes());
+    header[10..12].fill(0);
+    let checksum = frame::internet_checksum(&header);
+    header[10..12].copy_from_slice(&checksum.to_be_bytes());
+    frame.splice(at..at, header);
+    frame
 }
 
 /// Frames made by hand and sent from node 1's underlay interface to node 2's VXLAN port, with
@@ -344,7 +368,9 @@ fn vxlan_frame(cluster: &Cluster, flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> 
 /// only its VXLAN device, look at them). A well-formed one reaches the pod: the underlay is
 /// trusted, as in Cilium, so the VNI's identity is taken at its word. One without an identity
 /// (VNI 0), one whose inner header claims more than the packet holds and one with flags VXLAN
-/// does not define reach nothing, and the node goes on serving real traffic.
+/// does not define reach nothing, and the node goes on serving real traffic. Frames whose
+/// outer headers the programs do not take apart (IP options, fragments, a congestion mark,
+/// a UDP length short of its packet) go to the VXLAN device, as they did before the programs decapsulated.
 #[test]
 fn hostile_vxlan_frames_reach_no_pod() {
     let mut cluster = tunnel_only_cluster();
@@ -415,6 +441,67 @@ fn hostile_vxlan_frames_reach_no_pod() {
         ),
     ] {
         assert_eq!(received(frame), None, "{what} reached the pod");
+    }
+
+    // Outer headers the programs do not take apart are the device's, as before the programs
+    // decapsulated: IP options, a fragmented outer packet, a congestion mark (whose copy into
+    // the inner header is the device's), bytes past the UDP datagram. Each is
+    // decapsulated by node 2's device, once, and its inner packet delivered as it would be.
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    let macs = (mac_of(one, UNDERLAY_IF), mac_of(two, UNDERLAY_IF));
+    let fragments = |data: &[u8]| {
+        let whole = vxlan_datagram(0x08, 2, &inner(data));
+        let (head, tail) = whole.payload.split_at(16);
+        [(0, true, head), (2, false, tail)].map(|(offset, more, part)| {
+            Ipv4Packet {
+                offset,
+                more,
+                payload: part.to_vec(),
+                ..whole.clone()
+            }
+            .frame(macs.0, macs.1)
+        })
+    };
+    // The inner packet ECN-capable (ECT(0)), so that a marked outer one is delivered marked.
+    let ect = |data: &[u8]| edit_ipv4(inner(data), IP_AT, |h| h[1] = 0x02);
+    // Bytes past the UDP datagram inside the outer packet (bytes past the outer packet itself
+    // would not reach node 2: the underlay's bridge trims them when it filters).
+    let mut trailing = vxlan_datagram(0x08, 2, &inner(b"trailing"));
+    trailing.payload.extend_from_slice(&[0; 6]);
+    let trailing = trailing.frame(macs.0, macs.1);
+    for (what, data, frames) in [
+        (
+            "IP options",
+            &b"options"[..],
+            vec![edit_ipv4(
+                vxlan_frame(&cluster, 0x08, 2, &inner(b"options")),
+                IP_AT,
+                |h| h.extend_from_slice(&[1, 1, 1, 0]),
+            )],
+        ),
+        (
+            "a fragmented outer packet",
+            b"fragments",
+            fragments(b"fragments").to_vec(),
+        ),
+        (
+            "a congestion mark",
+            b"marked",
+            vec![edit_ipv4(
+                vxlan_frame(&cluster, 0x08, 2, &ect(b"marked")),
+                IP_AT,
+                |h| h[1] = 0x03,
+            )],
+        ),
+        ("bytes past the UDP datagram", b"trailing", vec![trailing]),
+    ] {
+        let (_, before) = vxlan_packets(two);
+        let (last, first) = frames.split_last().expect("a frame");
+        for frame in first {
+            frame::send(one, UNDERLAY_IF, frame.clone()).expect("send");
+        }
+        assert_eq!(received(last.clone()).as_deref(), Some(data), "{what}");
+        assert_eq!(vxlan_packets(two).1, before + 1, "{what}: by the device");
     }
     assert!(reaches(client, web), "real traffic still passes");
 }
