@@ -185,6 +185,28 @@ fn a_second_open_of_the_same_build_reuses_the_programs_it_pinned() {
     assert_eq!(second.maps_report().len(), pinned);
 }
 
+/// Programs that cannot be pinned (here `<bpf>/programs` is a symlink to nowhere, which no
+/// directory can be made through) are loaded all the same, and loaded again, verified, at the
+/// next open; once pinning works again, the open after the one that pinned reuses them.
+#[test]
+fn programs_that_cannot_be_pinned_are_loaded_and_verified_again_next_time() {
+    let bpf = BpffsMount::new().unwrap();
+    let programs_dir = bpf.path().join("programs");
+    std::os::unix::fs::symlink("/nonexistent/cellium", &programs_dir).unwrap();
+    for open_number in 1..=2 {
+        let dp = open(&bpf);
+        assert!(dp.program_ids().is_ok(), "open {open_number}: loaded");
+        let reason = loaded_because(&dp);
+        assert!(
+            reason.contains("no programs pinned"),
+            "open {open_number}: {reason}"
+        );
+    }
+    std::fs::remove_file(&programs_dir).unwrap();
+    assert!(loaded_because(&open(&bpf)).contains("no programs pinned"));
+    assert_eq!(programs(&open(&bpf)), &ProgramOrigin::Reused);
+}
+
 #[test]
 fn programs_whose_maps_were_replaced_are_loaded_afresh() {
     let bpf = BpffsMount::new().unwrap();
