@@ -101,6 +101,28 @@ fn tunnel_only_cluster() -> Cluster {
     cluster
 }
 
+/// A [`tunnel_only_cluster`] with pod `shop/client` on node 1 and `shop/web` (serving TCP on
+/// `PORT` while the returned server is held) on node 2, once the client reaches the web pod.
+fn client_and_web() -> (Cluster, Ipv4Addr, TcpServer) {
+    let mut cluster = tunnel_only_cluster();
+    cluster.namespace("shop", "").expect("namespace");
+    cluster
+        .add_pod(0, "shop/client", "app=client", &[])
+        .expect("client");
+    let web = cluster
+        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
+        .expect("web")
+        .ip;
+    let web_ns = &cluster.pod("shop/web").expect("web").netns;
+    let server =
+        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    let client = &cluster.pod("shop/client").expect("client").netns;
+    eventually(&cluster, "client reaches web through the tunnel", || {
+        reaches(client, web)
+    });
+    (cluster, web, server)
+}
+
 #[test]
 fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
     let mut cluster = tunnel_only_cluster();
@@ -248,22 +270,9 @@ fn vxlan_packets(node: &NetNs) -> (u64, u64) {
 /// reset by the device), arrives whole through it.
 #[test]
 fn the_programs_encapsulate_and_decapsulate_past_both_vxlan_devices() {
-    let mut cluster = tunnel_only_cluster();
-    cluster.namespace("shop", "").expect("namespace");
-    cluster
-        .add_pod(0, "shop/client", "app=client", &[])
-        .expect("client");
-    let web = cluster
-        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
-        .expect("web")
-        .ip;
+    let (cluster, web, _server) = client_and_web();
     let client = &cluster.pod("shop/client").expect("client").netns;
-    let web_ns = &cluster.pod("shop/web").expect("web").netns;
     let to_web = SocketAddr::new(IpAddr::V4(web), PORT);
-    let _server = TcpServer::start(web_ns, to_web, "web").expect("server");
-    eventually(&cluster, "client reaches web through the tunnel", || {
-        reaches(client, web)
-    });
     let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
 
     let before = (vxlan_packets(one), vxlan_packets(two));
@@ -370,25 +379,14 @@ fn edit_ipv4(mut frame: Vec<u8>, at: usize, edit: impl FnOnce(&mut Vec<u8>)) -> 
 /// (VNI 0), one whose inner header claims more than the packet holds and one with flags VXLAN
 /// does not define reach nothing, and the node goes on serving real traffic. Frames whose
 /// outer headers the programs do not take apart (IP options, fragments, a congestion mark,
-/// a UDP length short of its packet) go to the VXLAN device, as they did before the programs decapsulated.
+/// a UDP length short of its packet) go to the VXLAN device, as they did before the programs
+/// decapsulated.
 #[test]
 fn hostile_vxlan_frames_reach_no_pod() {
-    let mut cluster = tunnel_only_cluster();
-    cluster.namespace("shop", "").expect("namespace");
-    cluster
-        .add_pod(0, "shop/client", "app=client", &[])
-        .expect("client");
-    let web = cluster
-        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
-        .expect("web")
-        .ip;
+    let (cluster, web, _server) = client_and_web();
     let client = &cluster.pod("shop/client").expect("client").netns;
     let web_ns = &cluster.pod("shop/web").expect("web").netns;
     let to_web = SocketAddr::new(IpAddr::V4(web), PORT);
-    let _server = TcpServer::start(web_ns, to_web, "web").expect("server");
-    eventually(&cluster, "client reaches web through the tunnel", || {
-        reaches(client, web)
-    });
     let sink = web_ns
         .run(move || UdpSocket::bind(to_web))
         .expect("netns")
