@@ -496,8 +496,16 @@ fn the_ring_keeps_exactly_n_and_lost_events_are_counted() {
 fn a_follower_gets_a_clear_error_when_the_agent_restarts() {
     let _serial = serial();
     let mut lab = lab_with(Vec::new());
+    lab.serve(&[Tcp(8080)]).unwrap();
     let mut follower = Follower::start(lab.agent(), &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    // A flow through the follower proves it is following before the agent stops: stopped
+    // earlier, the follower would fail to connect instead, which is another test's error.
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    let web = addr(&lab, "shop/web", 8080);
+    wait_for("the follower's first flow", || {
+        probe::tcp_request(tool, web, TIMEOUT).ok()?;
+        follower.next(Duration::from_millis(500))
+    });
     lab.agent_mut().stop().unwrap();
     let began = Instant::now();
     let status = loop {
@@ -525,6 +533,39 @@ fn a_follower_gets_a_clear_error_when_the_agent_restarts() {
     // The restarted agent observes again.
     let status = lab.agent().cli(&["observe", "--status"]).unwrap();
     assert!(status.contains("Current/Max Flows:"), "{status}");
+}
+
+/// A reader that stops reading (`cellium observe | head -1`) ends the CLI quietly and with
+/// success; the CLI is never killed by SIGPIPE, which it leaves ignored so that a write to an
+/// agent that went away is an error it can report.
+#[test]
+fn a_reader_that_closes_the_pipe_ends_the_cli_quietly() {
+    let _serial = serial();
+    let lab = lab_with(Vec::new());
+    for args in [
+        &["status"][..],
+        &["observe", "--status"],
+        &["endpoint", "list"],
+    ] {
+        let mut child = Command::new(lab.agent().binaries().dir().join("cellium"))
+            .arg("--socket")
+            .arg(lab.agent().socket())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cellium");
+        // The read end is closed before the CLI can have written: its first line meets EPIPE.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("cellium ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "cellium {args:?} ended with {}, stderr {stderr:?}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "cellium {args:?}: {stderr:?}");
+    }
 }
 
 #[test]

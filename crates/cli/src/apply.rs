@@ -75,7 +75,7 @@ pub async fn exec(socket: &Path, verb: Verb, args: Args) -> anyhow::Result<()> {
         }
         Format::Table => {
             for (kind, name, action) in rows {
-                println!("{kind} {name} {action}");
+                outln!("{kind} {name} {action}");
             }
             Ok(())
         }

@@ -170,20 +170,20 @@ fn print_details(v: &EndpointView) {
         ("Drops", drops_text(v.drops.as_ref())),
     ];
     for (k, val) in rows {
-        println!("{:<16} {val}", format!("{k}:"));
+        outln!("{:<16} {val}", format!("{k}:"));
     }
-    println!("Labels:");
+    outln!("Labels:");
     for (k, val) in &v.labels {
         if val.is_empty() {
-            println!("  {k}");
+            outln!("  {k}");
         } else {
-            println!("  {k}={val}");
+            outln!("  {k}={val}");
         }
     }
     if v.peers.is_empty() {
         return;
     }
-    println!("Policy peers:");
+    outln!("Policy peers:");
     let rows: Vec<Vec<String>> = v
         .peers
         .iter()

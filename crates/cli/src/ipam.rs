@@ -80,7 +80,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
         Format::Json => output::print_json(&views),
         Format::Table => {
             for pool in &views {
-                println!(
+                outln!(
                     "Pool {} ({}): {} of {} used, {} in quarantine, router {}",
                     pool.cidr,
                     pool.source,
@@ -90,7 +90,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                     pool.router
                 );
             }
-            println!();
+            outln!();
             let held = views
                 .iter()
                 .flat_map(|p| &p.allocations)

@@ -84,7 +84,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                     Ok(())
                 }
                 (Format::Table, Err(world)) => {
-                    println!("{world}");
+                    outln!("{world}");
                     Ok(())
                 }
             }

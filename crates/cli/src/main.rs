@@ -1,12 +1,13 @@
 //! `cellium`: inspect and drive a running Cellium agent over its unix socket.
 
+#[macro_use]
+mod output;
 mod apply;
 mod endpoint;
 mod identity;
 mod ipam;
 mod ipcache;
 mod observe;
-mod output;
 mod policy;
 mod service;
 mod status;
@@ -60,7 +61,6 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    restore_sigpipe();
     // `--not` is positional (it negates the flag after it), which clap cannot express.
     let (argv, negated) = observe::split_not(std::env::args().collect());
     let cli = Cli::parse_from(argv);
@@ -83,14 +83,4 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Rust ignores SIGPIPE, which turns `cellium ... | head` into a panic on the closed pipe;
-/// the default action ends the process quietly, as every other command-line tool does.
-#[allow(unsafe_code)]
-fn restore_sigpipe() {
-    use nix::sys::signal::{SigHandler, Signal, signal};
-    // SAFETY: called first thing in main, before any other thread exists, and SigDfl installs
-    // no Rust code as a handler.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }

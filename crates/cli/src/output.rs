@@ -1,5 +1,7 @@
-//! How commands print: a table for people, JSON for programs.
+//! How commands print: a table for people, JSON for programs; and what happens when the
+//! reader goes away.
 
+use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -37,9 +39,36 @@ pub fn reason(status: &tonic::Status) -> String {
     }
 }
 
+/// `outln!` for the CLI: a line on standard output through [`write_line`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_line(format_args!($($arg)*))
+    };
+}
+
+/// Writes a line on standard output. SIGPIPE stays ignored (Rust's default) so that a write to
+/// the agent's socket after the agent went away is an error the command reports, never a
+/// signal that kills it silently; `outln!` would then panic on a closed standard output
+/// instead. Here a reader that stopped reading (`cellium observe | head`) ends the program
+/// quietly with success, as the reader asked for no more; any other failure to write ends it
+/// with a message.
+pub fn write_line(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("cellium: writing the output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Prints `value` as pretty JSON.
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
@@ -60,7 +89,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        outln!("{}", out.trim_end());
     };
     line(header.to_vec());
     for row in rows {

@@ -93,11 +93,11 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             match output {
                 Format::Json => output::print_json(&view),
                 Format::Table => {
-                    println!("Revision {}", view.revision);
+                    outln!("Revision {}", view.revision);
                     for p in &view.problems {
-                        println!("Problem: {p}");
+                        outln!("Problem: {p}");
                     }
-                    println!();
+                    outln!();
                     let rows: Vec<Vec<String>> = view
                         .rules
                         .iter()
@@ -147,8 +147,8 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
             match output {
                 Format::Json => output::print_json(&view),
                 Format::Table => {
-                    println!("Revision {}", view.revision);
-                    println!();
+                    outln!("Revision {}", view.revision);
+                    outln!();
                     let rows: Vec<Vec<String>> = view
                         .selectors
                         .iter()

@@ -71,7 +71,7 @@ pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
         Format::Table => {
             print_summary(&view, &status.modules);
             if args.verbose {
-                println!();
+                outln!();
                 print_tree(&status.modules);
             }
             Ok(())
@@ -82,16 +82,16 @@ pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
 fn print_summary(view: &StatusView, modules: &[HealthNode]) {
     let uptime = humantime::format_duration(Duration::from_secs(view.uptime_seconds));
     let (total, unhealthy) = count(modules);
-    println!("Version:  {}", view.version);
-    println!("Uptime:   {uptime}");
-    println!(
+    outln!("Version:  {}", view.version);
+    outln!("Uptime:   {uptime}");
+    outln!(
         "Health:   {} ({} of {} modules and jobs OK)",
         view.level,
         total - unhealthy.len(),
         total
     );
     for node in unhealthy {
-        println!(
+        outln!(
             "          {} {}: {}",
             node.id,
             level_name(node.level()),
@@ -99,11 +99,11 @@ fn print_summary(view: &StatusView, modules: &[HealthNode]) {
         );
     }
     if let Some(pods) = &view.pods {
-        println!("Pods:     {}", pods_line(pods));
+        outln!("Pods:     {}", pods_line(pods));
     }
     for (i, note) in view.notes.iter().enumerate() {
         let label = if i == 0 { "Notes:" } else { "" };
-        println!("{label:<10}{note}");
+        outln!("{label:<10}{note}");
     }
 }
 

@@ -96,11 +96,12 @@ pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
             client.server_status(ServerStatusRequest {}).await,
             "Observer.ServerStatus",
         )?;
-        println!("Current/Max Flows: {}/{}", s.num_flows, s.max_flows);
-        println!("Flows seen: {}", s.seen_flows);
-        println!(
+        outln!("Current/Max Flows: {}/{}", s.num_flows, s.max_flows);
+        outln!("Flows seen: {}", s.seen_flows);
+        outln!(
             "Lost events: {} (datapath), {} (followers)",
-            s.lost_events, s.lost_by_followers
+            s.lost_events,
+            s.lost_by_followers
         );
         return Ok(());
     }
@@ -162,9 +163,9 @@ pub async fn exec(socket: &Path, args: Args) -> anyhow::Result<()> {
         };
         match r.response_types {
             Some(ResponseTypes::Flow(f)) => match args.output {
-                Format::Compact => println!("{}", print::compact(&f)),
-                Format::Json => println!("{}", print::json(&f)),
-                Format::Dict => println!("{}\n", print::dict(&f)),
+                Format::Compact => outln!("{}", print::compact(&f)),
+                Format::Json => outln!("{}", print::json(&f)),
+                Format::Dict => outln!("{}\n", print::dict(&f)),
                 Format::Table => rows.push(print::row(&f)),
             },
             Some(ResponseTypes::LostEvents(l)) => {
