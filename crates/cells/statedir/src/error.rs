@@ -27,6 +27,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Something other than a directory (a symbolic link, say) stands where the state
+    /// directory has a directory.
+    #[error(
+        "{0} is not a directory (a symbolic link?); the agent writes only into directories of its own"
+    )]
+    NotADirectory(PathBuf),
     /// A relative path tried to leave the state directory.
     #[error("path {0} is not a plain relative path inside the state directory")]
     OutsidePath(PathBuf),

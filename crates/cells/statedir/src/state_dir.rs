@@ -93,7 +93,7 @@ impl StateDir {
     fn write_atomic(&self, rel: &Path, bytes: &[u8], durable: bool) -> Result<()> {
         let path = self.resolve(rel)?;
         let parent = path.parent().unwrap_or(&self.root).to_path_buf();
-        make_dir(&parent)?;
+        self.make_sub_dir(&parent)?;
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let tmp = parent.join(format!("{TMP_PREFIX}{name}{TMP_SUFFIX}"));
         let written = write_file(&tmp, bytes, durable)
@@ -130,7 +130,7 @@ impl StateDir {
     /// Reads `rel`, or `None` if it does not exist.
     pub fn read(&self, rel: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
         let path = self.resolve(rel.as_ref())?;
-        let mut file = match File::open(&path) {
+        let mut file = match no_follow().read(true).open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io("open", &path)(e)),
@@ -175,7 +175,7 @@ impl StateDir {
     fn open(&self) -> Result<usize> {
         make_dir(&self.root)?;
         let path = self.root.join(LOCK_FILE);
-        let file = OpenOptions::new()
+        let file = no_follow()
             .read(true)
             .write(true)
             .create(true)
@@ -202,6 +202,22 @@ impl StateDir {
         Ok(swept)
     }
 
+    /// Creates `dir`, a directory at or under the root, and checks that no directory between
+    /// the root and it is a symbolic link: a link planted there would send the agent's writes
+    /// (made as root) anywhere on the node. The root itself may be a link (`/var/run` is one).
+    fn make_sub_dir(&self, dir: &Path) -> Result<()> {
+        make_dir(dir)?;
+        let mut at = self.root.clone();
+        for part in dir.strip_prefix(&self.root).unwrap_or(Path::new("")) {
+            at.push(part);
+            let meta = fs::symlink_metadata(&at).map_err(io("inspect", &at))?;
+            if !meta.is_dir() {
+                return Err(Error::NotADirectory(at));
+            }
+        }
+        Ok(())
+    }
+
     fn release(&self) {
         // Dropping the Flock unlocks; the lock file stays so its pid helps a later diagnosis.
         self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -219,7 +235,7 @@ impl StateDir {
 }
 
 fn write_file(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    let mut file = OpenOptions::new()
+    let mut file = no_follow()
         .write(true)
         .create(true)
         .truncate(true)
@@ -257,6 +273,15 @@ fn sweep_temp_files(dir: &Path) -> Result<usize> {
         }
     }
     Ok(swept)
+}
+
+/// Options that refuse to open a symbolic link (`ELOOP`): every file the agent opens in the
+/// state directory is its own, and one replaced by a link (to `/etc/shadow`, say) would have
+/// the agent, as root, truncate, write or read whatever it points to.
+fn no_follow() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.custom_flags(nix::libc::O_NOFOLLOW);
+    options
 }
 
 fn make_dir(path: &Path) -> Result<()> {
@@ -361,5 +386,58 @@ mod tests {
             text.contains(&format!("pid {}", std::process::id())),
             "{text}"
         );
+    }
+
+    #[test]
+    fn links_planted_in_the_directory_are_never_followed() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, b"secret").unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let root = tmp.path().join("state");
+        let dir = StateDir::open_at(&root).unwrap();
+
+        // A temp file replaced by a link: the write fails and removes the link, whose target
+        // is untouched; the next write goes through.
+        symlink(&victim, root.join(".identities.json.tmp")).unwrap();
+        assert!(dir.write("identities.json", b"{}").is_err());
+        assert_eq!(fs::read(&victim).unwrap(), b"secret");
+        dir.write("identities.json", b"{}").unwrap();
+        // A record replaced by a link: not read through; a write replaces the link itself.
+        symlink(&victim, root.join("ipam.json")).unwrap();
+        assert!(dir.read("ipam.json").is_err());
+        dir.write("ipam.json", b"{}").unwrap();
+        assert!(
+            fs::symlink_metadata(root.join("ipam.json"))
+                .unwrap()
+                .is_file()
+        );
+        // A sub-directory replaced by a link: nothing is written through it.
+        symlink(&outside, root.join("endpoints")).unwrap();
+        let err = dir.write_volatile("endpoints/1.json", b"{}").unwrap_err();
+        assert!(matches!(err, Error::NotADirectory(_)), "{err}");
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+        dir.release();
+        // The lock file replaced by a link: the directory is not opened, the target not truncated.
+        fs::remove_file(root.join(LOCK_FILE)).unwrap();
+        symlink(&victim, root.join(LOCK_FILE)).unwrap();
+        assert!(StateDir::open_at(&root).is_err());
+        assert_eq!(fs::read(&victim).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn files_and_directories_are_the_agent_s_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("state");
+        let dir = StateDir::open_at(&root).unwrap();
+        dir.write("endpoints/1.json", b"{}").unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root) & 0o077, 0, "{:o}", mode(&root));
+        assert_eq!(mode(&root.join("endpoints")) & 0o077, 0);
+        assert_eq!(mode(&root.join("endpoints/1.json")), 0o600);
+        assert_eq!(mode(&root.join(LOCK_FILE)), 0o600);
     }
 }

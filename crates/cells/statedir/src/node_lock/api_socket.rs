@@ -43,6 +43,8 @@ pub(crate) fn claim(path: &Path) -> Result<Flock<File>> {
         .create(true)
         .truncate(false)
         .mode(0o600)
+        // A link planted in its place would have the agent, as root, truncate what it names.
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&lock)
         .map_err(io("open", &lock))?;
     let mut locked = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
