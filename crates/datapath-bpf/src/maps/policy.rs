@@ -158,9 +158,14 @@ impl PolicyMap {
 
     /// Turns the endpoint's entries from `current` (what the caller knows the map holds)
     /// into `desired`, writing only the differences: no read of the map, so an agent that
-    /// remembers what it wrote regenerates thousands of endpoints in milliseconds. Denies
-    /// are written before allows and stale allows removed before stale denies, so no
-    /// intermediate state allows more than either the old or the new set.
+    /// remembers what it wrote regenerates thousands of endpoints in milliseconds.
+    ///
+    /// Revocations come first: allows the new set denies are turned into denies and allows it
+    /// drops are removed; then new denies are written, then new allows, and revoked denies are
+    /// removed last. So no state on the way, and none a failure stops at (the first failing
+    /// write or removal ends the call), allows what the new set does not: a map too full for
+    /// the new entries has already lost the revoked ones. A caller that sees the error knows
+    /// the map holds neither set exactly and syncs again.
     pub fn apply_diff(
         &self,
         endpoint_id: u16,
@@ -173,33 +178,7 @@ impl PolicyMap {
                 format!("belongs to endpoint {}, not {endpoint_id}", e.endpoint_id),
             ));
         }
-        // Sorted copies searched by bisection: an endpoint has tens of entries, for which
-        // hashing every key cost more than the comparisons.
-        let current = sorted(current);
-        let wanted = sorted(desired);
-        let mut stats = SyncStats::default();
-
-        for pass in [Verdict::Deny, Verdict::Allow] {
-            for (entry, verdict) in desired.iter().filter(|(_, v)| *v == pass) {
-                if lookup(&current, entry) == Some(*verdict) {
-                    stats.unchanged += 1;
-                } else {
-                    self.put(entry, *verdict)?;
-                    stats.written += 1;
-                }
-            }
-        }
-        for pass in [Verdict::Allow, Verdict::Deny] {
-            for (entry, _) in current
-                .iter()
-                .filter(|(e, v)| *v == pass && lookup(&wanted, e).is_none())
-            {
-                if self.delete(entry)? {
-                    stats.removed += 1;
-                }
-            }
-        }
-        Ok(stats)
+        diff_into(self, current, desired)
     }
 
     /// Removes every entry of the endpoint; returns how many.
@@ -239,6 +218,106 @@ impl PolicyMap {
 
 /// `entries` sorted by key, for [`lookup`]. Keys are unique in what `compile_policy`
 /// produces and in what the map holds for an endpoint.
+/// The two writes a diff makes, apart from the map so that their order is tested without one.
+trait PolicyWrites {
+    fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()>;
+    fn delete(&self, entry: &PolicyEntry) -> Result<bool>;
+}
+
+impl PolicyWrites for PolicyMap {
+    fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
+        PolicyMap::put(self, entry, verdict)
+    }
+
+    fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
+        PolicyMap::delete(self, entry)
+    }
+}
+
+/// [`PolicyMap::apply_diff`]'s steps, in its order.
+fn diff_into(
+    map: &impl PolicyWrites,
+    current: &[(PolicyEntry, Verdict)],
+    desired: &[(PolicyEntry, Verdict)],
+) -> Result<SyncStats> {
+    // Sorted copies searched by bisection: an endpoint has tens of entries, for which
+    // hashing every key cost more than the comparisons.
+    let current = sorted(current);
+    let wanted = sorted(desired);
+    let mut stats = SyncStats::default();
+    revoke(map, &current, &wanted, &mut stats)?;
+    write(map, &wanted, &current, Verdict::Deny, &mut stats)?;
+    write(map, &wanted, &current, Verdict::Allow, &mut stats)?;
+    remove_denies(map, &current, &wanted, &mut stats)?;
+    Ok(stats)
+}
+
+/// Takes back what the new set no longer allows: an allow it denies becomes a deny, an allow
+/// it drops is removed. First, so that no failure later leaves a revoked allow in force; these
+/// writes only change or remove keys the map holds, so a full map cannot refuse them.
+fn revoke(
+    map: &impl PolicyWrites,
+    current: &[(PolicyEntry, Verdict)],
+    wanted: &[(PolicyEntry, Verdict)],
+    stats: &mut SyncStats,
+) -> Result<()> {
+    for (entry, _) in current.iter().filter(|(_, v)| *v == Verdict::Allow) {
+        match lookup(wanted, entry) {
+            Some(Verdict::Allow) => {}
+            Some(Verdict::Deny) => {
+                map.put(entry, Verdict::Deny)?;
+                stats.written += 1;
+            }
+            None => {
+                if map.delete(entry)? {
+                    stats.removed += 1;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes the entries `wanted` has with verdict `pass` that `current` does not hold so (an
+/// allow turned deny is [`revoke`]'s).
+fn write(
+    map: &impl PolicyWrites,
+    wanted: &[(PolicyEntry, Verdict)],
+    current: &[(PolicyEntry, Verdict)],
+    pass: Verdict,
+    stats: &mut SyncStats,
+) -> Result<()> {
+    for (entry, _) in wanted.iter().filter(|(_, v)| *v == pass) {
+        match lookup(current, entry) {
+            Some(held) if held == pass => stats.unchanged += 1,
+            Some(Verdict::Allow) => {}
+            _ => {
+                map.put(entry, pass)?;
+                stats.written += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the denies of `current` that `wanted` no longer has: last, as they only loosen.
+fn remove_denies(
+    map: &impl PolicyWrites,
+    current: &[(PolicyEntry, Verdict)],
+    wanted: &[(PolicyEntry, Verdict)],
+    stats: &mut SyncStats,
+) -> Result<()> {
+    for (entry, _) in current
+        .iter()
+        .filter(|(e, v)| *v == Verdict::Deny && lookup(wanted, e).is_none())
+    {
+        if map.delete(entry)? {
+            stats.removed += 1;
+        }
+    }
+    Ok(())
+}
+
 fn sorted(entries: &[(PolicyEntry, Verdict)]) -> Vec<(PolicyEntry, Verdict)> {
     let mut out = entries.to_vec();
     out.sort_unstable();
@@ -340,5 +419,123 @@ mod tests {
         assert!(entry_of(&k).is_err());
         k.prefixlen = 97;
         assert!(entry_of(&k).is_err());
+    }
+
+    /// An in-memory map that checks, after every write, that what it allows is a subset of the
+    /// old set's allows or of the new set's (never their union), and refuses new keys beyond
+    /// `capacity`, as a full kernel map does.
+    struct Model {
+        held: std::cell::RefCell<std::collections::BTreeMap<PolicyEntry, Verdict>>,
+        capacity: usize,
+        old: Vec<PolicyEntry>,
+        new: Vec<PolicyEntry>,
+    }
+
+    impl Model {
+        fn new(
+            current: &[(PolicyEntry, Verdict)],
+            desired: &[(PolicyEntry, Verdict)],
+            capacity: usize,
+        ) -> Model {
+            let allows = |set: &[(PolicyEntry, Verdict)]| {
+                set.iter()
+                    .filter(|(_, v)| *v == Verdict::Allow)
+                    .map(|(e, _)| *e)
+                    .collect()
+            };
+            Model {
+                held: std::cell::RefCell::new(current.iter().copied().collect()),
+                capacity,
+                old: allows(current),
+                new: allows(desired),
+            }
+        }
+
+        fn allowed(&self) -> Vec<PolicyEntry> {
+            let held = self.held.borrow();
+            held.iter()
+                .filter(|(_, v)| **v == Verdict::Allow)
+                .map(|(e, _)| *e)
+                .collect()
+        }
+
+        fn check(&self) {
+            let allowed = self.allowed();
+            let within = |set: &[PolicyEntry]| allowed.iter().all(|e| set.contains(e));
+            assert!(
+                within(&self.old) || within(&self.new),
+                "allows {allowed:?}: beyond both the old {:?} and the new {:?}",
+                self.old,
+                self.new
+            );
+        }
+    }
+
+    impl PolicyWrites for Model {
+        fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
+            let mut held = self.held.borrow_mut();
+            if !held.contains_key(entry) && held.len() == self.capacity {
+                return Err(Error::invalid("policy map", "full"));
+            }
+            held.insert(*entry, verdict);
+            drop(held);
+            self.check();
+            Ok(())
+        }
+
+        fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
+            let gone = self.held.borrow_mut().remove(entry).is_some();
+            self.check();
+            Ok(gone)
+        }
+    }
+
+    fn peer(identity: u32) -> PolicyEntry {
+        PolicyEntry {
+            endpoint_id: 1,
+            direction: Direction::Ingress,
+            identity,
+            l4: L4Match::Any,
+        }
+    }
+
+    #[test]
+    fn no_step_of_a_change_allows_the_union_of_old_and_new() {
+        // Every old and new verdict (none, allow, deny) of three peers against every other.
+        let states = [None, Some(Verdict::Allow), Some(Verdict::Deny)];
+        let sets = (0..27).map(|n: usize| {
+            (0..3)
+                .filter_map(|i| states[n / 3usize.pow(i) % 3].map(|v| (peer(i + 10), v)))
+                .collect::<Vec<_>>()
+        });
+        let sets: Vec<_> = sets.collect();
+        for current in &sets {
+            for desired in &sets {
+                let model = Model::new(current, desired, usize::MAX);
+                diff_into(&model, current, desired).unwrap();
+                let held: Vec<_> = model.held.borrow().iter().map(|(e, v)| (*e, *v)).collect();
+                assert_eq!(held, sorted(desired), "from {current:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_map_has_lost_the_revoked_allows_when_it_refuses_new_entries() {
+        let current = [(peer(10), Verdict::Allow), (peer(11), Verdict::Allow)];
+        let desired = [
+            (peer(11), Verdict::Allow),
+            (peer(12), Verdict::Deny),
+            (peer(13), Verdict::Allow),
+            (peer(14), Verdict::Allow),
+        ];
+        // Room for the two entries held and one more.
+        let model = Model::new(&current, &desired, 3);
+        assert!(diff_into(&model, &current, &desired).is_err());
+        let allowed = model.allowed();
+        assert!(
+            !allowed.contains(&peer(10)),
+            "the revoked allow is in force"
+        );
+        assert!(allowed.iter().all(|e| model.new.contains(e)), "{allowed:?}");
     }
 }
