@@ -452,6 +452,48 @@ fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
 }
 
 /// Pods of two label sets on each of two nodes.
+/// Selects client, with a field this version does not enforce: the API server holds it, the
+/// agent cannot put it in force.
+const UNENFORCEABLE_FOR_CLIENT: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: client-to-github, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: client } }
+  egress: [ { toFQDNs: [ { matchName: api.github.com } ] } ]
+"#;
+
+/// A policy the agent cannot enforce locks down only the endpoints it selects: the pod it
+/// names fails closed, every other pod keeps its own policy, and status says which and why.
+#[test]
+fn a_policy_the_agent_cannot_enforce_locks_down_only_what_it_selects() {
+    let _serial = serial();
+    let c = Cluster::start();
+    c.expect_web("client", true, "no policy yet");
+    c.expect_web("other", true, "no policy yet");
+
+    c.apply_policy(UNENFORCEABLE_FOR_CLIENT);
+    c.expect_web(
+        "client",
+        false,
+        "client is locked down: its egress policy is not in force",
+    );
+    // web and other are not selected: their traffic is as before (a lockdown of every
+    // endpoint would drop this at web's ingress).
+    assert!(c.reaches("other", c.ip("web"), PORT), "other -> web");
+    let status = c.agent.cli(&["status", "--verbose"]).expect("status");
+    assert!(status.contains("client-to-github"), "{status}");
+    assert!(
+        status.contains("locks down the endpoints it selects in namespace shop"),
+        "{status}"
+    );
+
+    c.api
+        .kubectl(&["delete", "-f", "-"], UNENFORCEABLE_FOR_CLIENT)
+        .expect("kubectl delete");
+    c.expect_web("client", true, "the lockdown lifts with the policy gone");
+}
+
 fn spread_pods() -> String {
     let mut yaml = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
     for (name, app, node) in [

@@ -1,6 +1,6 @@
-//! A recorded policy that no longer loads at a restart locks every endpoint down: the agent
-//! cannot tell whom that policy restricted, so it fails closed, says why, and lifts the
-//! lockdown once the record is applied again or deleted.
+//! A recorded policy that no longer loads at a restart locks down every endpoint of its
+//! namespace: the agent cannot tell whom that policy restricted, so it fails closed there, says
+//! why, and lifts the lockdown once the record is applied again or deleted.
 //!
 //! Root, serially, after `cargo build --workspace`:
 //! `cargo test -p cellium-integration --test lockdown -- --test-threads=1`.
@@ -37,7 +37,7 @@ fn status(lab: &Lab) -> serde_json::Value {
 }
 
 #[test]
-fn a_recorded_policy_that_no_longer_loads_locks_every_endpoint_down_until_it_is_fixed() {
+fn a_recorded_policy_that_no_longer_loads_locks_its_namespace_down_until_it_is_fixed() {
     let _serial = serial();
     let mut lab = fixture::lab(AgentOptions::default()).expect("the lab");
     lab.serve(&[Probe::Tcp(80), Probe::Tcp(5432), Probe::Tcp(8080)])
@@ -67,14 +67,16 @@ fn a_recorded_policy_that_no_longer_loads_locks_every_endpoint_down_until_it_is_
     lab.agent_mut().start().unwrap();
     lab.settle().unwrap();
 
-    // Nobody can tell whom the lost policy restricted: every endpoint is locked down, also
-    // the ones no policy in force selects, and the agent says why, naming the file.
+    // Nobody can tell whom the lost policy restricted: every endpoint of its namespace is
+    // locked down, also the ones no policy in force selects, and the agent says why, naming
+    // the file. Other namespaces keep their policies.
     assert_eq!(
         connect(&lab, "dev/tool", "shop/web", 8080),
         Outcome::Dropped
     );
     assert_eq!(connect(&lab, "dev/tool", "shop/db", 5432), Outcome::Dropped);
     assert_eq!(connect(&lab, "shop/web", "dev/web", 80), Outcome::Dropped);
+    assert_eq!(connect(&lab, "dev/tool", "dev/web", 80), Outcome::Answered);
     // The node still reaches its pods (health checks), as under any ingress policy.
     assert_eq!(connect(&lab, "node", "shop/web", 8080), Outcome::Answered);
     let text = status(&lab).to_string();

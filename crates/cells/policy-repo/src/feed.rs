@@ -11,7 +11,8 @@ use cellium_hive::{Backoff, BoxError, Hook, JobContext, Jobs, Lifecycle, Reporte
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
 use cellium_resources::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Event, NetworkPolicy, Object, Resources,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, Event, NetworkPolicy, Object, PolicyGap,
+    Resources,
 };
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
@@ -84,7 +85,7 @@ struct Sources {
     cnps: broadcast::Receiver<Event<CiliumNetworkPolicy>>,
     ccnps: broadcast::Receiver<Event<CiliumClusterwideNetworkPolicy>>,
     named_ports: watch::Receiver<u64>,
-    gaps: watch::Receiver<Vec<String>>,
+    gaps: watch::Receiver<Vec<PolicyGap>>,
     id_events: broadcast::Receiver<IdentityEvent>,
 }
 

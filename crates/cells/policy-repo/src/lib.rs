@@ -50,6 +50,7 @@ mod cidr;
 mod error;
 mod feed;
 mod grpc;
+mod lockdown;
 mod repository;
 mod resolve;
 pub mod rule;

@@ -12,12 +12,13 @@ use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
 use cellium_policy::{Direction, Verdict};
 use cellium_resources::{
     CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NetworkPolicy, Object, ObjectKey,
-    Resources,
+    PolicyGap, Resources,
 };
 use ipnet::IpNet;
 use tokio::sync::watch;
 
 use crate::cidr::{self, CidrIdentities};
+use crate::lockdown::Lockdown;
 use crate::resolve::{self, EndpointPolicy, PeerPorts, Subject};
 use crate::rule::{Origin, Peer, PolicyKind, RuleSet};
 use crate::selector_cache::SelectorCache;
@@ -70,9 +71,9 @@ struct State {
     pod_prefixes: BTreeSet<IpNet>,
     /// The named ports of the pods behind each identity, as the ipcache last had them.
     peer_ports: PeerPorts,
-    /// Recorded objects policy depends on that are not in force (`Resources::policy_gaps`):
-    /// while there are any, every endpoint enforces both directions (lockdown).
-    gaps: Vec<String>,
+    /// Objects policy depends on that are not in force (`Resources::policy_gaps`): the
+    /// endpoints they could have restricted enforce both directions.
+    lockdown: Lockdown,
     revision: u64,
     resolved: HashMap<ResolveKey, Arc<EndpointPolicy>>,
 }
@@ -166,7 +167,7 @@ impl PolicyRepository {
             &st.cache,
             &st.peer_ports,
             st.revision,
-            !st.gaps.is_empty(),
+            st.lockdown.covers(subject.labels),
         ));
         st.resolved.insert(key, policy.clone());
         policy
@@ -297,22 +298,23 @@ impl PolicyRepository {
         }
     }
 
-    /// Takes in the recorded objects policy depends on that are not in force
-    /// (`Resources::policy_gaps`). While there are any, the repository cannot tell which
-    /// endpoints their policies would restrict, nor how: it fails closed, and every endpoint
-    /// enforces both directions, allowing only what the policies in force allow it (and, for
-    /// ingress, the node). The revision increases when the gaps appear or go.
-    pub fn set_policy_gaps(&self, gaps: Vec<String>) {
+    /// Takes in the objects policy depends on that are not in force
+    /// (`Resources::policy_gaps`). The repository cannot tell how their policies would
+    /// restrict the endpoints in their scopes: it fails closed for those, which enforce both
+    /// directions, allowing only what the policies in force allow them (and, for ingress, the
+    /// node); every other endpoint keeps its policy. The revision increases when the gaps
+    /// change.
+    pub fn set_policy_gaps(&self, gaps: Vec<PolicyGap>) {
         let mut st = self.lock();
-        if st.gaps == gaps {
+        if st.lockdown.gaps() == gaps.as_slice() {
             return;
         }
         if gaps.is_empty() {
-            tracing::info!("every recorded policy is in force again: lockdown lifted");
+            tracing::info!("every policy is in force again: lockdown lifted");
         } else {
-            tracing::error!(gaps = ?gaps, "recorded objects policy depends on are not in force: every endpoint is locked down");
+            tracing::error!(gaps = ?gaps, "objects policy depends on are not in force: the endpoints they could select are locked down");
         }
-        st.gaps = gaps;
+        st.lockdown = Lockdown::new(gaps);
         Self::bump(&mut st, &self.revision);
         self.report(&st);
     }
@@ -554,13 +556,8 @@ impl PolicyRepository {
 }
 
 fn problems(st: &State) -> Vec<String> {
-    let lockdown = (!st.gaps.is_empty()).then(|| {
-        format!(
-            "every endpoint is locked down (default deny both ways, but for what the policies in force allow) until these records are applied again or deleted: {}",
-            st.gaps.join(", ")
-        )
-    });
-    lockdown
+    st.lockdown
+        .describe()
         .into_iter()
         .chain(st.problems.values().cloned())
         .chain(st.cidr_problems.iter().cloned())

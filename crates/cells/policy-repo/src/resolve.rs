@@ -88,9 +88,10 @@ type RuleKey = (
 /// `Ipcache::named_ports`): identities without any are absent.
 pub type PeerPorts = BTreeMap<u32, Vec<NamedPort>>;
 
-/// Resolves the policy of `subject` from every rule set. With `lockdown` (a recorded policy,
-/// or labels policy selects by, not in force), both directions are enforced whatever the sets
-/// say, and nothing is allowed but what their allow rules allow (and the node, for ingress).
+/// Resolves the policy of `subject` from every rule set. With `lockdown` (the subject is in the
+/// scope of a policy, or of labels policy selects by, that is not in force), both directions
+/// are enforced whatever the sets say, and nothing is allowed but what their allow rules allow
+/// (and the node, for ingress).
 pub fn resolve<'a>(
     subject: &Subject<'_>,
     sets: impl Iterator<Item = &'a RuleSet>,

@@ -235,7 +235,7 @@ mod tests {
         let names: Vec<_> = r.pods.list().iter().map(|p| p.name.clone()).collect();
         assert_eq!(names, ["a", "c"]);
         let rejected = r.lock().rejected.clone();
-        let reason = &rejected[&("Pod".to_string(), ObjectKey::namespaced("shop", "bad"))];
+        let reason = &rejected[&("Pod".to_string(), ObjectKey::namespaced("shop", "bad"))].reason;
         assert!(
             reason.starts_with("spec.containers[0].ports[0].containerPort"),
             "{reason}"

@@ -9,9 +9,9 @@
 //! takes what the API server decided (a service's cluster IPs) as given. An object the agent
 //! cannot put in force (a CiliumNetworkPolicy using a feature this version does not enforce,
 //! say) is *rejected*: its previous version leaves the table, the module is Degraded naming
-//! it, and, for the kinds policy depends on, the policy repository locks every endpoint down
-//! until it is changed or deleted, as for a record that does not load
-//! ([`Resources::policy_gaps`]): a policy that is not enforced must not leave pods open.
+//! it, and, for the kinds policy depends on, the policy repository locks down the endpoints it
+//! could have selected (`crate::gap`) until it is changed or deleted, as for a record that does
+//! not load ([`Resources::policy_gaps`]): a policy that is not enforced must not leave pods open.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decoded::{BuiltIn, Decoded, path_error};
 use crate::document::decode;
+use crate::gap;
 use crate::key::{Object, ObjectKey};
 use crate::kinds::Parsed;
 use crate::listing::Listing;
@@ -212,7 +213,7 @@ impl Feed {
 }
 
 fn reject(
-    rejected: &mut std::collections::BTreeMap<(String, ObjectKey), String>,
+    rejected: &mut std::collections::BTreeMap<(String, ObjectKey), Rejection>,
     kind: &str,
     key: ObjectKey,
     e: FieldError,
@@ -223,7 +224,15 @@ fn reject(
         format!("{}: {}", e.field, e.reason)
     };
     tracing::error!(kind, object = %key, %reason, "an object from the API server cannot be put in force");
-    rejected.insert((kind.to_string(), key), reason);
+    let scope = e.scope.unwrap_or_else(|| gap::scope_of_key(kind, &key));
+    rejected.insert((kind.to_string(), key), Rejection { reason, scope });
+}
+
+/// Why an object from the API server is not in force, and what it could have restricted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    pub(crate) reason: String,
+    pub(crate) scope: gap::GapScope,
 }
 
 /// The key of an object of `kind` as the API server sent it.
@@ -272,10 +281,17 @@ pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldErro
                 obj.insert("apiVersion".into(), "cilium.io/v2".into());
                 obj.insert("kind".into(), kind.into());
             }
-            let yaml = serde_yaml::to_value(value)
+            let yaml = serde_yaml::to_value(&value)
                 .map_err(|e| FieldError::new("", format!("not a valid object: {e}")))?;
             let clusterwide = kind == "CiliumClusterwideNetworkPolicy";
-            let policy = decode::<CiliumPolicyDoc>(yaml)?.into_policy(clusterwide)?;
+            let policy = decode::<CiliumPolicyDoc>(yaml)
+                .and_then(|doc| doc.into_policy(clusterwide))
+                .map_err(|e| {
+                    // Read only now, for a policy that is not put in force: its lockdown covers
+                    // what it selects, as far as that reads.
+                    let namespace = value.pointer("/metadata/namespace").and_then(Value::as_str);
+                    e.scoped(gap::cilium_scope(&value, namespace))
+                })?;
             Ok(if clusterwide {
                 Parsed::CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy(policy))
             } else {
@@ -332,6 +348,7 @@ pub(crate) fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::gap::GapScope;
     use serde_json::json;
 
     /// A complete list of `kind`, as a watcher fills it.
@@ -400,7 +417,13 @@ pub(crate) mod tests {
         let gaps = r.policy_gaps().borrow().clone();
         assert_eq!(gaps.len(), 1, "{gaps:?}");
         assert!(
-            gaps[0].contains("CiliumNetworkPolicy default/p"),
+            gaps[0].text.contains("CiliumNetworkPolicy default/p"),
+            "{gaps:?}"
+        );
+        // What it locks down is what it selects in its namespace, read from the object.
+        assert!(
+            matches!(&gaps[0].scope, GapScope::Selected { namespace: Some(ns), selectors }
+                if ns == "default" && selectors.len() == 1),
             "{gaps:?}"
         );
         feed.delete("CiliumNetworkPolicy", &good);

@@ -139,7 +139,7 @@ mod tests {
         r.lock()
             .rejected
             .iter()
-            .map(|((_, key), reason)| (key.to_string(), reason.clone()))
+            .map(|((_, key), r)| (key.to_string(), r.reason.clone()))
             .collect()
     }
 

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ResourcesConfig;
 use crate::error::{Error, Result};
-use crate::feed::{ApiSource, Feed};
+use crate::feed::{ApiSource, Feed, Rejection};
+use crate::gap::{self, GapScope, PolicyGap};
 use crate::key::{Object, ObjectKey};
 use crate::limits::Limits;
 use crate::objects::{
@@ -123,12 +124,12 @@ pub(crate) struct State {
     /// Why the last change could not be recorded (and so was refused), until one is.
     pub(crate) record_error: Option<String>,
     /// The API server's objects that cannot be put in force, by kind and key, with why.
-    pub(crate) rejected: BTreeMap<(String, ObjectKey), String>,
+    pub(crate) rejected: BTreeMap<(String, ObjectKey), Rejection>,
     /// The API server the objects come from, in Kubernetes mode.
     api_server: Option<String>,
     /// The stranded records that may leave an endpoint less restricted than its policy says
     /// ([`Resources::policy_gaps`]).
-    gaps: watch::Sender<Vec<String>>,
+    gaps: watch::Sender<Vec<PolicyGap>>,
     reporter: Option<Reporter>,
 }
 
@@ -143,14 +144,16 @@ const POLICY_KINDS: [&str; 5] = [
     "Namespace",
 ];
 
-/// Whether the stranded record at `path` may hold what policy depends on: one of
-/// [`POLICY_KINDS`], or a record whose kind cannot be told (the directory or the journal
-/// itself, a file named in no known way).
-fn policy_relevant(path: &str) -> bool {
+/// What the stranded record at `path` could have restricted, when it may hold what policy
+/// depends on: one of [`POLICY_KINDS`] (scoped by its kind and name), or a record whose kind
+/// cannot be told (the directory or the journal itself, a file named in no known way: every
+/// endpoint). `None` for the other kinds.
+fn stranded_scope(path: &str) -> Option<GapScope> {
     let name = path.rsplit('/').next().unwrap_or_default();
     match Record::parse_file_name(name) {
-        Some((kind, _)) => POLICY_KINDS.contains(&kind),
-        None => true,
+        Some((kind, key)) if POLICY_KINDS.contains(&kind) => Some(gap::scope_of_key(kind, &key)),
+        Some(_) => None,
+        None => Some(GapScope::Everything),
     }
 }
 
@@ -274,12 +277,13 @@ impl Resources {
         }
     }
 
-    /// The recorded objects not in force that policy depends on (`<file>: <why>`): policies,
-    /// or the labels of pods and namespaces they select by, whose records no longer load. An
-    /// endpoint could then be less restricted than the policy recorded for it, so the policy
-    /// repository locks every endpoint down while this is not empty. It empties as applies or
-    /// deletes of those objects replace or remove their records.
-    pub fn policy_gaps(&self) -> watch::Receiver<Vec<String>> {
+    /// The objects policy depends on that are not in force, each with what it could have
+    /// restricted ([`PolicyGap`]): policies, or the labels of pods and namespaces they select by,
+    /// whose records no longer load (`<file>: <why>`) or which the API server holds in a form
+    /// this agent cannot enforce. An endpoint in a gap's scope could then be less restricted
+    /// than its policy says, so the policy repository locks those endpoints down. It empties as
+    /// applies or deletes of those objects replace or remove them.
+    pub fn policy_gaps(&self) -> watch::Receiver<Vec<PolicyGap>> {
         self.lock().gaps.subscribe()
     }
 
@@ -340,7 +344,7 @@ impl Resources {
                         .lock()
                         .rejected
                         .get(&(Pod::KIND.to_string(), key.clone()))
-                        .cloned();
+                        .map(|r| r.reason.clone());
                     return Err(unknown(format!(
                         "the API server's object cannot be put in force: {}",
                         reason.unwrap_or_else(|| "deleted meanwhile".into())
@@ -558,22 +562,30 @@ impl State {
     /// Reports the module's health: OK, or Degraded with every record not in force, a merge
     /// that failed and a change that could not be recorded.
     pub(crate) fn report(&self) {
-        let rejected = self.rejected.iter().map(|((kind, key), reason)| {
+        let rejected = self.rejected.iter().map(|((kind, key), r)| {
             (
                 kind,
-                format!("{kind} {key} (from the API server): {reason}"),
+                format!("{kind} {key} (from the API server): {}", r.reason),
+                &r.scope,
             )
         });
-        let gaps: Vec<String> = self
+        let gaps: Vec<PolicyGap> = self
             .stranded
             .iter()
-            .filter(|(path, _)| policy_relevant(path))
-            .map(|(path, reason)| format!("{path}: {reason}"))
+            .filter_map(|(path, reason)| {
+                Some(PolicyGap {
+                    text: format!("{path}: {reason}"),
+                    scope: stranded_scope(path)?,
+                })
+            })
             .chain(
                 rejected
                     .clone()
-                    .filter(|(kind, _)| POLICY_KINDS.contains(&kind.as_str()))
-                    .map(|(_, text)| text),
+                    .filter(|(kind, _, _)| POLICY_KINDS.contains(&kind.as_str()))
+                    .map(|(_, text, scope)| PolicyGap {
+                        text,
+                        scope: scope.clone(),
+                    }),
             )
             .collect();
         self.gaps.send_if_modified(|old| {
@@ -598,7 +610,7 @@ impl State {
         }
         problems.extend(self.merge_error.clone());
         problems.extend(self.record_error.clone());
-        problems.extend(rejected.map(|(_, text)| format!("not in force: {text}")));
+        problems.extend(rejected.map(|(_, text, _)| format!("not in force: {text}")));
         let objects = self.writers.count();
         if problems.is_empty() {
             match &self.api_server {
@@ -980,20 +992,26 @@ spec:
     }
 
     #[test]
-    fn only_records_policy_depends_on_are_gaps_in_it() {
-        for (path, gap) in [
-            ("resources/NetworkPolicy~shop~db.yaml", true),
-            ("resources/CiliumClusterwideNetworkPolicy~~all.yaml", true),
-            ("resources/Namespace~~shop.yaml", true),
-            ("resources/Pod~shop~web.yaml", true),
-            ("resources/Service~shop~web.yaml", false),
-            ("resources/EndpointSlice~shop~web-1.yaml", false),
-            // Whatever cannot be told apart may hold a policy.
-            ("resources/", true),
-            ("resources/journal", true),
-            ("resources/strange name", true),
+    fn only_records_policy_depends_on_are_gaps_in_it_each_scoped_by_its_name() {
+        let shop = Some(GapScope::Namespace("shop".into()));
+        for (path, scope) in [
+            ("resources/NetworkPolicy~shop~db.yaml", shop.clone()),
+            ("resources/CiliumNetworkPolicy~shop~db.yaml", shop),
+            (
+                "resources/CiliumClusterwideNetworkPolicy~~all.yaml",
+                Some(GapScope::Everything),
+            ),
+            // Labels any policy anywhere may select or deny by.
+            ("resources/Namespace~~shop.yaml", Some(GapScope::Everything)),
+            ("resources/Pod~shop~web.yaml", Some(GapScope::Everything)),
+            ("resources/Service~shop~web.yaml", None),
+            ("resources/EndpointSlice~shop~web-1.yaml", None),
+            // Whatever cannot be told apart may hold any policy.
+            ("resources/", Some(GapScope::Everything)),
+            ("resources/journal", Some(GapScope::Everything)),
+            ("resources/strange name", Some(GapScope::Everything)),
         ] {
-            assert_eq!(policy_relevant(path), gap, "{path}");
+            assert_eq!(stranded_scope(path), scope, "{path}");
         }
     }
 

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::gap::GapScope;
+
 /// A failed check: the field (a dotted path) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -9,6 +11,9 @@ pub struct FieldError {
     pub field: String,
     /// What is wrong with it.
     pub reason: String,
+    /// For a policy rejected whole, the endpoints it could have restricted, when more of it
+    /// could be read than its name ([`crate::gap`]); `None`: as its name tells.
+    pub scope: Option<GapScope>,
 }
 
 impl FieldError {
@@ -17,7 +22,13 @@ impl FieldError {
         FieldError {
             field: field.into(),
             reason: reason.into(),
+            scope: None,
         }
+    }
+
+    /// The same error, naming what the rejected object could have restricted.
+    pub fn scoped(self, scope: Option<GapScope>) -> FieldError {
+        FieldError { scope, ..self }
     }
 }
 

@@ -35,6 +35,7 @@ pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
+pub(crate) use selector::{RawSelector, SelectorFlavor};
 pub use service::{
     ClusterIp, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LbAlgorithm, Service, ServicePort,
 };
