@@ -12,10 +12,10 @@
 //! Every test makes its own namespaces and agent and removes them through guards; traffic
 //! goes only to addresses inside them.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use cellium_integration::frame::{self, Ipv4Packet, Ipv6Packet};
+use cellium_integration::frame;
 use cellium_integration::lab::external::NODE_LINK_IP;
 use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
 use cellium_integration::{Agent, NetNs, probe, serial};
@@ -358,30 +358,6 @@ fn a_router_behind_a_cluster_ip_teaches_the_client_the_path_mtu_of_the_cluster_i
     assert_eq!(cached_mtu(&env.client, vip6.ip()), Some(1280));
 }
 
-/// An ICMP port unreachable from `from` to `to` quoting a UDP datagram `to:40000` ->
-/// `from:4242` that no connection ever carried.
-fn forged_unreachable(from: Ipv4Addr, to: Ipv4Addr) -> Ipv4Packet {
-    let mut quote = vec![0x45, 0, 0, 36, 0, 1, 0x40, 0, 64, 17, 0, 0];
-    quote.extend_from_slice(&to.octets());
-    quote.extend_from_slice(&from.octets());
-    let check = frame::internet_checksum(&quote);
-    quote[10..12].copy_from_slice(&check.to_be_bytes());
-    quote.extend_from_slice(&[0x9c, 0x40, 0x10, 0x92, 0, 16, 0, 0]);
-    let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(&quote);
-    let check = frame::internet_checksum(&icmp);
-    icmp[2..4].copy_from_slice(&check.to_be_bytes());
-    Ipv4Packet {
-        src: from,
-        dst: to,
-        protocol: 1,
-        id: 7,
-        offset: 0,
-        more: false,
-        payload: icmp,
-    }
-}
-
 fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {
     agent.datapath_packets(direction, reason).expect("metrics")
 }
@@ -418,7 +394,15 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
     frame::send(
         &env.web,
         "eth0",
-        forged_unreachable(web, client).frame(link.pod_mac, link.host_mac),
+        frame::port_unreachable(
+            web.into(),
+            client.into(),
+            (
+                SocketAddr::new(client.into(), 40000),
+                SocketAddr::new(web.into(), 4242),
+            ),
+            (link.pod_mac, link.host_mac),
+        ),
     )
     .expect("send the forged error");
     wait_for("the forged error is denied", || {
@@ -450,76 +434,6 @@ fn echo_service() -> String {
     )
 }
 
-/// An ICMP port unreachable (ICMPv6's, type 1 code 4, for IPv6) from `from` to `to`, framed
-/// from `macs.0` to `macs.1`, quoting a UDP datagram `quoted.0` -> `quoted.1` (its IP header
-/// and UDP header); every checksum a stack checks is valid.
-fn port_unreachable(
-    from: IpAddr,
-    to: IpAddr,
-    quoted: (SocketAddr, SocketAddr),
-    macs: ([u8; 6], [u8; 6]),
-) -> Vec<u8> {
-    let mut udp = quoted.0.port().to_be_bytes().to_vec();
-    udp.extend(quoted.1.port().to_be_bytes());
-    udp.extend([0, 16, 0, 0]);
-    match (from, to, quoted.0.ip(), quoted.1.ip()) {
-        (IpAddr::V4(from), IpAddr::V4(to), IpAddr::V4(qs), IpAddr::V4(qd)) => {
-            let mut quote = vec![0x45, 0, 0, 36, 0, 1, 0x40, 0, 64, 17, 0, 0];
-            quote.extend(qs.octets());
-            quote.extend(qd.octets());
-            let check = frame::internet_checksum(&quote);
-            quote[10..12].copy_from_slice(&check.to_be_bytes());
-            quote.extend(udp);
-            let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
-            icmp.extend(quote);
-            let check = frame::internet_checksum(&icmp);
-            icmp[2..4].copy_from_slice(&check.to_be_bytes());
-            let packet = Ipv4Packet {
-                src: from,
-                dst: to,
-                protocol: 1,
-                id: 7,
-                offset: 0,
-                more: false,
-                payload: icmp,
-            };
-            packet.frame(macs.0, macs.1)
-        }
-        (IpAddr::V6(from), IpAddr::V6(to), IpAddr::V6(qs), IpAddr::V6(qd)) => {
-            let mut icmp = vec![1, 4, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 16, 17, 64];
-            icmp.extend(qs.octets());
-            icmp.extend(qd.octets());
-            icmp.extend(udp);
-            let mut pseudo = from.octets().to_vec();
-            pseudo.extend(to.octets());
-            pseudo.extend((icmp.len() as u32).to_be_bytes());
-            pseudo.extend([0, 0, 0, 58]);
-            pseudo.extend(&icmp);
-            let check = frame::internet_checksum(&pseudo);
-            icmp[2..4].copy_from_slice(&check.to_be_bytes());
-            Ipv6Packet::icmp(from, to, 64, &icmp).frame(macs.0, macs.1)
-        }
-        _ => panic!("{from}, {to} and {quoted:?} are not of one family"),
-    }
-}
-
-/// A UDP socket of `ns` connected to `to`, its reads timing out after [`TIMEOUT`].
-fn connected_udp(ns: &NetNs, to: SocketAddr) -> UdpSocket {
-    ns.run(move || -> std::io::Result<UdpSocket> {
-        let any: IpAddr = if to.is_ipv4() {
-            Ipv4Addr::UNSPECIFIED.into()
-        } else {
-            Ipv6Addr::UNSPECIFIED.into()
-        };
-        let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
-        sock.connect(to)?;
-        sock.set_read_timeout(Some(TIMEOUT))?;
-        Ok(sock)
-    })
-    .expect("run in the namespace")
-    .expect("a connected UDP socket")
-}
-
 /// One datagram over `sock` and its answer: how the read failed, `None` if the answer came.
 fn exchange(sock: &UdpSocket) -> Option<std::io::ErrorKind> {
     sock.send(b"hello").expect("send");
@@ -537,19 +451,15 @@ fn only_the_peer_refuses(
     web: SocketAddr,
 ) {
     let server = probe::UdpServer::start(&env.web, web, "web").expect("server");
-    let sock = connected_udp(&env.client, to);
+    let sock = probe::udp_connect(&env.client, to, TIMEOUT).expect("a connected UDP socket");
     assert_eq!(exchange(&sock), None, "a live connection to {to}");
     let client = sock.local_addr().expect("the client's address");
 
     let reason = "policy default deny";
     let before = counter(&env.agent, "ingress", reason);
     let (ns, from, macs) = intruder;
-    frame::send(
-        ns,
-        "eth0",
-        port_unreachable(from, client.ip(), (client, web), macs),
-    )
-    .expect("send the intruder's error");
+    let error = frame::port_unreachable(from, client.ip(), (client, web), macs);
+    frame::send(ns, "eth0", error).expect("send the intruder's error");
     wait_for(
         &format!("the intruder's error about {to} is denied"),
         || {
