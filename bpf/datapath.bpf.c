@@ -130,7 +130,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	/* An error about one of the node's connections is that connection's
 	 * (lib/related.h): past policy, translated back to its frontend. */
 	if (icmp6_is_error(p)) {
-		ret = icmp6_related(skb, p, 0);
+		ret = icmp6_related(skb, p, 0, src->identity);
 		if (ret > 0)
 			return drop6(skb, p, &t, ret);
 		if (ret != CEL_RELATED_NONE) {
@@ -249,7 +249,7 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	/* An error about one of this endpoint's connections: delivered as
 	 * the connection's packets are, translated back to its frontend. */
 	if (icmp6_is_error(p)) {
-		ret = icmp6_related(skb, p, 0);
+		ret = icmp6_related(skb, p, 0, src_identity);
 		if (ret != CEL_RELATED_NONE)
 			return ret > 0 ? ret : 0;
 	}
@@ -358,7 +358,7 @@ int cel_from_container(struct __sk_buff *skb)
 	/* An error about one of the node's connections is that connection's
 	 * (lib/related.h): past policy, translated back to its frontend. */
 	if (icmp4_is_error(p)) {
-		ret = icmp4_related(skb, p, 0);
+		ret = icmp4_related(skb, p, 0, src->identity);
 		if (ret > 0)
 			return drop(skb, p, &t, ret);
 		if (ret != CEL_RELATED_NONE) {
@@ -486,7 +486,7 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	/* An error about one of this endpoint's connections: delivered as
 	 * the connection's packets are, translated back to its frontend. */
 	if (icmp4_is_error(p)) {
-		ret = icmp4_related(skb, p, 0);
+		ret = icmp4_related(skb, p, 0, src_identity);
 		if (ret != CEL_RELATED_NONE)
 			return ret > 0 ? ret : 0;
 	}
@@ -958,7 +958,7 @@ static __noinline int nodeport_error4(struct __sk_buff *skb, const struct datapa
 
 	if (parse_ipv4(skb, &p))
 		return CEL_NOT_EXTERNAL;
-	ret = icmp4_related(skb, &p, 1);
+	ret = icmp4_related(skb, &p, 1, 0);
 	if (ret == CEL_RELATED_NONE)
 		return CEL_NOT_EXTERNAL;
 	if (ret > 0)
@@ -975,7 +975,7 @@ static __noinline int nodeport_error6(struct __sk_buff *skb, const struct datapa
 
 	if (!s || parse_ipv6(skb, &s->p))
 		return CEL_NOT_EXTERNAL;
-	ret = icmp6_related(skb, &s->p, 1);
+	ret = icmp6_related(skb, &s->p, 1, 0);
 	if (ret == CEL_RELATED_NONE)
 		return CEL_NOT_EXTERNAL;
 	if (ret > 0)

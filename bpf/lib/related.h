@@ -3,11 +3,21 @@
  * ICMP and ICMPv6 errors that belong to a connection (Cilium's CT_RELATED):
  * destination unreachable (fragmentation needed included), time exceeded and
  * parameter problem, and ICMPv6's packet too big. An error quotes the packet
- * it is about; when that quote names a connection conntrack knows, and the
- * error goes to the quoted packet's sender, it is part of that connection:
- * it passes as the connection's own packets do, without policy and without
- * an entry of its own. Any other error goes on as today, a new flow that
- * policy decides, so a forged error opens nothing.
+ * it is about; when that quote names a connection conntrack knows, the
+ * error goes to the quoted packet's sender, and it comes from a party of the
+ * connection, it is part of that connection: it passes as the connection's
+ * own packets do, without policy and without an entry of its own. Any other
+ * error goes on as today, a new flow that policy decides, so a forged error
+ * opens nothing.
+ *
+ * A party: the quoted packet's destination (the connection's other end, the
+ * backend as the load balancer translated it), or a router on the way. A pod
+ * is never a router (its packets must carry its own source, and nothing is
+ * routed through it), so an error from an endpoint, one of this node's or
+ * one of a cluster identity, must come from the quoted destination: a pod
+ * cannot end, or shrink the path MTU of, a connection it is no party of by
+ * quoting its tuple. An error from anything else (this node, another node,
+ * the world, a CIDR) may come from a router, as Cilium and netfilter accept.
  *
  * An error about a packet the service load balancer translated is
  * translated back, as netfilter's NAT does (nf_nat_icmp_reply_translation):
@@ -31,8 +41,8 @@
  * an extension header, a quoted fragment, or an error quoting an error, is
  * no connection's (unrelated). Errors that are themselves fragments are too.
  *
- * All of it runs in BPF subprograms (icmp4_relate, icmp4_translate and
- * IPv6's) with
+ * All of it runs in BPF subprograms (icmp4_relate, icmp4_from_party,
+ * icmp4_translate and IPv6's) with
  * their working space in a per-CPU map: only packets of an error type pay
  * for it, and its frame is off the callers'.
  */
@@ -49,6 +59,7 @@
 #include "conntrack.h"
 #include "ipv6.h"
 #include "lb.h"
+#include "lookup.h"
 #include "maps.h"
 #include "nd.h"
 #include "packet.h"
@@ -387,18 +398,50 @@ static __noinline int icmp4_translate(struct __sk_buff *skb, struct pkt *p)
 	return related4_translate(skb, p, r);
 }
 
+/* Whether an identity is a pod's: a cluster identity (Cilium's 256 to
+ * 65535); reserved and CIDR (node-local) identities are not. */
+static __always_inline int identity_is_pod(__u32 identity)
+{
+	return identity >= 256 && identity <= 65535;
+}
+
+/*
+ * Whether the sender of related IPv4 error p (the quote in the scratch) is
+ * a party of its connection: the quoted destination, or no endpoint (this
+ * node's endpoints by address, whatever their identity; others by
+ * `sender`, the sender's identity, or the ipcache's when 0). A subprogram
+ * of its own beside icmp4_relate, not under it: the verifier sums the
+ * frames of a call chain.
+ */
+static __noinline int icmp4_from_party(const struct pkt *p, __u32 sender)
+{
+	struct related_scratch *r = related_scratch();
+
+	if (!r)
+		return 0;
+	if (p->saddr == r->key4.daddr)
+		return 1;
+	if (endpoint_lookup4(p->saddr))
+		return 0;
+	return !identity_is_pod(sender ?: ipcache_identity4(NULL, p->saddr));
+}
+
 /*
  * IPv4 error p (icmp4_is_error): whether it is related to a connection, and
  * if so translated back as above. With `snat_only`, only an error quoting a
  * packet whose source this node translated (another node's backend's error,
- * on the node's device) is considered. Returns CEL_RELATED_NONE,
- * CEL_RELATED, CEL_RELATED_EXTERNAL or a drop reason. Two subprograms, each
- * with a small frame: they run under cel_from_container's.
+ * on the node's device) is considered. `sender` is the sender's identity,
+ * 0 to take it from the ipcache. Returns CEL_RELATED_NONE, CEL_RELATED,
+ * CEL_RELATED_EXTERNAL or a drop reason. Subprograms, each with a small
+ * frame: they run under cel_from_container's.
  */
-static __always_inline int icmp4_related(struct __sk_buff *skb, struct pkt *p, int snat_only)
+static __always_inline int icmp4_related(struct __sk_buff *skb, struct pkt *p, int snat_only,
+					 __u32 sender)
 {
 	int ret = icmp4_relate(skb, p, snat_only);
 
+	if (ret == CEL_RELATED_NONE || !icmp4_from_party(p, sender))
+		return CEL_RELATED_NONE;
 	return ret == CEL_RELATED_TRANSLATE ? icmp4_translate(skb, p) : ret;
 }
 
@@ -598,14 +641,31 @@ static __noinline int icmp6_translate(struct __sk_buff *skb, struct pkt6 *p)
 	return related6_translate(skb, p, r);
 }
 
+/* icmp4_from_party for IPv6. */
+static __noinline int icmp6_from_party(const struct pkt6 *p, __u32 sender)
+{
+	struct related_scratch *r = related_scratch();
+
+	if (!r)
+		return 0;
+	if (ipv6_equal(p->saddr, r->key.daddr))
+		return 1;
+	if (endpoint_lookup6(p->saddr))
+		return 0;
+	return !identity_is_pod(sender ?: ipcache_identity6(NULL, p->saddr));
+}
+
 /* icmp4_related for IPv6. */
-static __always_inline int icmp6_related(struct __sk_buff *skb, struct pkt6 *p, int snat_only)
+static __always_inline int icmp6_related(struct __sk_buff *skb, struct pkt6 *p, int snat_only,
+					 __u32 sender)
 {
 	int ret;
 
 	if (icmp6_quote(skb, p) < 0)
 		return CEL_RELATED_NONE;
 	ret = icmp6_relate(p, snat_only);
+	if (ret == CEL_RELATED_NONE || !icmp6_from_party(p, sender))
+		return CEL_RELATED_NONE;
 	return ret == CEL_RELATED_TRANSLATE ? icmp6_translate(skb, p) : ret;
 }
 

@@ -13,7 +13,7 @@
 //! frame::send(&pod, "eth0", ns.frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])).unwrap();
 //! ```
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -195,6 +195,61 @@ impl Ipv4Packet {
         f.extend_from_slice(&ip);
         f.extend_from_slice(&self.payload);
         f
+    }
+}
+
+/// An ICMP port unreachable (ICMPv6's, type 1 code 4, for IPv6) from `from` to `to`, framed
+/// from `macs.0` to `macs.1`, quoting a UDP datagram `quoted.0` -> `quoted.1` (its IP header
+/// and UDP header, 8 bytes of payload): what a pod forging an error about someone else's
+/// connection sends. Every checksum a stack checks is valid (the ICMP one, the quoted IPv4
+/// header's).
+pub fn port_unreachable(
+    from: IpAddr,
+    to: IpAddr,
+    quoted: (SocketAddr, SocketAddr),
+    macs: ([u8; 6], [u8; 6]),
+) -> Vec<u8> {
+    let mut udp = quoted.0.port().to_be_bytes().to_vec();
+    udp.extend(quoted.1.port().to_be_bytes());
+    udp.extend([0, 16, 0, 0]);
+    match (from, to, quoted.0.ip(), quoted.1.ip()) {
+        (IpAddr::V4(from), IpAddr::V4(to), IpAddr::V4(qs), IpAddr::V4(qd)) => {
+            let mut quote = vec![0x45, 0, 0, 36, 0, 1, 0x40, 0, 64, 17, 0, 0];
+            quote.extend(qs.octets());
+            quote.extend(qd.octets());
+            let check = internet_checksum(&quote);
+            quote[10..12].copy_from_slice(&check.to_be_bytes());
+            quote.extend(udp);
+            let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
+            icmp.extend(quote);
+            let check = internet_checksum(&icmp);
+            icmp[2..4].copy_from_slice(&check.to_be_bytes());
+            let packet = Ipv4Packet {
+                src: from,
+                dst: to,
+                protocol: 1,
+                id: 7,
+                offset: 0,
+                more: false,
+                payload: icmp,
+            };
+            packet.frame(macs.0, macs.1)
+        }
+        (IpAddr::V6(from), IpAddr::V6(to), IpAddr::V6(qs), IpAddr::V6(qd)) => {
+            let mut icmp = vec![1, 4, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 16, 17, 64];
+            icmp.extend(qs.octets());
+            icmp.extend(qd.octets());
+            icmp.extend(udp);
+            let mut pseudo = from.octets().to_vec();
+            pseudo.extend(to.octets());
+            pseudo.extend((icmp.len() as u32).to_be_bytes());
+            pseudo.extend([0, 0, 0, 58]);
+            pseudo.extend(&icmp);
+            let check = internet_checksum(&pseudo);
+            icmp[2..4].copy_from_slice(&check.to_be_bytes());
+            Ipv6Packet::icmp(from, to, 64, &icmp).frame(macs.0, macs.1)
+        }
+        _ => panic!("{from}, {to} and {quoted:?} are not of one family"),
     }
 }
 

@@ -225,15 +225,11 @@ pub fn banner_from(
     Ok(banner.trim_end().to_string())
 }
 
-/// A datagram to `dst` from a connected UDP socket inside `ns`, then a read within `timeout`:
-/// how the read failed (`ConnectionRefused` once an ICMP port unreachable came back), or
-/// `None` if an answer came.
-pub fn udp_error(
-    ns: &NetNs,
-    dst: SocketAddr,
-    timeout: Duration,
-) -> Result<Option<std::io::ErrorKind>> {
-    let outcome = ns.run(move || -> std::io::Result<usize> {
+/// A UDP socket of `ns` connected to `dst` (bound to its family's unspecified address, an
+/// ephemeral port), its reads timing out after `timeout`: one end of a UDP connection a test
+/// keeps.
+pub fn udp_connect(ns: &NetNs, dst: SocketAddr, timeout: Duration) -> Result<UdpSocket> {
+    ns.run(move || -> std::io::Result<UdpSocket> {
         let any: IpAddr = if dst.is_ipv4() {
             Ipv4Addr::UNSPECIFIED.into()
         } else {
@@ -242,9 +238,23 @@ pub fn udp_error(
         let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
         sock.connect(dst)?;
         sock.set_read_timeout(Some(timeout))?;
-        sock.send(b"anyone?")?;
-        sock.recv(&mut [0u8; 64])
-    })?;
+        Ok(sock)
+    })?
+    .map_err(probe_err("udp connect", dst))
+}
+
+/// A datagram to `dst` from a connected UDP socket inside `ns`, then a read within `timeout`:
+/// how the read failed (`ConnectionRefused` once an ICMP port unreachable came back), or
+/// `None` if an answer came.
+pub fn udp_error(
+    ns: &NetNs,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> Result<Option<std::io::ErrorKind>> {
+    let sock = udp_connect(ns, dst, timeout)?;
+    let outcome = sock
+        .send(b"anyone?")
+        .and_then(|_| sock.recv(&mut [0u8; 64]));
     Ok(outcome.err().map(|e| e.kind()))
 }
 

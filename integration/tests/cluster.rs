@@ -45,6 +45,7 @@ every_mode!(
     a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
     a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
+    an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1008,5 +1009,91 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         cellium_integration::probe::udp_error(&client, closed, Duration::from_secs(3))
             .expect("run in the client"),
         Some(std::io::ErrorKind::ConnectionRefused)
+    );
+}
+
+/// One datagram over `sock` and its answer: how the read failed, `None` if the answer came.
+fn exchange(sock: &std::net::UdpSocket) -> Option<std::io::ErrorKind> {
+    sock.send(b"hello").expect("send");
+    sock.recv(&mut [0u8; 64]).err().map(|e| e.kind())
+}
+
+/// A pod of node 2 (`intruder`) forges a port unreachable about the live UDP connection
+/// between two pods of node 1 (`client` to `other`), which node 2's conntrack does not know:
+/// node 2 sends it on as a new flow, and node 1, which knows the connection, must not take it
+/// for the connection's (the sender is a pod, by the tunnel's identity or the ipcache's, and
+/// not the connection's peer): it meets the client's ingress policy, which denies everything,
+/// and is counted there; the connection lives on. The error of `web` (node 2), the peer of
+/// the client's connection to it, still reaches the client through the same policy.
+fn an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied(
+    mode: RoutingMode,
+) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    cluster
+        .add_pod(1, "shop/intruder", "app=intruder", &[])
+        .expect("intruder");
+    let pod = |key: &str| cluster.pod(key).unwrap();
+    let at = |key: &str| SocketAddr::new(IpAddr::V4(pod(key).ip), 5353);
+    let (other, web, intruder) = (at("shop/other"), at("shop/web"), pod("shop/intruder").ip);
+    let _other_server = UdpServer::start(&pod("shop/other").netns, other, "other").expect("other");
+    let web_server = UdpServer::start(&pod("shop/web").netns, web, "web").expect("web");
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: client, namespace: shop }\n\
+             spec: { podSelector: { matchLabels: { app: client } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "the client's ingress denies everything", || {
+        !cluster.reaches("shop/other", "shop/client", Icmp)
+    });
+    eventually(&cluster, "node 1 knows the intruder's identity", || {
+        cluster.ipcache_has_remote(0, IpAddr::V4(intruder))
+    });
+
+    let timeout = Duration::from_secs(3);
+    let client_ns = &pod("shop/client").netns;
+    let to_other = cellium_integration::probe::udp_connect(client_ns, other, timeout)
+        .expect("a connected UDP socket");
+    let to_web = cellium_integration::probe::udp_connect(client_ns, web, timeout)
+        .expect("a connected UDP socket");
+    assert_eq!(exchange(&to_other), None, "a live connection to other");
+    assert_eq!(exchange(&to_web), None, "a live connection to web");
+
+    let client = to_other.local_addr().expect("the client's address");
+    let link = cluster.agent(1).endpoint_link(IpAddr::V4(intruder));
+    let denied = || {
+        cluster
+            .agent(0)
+            .datapath_packets("ingress", "policy default deny")
+            .expect("node 1's metrics")
+    };
+    let before = denied();
+    let error = cellium_integration::frame::port_unreachable(
+        IpAddr::V4(intruder),
+        client.ip(),
+        (client, other),
+        (link.pod_mac, link.host_mac),
+    );
+    cellium_integration::frame::send(&pod("shop/intruder").netns, "eth0", error)
+        .expect("send the intruder's error");
+    eventually(&cluster, "the intruder's error is denied on node 1", || {
+        if let Some(e) = to_other.take_error().expect("SO_ERROR") {
+            panic!("the intruder's error reached the client: {e}");
+        }
+        denied() > before
+    });
+    assert_eq!(exchange(&to_other), None, "the connection lives on");
+
+    drop(web_server);
+    assert_eq!(
+        exchange(&to_web),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "web's own error"
     );
 }

@@ -3,7 +3,8 @@
 //! `cellium-cni`, services through `cellium apply`. An error a backend (or a router on its
 //! way) sends about a translated connection reaches the client from the service address,
 //! quoting the packet as the client sent it, whatever the client's ingress policy; a forged
-//! error that quotes no connection is still decided by policy.
+//! error that quotes no connection is still decided by policy, and so is one a pod sends about
+//! a live connection it is no party of.
 //!
 //! Root, serially, after `cargo build --workspace --bins`:
 //! `cargo test -p cellium-integration --test services_icmp -- --test-threads=1`.
@@ -11,10 +12,10 @@
 //! Every test makes its own namespaces and agent and removes them through guards; traffic
 //! goes only to addresses inside them.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use cellium_integration::frame::{self, Ipv4Packet};
+use cellium_integration::frame;
 use cellium_integration::lab::external::NODE_LINK_IP;
 use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
 use cellium_integration::{Agent, NetNs, probe, serial};
@@ -38,6 +39,9 @@ kind: Pod
 metadata: { name: client, labels: { app: client } }
 spec: { containers: [ { name: c } ] }
 "#;
+
+/// The client's ingress: nothing is allowed in.
+const CLIENT_NO_INGRESS: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: client-no-ingress, namespace: default }\nspec: { podSelector: { matchLabels: { app: client } }, policyTypes: [ Ingress ] }\n";
 
 /// A dual-stack service of type `kind` whose UDP port 53 leads to web-0's closed port.
 fn closed_service(kind: &str) -> String {
@@ -354,30 +358,6 @@ fn a_router_behind_a_cluster_ip_teaches_the_client_the_path_mtu_of_the_cluster_i
     assert_eq!(cached_mtu(&env.client, vip6.ip()), Some(1280));
 }
 
-/// An ICMP port unreachable from `from` to `to` quoting a UDP datagram `to:40000` ->
-/// `from:4242` that no connection ever carried.
-fn forged_unreachable(from: Ipv4Addr, to: Ipv4Addr) -> Ipv4Packet {
-    let mut quote = vec![0x45, 0, 0, 36, 0, 1, 0x40, 0, 64, 17, 0, 0];
-    quote.extend_from_slice(&to.octets());
-    quote.extend_from_slice(&from.octets());
-    let check = frame::internet_checksum(&quote);
-    quote[10..12].copy_from_slice(&check.to_be_bytes());
-    quote.extend_from_slice(&[0x9c, 0x40, 0x10, 0x92, 0, 16, 0, 0]);
-    let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(&quote);
-    let check = frame::internet_checksum(&icmp);
-    icmp[2..4].copy_from_slice(&check.to_be_bytes());
-    Ipv4Packet {
-        src: from,
-        dst: to,
-        protocol: 1,
-        id: 7,
-        offset: 0,
-        more: false,
-        payload: icmp,
-    }
-}
-
 fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {
     agent.datapath_packets(direction, reason).expect("metrics")
 }
@@ -391,10 +371,7 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
         .expect("apply the service");
     let vips = frontends(&env.agent, "closed", "ClusterIP", 2);
     env.agent
-        .objects(
-            "apply",
-            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: client-no-ingress, namespace: default }\nspec: { podSelector: { matchLabels: { app: client } }, policyTypes: [ Ingress ] }\n",
-        )
+        .objects("apply", CLIENT_NO_INGRESS)
         .expect("apply the policy");
     let client4 = env.client_ips[0];
     wait_for("the client's ingress denies the backend", || {
@@ -417,7 +394,15 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
     frame::send(
         &env.web,
         "eth0",
-        forged_unreachable(web, client).frame(link.pod_mac, link.host_mac),
+        frame::port_unreachable(
+            web.into(),
+            client.into(),
+            (
+                SocketAddr::new(client.into(), 40000),
+                SocketAddr::new(web.into(), 4242),
+            ),
+            (link.pod_mac, link.host_mac),
+        ),
     )
     .expect("send the forged error");
     wait_for("the forged error is denied", || {
@@ -432,4 +417,96 @@ fn a_related_error_passes_a_deny_all_ingress_and_a_forged_one_does_not() {
         .next(TIMEOUT, is_unreachable)
         .expect("the related error");
     check_error(&first, client4, vips[0]);
+}
+
+/// A third pod, a party of no connection of the others.
+const INTRUDER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: intruder, labels: { app: intruder } }
+spec: { containers: [ { name: c } ] }
+"#;
+
+/// A dual-stack ClusterIP whose UDP port 54 leads to web-0's [`ECHO`].
+fn echo_service() -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: echo }}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {{ app: web }}\n  ports: [ {{ name: echo, port: 54, protocol: UDP, targetPort: {ECHO} }} ]\n"
+    )
+}
+
+/// One datagram over `sock` and its answer: how the read failed, `None` if the answer came.
+fn exchange(sock: &UdpSocket) -> Option<std::io::ErrorKind> {
+    sock.send(b"hello").expect("send");
+    sock.recv(&mut [0u8; 64]).err().map(|e| e.kind())
+}
+
+/// The client's live UDP connection to the backend `web` (through `to`, web itself or a
+/// cluster IP): the intruder's port unreachable quoting it is no party's and meets the
+/// client's ingress policy, which denies it (counted); the connection lives on, and web's own
+/// port unreachable, once its port is closed, is related and reaches the client.
+fn only_the_peer_refuses(
+    env: &ServiceBed,
+    intruder: (&NetNs, IpAddr, ([u8; 6], [u8; 6])),
+    to: SocketAddr,
+    web: SocketAddr,
+) {
+    let server = probe::UdpServer::start(&env.web, web, "web").expect("server");
+    let sock = probe::udp_connect(&env.client, to, TIMEOUT).expect("a connected UDP socket");
+    assert_eq!(exchange(&sock), None, "a live connection to {to}");
+    let client = sock.local_addr().expect("the client's address");
+
+    let reason = "policy default deny";
+    let before = counter(&env.agent, "ingress", reason);
+    let (ns, from, macs) = intruder;
+    let error = frame::port_unreachable(from, client.ip(), (client, web), macs);
+    frame::send(ns, "eth0", error).expect("send the intruder's error");
+    wait_for(
+        &format!("the intruder's error about {to} is denied"),
+        || {
+            if let Some(e) = sock.take_error().expect("SO_ERROR") {
+                panic!("the intruder's error about {to} reached the client: {e}");
+            }
+            (counter(&env.agent, "ingress", reason) > before).then_some(())
+        },
+    );
+    assert_eq!(exchange(&sock), None, "the connection to {to} lives on");
+
+    drop(server);
+    assert_eq!(
+        exchange(&sock),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "web's own error about {to}"
+    );
+}
+
+#[test]
+fn an_error_from_a_pod_no_party_of_the_connection_is_denied_and_the_peers_is_related() {
+    let _serial = serial();
+    let env = setup();
+    env.agent
+        .objects("apply", INTRUDER)
+        .expect("apply the intruder");
+    let (intruder, intruder_ips) =
+        service_bed::add_pod(&env.agent, "intruder", "icmp").expect("the intruder");
+    env.agent
+        .objects("apply", &echo_service())
+        .expect("apply the service");
+    let vips = frontends(&env.agent, "echo", "ClusterIP", 2);
+    env.agent
+        .objects("apply", CLIENT_NO_INGRESS)
+        .expect("apply the policy");
+    let client4 = env.client_ips[0];
+    wait_for("the client's ingress denies everything", || {
+        (!probe::ping(&intruder, client4, 1).expect("ping")).then_some(())
+    });
+
+    let link = env.agent.endpoint_link(intruder_ips[0]);
+    let macs = (link.pod_mac, link.host_mac);
+    for (family, vip) in vips.iter().enumerate() {
+        let web = SocketAddr::new(env.web_ips[family], ECHO);
+        let intruder = (&intruder, intruder_ips[family], macs);
+        // Straight to the backend, then through the cluster IP (translated back).
+        only_the_peer_refuses(&env, intruder, web, web);
+        only_the_peer_refuses(&env, intruder, *vip, web);
+    }
 }
