@@ -494,6 +494,59 @@ fn a_policy_the_agent_cannot_enforce_locks_down_only_what_it_selects() {
     c.expect_web("client", true, "the lockdown lifts with the policy gone");
 }
 
+/// A Pod force-deleted while its container runs keeps its labels, and so its policy, until
+/// the runtime's DEL: dropped to its namespace's labels, web would leave the NetworkPolicy that
+/// admits only client, and be open to every pod.
+#[test]
+fn a_force_deleted_pod_keeps_its_labels_and_its_policy_until_del() {
+    let _serial = serial();
+    let c = Cluster::start();
+    c.apply_policy(WEB_FROM_CLIENT);
+    c.expect_web("client", true, "the NetworkPolicy allows client");
+    c.expect_web("other", false, "the NetworkPolicy selects web");
+    // `resources`' health says "<N> objects in force, from the API server ...".
+    let in_force = || -> Option<u64> {
+        let status = c.agent.cli(&["status", "--verbose"]).expect("status");
+        let at = status.find(" objects in force")?;
+        let digits = status[..at]
+            .rsplit(|ch: char| !ch.is_ascii_digit())
+            .next()?;
+        digits.parse().ok()
+    };
+    let before = in_force();
+    c.api
+        .kubectl(
+            &[
+                "delete",
+                "pod",
+                "web",
+                "-n",
+                "shop",
+                "--force",
+                "--grace-period=0",
+            ],
+            "",
+        )
+        .expect("kubectl delete --force");
+    // The agent has taken the delete in once its count of objects in force changed.
+    let began = Instant::now();
+    while in_force() == before {
+        assert!(
+            began.elapsed() < CONVERGE,
+            "the delete never reached the agent"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.agent.settle().expect("settled");
+    assert!(
+        c.labels("web").contains(&"k8s:app=web".to_string()),
+        "{:?}",
+        c.labels("web")
+    );
+    assert!(!c.reaches("other", c.ip("web"), PORT), "other reached web");
+    assert!(c.reaches("client", c.ip("web"), PORT), "client -> web");
+}
+
 fn spread_pods() -> String {
     let mut yaml = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
     for (name, app, node) in [

@@ -30,6 +30,9 @@ pub struct Enforced {
     pub identity: u32,
     /// The policy those came from (its revision and peers), once computed.
     pub policy: Option<Arc<EndpointPolicy>>,
+    /// The named ports of the endpoint's pod it was resolved with: kept for a Pod object that
+    /// is gone while its endpoint lives, as its labels are.
+    pub ports: Vec<NamedPort>,
 }
 
 /// Every endpoint's [`Enforced`] state, kept in memory so that a regeneration writes only
@@ -140,6 +143,7 @@ impl Enforcement {
                 ep.id,
                 Enforced {
                     policy: Some(policy),
+                    ports,
                     ..before
                 },
             );
@@ -180,6 +184,7 @@ impl Enforcement {
                 enforcement: after,
                 identity: ep.identity,
                 policy: Some(policy),
+                ports,
             },
         );
         Ok(revision)
@@ -189,7 +194,12 @@ impl Enforcement {
     /// other endpoints' egress rules that name a port find them (the addresses must be
     /// claimed first); returns them.
     pub(crate) fn publish_named_ports(&self, ep: &Endpoint) -> Vec<NamedPort> {
-        let ports = labels::named_ports(ep, self.resources.as_deref());
+        let ports = labels::named_ports(ep, self.resources.as_deref()).unwrap_or_else(|| {
+            self.enforced
+                .get(ep.id)
+                .map(|e| e.ports)
+                .unwrap_or_default()
+        });
         if let Some(ipcache) = &self.ipcache {
             for addr in &ep.addresses {
                 ipcache.set_named_ports(IpNet::from(addr.ip), Source::Endpoint, &ports);
@@ -224,6 +234,7 @@ impl Enforcement {
                 enforcement,
                 identity: 0,
                 policy: None,
+                ports: Vec::new(),
             },
         );
     }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use cellium_labels::{Label, Labels};
+use cellium_labels::{Label, Labels, NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, source};
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::{NamedPort, ObjectKey, Resources};
 
@@ -28,10 +28,19 @@ pub fn of(ep: &Endpoint, resources: Option<&Resources>, repo: Option<&PolicyRepo
         r.pods
             .get(&ObjectKey::namespaced(&pod.namespace, &pod.name))
     });
+    // A Pod object that is gone while its endpoint lives (a force delete: the container runs
+    // until the runtime's DEL) keeps the labels it last had: dropped to its namespace's, the
+    // endpoint would leave the policies that select it, and the denies that name it, until
+    // DEL. A pod never seen has none to keep.
+    let kept = pod_obj.is_none().then(|| pod_part(&ep.labels));
     let ns_obj = resources.and_then(|r| r.namespaces.get(&ObjectKey::cluster(&pod.namespace)));
     let mut labels = Labels::for_pod(
         &pod.namespace,
-        pod_obj.as_ref().map_or(&empty, |p| &p.labels),
+        pod_obj
+            .as_ref()
+            .map(|p| &p.labels)
+            .or(kept.as_ref())
+            .unwrap_or(&empty),
         ns_obj.as_ref().map_or(&empty, |n| &n.labels),
     );
     if let Some(repo) = repo {
@@ -44,17 +53,72 @@ pub fn of(ep: &Endpoint, resources: Option<&Resources>, repo: Option<&PolicyRepo
     labels
 }
 
-/// The named container ports of the endpoint's pod (ingress rules name them); none without
-/// `resources`.
-pub fn named_ports(ep: &Endpoint, resources: Option<&Resources>) -> Vec<NamedPort> {
-    ep.pod
-        .as_ref()
-        .zip(resources)
-        .and_then(|(p, resources)| {
-            resources
-                .pods
-                .get(&ObjectKey::namespaced(&p.namespace, &p.name))
+/// The pod's own labels among an endpoint's labels (those [`Labels::for_pod`] took from the Pod
+/// object), as the Pod spelled them.
+fn pod_part(labels: &Labels) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|l| {
+            l.source == source::K8S
+                && l.key != POD_NAMESPACE_LABEL
+                && !l.key.starts_with(NAMESPACE_LABELS_PREFIX)
         })
+        .map(|l| (l.key.clone(), l.value.clone()))
+        .collect()
+}
+
+/// The named container ports of the endpoint's pod (ingress rules name them); none without
+/// `resources` or a pod. `None` when its Pod object is gone while the endpoint lives: the
+/// caller keeps the ports it last had, as [`of`] keeps its labels.
+pub fn named_ports(ep: &Endpoint, resources: Option<&Resources>) -> Option<Vec<NamedPort>> {
+    let (Some(pod), Some(resources)) = (&ep.pod, resources) else {
+        return Some(Vec::new());
+    };
+    resources
+        .pods
+        .get(&ObjectKey::namespaced(&pod.namespace, &pod.name))
         .map(|p| p.ports.clone())
-        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::PodRef;
+
+    const SHOP: &str =
+        "apiVersion: v1\nkind: Namespace\nmetadata: { name: shop, labels: { team: a } }\n";
+    const WEB: &str = "apiVersion: v1\nkind: Pod\nmetadata: { name: web, namespace: shop, labels: { app: web } }\n\
+spec: { containers: [ { name: c, image: web } ] }\n";
+
+    #[test]
+    fn a_pod_deleted_while_its_endpoint_lives_keeps_its_last_labels() {
+        let resources = Resources::new();
+        resources.apply("test", SHOP).unwrap();
+        let mut ep = crate::testing::endpoint(3, "c3");
+        ep.pod = Some(PodRef {
+            namespace: "shop".into(),
+            name: "web".into(),
+        });
+        // Never seen: the namespace's labels only.
+        let unseen = of(&ep, Some(&resources), None);
+        assert!(unseen.get(source::K8S, "app").is_none(), "{unseen}");
+        resources.apply("test", WEB).unwrap();
+        ep.labels = of(&ep, Some(&resources), None);
+        assert!(ep.labels.get(source::K8S, "app").is_some(), "{}", ep.labels);
+        // Force-deleted: the pod's labels stay; its namespace's still follow the Namespace.
+        resources.delete("test", WEB).unwrap();
+        let kept = of(&ep, Some(&resources), None);
+        assert_eq!(kept, ep.labels);
+        resources
+            .apply("test", &SHOP.replace("team: a", "team: b"))
+            .unwrap();
+        let relabelled = of(&ep, Some(&resources), None);
+        assert!(relabelled.get(source::K8S, "app").is_some(), "{relabelled}");
+        assert_eq!(
+            relabelled
+                .get(source::K8S, &format!("{NAMESPACE_LABELS_PREFIX}team"))
+                .map(|l| l.value.as_str()),
+            Some("b")
+        );
+    }
 }

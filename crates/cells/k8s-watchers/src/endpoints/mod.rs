@@ -232,7 +232,10 @@ impl CepSync {
     async fn pass(&self, owner: &str, node_ip: Option<IpAddr>) -> Result<Done> {
         let client = self.watchers.client().await?;
         let resources = self.resources.as_deref();
-        let ports = |ep: &Endpoint| cellium_endpoint_manager::named_ports(ep, resources);
+        // A pod that is gone publishes no ports: its CiliumEndpoint goes with it.
+        let ports = |ep: &Endpoint| {
+            cellium_endpoint_manager::named_ports(ep, resources).unwrap_or_default()
+        };
         let desired = plan::desired(&self.endpoints.list(), node_ip, &ports);
         reconcile(&client, owner, desired).await
     }
