@@ -16,7 +16,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cellium_integration::NetNs;
-use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode};
+use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode, UNDERLAY_IF};
+use cellium_integration::frame::{self, Ipv4Packet};
 use cellium_integration::lab::{OpenFlow, Stream, table};
 use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
@@ -45,6 +46,7 @@ every_mode!(
     a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
     a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
+    a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1009,4 +1011,105 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
             .expect("run in the client"),
         Some(std::io::ErrorKind::ConnectionRefused)
     );
+}
+
+/// Nothing off the underlay is the node itself. With web's ingress denying everything but the
+/// node (`allow-localhost`), node 1 sends node 2, on the underlay, a UDP datagram for web whose
+/// source is node 2's own address: taken at its address it would pass as node 2; node 2's
+/// `cel_from_netdev` takes it as the world, the policy drops it, the drop is counted and
+/// reported with the world's identity, and web receives nothing. Node 2's own processes still
+/// reach web.
+fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    let to_web = SocketAddr::new(IpAddr::V4(web), 5353);
+    let sink = web_ns
+        .run(move || std::net::UdpSocket::bind(to_web))
+        .expect("netns")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    eventually(&cluster, "client reaches web on the other node", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web-no-ingress, namespace: shop }\nspec: { podSelector: { matchLabels: { app: web } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "client is denied", || {
+        !cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    assert!(
+        matches!(
+            probe(two, None, web, Tcp(PORT), Duration::from_millis(700)),
+            Ok(Outcome::Answered)
+        ),
+        "node 2 itself reaches web"
+    );
+
+    let mac = |ns: &NetNs| {
+        let text = ns
+            .exec("cat", &[&format!("/sys/class/net/{UNDERLAY_IF}/address")])
+            .expect("address");
+        let mut mac = [0u8; 6];
+        for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
+            *b = u8::from_str_radix(part, 16).expect("a MAC");
+        }
+        mac
+    };
+    let mut udp = 40000u16.to_be_bytes().to_vec();
+    udp.extend_from_slice(&5353u16.to_be_bytes());
+    udp.extend_from_slice(&[0, 15, 0, 0]);
+    udp.extend_from_slice(b"spoofed");
+    let spoofed = Ipv4Packet {
+        src: Cluster::node_ip(1),
+        dst: web,
+        protocol: 17,
+        id: 9,
+        offset: 0,
+        more: false,
+        payload: udp,
+    }
+    .frame(mac(one), mac(two));
+    let reason = "policy default deny";
+    let denied = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", reason)
+            .expect("metrics")
+    };
+    let before = denied();
+    eventually(&cluster, "denied as the world", || {
+        frame::send(one, UNDERLAY_IF, spoofed.clone()).expect("send");
+        denied() > before
+    });
+    let mut buf = [0u8; 64];
+    assert!(
+        sink.recv_from(&mut buf).is_err(),
+        "a packet with node 2's address from the underlay reached web"
+    );
+    eventually(&cluster, "its flow, from the world", || {
+        cluster
+            .agent(1)
+            .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|f| {
+                f["flow"]["IP"]["source"] == Cluster::node_ip(1).to_string().as_str()
+                    && f["flow"]["source"]["identity"] == 2
+                    && f["flow"]["drop_reason_desc"] == "POLICY_DENIED"
+            })
+    });
 }
