@@ -563,7 +563,9 @@ fn drop_flows(cluster: &Cluster, reason: &str, src: Ipv4Addr) -> usize {
 /// one with IP options, which node 2's VXLAN device decapsulates. Neither reaches the pod; each
 /// is dropped as from an unknown sender, counted, and reported as a flow. The same frames from
 /// node 1 reach the pod, and frames from node 1 whose VNI claims an identity no node sends
-/// (kube-apiserver, the world) are dropped as invalid on both paths.
+/// (kube-apiserver, the world) are dropped as invalid on both paths. Node 1's own identity is
+/// remote-node, never the host: under an ingress denying all but the host, its frames pass by
+/// neither path.
 #[test]
 fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_sends() {
     let (cluster, web, _server) = client_and_web();
@@ -579,7 +581,7 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
     let (stranger_ns, stranger_mac) = stranger(&cluster);
     let node_mac = mac_of(one, UNDERLAY_IF);
     let two_mac = mac_of(two, UNDERLAY_IF);
-    let inner = |data: &[u8]| {
+    let inner = |sport: u16, data: &[u8]| {
         Ipv4Packet {
             src: Ipv4Addr::new(10, 245, 11, 200),
             dst: web,
@@ -587,16 +589,17 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
             id: 7,
             offset: 0,
             more: false,
-            payload: udp(40000, PORT, data),
+            payload: udp(sport, PORT, data),
         }
         .frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
     };
     // The frame for node 2 from `src` (node 1 or the stranger), with `vni`, either as the
-    // programs take it or with IP options, for the device.
-    let frame = |src: Ipv4Addr, vni: u32, data: &[u8], device: bool| {
+    // programs take it or with IP options, for the device. The inner packet comes from
+    // `sport`: a connection conntrack has not seen is decided by policy.
+    let frame = |src: Ipv4Addr, vni: u32, sport: u16, data: &[u8], device: bool| {
         let datagram = Ipv4Packet {
             src,
-            ..vxlan_datagram(0x08, vni, &inner(data))
+            ..vxlan_datagram(0x08, vni, &inner(sport, data))
         };
         let mac = if src == STRANGER {
             stranger_mac
@@ -629,7 +632,7 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
         // The control: node 1's frame reaches the pod, by the path named.
         let (_, rx) = vxlan_packets(two);
         assert_eq!(
-            received(node, frame(node, 1, b"node", device)).as_deref(),
+            received(node, frame(node, 1, 40000, b"node", device)).as_deref(),
             Some(&b"node"[..]),
             "{path}: node 1's frame"
         );
@@ -642,7 +645,7 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
         let before = drops(&cluster, "unknown sender");
         let (_, rx) = vxlan_packets(two);
         assert_eq!(
-            received(STRANGER, frame(STRANGER, 1, b"stranger", device)),
+            received(STRANGER, frame(STRANGER, 1, 40000, b"stranger", device)),
             None,
             "{path}: a stranger's frame reached the pod"
         );
@@ -658,7 +661,7 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
         for vni in [7, 2] {
             let before = drops(&cluster, "invalid identity");
             assert_eq!(
-                received(node, frame(node, vni, b"claim", device)),
+                received(node, frame(node, vni, 40000, b"claim", device)),
                 None,
                 "{path}: VNI {vni} reached the pod"
             );
@@ -684,4 +687,25 @@ fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_se
     });
     let client = &cluster.pod("shop/client").expect("client").netns;
     assert!(reaches(client, web), "real traffic still passes");
+
+    // A node's own identity is remote-node here, never the host: under an ingress that denies
+    // everything but the host (`allow-localhost`), node 1's VNI 1 on a new connection passes
+    // by neither path.
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web-no-ingress, namespace: shop }\nspec: { podSelector: { matchLabels: { app: web } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "client is denied", || !reaches(client, web));
+    for device in [false, true] {
+        let before = drops(&cluster, "policy default deny");
+        assert_eq!(
+            received(node, frame(node, 1, 40001, b"host", device)),
+            None,
+            "node 1's VNI 1 passed as the host (device: {device})"
+        );
+        eventually(&cluster, "denied as remote-node", || {
+            drops(&cluster, "policy default deny") > before
+        });
+    }
 }
