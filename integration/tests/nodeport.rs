@@ -1,7 +1,7 @@
 //! NodePort, external IP and load balancer IP frontends end to end: the real agent in a node
 //! namespace with the lab's external network on `celx0` (10.98.0.1 / fd00:98::1), pods
 //! through the real `cellium-cni`, services through `cellium apply`, TCP from outside and
-//! from a pod, in both families.
+//! from a pod, in both families; and that nothing arriving from outside is the node itself.
 //!
 //! Root, serially, after `cargo build --workspace --bins`:
 //! `cargo test -p cellium-integration --test nodeport -- --test-threads=1`.
