@@ -3,7 +3,8 @@
 //! each node's underlay interface), so only the tunnel (VXLAN, device `cel_vxlan`) can carry pod
 //! traffic: the device, the pods' MTU, the node's own traffic through the tunnel, policy by the
 //! identity the VNI carries and Cilium's entities across nodes, bulk transfer at the full MTU,
-//! an open connection across restarts of both agents. The tests every routing mode shares are
+//! an open connection across restarts of both agents, and whom the tunnel believes (a VNI only
+//! from a node, only for an identity a node sends). The tests every routing mode shares are
 //! in `cluster.rs`.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
