@@ -234,7 +234,8 @@ forward:
 /* As endpoint_ingress4, for IPv6. */
 static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 *p,
 					     struct trace *t, struct endpoint_info *dst,
-					     __u32 src_identity, const struct datapath_config *cfg)
+					     __u32 src_identity, int netdev,
+					     const struct datapath_config *cfg)
 {
 	struct ct_entry *ce = NULL;
 	struct ct6_key key = {};
@@ -260,7 +261,10 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
-		t->src_identity = src_identity ?: identity_of6(cfg, p->saddr);
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity6(cfg, p->saddr) :
+						identity_of6(cfg, p->saddr);
+		t->src_identity = src_identity;
 		ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
@@ -308,7 +312,7 @@ static __always_inline int to_container6(struct __sk_buff *skb, const struct dat
 	 * from the node, which every endpoint admits (allow-localhost). */
 	if (!dst)
 		return TC_ACT_OK;
-	ret = endpoint_ingress6(skb, &p, &t, dst, 0, cfg);
+	ret = endpoint_ingress6(skb, &p, &t, dst, 0, 0, cfg);
 	if (ret)
 		return drop6(skb, &p, &t, ret);
 	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
@@ -467,11 +471,13 @@ forward:
 
 /* A packet for local endpoint dst, past its interface checks: conntrack,
  * dst's ingress policy for a new connection (with the source identity
- * given, or resolved from the source address when 0) and reverse NAT of
- * replies. Returns 0 to deliver, or the CEL_REASON_* to drop with. */
+ * given, or resolved from the source address when 0: as one off a device,
+ * never host, when netdev is set) and reverse NAT of replies. Returns 0 to
+ * deliver, or the CEL_REASON_* to drop with. */
 static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *p,
 					     struct trace *t, struct endpoint_info *dst,
-					     __u32 src_identity, const struct datapath_config *cfg)
+					     __u32 src_identity, int netdev,
+					     const struct datapath_config *cfg)
 {
 	struct ct_entry *ce = NULL;
 	struct ct_key key = {};
@@ -497,7 +503,10 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
-		t->src_identity = src_identity ?: identity_of4(cfg, p->saddr);
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity4(cfg, p->saddr) :
+						identity_of4(cfg, p->saddr);
+		t->src_identity = src_identity;
 		ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
@@ -538,7 +547,7 @@ int cel_to_container(struct __sk_buff *skb)
 	dst = endpoint_lookup4(p.daddr);
 	if (!dst || dst->ifindex != skb->ifindex)
 		return TC_ACT_OK;
-	ret = endpoint_ingress4(skb, &p, &t, dst, 0, cfg);
+	ret = endpoint_ingress4(skb, &p, &t, dst, 0, 0, cfg);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, skb->len);
@@ -558,15 +567,18 @@ int cel_to_container(struct __sk_buff *skb)
 /* IPv4 that reaches the node for a local endpoint, out of the tunnel or
  * straight off one of the node's devices: its ingress, then straight into
  * the pod, past the node's routing. Out of the tunnel, the source's
- * identity is the one the VNI carries (none is an error); off a device
- * (src_identity 0) it is the source address's, from the ipcache. Anything
- * else not for a local endpoint, or that does not parse, is the node's
- * stack's to route or refuse: what it then delivers to a pod meets that
- * pod's cel_to_container. */
+ * identity is the one the VNI carries (tunnel_identity: none is an error,
+ * and one from a sender or with a VNI no node would send, -CEL_REASON_*,
+ * drops the packet wherever it goes); off a device (src_identity 0) it is
+ * the source address's, from the ipcache, never host (netdev_identity4).
+ * Anything else not for a local endpoint, or that does not parse, is the
+ * node's stack's to route or refuse: what it then delivers to a pod meets
+ * that pod's cel_to_container. */
 static __always_inline int from_node4(struct __sk_buff *skb, const struct datapath_config *cfg,
-				      __u32 src_identity, int from)
+				      int src_identity, int from)
 {
-	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	struct trace t = { .direction = CEL_DIR_INGRESS,
+			   .src_identity = src_identity > 0 ? src_identity : 0 };
 	int tunnelled = from != CEL_FROM_DEVICE;
 	struct endpoint_info *dst;
 	struct pkt p = {};
@@ -575,6 +587,9 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 	ret = parse_ipv4(skb, &p);
 	if (ret)
 		return tunnelled ? drop(skb, &p, &t, ret) : TC_ACT_OK;
+	/* Not believed: neither a pod nor the node's stack gets it. */
+	if (src_identity < 0)
+		return drop(skb, &p, &t, -src_identity);
 	dst = endpoint_lookup4(p.daddr);
 	/* Gone since tunnel_decap looked: the stack must not route a packet
 	 * that lost its outer headers and the identity they carried. */
@@ -584,7 +599,7 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
 		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
-	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, cfg);
+	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, !tunnelled, cfg);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
@@ -594,9 +609,10 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 /* IPv6 for a local endpoint from outside the node: as from_node4 (none is
  * decapsulated by the programs). */
 static __always_inline int from_node6(struct __sk_buff *skb, const struct datapath_config *cfg,
-				      __u32 src_identity, int from)
+				      int src_identity, int from)
 {
-	struct trace t = { .direction = CEL_DIR_INGRESS, .src_identity = src_identity };
+	struct trace t = { .direction = CEL_DIR_INGRESS,
+			   .src_identity = src_identity > 0 ? src_identity : 0 };
 	int tunnelled = from != CEL_FROM_DEVICE;
 	struct endpoint_info *dst;
 	struct pkt6 p = {};
@@ -605,12 +621,14 @@ static __always_inline int from_node6(struct __sk_buff *skb, const struct datapa
 	ret = parse_ipv6(skb, &p);
 	if (ret)
 		return tunnelled ? drop6(skb, &p, &t, ret) : TC_ACT_OK;
+	if (src_identity < 0)
+		return drop6(skb, &p, &t, -src_identity);
 	dst = endpoint_lookup6(p.daddr);
 	if (!dst)
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
 		return drop6(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
-	ret = endpoint_ingress6(skb, &p, &t, dst, src_identity, cfg);
+	ret = endpoint_ingress6(skb, &p, &t, dst, src_identity, !tunnelled, cfg);
 	if (ret)
 		return drop6(skb, &p, &t, ret);
 	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
@@ -657,12 +675,18 @@ SEC("tc")
 int cel_from_overlay(struct __sk_buff *skb)
 {
 	struct datapath_config *cfg = config_get();
-	__u32 src_identity = tunnel_source_identity(skb);
+	int src_identity = tunnel_source_identity(skb, cfg);
 
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		return from_node4(skb, cfg, src_identity, CEL_FROM_OVERLAY);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return from_node6(skb, cfg, src_identity, CEL_FROM_OVERLAY);
+	/* No frame of a sender the VNI is not believed from goes on (a node
+	 * sends no other: cel_to_overlay keys only IP). */
+	if (src_identity < 0) {
+		count(CEL_DIR_INGRESS, -src_identity, skb->len);
+		return TC_ACT_SHOT;
+	}
 	return TC_ACT_OK;
 }
 
@@ -815,7 +839,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 		return drop(skb, p, &t, ret);
 	flags = svc->flags;
 	frontend = p->daddr;
-	t.src_identity = identity_of4(cfg, p->saddr);
+	t.src_identity = netdev_identity4(cfg, p->saddr);
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, p, cfg, now, lb);
 	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
@@ -899,7 +923,7 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 		return drop6(skb, p, &t, ret);
 	flags = svc->flags;
 	__builtin_memcpy(frontend, p->daddr, 16);
-	t.src_identity = identity_of6(cfg, p->saddr);
+	t.src_identity = netdev_identity6(cfg, p->saddr);
 	now = bpf_ktime_get_ns();
 	ret = lb6_dnat(skb, p, cfg, now, lb);
 	if (ret == CEL_REASON_NO_SERVICE_BACKEND && service_reject(cfg))
@@ -997,8 +1021,9 @@ static __noinline int netdev_to_pod6(struct __sk_buff *skb, const struct datapat
 }
 
 /* The tunnel's own packets at the node's device: those tunnel_decap takes
- * go straight into their pod with the identity their VNI carries; the rest
- * go on to the VXLAN device. */
+ * go straight into their pod with the identity their VNI carries, those it
+ * does not believe (-CEL_REASON_*) are dropped as they came; the rest go on
+ * to the VXLAN device. */
 static __noinline int tunnel_receive(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
 	int id = tunnel_decap(skb, cfg);

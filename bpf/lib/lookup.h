@@ -78,6 +78,30 @@ static __always_inline __u32 identity_of6(const struct datapath_config *cfg, con
 	return ep ? ep->identity : ipcache_identity6(cfg, addr);
 }
 
+/*
+ * The identity of a source address off one of the node's devices. Nothing
+ * that arrives from the network is the node itself: a packet with one of the
+ * node's own addresses as its source was forged (or is the node's own, looped
+ * back), and taken as host it would pass every pod's allow-localhost. It is
+ * the world, as in Cilium, whose bpf_host ignores a HOST_ID the ipcache gives
+ * a packet from the network. The node's own packets reach its pods through
+ * its stack (cel_to_container), which keeps host.
+ */
+static __always_inline __u32 netdev_identity4(const struct datapath_config *cfg, __be32 addr)
+{
+	__u32 id = identity_of4(cfg, addr);
+
+	return id == CEL_IDENTITY_HOST ? world_identity(cfg, CEL_FAMILY_IPV4) : id;
+}
+
+static __always_inline __u32 netdev_identity6(const struct datapath_config *cfg,
+					      const __u8 *addr)
+{
+	__u32 id = identity_of6(cfg, addr);
+
+	return id == CEL_IDENTITY_HOST ? world_identity(cfg, CEL_FAMILY_IPV6) : id;
+}
+
 static __always_inline struct datapath_config *config_get(void)
 {
 	__u32 zero = 0;

@@ -28,6 +28,8 @@
  *    a CE mark on the outer header (the device merges it into the inner
  *    one, RFC 6040); unknown VXLAN flags; an inner packet that is not IPv4
  *    or not for a local pod; outer packets not addressed to this node.
+ * On either receive path the VNI is believed only from another node the
+ * agent knows, and only for an identity a node sends (tunnel_identity).
  *
  * State lives in a per-CPU scratch map, not on the stack: the calling
  * programs already use most of the 512 bytes BPF allows.
@@ -100,7 +102,8 @@ struct {
 /* The VNI is 24 bits wide: identities beyond it cannot be carried. */
 #define CEL_TUNNEL_VNI_MAX 0xffffff
 
-/* Not tunnelled: the packet goes on as in native routing. */
+/* Not tunnelled: the packet goes on as in native routing. (Never a drop:
+ * the reasons tunnel functions return negated are other than 1.) */
 #define TUNNEL_PASS -1
 
 static __always_inline struct tunnel_scratch *tunnel_scratch(void)
@@ -171,21 +174,45 @@ static __always_inline int tunnel_has_key(struct __sk_buff *skb)
 	return s && bpf_skb_get_tunnel_key(skb, &s->key, sizeof(s->key), 0) == 0;
 }
 
-/* The source identity a packet out of the tunnel carries in its VNI; 0 when
- * it has no tunnel key. The sending node's own traffic (host) is, seen from
- * here, remote-node, as in Cilium. */
-static __always_inline __u32 tunnel_source_identity(struct __sk_buff *skb)
+/*
+ * The source identity a VXLAN packet from sender (its outer source) carries
+ * in its VNI, or -CEL_REASON_* to drop it with. Anyone on the underlay can
+ * send VXLAN to a node, so the VNI is believed only from a node the agent
+ * knows (an address the ipcache gives remote-node: node discovery writes
+ * every other node's addresses so), and only for an identity a node sends:
+ * its pods' (cluster identities, or init while their labels are not
+ * resolved), its health endpoint's, or its own (host, which is, seen from
+ * here, remote-node, as in Cilium). Any other reserved identity (world,
+ * kube-apiserver, ...) is a claim no node makes.
+ */
+static __always_inline int tunnel_identity(const struct datapath_config *cfg, __be32 sender,
+					   __u32 vni)
+{
+	if (ipcache_identity4(cfg, sender) != CEL_IDENTITY_REMOTE_NODE)
+		return -CEL_REASON_UNKNOWN_SENDER;
+	if (vni == CEL_IDENTITY_HOST)
+		return CEL_IDENTITY_REMOTE_NODE;
+	if ((vni >= CEL_IDENTITY_CLUSTER_MIN && vni <= CEL_TUNNEL_VNI_MAX) ||
+	    vni == CEL_IDENTITY_HEALTH || vni == CEL_IDENTITY_INIT ||
+	    vni == CEL_IDENTITY_REMOTE_NODE)
+		return (int)vni;
+	return -CEL_REASON_INVALID_IDENTITY;
+}
+
+/* The source identity of a packet the VXLAN device decapsulated, from its
+ * tunnel key (tunnel_identity); 0 when it has no key. */
+static __always_inline int tunnel_source_identity(struct __sk_buff *skb,
+						  const struct datapath_config *cfg)
 {
 	struct tunnel_scratch *s = tunnel_scratch();
-	__u32 id;
 
 	if (!s)
 		return 0;
 	__builtin_memset(&s->key, 0, sizeof(s->key));
 	if (bpf_skb_get_tunnel_key(skb, &s->key, sizeof(s->key), 0) < 0)
 		return 0;
-	id = s->key.tunnel_id;
-	return id == CEL_IDENTITY_HOST ? CEL_IDENTITY_REMOTE_NODE : id;
+	/* The helper gives the remote IPv4 address in host order. */
+	return tunnel_identity(cfg, bpf_htonl(s->key.remote_ipv4), s->key.tunnel_id);
 }
 
 /* Whether an IPv4 packet off one of the node's devices is the tunnel's own:
@@ -336,17 +363,18 @@ static __always_inline int tunnel_send(struct __sk_buff *skb, const struct datap
 /* Takes the outer headers off a VXLAN packet for a local pod (IPv4 UDP to
  * the tunnel's port, tunnel_own_packet4) when nothing the VXLAN device
  * would do to it is left undone (see the top of this file). Returns the
- * source identity the VNI carries (>= 0) once the inner IPv4 packet is all
- * that is left, or TUNNEL_PASS for the VXLAN device to take the packet,
- * unchanged. Not inlined: its frame is gone before the inner packet is
- * handled. */
+ * source identity the VNI carries (> 0) once the inner IPv4 packet is all
+ * that is left, TUNNEL_PASS for the VXLAN device to take the packet,
+ * unchanged, or -CEL_REASON_* (tunnel_identity) for a packet, unchanged,
+ * whose VNI is not believed. Not inlined: its frame is gone before the
+ * inner packet is handled. */
 static __noinline int tunnel_decap(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
 	const __u32 inner_ip = ETH_HLEN + CEL_VXLAN_ENCAP_LEN;
 	struct tunnel_scratch *s = tunnel_scratch();
 	struct vxlan_encap *h;
 	__be32 daddr;
-	__u32 id;
+	int id;
 
 	if (!s || !cfg || skb->gso_size)
 		return TUNNEL_PASS;
@@ -362,19 +390,20 @@ static __noinline int tunnel_decap(struct __sk_buff *skb, const struct datapath_
 	/* Addressed to this node, as its VXLAN socket would take it. */
 	if (ipcache_identity4(cfg, h->ip.daddr) != CEL_IDENTITY_HOST)
 		return TUNNEL_PASS;
+	/* Whatever the inner packet, before anything of it is believed. */
+	id = tunnel_identity(cfg, h->ip.saddr, bpf_ntohl(h->vxlan.vni) >> 8);
+	if (id < 0)
+		return id;
 	if (h->inner.h_proto != bpf_htons(ETH_P_IP) ||
 	    bpf_skb_load_bytes(skb, inner_ip + __builtin_offsetof(struct iphdr, daddr), &daddr,
 			       sizeof(daddr)) < 0 ||
 	    !endpoint_lookup4(daddr))
 		return TUNNEL_PASS;
-	id = bpf_ntohl(h->vxlan.vni) >> 8;
 	/* The outer Ethernet header stays: it says IPv4 already. */
 	if (bpf_skb_adjust_room(skb, -CEL_VXLAN_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_FIXED_GSO) < 0)
 		return TUNNEL_PASS;
-	/* The sending node's own traffic (host) is, seen from here,
-	 * remote-node, as in Cilium. */
-	return id == CEL_IDENTITY_HOST ? CEL_IDENTITY_REMOTE_NODE : (int)id;
+	return id;
 }
 
 #endif /* CELLIUM_LIB_TUNNEL_H */

@@ -16,7 +16,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cellium_integration::NetNs;
-use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode};
+use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode, UNDERLAY_IF};
+use cellium_integration::frame::{self, Ipv4Packet};
 use cellium_integration::lab::{OpenFlow, Stream, table};
 use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
@@ -46,6 +47,7 @@ every_mode!(
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
     a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
+    a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1074,14 +1076,13 @@ fn an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denie
             .expect("node 1's metrics")
     };
     let before = denied();
-    let error = cellium_integration::frame::port_unreachable(
+    let error = frame::port_unreachable(
         IpAddr::V4(intruder),
         client.ip(),
         (client, other),
         (link.pod_mac, link.host_mac),
     );
-    cellium_integration::frame::send(&pod("shop/intruder").netns, "eth0", error)
-        .expect("send the intruder's error");
+    frame::send(&pod("shop/intruder").netns, "eth0", error).expect("send the intruder's error");
     eventually(&cluster, "the intruder's error is denied on node 1", || {
         if let Some(e) = to_other.take_error().expect("SO_ERROR") {
             panic!("the intruder's error reached the client: {e}");
@@ -1096,4 +1097,105 @@ fn an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denie
         Some(std::io::ErrorKind::ConnectionRefused),
         "web's own error"
     );
+}
+
+/// Nothing off the underlay is the node itself. With web's ingress denying everything but the
+/// node (`allow-localhost`), node 1 sends node 2, on the underlay, a UDP datagram for web whose
+/// source is node 2's own address: taken at its address it would pass as node 2; node 2's
+/// `cel_from_netdev` takes it as the world, the policy drops it, the drop is counted and
+/// reported with the world's identity, and web receives nothing. Node 2's own processes still
+/// reach web.
+fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    let to_web = SocketAddr::new(IpAddr::V4(web), 5353);
+    let sink = web_ns
+        .run(move || std::net::UdpSocket::bind(to_web))
+        .expect("netns")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    eventually(&cluster, "client reaches web on the other node", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web-no-ingress, namespace: shop }\nspec: { podSelector: { matchLabels: { app: web } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "client is denied", || {
+        !cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    assert!(
+        matches!(
+            probe(two, None, web, Tcp(PORT), Duration::from_millis(700)),
+            Ok(Outcome::Answered)
+        ),
+        "node 2 itself reaches web"
+    );
+
+    let mac = |ns: &NetNs| {
+        let text = ns
+            .exec("cat", &[&format!("/sys/class/net/{UNDERLAY_IF}/address")])
+            .expect("address");
+        let mut mac = [0u8; 6];
+        for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
+            *b = u8::from_str_radix(part, 16).expect("a MAC");
+        }
+        mac
+    };
+    let mut udp = 40000u16.to_be_bytes().to_vec();
+    udp.extend_from_slice(&5353u16.to_be_bytes());
+    udp.extend_from_slice(&[0, 15, 0, 0]);
+    udp.extend_from_slice(b"spoofed");
+    let spoofed = Ipv4Packet {
+        src: Cluster::node_ip(1),
+        dst: web,
+        protocol: 17,
+        id: 9,
+        offset: 0,
+        more: false,
+        payload: udp,
+    }
+    .frame(mac(one), mac(two));
+    let reason = "policy default deny";
+    let denied = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", reason)
+            .expect("metrics")
+    };
+    let before = denied();
+    eventually(&cluster, "denied as the world", || {
+        frame::send(one, UNDERLAY_IF, spoofed.clone()).expect("send");
+        denied() > before
+    });
+    let mut buf = [0u8; 64];
+    assert!(
+        sink.recv_from(&mut buf).is_err(),
+        "a packet with node 2's address from the underlay reached web"
+    );
+    eventually(&cluster, "its flow, from the world", || {
+        cluster
+            .agent(1)
+            .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|f| {
+                f["flow"]["IP"]["source"] == Cluster::node_ip(1).to_string().as_str()
+                    && f["flow"]["source"]["identity"] == 2
+                    && f["flow"]["drop_reason_desc"] == "POLICY_DENIED"
+            })
+    });
 }

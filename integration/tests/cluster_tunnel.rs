@@ -3,7 +3,8 @@
 //! each node's underlay interface), so only the tunnel (VXLAN, device `cel_vxlan`) can carry pod
 //! traffic: the device, the pods' MTU, the node's own traffic through the tunnel, policy by the
 //! identity the VNI carries and Cilium's entities across nodes, bulk transfer at the full MTU,
-//! an open connection across restarts of both agents. The tests every routing mode shares are
+//! an open connection across restarts of both agents, and whom the tunnel believes (a VNI only
+//! from a node, only for an identity a node sends). The tests every routing mode shares are
 //! in `cluster.rs`.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
@@ -374,8 +375,8 @@ fn edit_ipv4(mut frame: Vec<u8>, at: usize, edit: impl FnOnce(&mut Vec<u8>)) -> 
 
 /// Frames made by hand and sent from node 1's underlay interface to node 2's VXLAN port, with
 /// the zero UDP checksum the programs' own encapsulation sends (so that node 2's programs, not
-/// only its VXLAN device, look at them). A well-formed one reaches the pod: the underlay is
-/// trusted, as in Cilium, so the VNI's identity is taken at its word. One without an identity
+/// only its VXLAN device, look at them), with the VNI node 1 itself sends (host, 1). A
+/// well-formed one reaches the pod: a node's VNI is taken at its word. One without an identity
 /// (VNI 0), one whose inner header claims more than the packet holds and one with flags VXLAN
 /// does not define reach nothing, and the node goes on serving real traffic. Frames whose
 /// outer headers the programs do not take apart (IP options, fragments, a congestion mark,
@@ -414,8 +415,8 @@ fn hostile_vxlan_frames_reach_no_pod() {
     };
     let (_, rx_before) = vxlan_packets(cluster.agent(1).node());
 
-    // The positive control: the world's identity (2), which no policy refuses yet.
-    let got = received(vxlan_frame(&cluster, 0x08, 2, &inner(b"hello")));
+    // The positive control: node 1's own identity (host, 1), which no policy refuses yet.
+    let got = received(vxlan_frame(&cluster, 0x08, 1, &inner(b"hello")));
     assert_eq!(got.as_deref(), Some(&b"hello"[..]), "a well-formed frame");
     assert_eq!(
         vxlan_packets(cluster.agent(1).node()).1,
@@ -431,11 +432,11 @@ fn hostile_vxlan_frames_reach_no_pod() {
         ),
         (
             "an inner length beyond the packet",
-            vxlan_frame(&cluster, 0x08, 2, &short),
+            vxlan_frame(&cluster, 0x08, 1, &short),
         ),
         (
             "undefined VXLAN flags",
-            vxlan_frame(&cluster, 0x0c, 2, &inner(b"flags")),
+            vxlan_frame(&cluster, 0x0c, 1, &inner(b"flags")),
         ),
     ] {
         assert_eq!(received(frame), None, "{what} reached the pod");
@@ -448,7 +449,7 @@ fn hostile_vxlan_frames_reach_no_pod() {
     let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
     let macs = (mac_of(one, UNDERLAY_IF), mac_of(two, UNDERLAY_IF));
     let fragments = |data: &[u8]| {
-        let whole = vxlan_datagram(0x08, 2, &inner(data));
+        let whole = vxlan_datagram(0x08, 1, &inner(data));
         let (head, tail) = whole.payload.split_at(16);
         [(0, true, head), (2, false, tail)].map(|(offset, more, part)| {
             Ipv4Packet {
@@ -464,7 +465,7 @@ fn hostile_vxlan_frames_reach_no_pod() {
     let ect = |data: &[u8]| edit_ipv4(inner(data), IP_AT, |h| h[1] = 0x02);
     // Bytes past the UDP datagram inside the outer packet (bytes past the outer packet itself
     // would not reach node 2: the underlay's bridge trims them when it filters).
-    let mut trailing = vxlan_datagram(0x08, 2, &inner(b"trailing"));
+    let mut trailing = vxlan_datagram(0x08, 1, &inner(b"trailing"));
     trailing.payload.extend_from_slice(&[0; 6]);
     let trailing = trailing.frame(macs.0, macs.1);
     for (what, data, frames) in [
@@ -472,7 +473,7 @@ fn hostile_vxlan_frames_reach_no_pod() {
             "IP options",
             &b"options"[..],
             vec![edit_ipv4(
-                vxlan_frame(&cluster, 0x08, 2, &inner(b"options")),
+                vxlan_frame(&cluster, 0x08, 1, &inner(b"options")),
                 IP_AT,
                 |h| h.extend_from_slice(&[1, 1, 1, 0]),
             )],
@@ -486,7 +487,7 @@ fn hostile_vxlan_frames_reach_no_pod() {
             "a congestion mark",
             b"marked",
             vec![edit_ipv4(
-                vxlan_frame(&cluster, 0x08, 2, &ect(b"marked")),
+                vxlan_frame(&cluster, 0x08, 1, &ect(b"marked")),
                 IP_AT,
                 |h| h[1] = 0x03,
             )],
@@ -502,4 +503,210 @@ fn hostile_vxlan_frames_reach_no_pod() {
         assert_eq!(vxlan_packets(two).1, before + 1, "{what}: by the device");
     }
     assert!(reaches(client, web), "real traffic still passes");
+}
+
+/// A host on the underlay that is no node: a namespace with `192.0.2.66/24` on the underlay's
+/// bridge (removed with the namespace), and the MAC it sends from.
+fn stranger(cluster: &Cluster) -> (NetNs, [u8; 6]) {
+    let ns = NetNs::new().expect("the stranger's netns");
+    let und = cluster.underlay();
+    und.ip(&[
+        "link",
+        "add",
+        "strange0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        ns.name(),
+    ])
+    .expect("veth");
+    und.ip(&["link", "set", "strange0", "master", "cel-und", "up"])
+        .expect("on the bridge");
+    ns.ip(&["addr", "add", &format!("{STRANGER}/24"), "dev", "eth0"])
+        .expect("address");
+    ns.ip(&["link", "set", "eth0", "up"]).expect("up");
+    let mac = mac_of(&ns, "eth0");
+    (ns, mac)
+}
+
+/// The stranger's address: on the underlay's subnet, and no node's.
+const STRANGER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 66);
+
+/// Node 2's datapath counter of ingress drops for `reason`.
+fn drops(cluster: &Cluster, reason: &str) -> u64 {
+    cluster
+        .agent(1)
+        .datapath_packets("ingress", reason)
+        .expect("metrics")
+}
+
+/// How many of node 2's dropped flows name `reason` (Hubble's name) and come from `src`.
+fn drop_flows(cluster: &Cluster, reason: &str, src: Ipv4Addr) -> usize {
+    cluster
+        .agent(1)
+        .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|f| {
+            f["flow"]["drop_reason_desc"] == reason
+                && f["flow"]["IP"]["source"] == src.to_string().as_str()
+        })
+        .count()
+}
+
+/// The VNI is believed only from a node and only for an identity a node sends. A host on the
+/// underlay that is no node sends node 2 well-formed VXLAN frames carrying what node 1 itself
+/// sends (host, 1), for the web pod: one small enough for node 2's programs to decapsulate,
+/// one with IP options, which node 2's VXLAN device decapsulates. Neither reaches the pod; each
+/// is dropped as from an unknown sender, counted, and reported as a flow. The same frames from
+/// node 1 reach the pod, and frames from node 1 whose VNI claims an identity no node sends
+/// (kube-apiserver, the world) are dropped as invalid on both paths. Node 1's own identity is
+/// remote-node, never the host: under an ingress denying all but the host, its frames pass by
+/// neither path.
+#[test]
+fn the_tunnel_believes_a_vni_only_from_a_node_and_only_for_an_identity_a_node_sends() {
+    let (cluster, web, _server) = client_and_web();
+    let web_ns = &cluster.pod("shop/web").expect("web").netns;
+    let to_web = SocketAddr::new(IpAddr::V4(web), PORT);
+    let sink = web_ns
+        .run(move || UdpSocket::bind(to_web))
+        .expect("netns")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    let (stranger_ns, stranger_mac) = stranger(&cluster);
+    let node_mac = mac_of(one, UNDERLAY_IF);
+    let two_mac = mac_of(two, UNDERLAY_IF);
+    let inner = |sport: u16, data: &[u8]| {
+        Ipv4Packet {
+            src: Ipv4Addr::new(10, 245, 11, 200),
+            dst: web,
+            protocol: 17,
+            id: 7,
+            offset: 0,
+            more: false,
+            payload: udp(sport, PORT, data),
+        }
+        .frame([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+    };
+    // The frame for node 2 from `src` (node 1 or the stranger), with `vni`, either as the
+    // programs take it or with IP options, for the device. The inner packet comes from
+    // `sport`: a connection conntrack has not seen is decided by policy.
+    let frame = |src: Ipv4Addr, vni: u32, sport: u16, data: &[u8], device: bool| {
+        let datagram = Ipv4Packet {
+            src,
+            ..vxlan_datagram(0x08, vni, &inner(sport, data))
+        };
+        let mac = if src == STRANGER {
+            stranger_mac
+        } else {
+            node_mac
+        };
+        let frame = datagram.frame(mac, two_mac);
+        if device {
+            edit_ipv4(frame, IP_AT, |h| h.extend_from_slice(&[1, 1, 1, 0]))
+        } else {
+            frame
+        }
+    };
+    // What the pod receives of `frame` sent from `src`'s namespace.
+    let received = |src: Ipv4Addr, frame: Vec<u8>| {
+        let (ns, ifname) = if src == STRANGER {
+            (&stranger_ns, "eth0")
+        } else {
+            (one, UNDERLAY_IF)
+        };
+        frame::send(ns, ifname, frame).expect("send");
+        let mut buf = [0u8; 256];
+        sink.recv_from(&mut buf)
+            .ok()
+            .map(|(n, _)| buf[..n].to_vec())
+    };
+    let node = Cluster::node_ip(0);
+
+    for (path, device) in [("the programs", false), ("the device", true)] {
+        // The control: node 1's frame reaches the pod, by the path named.
+        let (_, rx) = vxlan_packets(two);
+        assert_eq!(
+            received(node, frame(node, 1, 40000, b"node", device)).as_deref(),
+            Some(&b"node"[..]),
+            "{path}: node 1's frame"
+        );
+        assert_eq!(
+            vxlan_packets(two).1,
+            rx + u64::from(device),
+            "{path}: node 1's frame taken by {path}"
+        );
+
+        let before = drops(&cluster, "unknown sender");
+        let (_, rx) = vxlan_packets(two);
+        assert_eq!(
+            received(STRANGER, frame(STRANGER, 1, 40000, b"stranger", device)),
+            None,
+            "{path}: a stranger's frame reached the pod"
+        );
+        eventually(&cluster, &format!("{path}: counted"), || {
+            drops(&cluster, "unknown sender") == before + 1
+        });
+        assert_eq!(
+            vxlan_packets(two).1,
+            rx + u64::from(device),
+            "{path}: the stranger's frame taken by {path}"
+        );
+
+        for vni in [7, 2] {
+            let before = drops(&cluster, "invalid identity");
+            assert_eq!(
+                received(node, frame(node, vni, 40000, b"claim", device)),
+                None,
+                "{path}: VNI {vni} reached the pod"
+            );
+            eventually(&cluster, &format!("{path}: VNI {vni} counted"), || {
+                drops(&cluster, "invalid identity") == before + 1
+            });
+        }
+    }
+    // Each drop is a flow with its reason: the programs' shows the outer packet (from the
+    // stranger), the device's the inner one.
+    eventually(&cluster, "the unknown senders' flows", || {
+        drop_flows(&cluster, "UNKNOWN_SENDER", STRANGER) == 1
+            && drop_flows(&cluster, "UNKNOWN_SENDER", Ipv4Addr::new(10, 245, 11, 200)) == 1
+    });
+    eventually(&cluster, "the invalid identities' flows", || {
+        drop_flows(&cluster, "INVALID_IDENTITY", node)
+            + drop_flows(
+                &cluster,
+                "INVALID_IDENTITY",
+                Ipv4Addr::new(10, 245, 11, 200),
+            )
+            == 4
+    });
+    let client = &cluster.pod("shop/client").expect("client").netns;
+    assert!(reaches(client, web), "real traffic still passes");
+
+    // A node's own identity is remote-node here, never the host: under an ingress that denies
+    // everything but the host (`allow-localhost`), node 1's VNI 1 on a new connection passes
+    // by neither path.
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web-no-ingress, namespace: shop }\nspec: { podSelector: { matchLabels: { app: web } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "client is denied", || !reaches(client, web));
+    for device in [false, true] {
+        let before = drops(&cluster, "policy default deny");
+        assert_eq!(
+            received(node, frame(node, 1, 40001, b"host", device)),
+            None,
+            "node 1's VNI 1 passed as the host (device: {device})"
+        );
+        eventually(&cluster, "denied as remote-node", || {
+            drops(&cluster, "policy default deny") > before
+        });
+    }
 }

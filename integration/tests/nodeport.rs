@@ -1,7 +1,7 @@
 //! NodePort, external IP and load balancer IP frontends end to end: the real agent in a node
 //! namespace with the lab's external network on `celx0` (10.98.0.1 / fd00:98::1), pods
 //! through the real `cellium-cni`, services through `cellium apply`, TCP from outside and
-//! from a pod, in both families.
+//! from a pod, in both families; and that nothing arriving from outside is the node itself.
 //!
 //! Root, serially, after `cargo build --workspace --bins`:
 //! `cargo test -p cellium-integration --test nodeport -- --test-threads=1`.
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
 use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends};
 use cellium_integration::probe::{self, PeerServer, seen_from};
-use cellium_integration::{Agent, NetNs, serial};
+use cellium_integration::{Agent, NetNs, frame, serial};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -673,4 +673,180 @@ fn an_ipv6_node_port_reached_from_outside_chooses_by_maglev_and_keeps_affinity()
         "only {overridden} flows would have chosen another backend"
     );
     drop(servers);
+}
+
+/// The MAC address of `ifname` in `ns`.
+fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
+    let text = ns
+        .exec("cat", &[&format!("/sys/class/net/{ifname}/address")])
+        .expect("address");
+    let mut mac = [0u8; 6];
+    for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
+        *b = u8::from_str_radix(part, 16).expect("a MAC");
+    }
+    mac
+}
+
+/// The node's own addresses of each family the ipcache names `host` (the pods' gateway's).
+fn host_addresses(agent: &Agent) -> (std::net::Ipv4Addr, std::net::Ipv6Addr) {
+    let list = agent.cli(&["ipcache", "list"]).expect("ipcache list");
+    let hosts: Vec<IpAddr> = list
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [prefix, "1", "host", ..] => prefix.split('/').next()?.parse().ok(),
+            _ => None,
+        })
+        .collect();
+    let v4 = hosts.iter().find_map(|ip| match ip {
+        IpAddr::V4(ip) => Some(*ip),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = hosts.iter().find_map(|ip| match ip {
+        IpAddr::V6(ip) => Some(*ip),
+        IpAddr::V4(_) => None,
+    });
+    v4.zip(v6)
+        .unwrap_or_else(|| panic!("a host address of each family:\n{list}"))
+}
+
+/// The flows the agent reports dropped, as Hubble's JSON objects.
+fn dropped_flows(agent: &Agent) -> Vec<Value> {
+    agent
+        .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+/// Nothing that arrives from the network is the node itself. A host outside sends, through
+/// the node's device, UDP with the node's own address as its source, to a pod whose ingress
+/// denies everything but the node (`allow-localhost`), straight and through a node port: taken
+/// at its address it would pass as the node; it is the world, denied, counted and reported
+/// with the world's identity, and reaches no pod. The node's own processes still reach the pod.
+#[test]
+fn a_packet_from_outside_with_the_nodes_own_address_is_the_world_not_the_host() {
+    let _serial = serial();
+    let env = setup();
+    let _udp: Vec<probe::UdpServer> = env
+        .web_ips
+        .iter()
+        .map(|ip| {
+            probe::UdpServer::start(&env.web, SocketAddr::new(*ip, 5353), "web-0")
+                .expect("udp server")
+        })
+        .collect();
+    env.agent
+        .objects(
+            "apply",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: dns }\nspec:\n  type: NodePort\n  ipFamilyPolicy: PreferDualStack\n  selector: { app: web }\n  ports: [ { name: dns, port: 53, targetPort: 5353, protocol: UDP } ]\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web-no-ingress }\nspec: { podSelector: { matchLabels: { app: web } }, policyTypes: [ Ingress ] }\n",
+        )
+        .expect("apply the service and the policy");
+    let port = node_port(&env.agent, "dns");
+    let (IpAddr::V4(web4), IpAddr::V6(web6)) = (env.web_ips[0], env.web_ips[1]) else {
+        panic!("IPv4 first: {:?}", env.web_ips);
+    };
+    let outside = env.external.netns();
+    wait_for("the web pod's ingress denies the outside", || {
+        probe::udp_request(outside, SocketAddr::new(web4.into(), 5353), TIMEOUT)
+            .is_err()
+            .then_some(())
+    });
+    // The node itself is the host: it reaches the pod (through its stack), in both families.
+    for ip in &env.web_ips {
+        let reply = probe::udp_request(env.agent.node(), SocketAddr::new(*ip, 5353), TIMEOUT)
+            .unwrap_or_else(|e| panic!("the node reaches {ip}: {e}"));
+        assert_eq!(reply.banner, "web-0");
+    }
+
+    // The link to the outside came after the agent: its device takes the program a moment
+    // later (node discovery's next pass).
+    wait_for("cel_from_netdev on the link", || {
+        env.agent
+            .node()
+            .exec("tc", &["filter", "show", "dev", "celx0", "ingress"])
+            .ok()
+            .filter(|f| f.contains("cel_from_netdev"))
+    });
+    let macs = (mac_of(outside, "eth0"), mac_of(env.agent.node(), "celx0"));
+    // The sources the packets claim: addresses of the node the ipcache gives host.
+    let (host4, host6) = host_addresses(&env.agent);
+    // Each case from a source port of its own, to tell its flow from the others'.
+    let udp = |sport: u16, dport: u16| {
+        let mut d = sport.to_be_bytes().to_vec();
+        d.extend_from_slice(&dport.to_be_bytes());
+        d.extend_from_slice(&[0, 15, 0, 0]);
+        d.extend_from_slice(b"spoofed");
+        d
+    };
+    let spoofed4 = |dst: std::net::Ipv4Addr, sport: u16, dport: u16| {
+        frame::Ipv4Packet {
+            src: host4,
+            dst,
+            protocol: 17,
+            id: 9,
+            offset: 0,
+            more: false,
+            payload: udp(sport, dport),
+        }
+        .frame(macs.0, macs.1)
+    };
+    let mut spoofed6 = frame::Ipv6Packet::udp(host6, web6);
+    spoofed6.rest = udp(40003, 5353);
+    let capture = frame::Capture::open(&env.web, "eth0").expect("capture in the pod");
+    let reason = "policy default deny";
+    for (what, node, dst, sport, frame) in [
+        (
+            "straight to the pod",
+            IpAddr::from(host4),
+            IpAddr::from(web4),
+            40001,
+            spoofed4(web4, 40001, 5353),
+        ),
+        (
+            "through the node port",
+            IpAddr::from(host4),
+            IpAddr::from(web4),
+            40002,
+            spoofed4(NODE_LINK_IP, 40002, port),
+        ),
+        (
+            "straight to the pod over IPv6",
+            IpAddr::from(host6),
+            IpAddr::from(web6),
+            40003,
+            spoofed6.frame(macs.0, macs.1),
+        ),
+    ] {
+        let before = env
+            .agent
+            .datapath_packets("ingress", reason)
+            .expect("metrics");
+        wait_for(&format!("{what}: denied as the world"), || {
+            frame::send(outside, "eth0", frame.clone()).expect("send");
+            (env.agent
+                .datapath_packets("ingress", reason)
+                .expect("metrics")
+                > before)
+                .then_some(())
+        });
+        let flow = wait_for(&format!("{what}: the drop's flow"), || {
+            dropped_flows(&env.agent).into_iter().find(|f| {
+                f["flow"]["IP"]["source"] == node.to_string().as_str()
+                    && f["flow"]["IP"]["destination"] == dst.to_string().as_str()
+                    && f["flow"]["l4"]["UDP"]["source_port"] == sport
+            })
+        });
+        let identity = flow["flow"]["source"]["identity"].as_u64();
+        assert!(
+            matches!(identity, Some(2 | 9 | 10)),
+            "{what}: the world's identity, not the host's: {flow}"
+        );
+        assert_eq!(flow["flow"]["drop_reason_desc"], "POLICY_DENIED", "{what}");
+    }
+    let spoofed_udp = |f: &[u8]| f.windows(7).any(|w| w == b"spoofed");
+    assert!(
+        capture.next(TIMEOUT, spoofed_udp).is_err(),
+        "a packet with the node's address from outside reached the pod"
+    );
 }

@@ -29,8 +29,13 @@
 #define CEL_IDENTITY_UNKNOWN 0
 #define CEL_IDENTITY_HOST 1
 #define CEL_IDENTITY_WORLD 2
+/* A node's health endpoint, and a pod whose labels are not resolved yet. */
+#define CEL_IDENTITY_HEALTH 4
+#define CEL_IDENTITY_INIT 5
 /* Another node of the cluster. */
 #define CEL_IDENTITY_REMOTE_NODE 6
+/* The first identity allocated to label sets, cluster-wide. */
+#define CEL_IDENTITY_CLUSTER_MIN 256
 /* The world of one family, on a node with both (Cilium's dual-stack split). */
 #define CEL_IDENTITY_WORLD_IPV4 9
 #define CEL_IDENTITY_WORLD_IPV6 10
@@ -62,6 +67,13 @@
  * (nor given a tunnel key), a packet came out of the tunnel without an
  * identity, or one decapsulated for a local pod found it gone. */
 #define CEL_REASON_ENCAP_FAILED 13
+/* Tunnel mode: a VXLAN packet whose outer source is no node the agent knows
+ * (an address the ipcache gives the remote-node identity): its VNI is not
+ * believed. Cilium's DROP_UNKNOWN_SENDER. */
+#define CEL_REASON_UNKNOWN_SENDER 14
+/* Tunnel mode: a VNI carrying an identity no node sends (a reserved one
+ * other than host, health and init). Cilium's DROP_INVALID_IDENTITY. */
+#define CEL_REASON_INVALID_IDENTITY 15
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room
  * for (packets: events, bytes: 0). */

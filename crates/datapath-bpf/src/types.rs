@@ -41,13 +41,19 @@ pub enum Reason {
     /// Tunnel mode: a packet for another node's pod could not be given its tunnel key, or a
     /// packet came out of the tunnel without one.
     EncapFailed,
+    /// Tunnel mode: a VXLAN packet whose outer source is no node the agent knows; its VNI is
+    /// not believed (Cilium's `DROP_UNKNOWN_SENDER`).
+    UnknownSender,
+    /// Tunnel mode: a VNI carrying an identity no node sends, a reserved one other than host,
+    /// health and init (Cilium's `DROP_INVALID_IDENTITY`).
+    InvalidIdentity,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 12] = [
+    pub const KNOWN: [Reason; 14] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
@@ -60,6 +66,8 @@ impl Reason {
         Reason::FragmentTableFull,
         Reason::ExtensionHeader,
         Reason::EncapFailed,
+        Reason::UnknownSender,
+        Reason::InvalidIdentity,
     ];
 
     /// The reason's number.
@@ -79,6 +87,8 @@ impl Reason {
             Reason::FragmentTableFull => 11,
             Reason::ExtensionHeader => 12,
             Reason::EncapFailed => 13,
+            Reason::UnknownSender => 14,
+            Reason::InvalidIdentity => 15,
             Reason::Unknown(n) => n,
         }
     }
@@ -114,6 +124,8 @@ impl fmt::Display for Reason {
             Reason::FragmentTableFull => f.write_str("fragment table full"),
             Reason::ExtensionHeader => f.write_str("unsupported extension header"),
             Reason::EncapFailed => f.write_str("encapsulation failed"),
+            Reason::UnknownSender => f.write_str("unknown sender"),
+            Reason::InvalidIdentity => f.write_str("invalid identity"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -244,6 +256,8 @@ mod tests {
             (Reason::FragmentTableFull, c::CEL_REASON_FRAGMENT_TABLE_FULL),
             (Reason::ExtensionHeader, c::CEL_REASON_EXTENSION_HEADER),
             (Reason::EncapFailed, c::CEL_REASON_ENCAP_FAILED),
+            (Reason::UnknownSender, c::CEL_REASON_UNKNOWN_SENDER),
+            (Reason::InvalidIdentity, c::CEL_REASON_INVALID_IDENTITY),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");

@@ -32,6 +32,8 @@ pub fn drop_reason(reason: Reason) -> v1::DropReason {
         Reason::FragmentTableFull => D::IpFragmentationNotSupported,
         Reason::ExtensionHeader => D::InvalidIpv6ExtensionHeader,
         Reason::EncapFailed => D::ErrorRetrievingTunnelKey,
+        Reason::UnknownSender => D::UnknownSender,
+        Reason::InvalidIdentity => D::InvalidIdentity,
         Reason::Forwarded | Reason::Unknown(_) => D::Unknown,
     }
 }
