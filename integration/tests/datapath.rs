@@ -533,17 +533,23 @@ fn conntrack_gc_removes_expired_entries() {
             .any(|(t, _)| is_flow(t))
     );
 
-    std::thread::sleep(Duration::from_millis(2500));
-    let stats = env.dp.conntrack().gc().unwrap();
-    assert!(stats.deleted >= 1, "{stats:?}");
-    assert!(
-        !env.dp
-            .conntrack()
-            .entries()
-            .unwrap()
-            .iter()
-            .any(|(t, _)| is_flow(t))
-    );
+    // The entry expires 1 s after its last packet: collected by a pass after that, however
+    // late a busy machine runs it.
+    let began = Instant::now();
+    let mut deleted = 0;
+    while env
+        .dp
+        .conntrack()
+        .entries()
+        .unwrap()
+        .iter()
+        .any(|(t, _)| is_flow(t))
+    {
+        assert!(began.elapsed() < Duration::from_secs(15), "never collected");
+        std::thread::sleep(Duration::from_millis(200));
+        deleted += env.dp.conntrack().gc().unwrap().deleted;
+    }
+    assert!(deleted >= 1, "the entry went without a collection");
 }
 
 #[test]

@@ -374,7 +374,10 @@ fn each_filter_and_its_negation_split_the_flows() {
     probe::tcp_request(tool, addr(&lab, "shop/web", 8080), TIMEOUT).unwrap();
     let dns = &lab.pod("ops/dns").unwrap().netns;
     probe::tcp_request(dns, addr(&lab, "dev/web", 8080), TIMEOUT).ok();
-    std::thread::sleep(Duration::from_millis(200));
+    // The last flow read means every earlier one is: the events come through one ring.
+    wait_for("ops/dns's flow read", || {
+        (!observe(lab.agent(), &["--all", "--from-namespace", "ops"]).is_empty()).then_some(())
+    });
     // Every query sees the same flows: those until now.
     let until = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
     let count = |args: &[&str]| {
