@@ -382,3 +382,36 @@ fn the_gc_deletes_identities_no_node_uses_after_two_rounds() {
         .await;
     });
 }
+
+/// An `id/` key of a number a node holds, rewritten with other labels (a forgery: the node's
+/// `value/` key for the number is on its lease, so no GC freed it): the node puts its labels
+/// back, keeps its numbering, gives the forged labels nothing, and counts it.
+#[test]
+fn a_forged_id_key_of_a_number_a_node_holds_is_put_back_and_not_believed() {
+    with_etcd(|etcd| async move {
+        let n1 = node(&etcd, "n1", Duration::from_secs(15), Duration::from_secs(2));
+        let web: Labels = "k8s:app=web,k8s:io.kubernetes.pod.namespace=demo"
+            .parse()
+            .unwrap();
+        let evil: Labels = "k8s:app=evil,k8s:io.kubernetes.pod.namespace=demo"
+            .parse()
+            .unwrap();
+        let (web_key, evil_key) = (keys::labels_key(&web), keys::labels_key(&evil));
+        let id = n1.kv.number(&web).await.expect("numbered");
+        let id_key = keys::id_key(id);
+        etcd.etcdctl(&["put", &id_key, &evil_key]).unwrap();
+        let (e, k, w) = (etcd.clone(), id_key.clone(), web_key.clone());
+        let kv1 = n1.kv.clone();
+        eventually("n1 puts web's labels back", move || {
+            e.etcdctl(&["get", "--print-value-only", &k])
+                .is_ok_and(|v| v.trim() == w)
+                && kv1
+                    .note()
+                    .is_some_and(|n| n.contains(", 1 forged identity keys put back"))
+        })
+        .await;
+        assert_eq!(n1.kv.known_number(&web_key), Some(id));
+        assert_ne!(n1.kv.known_number(&evil_key), Some(id));
+        assert_eq!(n1.kv.number(&evil).await.map(|n| n != id), Ok(true));
+    });
+}
