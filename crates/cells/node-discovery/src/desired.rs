@@ -629,7 +629,12 @@ mod tests {
                 &["10.2.0.0/24", "fd00:2::/64"],
             ),
         ];
-        let eps = [cep("a", "10.2.0.5", 301, "192.0.2.2")];
+        // Named by its node's IPv6 address, a pod still goes to that node's IPv4 one: the
+        // tunnel endpoint is the node's, never an address the claim names.
+        let eps = [
+            cep("a", "10.2.0.5", 301, "192.0.2.2"),
+            cep("b", "10.2.0.6", 302, "2001:db8::2"),
+        ];
         let world = |ip: IpAddr| if ip.is_ipv4() { 9 } else { 10 };
         let m = ipcache(
             &nodes,
@@ -653,6 +658,7 @@ mod tests {
             [
                 "10.2.0.0/24=9@192.0.2.2",
                 "10.2.0.5/32=301@192.0.2.2",
+                "10.2.0.6/32=302@192.0.2.2",
                 "192.0.2.2/32=6@",
                 "2001:db8::2/128=6@",
                 "fd00:2::/64=10@192.0.2.2",
