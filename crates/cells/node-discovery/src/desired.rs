@@ -298,6 +298,7 @@ pub fn ipcache<'a>(
         .collect();
     // The order conflicts resolve in; a claim's own order is kept for equal names.
     endpoints.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut namespaces: BTreeMap<u32, Option<String>> = BTreeMap::new();
     // Other nodes' own addresses are theirs: a pod claiming one with another identity
     // conflicts.
     let mut taken: BTreeMap<IpNet, u32> = node_of
@@ -312,8 +313,12 @@ pub fn ipcache<'a>(
                 .and_then(|ip| node_of.get(&ip))
                 .ok_or(Refusal::UnknownNode),
         };
-        let node = node.and_then(|node| match namespace_of(ep.identity) {
-            Some(ns) if ns != ep.namespace => Err(Refusal::NamespaceMismatch),
+        // Many pods share an identity: its labels are looked up once.
+        let namespace = namespaces
+            .entry(ep.identity)
+            .or_insert_with(|| namespace_of(ep.identity));
+        let node = node.and_then(|node| match namespace {
+            Some(ns) if *ns != ep.namespace => Err(Refusal::NamespaceMismatch),
             _ => Ok(node),
         });
         let (cidrs, addresses) = match node {
