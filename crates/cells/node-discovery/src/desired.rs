@@ -296,15 +296,10 @@ pub fn ipcache<'a>(
         .into_iter()
         .filter(|ep| ep.identity != 0 && !ep.node_ip.is_some_and(|ip| my_ips.contains(&ip)))
         .collect();
-    // The order conflicts resolve in; a claim's own order is kept for equal names.
-    endpoints.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    // The order conflicts resolve in (equal names claim different addresses: one kvstore
+    // entry per address).
+    endpoints.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut namespaces: BTreeMap<u32, Option<String>> = BTreeMap::new();
-    // Other nodes' own addresses are theirs: a pod claiming one with another identity
-    // conflicts.
-    let mut taken: BTreeMap<IpNet, u32> = node_of
-        .keys()
-        .map(|ip| (IpNet::from(*ip), remote_node))
-        .collect();
     for ep in endpoints {
         let node = match check_identity(ep.identity) {
             Err(reason) => Err(reason),
@@ -336,15 +331,16 @@ pub fn ipcache<'a>(
                     .push(Refused::new(Refusal::ForeignAddress, ep, Some(*ip)));
                 continue;
             }
-            match taken.get(&prefix) {
-                Some(first) if *first != ep.identity => {
+            // The address is taken by a claim before this one, or is another node's own
+            // (`remote-node`): only the same identity agrees with it.
+            match out.entries.get(&prefix) {
+                Some(first) if first.identity != ep.identity => {
                     out.refused
                         .push(Refused::new(Refusal::Conflict, ep, Some(*ip)));
                     continue;
                 }
                 Some(_) => {}
                 None => {
-                    taken.insert(prefix, ep.identity);
                     let info = IpcacheInfo {
                         identity: ep.identity,
                         tunnel_endpoint,
