@@ -1199,3 +1199,135 @@ fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: Ro
             })
     });
 }
+
+/// The identity of `ip`'s entry in node `i`'s ipcache, if it has one from another node.
+fn remote_identity(cluster: &Cluster, i: usize, ip: Ipv4Addr) -> Option<u64> {
+    let list = cluster.agent(i).cli(&["ipcache", "list"]).ok()?;
+    let line = list
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("{ip}/32")))?;
+    let mut columns = line.split_whitespace();
+    let identity = columns.nth(1)?.parse().ok()?;
+    (columns.next() == Some("remote")).then_some(identity)
+}
+
+/// The value of node `i`'s refusal counter for `reason`, 0 when absent.
+fn refused(cluster: &Cluster, i: usize, reason: &str) -> u64 {
+    let sample = format!("cellium_remote_claims_refused_total{{reason=\"{reason}\"}}");
+    let text = cluster.agent(i).metrics().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample.as_str())?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A CiliumEndpoint as a node's agent would publish it.
+fn cilium_endpoint(ns: &str, name: &str, ip: Ipv4Addr, identity: u64, node: &str) -> String {
+    format!(
+        "apiVersion: cilium.io/v2\nkind: CiliumEndpoint\nmetadata: {{ name: {name}, namespace: {ns} }}\n\
+         status: {{ id: 1, identity: {{ id: {identity} }}, networking: {{ addressing: [ {{ ipv4: \"{ip}\" }} ], node: \"{node}\" }} }}\n---\n"
+    )
+}
+
+/// Forged CiliumEndpoints: one in another namespace claiming a pod of node 1 with the
+/// allowed pod's identity and node 1 as its node (its identity is of another namespace),
+/// one claiming node 2's pod from a third node whose pod CIDRs do not hold it, one with the
+/// host identity. None changes a pod's identity or the policy; each refusal is counted and
+/// in `cellium status`.
+#[test]
+fn forged_cilium_endpoints_change_no_pods_identity() {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
+    shop(&mut cluster);
+    cluster.namespace("evil", "").expect("namespace");
+    // n9: a node with no agent, its pod CIDR 10.245.19.0/24.
+    cluster
+        .apply(
+            "apiVersion: v1\nkind: Node\nmetadata: { name: n9 }\nspec: { podCIDRs: [ 10.245.19.0/24 ] }\n\
+             status: { addresses: [ { type: InternalIP, address: 192.0.2.9 } ] }\n",
+        )
+        .expect("node n9");
+    let (client, other, web) = (
+        cluster.pod("shop/client").unwrap().ip,
+        cluster.pod("shop/other").unwrap().ip,
+        cluster.pod("shop/web").unwrap().ip,
+    );
+    let _server = TcpServer::start(
+        &cluster.pod("shop/web").unwrap().netns,
+        SocketAddr::new(IpAddr::V4(web), PORT),
+        "web",
+    )
+    .expect("server");
+    eventually(&cluster, "each node knows the other's pods", || {
+        [client, other]
+            .iter()
+            .all(|ip| remote_identity(&cluster, 1, *ip).is_some())
+            && remote_identity(&cluster, 0, web).is_some()
+    });
+    let client_id = remote_identity(&cluster, 1, client).unwrap();
+    let other_id = remote_identity(&cluster, 1, other).unwrap();
+    let web_id = remote_identity(&cluster, 0, web).unwrap();
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web, namespace: shop }\n\
+             spec: { podSelector: { matchLabels: { app: web } }, ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ] } ] }\n",
+        )
+        .expect("policy");
+    eventually(&cluster, "other is denied", || {
+        !cluster.reaches("shop/other", "shop/web", Tcp(PORT))
+    });
+
+    let mut forged = String::new();
+    // Named to come first, on the victim's own node.
+    forged += &cilium_endpoint("evil", "aaa", other, client_id, "192.0.2.1");
+    forged += &cilium_endpoint("shop", "aaa", web, client_id, "192.0.2.9");
+    forged += &cilium_endpoint("evil", "host", other, 1, "192.0.2.1");
+    // n9's own pod, last: once both nodes have it, they have seen the rest.
+    forged += &cilium_endpoint(
+        "shop",
+        "n9-pod",
+        "10.245.19.5".parse().unwrap(),
+        client_id,
+        "192.0.2.9",
+    );
+    cluster
+        .api()
+        .api()
+        .apply_yaml(&forged)
+        .expect("forged CiliumEndpoints");
+    eventually(&cluster, "both nodes take n9's pod", || {
+        (0..2).all(|i| {
+            remote_identity(&cluster, i, "10.245.19.5".parse().unwrap()) == Some(client_id)
+        })
+    });
+    assert_eq!(
+        remote_identity(&cluster, 1, other),
+        Some(other_id),
+        "other keeps its identity"
+    );
+    assert_eq!(
+        remote_identity(&cluster, 0, web),
+        Some(web_id),
+        "web keeps its identity"
+    );
+    assert!(
+        !cluster.reaches("shop/other", "shop/web", Tcp(PORT)),
+        "other is still denied"
+    );
+    assert!(
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT)),
+        "client is still allowed"
+    );
+    eventually(&cluster, "the refusals are counted", || {
+        refused(&cluster, 1, "namespace-mismatch") == 1
+            && refused(&cluster, 1, "reserved-identity") == 1
+            && refused(&cluster, 1, "foreign-address") == 1
+            && refused(&cluster, 0, "foreign-address") == 1
+    });
+    let status = cluster.agent(1).cli(&["status"]).expect("status");
+    assert!(
+        status.contains("3 remote claims refused")
+            && status.contains("namespace-mismatch 1")
+            && status.contains("reserved-identity 1"),
+        "{status}"
+    );
+}

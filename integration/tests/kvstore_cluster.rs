@@ -549,3 +549,216 @@ fn node_entry(etcd: &Etcd, name: &str) -> Option<String> {
     let value = value.trim();
     (!value.is_empty()).then(|| value.to_string())
 }
+
+/// The identity of `ip`'s entry in `agent`'s ipcache, if it has one from another node.
+fn remote_identity(agent: &Agent, ip: Ipv4Addr) -> Option<u64> {
+    let line = ipcache_entry(agent, ip)?;
+    let mut columns = line.split_whitespace();
+    let identity = columns.nth(1)?.parse().ok()?;
+    (columns.next() == Some("remote")).then_some(identity)
+}
+
+/// The value of `agent`'s counter sample `sample` (`name{labels}`), 0 when absent.
+fn counter(agent: &Agent, sample: &str) -> u64 {
+    let text = agent.metrics().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// An ip entry as another node would write it.
+fn ip_entry(ip: &str, host_ip: &str, id: u64, pod: &str) -> String {
+    format!(
+        r#"{{"IP":"{ip}","HostIP":"{host_ip}","ID":{id},"Key":0,"Metadata":"cilium-global:default:n9:1","K8sNamespace":"shop","K8sPodName":"{pod}"}}"#
+    )
+}
+
+/// Forged entries in etcd: an address belongs to the node whose pod CIDRs hold it, an entry
+/// is only its own key's, identities come from the cluster's range; each refusal counted and
+/// in `cellium status`, the victim's identity and the policy unchanged. An `id/` key of a
+/// number a node holds, rewritten with other labels, is put back by that node.
+#[test]
+fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
+    let _serial = cellium_integration::serial();
+    let no_cidr = || AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    };
+    let mut one = Agent::prepare(no_cidr()).expect("node 1");
+    let mut two = Agent::prepare(no_cidr()).expect("node 2");
+    let switch = NetNs::new().expect("switch");
+    underlay(&switch, &[one.node(), two.node()]);
+    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
+    let api = K8sApi::start(one.node()).expect("API server");
+    api.serve_on(two.node()).expect("served on node 2");
+    api.api().apply_yaml(NODES).expect("nodes");
+    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
+    for (name, node, app) in [
+        ("client", "n1", "client"),
+        ("other", "n1", "other"),
+        ("web", "n2", "web"),
+    ] {
+        pods.push_str("---\n");
+        pods.push_str(&pod(name, node, app));
+    }
+    api.apply(&pods).expect("pods");
+    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
+        let mut env = api.agent_env(name);
+        env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
+        env.extend([
+            ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
+            ("CELLIUM_KVSTORE".into(), "etcd".into()),
+            ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
+        ]);
+        agent.options_mut().env = env;
+        agent.start().expect("agent");
+    }
+    let (client_ns, other_ns, web_ns) = (
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+    );
+    let client = one
+        .add_pod(&client_ns, "cid-client", "shop", "client")
+        .expect("ADD client");
+    let other = one
+        .add_pod(&other_ns, "cid-other", "shop", "other")
+        .expect("ADD other");
+    let web = two
+        .add_pod(&web_ns, "cid-web", "shop", "web")
+        .expect("ADD web");
+    let _server =
+        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    eventually("ip entries in etcd", &[&one, &two], || {
+        [client, other, web]
+            .iter()
+            .all(|ip| etcd_id(&etcd, *ip).is_some())
+    });
+    let (client_id, other_id, web_id) = (
+        etcd_id(&etcd, client).unwrap(),
+        etcd_id(&etcd, other).unwrap(),
+        etcd_id(&etcd, web).unwrap(),
+    );
+    eventually("node 2 knows other", &[&one, &two], || {
+        remote_identity(&two, other) == Some(other_id)
+    });
+    let before = two.policy_revision().expect("revision");
+    api.apply(WEB_FROM_CLIENT).expect("policy");
+    two.wait_policy_revision_after(before).expect("taken in");
+    two.settle().expect("enforced");
+    eventually("other is denied", &[&one, &two], || {
+        !reaches(&other_ns, web)
+    });
+    assert!(reaches(&client_ns, web), "client is allowed");
+
+    // A node known only by its kvstore entry, n9 (pod CIDR 10.245.29.0/24), with one pod.
+    etcd.etcdctl(&[
+        "put",
+        "cilium/state/nodes/v1/default/n9",
+        r#"{"Name":"n9","Cluster":"default","IPAddresses":[{"Type":"InternalIP","IP":"192.0.2.9"}],"IPv4AllocCIDR":{"IP":"10.245.29.0","Mask":"////AA=="}}"#,
+    ])
+    .unwrap();
+    let key = |k: &str| format!("cilium/state/ip/v1/default/{k}");
+    let other_ip = other.to_string();
+    let forged = [
+        // Under a key that is not its address: other's address as client, named to come first.
+        (
+            key("zzz"),
+            ip_entry(&other_ip, "192.0.2.1", client_id, "aaa"),
+        ),
+        // n9 claims an address of node 1's pod CIDR.
+        (
+            key("10.245.21.250"),
+            ip_entry("10.245.21.250", "192.0.2.9", client_id, "x1"),
+        ),
+        // A HostIP no node has.
+        (
+            key("10.245.29.251"),
+            ip_entry("10.245.29.251", "192.0.2.77", client_id, "x2"),
+        ),
+        // The host identity, and a node-local number.
+        (
+            key("10.245.29.252"),
+            ip_entry("10.245.29.252", "192.0.2.9", 1, "x3"),
+        ),
+        (
+            key("10.245.29.253"),
+            ip_entry("10.245.29.253", "192.0.2.9", (1 << 24) + 1, "x4"),
+        ),
+    ];
+    for (k, v) in &forged {
+        etcd.etcdctl(&["put", k, v]).unwrap();
+    }
+    // n9's own pod, written last: once node 2 has it, it has seen every forged entry.
+    etcd.etcdctl(&[
+        "put",
+        &key("10.245.29.254"),
+        &ip_entry("10.245.29.254", "192.0.2.9", client_id, "x5"),
+    ])
+    .unwrap();
+    eventually("node 2 takes n9's own pod", &[&one, &two], || {
+        remote_identity(&two, "10.245.29.254".parse().unwrap()) == Some(client_id)
+    });
+    assert_eq!(
+        remote_identity(&two, other),
+        Some(other_id),
+        "other keeps its identity on node 2"
+    );
+    for refused in [
+        "10.245.21.250",
+        "10.245.29.251",
+        "10.245.29.252",
+        "10.245.29.253",
+    ] {
+        assert_eq!(
+            remote_identity(&two, refused.parse().unwrap()),
+            None,
+            "{refused} is refused"
+        );
+    }
+    assert!(!reaches(&other_ns, web), "other is still denied");
+    assert!(reaches(&client_ns, web), "client is still allowed");
+    for reason in [
+        "key-mismatch",
+        "foreign-address",
+        "unknown-node",
+        "reserved-identity",
+        "not-cluster-identity",
+    ] {
+        let sample = format!("cellium_remote_claims_refused_total{{reason=\"{reason}\"}}");
+        eventually(&format!("{reason} counted"), &[&one, &two], || {
+            counter(&two, &sample) == 1
+        });
+    }
+    let status = two.cli(&["status"]).expect("status");
+    assert!(
+        status.contains("5 remote claims refused")
+            && status.contains("key-mismatch 1")
+            && status.contains("e.g. "),
+        "{status}"
+    );
+
+    // web's number rewritten with client's labels: node 2, which holds it, puts it back.
+    let id_key = format!("cilium/state/identities/v1/id/{web_id}");
+    let labels = etcd
+        .etcdctl(&["get", "--print-value-only", &id_key])
+        .unwrap();
+    let labels = labels.trim().to_string();
+    assert!(labels.starts_with("k8s:app=web;"), "{labels}");
+    let client_labels = etcd
+        .etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("cilium/state/identities/v1/id/{client_id}"),
+        ])
+        .unwrap();
+    etcd.etcdctl(&["put", &id_key, client_labels.trim()])
+        .unwrap();
+    eventually("node 2 puts web's labels back", &[&one, &two], || {
+        etcd.etcdctl(&["get", "--print-value-only", &id_key])
+            .is_ok_and(|v| v.trim() == labels)
+            && counter(&two, "cellium_kvstore_identities_restored_total") == 1
+    });
+    assert!(reaches(&client_ns, web), "client is still allowed");
+    assert!(!reaches(&other_ns, web), "other is still denied");
+}

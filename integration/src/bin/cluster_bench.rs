@@ -43,8 +43,9 @@ const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long one propagation may take before the benchmark gives up.
 const PROPAGATE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The first identity number of the synthetic pods (the cluster-scope range).
-const FIRST_IDENTITY: u32 = 100_000;
+/// The first identity number of the synthetic pods, in the cluster-scope range (256-65535):
+/// the agent refuses other nodes' claims with any other number.
+const FIRST_IDENTITY: u32 = 10_000;
 
 #[derive(Debug, Parser)]
 #[command(name = "cellium-cluster-bench")]
@@ -208,8 +209,15 @@ fn scale(
     agent_log: Option<&Path>,
     agent_program: Option<std::path::PathBuf>,
 ) -> Result<()> {
-    if nodes > 250 * 250 || pods + propagate.div_ceil(nodes.max(1)) > 250 || identities == 0 {
-        bail!("at most 62,500 nodes of 250 pods each, and one identity at least");
+    if nodes > 250 * 250
+        || pods + propagate.div_ceil(nodes.max(1)) > 250
+        || identities == 0
+        || FIRST_IDENTITY + identities - 1 > *cellium_identity::CLUSTER_IDENTITIES.end()
+    {
+        bail!(
+            "at most 62,500 nodes of 250 pods each, and from one to {} identities",
+            cellium_identity::CLUSTER_IDENTITIES.end() - FIRST_IDENTITY + 1
+        );
     }
     let mut cluster = Cluster::start(ClusterOptions {
         nodes: 1,

@@ -11,6 +11,7 @@ use cellium_hive::{BoxError, Config, Jobs, Trigger};
 use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_labels::Labels;
+use cellium_metrics::Metrics;
 use cellium_node_discovery::desired::own_addresses;
 use cellium_resources::{ObjectKey, Resources};
 use tokio::sync::watch;
@@ -26,14 +27,23 @@ use crate::store::Kvstore;
 /// How often the jobs run when nothing triggers them.
 const RESYNC: Duration = Duration::from_secs(30);
 
-/// The provider: the kvstore, and its loops as the job `session` (until the hive stops).
+/// The provider: the kvstore, and its loops as the job `session` (until the hive stops);
+/// its counter of forged `id/` keys put back registered with the metrics.
 pub(crate) fn provide(
     cfg: Config<KvstoreConfig>,
     resources: Option<Arc<Resources>>,
+    metrics: Option<Arc<Metrics>>,
     jobs: Jobs,
 ) -> Result<Arc<Kvstore>> {
     let node = resources.as_ref().and_then(|r| r.node_name());
     let kv = Kvstore::new((*cfg).clone(), node).map_err(Error::Config)?;
+    if let Some(metrics) = metrics {
+        metrics.register(
+            "kvstore_identities_restored",
+            "id/ keys of numbers this node holds that someone rewrote with other labels, put back",
+            kv.restored.clone(),
+        );
+    }
     if kv.is_enabled() {
         let run = kv.clone();
         jobs.one_shot("session", move |ctx| {
@@ -114,6 +124,11 @@ pub(crate) fn learn(
         .iter()
         .filter_map(|(k, v)| {
             let id = k.strip_prefix(keys::ID_PREFIX)?.parse::<u32>().ok()?;
+            // A number this node holds means its labels, whatever the key says now (it is
+            // put back).
+            if kv.forged(k, v).is_some() {
+                return None;
+            }
             match keys::parse_labels_key(v) {
                 Some(labels) => Some((id, labels)),
                 None => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_identity::Reserved;
 use cellium_node_discovery::RemoteEndpoints;
+use cellium_node_discovery::desired::{Refusal, Refused};
 use cellium_resources::{CiliumEndpoint, CiliumNode, Pod};
 use tokio::sync::watch;
 
@@ -78,40 +79,66 @@ impl Kvstore {
         self.keep_all(keys::IP_PREFIX, kept);
     }
 
-    /// The other nodes' ip entries now, as remote endpoints: this node's own keys, and
-    /// entries hosted at one of `my_ips`, left out; an entry with the host identity (its
-    /// node's own) becomes `remote-node`; entries that do not decode are skipped.
+    /// The other nodes' ip entries now, as remote endpoints (see
+    /// [`remote_claims`](Self::remote_claims)).
     pub fn remote_endpoints(&self, my_ips: &BTreeSet<IpAddr>) -> Vec<CiliumEndpoint> {
+        self.remote_claims(my_ips).0
+    }
+
+    /// The other nodes' ip entries now, as remote endpoints, and those refused: this node's
+    /// own keys, and entries hosted at one of `my_ips`, left out; an entry under another key
+    /// than its own address's (`ip/v1/default/zzz` naming a pod's address) refused, as it
+    /// would otherwise take the address whatever its real entry says; a node's entry for its
+    /// own address with the host identity (Cilium's nodes write one) left out, the node's
+    /// address being `remote-node` from its node entry; entries that do not decode skipped.
+    /// Node-discovery judges the rest ([`desired::ipcache`]).
+    ///
+    /// [`desired::ipcache`]: cellium_node_discovery::desired::ipcache
+    pub fn remote_claims(&self, my_ips: &BTreeSet<IpAddr>) -> (Vec<CiliumEndpoint>, Vec<Refused>) {
         let ips = self.ips.lock();
-        ips.iter()
+        let mut refused = Vec::new();
+        let endpoints = ips
+            .iter()
             .filter(|(k, _)| !self.keeps(k))
             .filter_map(|(k, v)| match serde_json::from_str::<IpEntry>(v) {
-                Ok(e) => Some(e),
+                Ok(e) => Some((k, e)),
                 Err(e) => {
                     tracing::debug!(key = k, error = %e, "an ip entry does not decode; skipped");
                     None
                 }
             })
-            .filter(|e| e.id != 0 && !e.host_ip.is_some_and(|h| my_ips.contains(&h)))
-            .map(|e| CiliumEndpoint {
-                namespace: e.namespace,
-                name: e.pod_name,
-                id: e
-                    .metadata
-                    .rsplit(':')
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0),
-                identity: if e.id == Reserved::Host.id() {
-                    Reserved::RemoteNode.id()
-                } else {
-                    e.id
-                },
-                addresses: vec![e.ip],
-                node_ip: e.host_ip,
-                named_ports: e.named_ports.iter().filter_map(named_port).collect(),
+            .filter(|(_, e)| e.id != 0 && !e.host_ip.is_some_and(|h| my_ips.contains(&h)))
+            .filter(|(_, e)| !(e.id == Reserved::Host.id() && e.host_ip == Some(e.ip)))
+            .filter_map(|(k, e)| {
+                let ep = endpoint(e);
+                if *k != keys::ip_key(ep.addresses[0]) {
+                    let mut r = Refused::new(Refusal::KeyMismatch, &ep, None);
+                    r.claim = format!("{k}: {}", r.claim);
+                    refused.push(r);
+                    return None;
+                }
+                Some(ep)
             })
-            .collect()
+            .collect();
+        (endpoints, refused)
+    }
+}
+
+/// An ip entry as the CiliumEndpoint it stands for.
+fn endpoint(e: IpEntry) -> CiliumEndpoint {
+    CiliumEndpoint {
+        namespace: e.namespace,
+        name: e.pod_name,
+        id: e
+            .metadata
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+        identity: e.id,
+        addresses: vec![e.ip],
+        node_ip: e.host_ip,
+        named_ports: e.named_ports.iter().filter_map(named_port).collect(),
     }
 }
 
@@ -139,8 +166,8 @@ impl KvRemote {
 }
 
 impl RemoteEndpoints for KvRemote {
-    fn endpoints(&self) -> Vec<CiliumEndpoint> {
-        self.kv.remote_endpoints(&BTreeSet::new())
+    fn endpoints(&self) -> (Vec<CiliumEndpoint>, Vec<Refused>) {
+        self.kv.remote_claims(&BTreeSet::new())
     }
 
     fn nodes(&self) -> Vec<CiliumNode> {
@@ -149,5 +176,68 @@ impl RemoteEndpoints for KvRemote {
 
     fn changes(&self) -> Vec<watch::Receiver<u64>> {
         vec![self.kv.ips.changes(), self.kv.nodes.changes()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KvstoreConfig;
+
+    fn entry(ip: &str, host: &str, id: u32) -> String {
+        format!(
+            r#"{{"IP":"{ip}","HostIP":"{host}","ID":{id},"Metadata":"cilium-global:default:n2:7","K8sNamespace":"shop","K8sPodName":"web"}}"#
+        )
+    }
+
+    #[test]
+    fn an_entry_under_another_addresss_key_is_refused_and_a_nodes_host_entry_left_out() {
+        let kv = Kvstore::new(KvstoreConfig::default(), Some("n1".into())).unwrap();
+        kv.ips.replace(BTreeMap::from([
+            (
+                keys::ip_key("10.2.0.5".parse().unwrap()),
+                entry("10.2.0.5", "192.0.2.2", 300),
+            ),
+            (
+                format!("{}zzz", keys::IP_PREFIX),
+                entry("10.2.0.6", "192.0.2.3", 301),
+            ),
+            (
+                keys::ip_key("10.2.0.7".parse().unwrap()),
+                entry("10.2.0.8", "192.0.2.2", 301),
+            ),
+            (
+                keys::ip_key("192.0.2.2".parse().unwrap()),
+                entry("192.0.2.2", "192.0.2.2", 1),
+            ),
+            // The host identity for another address: passed on, for node-discovery to refuse.
+            (
+                keys::ip_key("10.2.0.9".parse().unwrap()),
+                entry("10.2.0.9", "192.0.2.2", 1),
+            ),
+        ]));
+        let (eps, refused) = kv.remote_claims(&BTreeSet::new());
+        let eps: Vec<String> = eps
+            .iter()
+            .map(|e| format!("{}={}@{:?}#{}", e.addresses[0], e.identity, e.node_ip, e.id))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                "10.2.0.5=300@Some(192.0.2.2)#7",
+                "10.2.0.9=1@Some(192.0.2.2)#7"
+            ]
+        );
+        let refused: Vec<String> = refused
+            .iter()
+            .map(|r| format!("{}: {}", r.reason.as_str(), r.claim))
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                "key-mismatch: cilium/state/ip/v1/default/10.2.0.7: shop/web 10.2.0.8 as 301 from 192.0.2.2",
+                "key-mismatch: cilium/state/ip/v1/default/zzz: shop/web 10.2.0.6 as 301 from 192.0.2.3",
+            ]
+        );
     }
 }

@@ -13,8 +13,10 @@
 //!   ([`KvNumbering`]); to node-discovery, as `Arc<dyn RemoteEndpoints>`, the other nodes and
 //!   their ip entries ([`KvRemote`]); and a status note for `cellium status` (connection,
 //!   endpoints, lease, counts, last error).
-//! - **Depends on** its configuration, resources (the node's name and address, pods' named
-//!   ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
+//! - **Counts** in `cellium_kvstore_identities_restored_total` the `id/` keys of numbers this
+//!   node holds that someone rewrote with other labels: not believed, put back.
+//! - **Depends on** its configuration, the metrics (optional), resources (the node's name and
+//!   address, pods' named ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
 //!   IPAM (this node's pod CIDRs).
 //! - **Config keys:** `kvstore` (`etcd`, or empty: off), `kvstore-endpoints`
 //!   (comma-separated URLs), `kvstore-lease-ttl` (default 15m), `kvstore-allocation-timeout`

@@ -12,6 +12,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchOptions,
 };
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Notify, OnceCell, watch};
 
 use crate::config::{KvstoreConfig, KvstoreKind};
@@ -61,6 +62,9 @@ struct Owned {
     desired: BTreeMap<String, Kept>,
     /// What was written, with the lease it was written on.
     written: HashMap<String, (String, i64)>,
+    /// `id/<N>` keys of numbers this node holds that someone rewrote with other labels: put
+    /// back to (labels key, while this `value/` key is on this lease).
+    restore: BTreeMap<String, (String, String, i64)>,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +96,9 @@ pub struct Kvstore {
     numbers: Mutex<HashMap<String, u32>>,
     /// Allocations' first tries waiting for their transaction (`first_try`).
     pub(crate) first_tries: Mutex<crate::first_try::Queue>,
+    /// `cellium_kvstore_identities_restored_total`: `id/<N>` keys of numbers this node
+    /// holds rewritten with other labels by someone, and put back.
+    pub(crate) restored: Counter,
 }
 
 impl fmt::Debug for Kvstore {
@@ -179,6 +186,7 @@ impl Kvstore {
             nodes: Mirror::new(keys::NODES_PREFIX),
             numbers: Mutex::default(),
             first_tries: Mutex::default(),
+            restored: Counter::default(),
         }))
     }
 
@@ -289,11 +297,12 @@ impl Kvstore {
             None => String::new(),
         };
         Some(format!(
-            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries, {} nodes{error}",
+            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries, {} nodes, {} forged identity keys put back{error}",
             self.endpoints(),
             lock(&self.numbers).len(),
             self.ips.lock().len(),
             self.nodes.lock().len(),
+            self.restored.get(),
         ))
     }
 
@@ -330,6 +339,15 @@ impl Kvstore {
         owned.desired.extend(entries);
         drop(owned);
         self.owned_changed.notify_one();
+    }
+
+    /// The labels key of `id_key` (`id/<N>`) while this node holds the number (keeps a
+    /// `value/` key for it), with that `value/` key: what the `id/` key must say.
+    pub(crate) fn held(&self, id_key: &str) -> Option<(String, String)> {
+        lock(&self.owned).desired.iter().find_map(|(k, v)| {
+            let (id, labels) = v.master.as_ref()?;
+            (id == id_key).then(|| (labels.clone(), k.clone()))
+        })
     }
 
     /// Whether `key` is one this node keeps.
@@ -460,7 +478,7 @@ impl Kvstore {
     }
 
     async fn write_owned(&self, lease: i64) -> Result<(), String> {
-        let (todo, gone) = {
+        let (todo, gone, restore) = {
             let owned = lock(&self.owned);
             let todo: Vec<(String, Kept)> = owned
                 .desired
@@ -474,9 +492,9 @@ impl Kvstore {
                 .filter(|(k, _)| !owned.desired.contains_key(*k))
                 .map(|(k, (_, l))| (k.clone(), *l))
                 .collect();
-            (todo, gone)
+            (todo, gone, owned.restore.clone())
         };
-        if todo.is_empty() && gone.is_empty() {
+        if todo.is_empty() && gone.is_empty() && restore.is_empty() {
             return Ok(());
         }
         let mut client = self.client().await?;
@@ -514,6 +532,24 @@ impl Kvstore {
                     continue;
                 }
                 return Err(e);
+            }
+        }
+        for (id_key, (labels_key, value_key, l)) in restore {
+            // Only while this node's use of the number is still in etcd: with it there, no
+            // GC freed the number, so other labels under it are a forgery.
+            let txn = Txn::new()
+                .when([Compare::lease(value_key.as_str(), CompareOp::Equal, l)])
+                .and_then([TxnOp::put(id_key.as_str(), labels_key.as_str(), None)]);
+            let r = timed("putting an identity back", client.txn(txn)).await?;
+            self.answered();
+            lock(&self.owned).restore.remove(&id_key);
+            if r.succeeded() {
+                self.restored.inc();
+                tracing::warn!(
+                    key = id_key,
+                    labels = labels_key,
+                    "an identity this node holds was rewritten with other labels; put back"
+                );
             }
         }
         for (k, l) in gone {
@@ -673,6 +709,21 @@ impl Kvstore {
                 }
             }
         }
+        if identities {
+            for c in changes {
+                if let Change::Put { key, value } = c
+                    && let Some((labels, value_key)) = self.forged(key, value)
+                {
+                    let mut owned = lock(&self.owned);
+                    if let Some((_, lease)) = owned.written.get(&value_key).cloned() {
+                        owned
+                            .restore
+                            .insert(key.clone(), (labels, value_key, lease));
+                        rewrite = true;
+                    }
+                }
+            }
+        }
         if rewrite {
             tracing::info!("kvstore keys of this node changed by someone else; writing them again");
             self.owned_changed.notify_one();
@@ -681,6 +732,8 @@ impl Kvstore {
             let mut numbers = lock(&self.numbers);
             for c in changes {
                 match c {
+                    // A number this node holds keeps its labels here: the forgery is put back.
+                    Change::Put { key, value } if self.forged(key, value).is_some() => {}
                     Change::Put { key, value } => {
                         if let Some(id) = key
                             .strip_prefix(keys::ID_PREFIX)
@@ -701,6 +754,15 @@ impl Kvstore {
                 }
             }
         }
+    }
+}
+
+impl Kvstore {
+    /// For an `id/<N>` key = `value` of a number this node holds with other labels: those
+    /// labels and this node's `value/` key.
+    pub(crate) fn forged(&self, key: &str, value: &str) -> Option<(String, String)> {
+        key.strip_prefix(keys::ID_PREFIX)?;
+        self.held(key).filter(|(labels, _)| labels != value)
     }
 }
 

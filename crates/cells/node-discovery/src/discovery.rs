@@ -10,16 +10,20 @@ use std::time::Duration;
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Trigger};
 use cellium_identity::{Identities, Reserved};
 use cellium_ipcache::{Ipcache, IpcacheInfo, Source};
-use cellium_labels::{Label, Labels};
+use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
 use cellium_loader::Loader;
+use cellium_metrics::Metrics;
 use cellium_resources::{CiliumIdentity, NamedPort, Resources};
 use futures::StreamExt;
 use ipnet::IpNet;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::OnceCell;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
-use crate::desired;
+use crate::desired::{self, Refused};
 use crate::error::{Error, Result};
 use crate::remote::RemoteEndpoints;
 use crate::{netdev, routes, tunnel};
@@ -31,6 +35,12 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// `cel_from_netdev` belongs on: no Node object says when they change, and the program
 /// serves NodePort and external frontends to the outside.
 const STANDALONE_NETDEV_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The label of `cellium_remote_claims_refused_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
 
 /// What this node learnt of the others, and the means to act on it.
 #[derive(Debug)]
@@ -51,6 +61,10 @@ pub struct NodeDiscovery {
     claimed: Mutex<BTreeMap<IpNet, IpcacheInfo>>,
     /// The named ports given to the claimed entries, as last written.
     claimed_ports: Mutex<BTreeMap<IpNet, Vec<NamedPort>>>,
+    /// Other nodes' claims refused at the last pass (each counted once, when first seen).
+    refused: Mutex<BTreeSet<Refused>>,
+    /// `cellium_remote_claims_refused_total{reason}`.
+    refused_total: Family<ReasonLabels, Counter>,
     /// The identities learnt, with their labels.
     learnt: Mutex<BTreeMap<u32, Labels>>,
     netlink: OnceCell<rtnetlink::Handle>,
@@ -76,6 +90,7 @@ impl NodeDiscovery {
         identities: Arc<Identities>,
         loader: Arc<Loader>,
         remote: Option<Arc<dyn RemoteEndpoints>>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Result<Arc<NodeDiscovery>> {
         if cfg.tunnel_protocol == TunnelProtocol::Geneve {
             return Err(Error::Mode(
@@ -95,12 +110,21 @@ impl NodeDiscovery {
             remote,
             claimed: Mutex::default(),
             claimed_ports: Mutex::default(),
+            refused: Mutex::default(),
+            refused_total: Family::default(),
             learnt: Mutex::default(),
             netlink: OnceCell::new(),
             last: Mutex::default(),
             loader: loader.clone(),
             netdevs: Mutex::default(),
         });
+        if let Some(metrics) = metrics {
+            metrics.register(
+                "remote_claims_refused",
+                "Other nodes' claims of an address (CiliumEndpoints, kvstore ip entries) refused, by reason; each counted once",
+                this.refused_total.clone(),
+            );
+        }
         let setup = this.clone();
         let port = cfg.tunnel_port;
         lc.append(Hook::new("tunnel-device").on_start(move |_| async move {
@@ -243,24 +267,31 @@ impl NodeDiscovery {
             cilium_nodes.extend(remote.nodes().into_iter().map(Arc::new));
         }
         let endpoints = self.resources.cilium_endpoints.list();
-        let remote = self
+        let (remote, refused_early) = self
             .remote
             .as_ref()
             .map(|r| r.endpoints())
             .unwrap_or_default();
         let world = |ip| self.ipcache.world_identity(ip);
-        let entries = desired::ipcache(
+        let namespace_of = |id| {
+            let identity = self.identities.get(id)?;
+            let ns = identity.labels.get(source::K8S, POD_NAMESPACE_LABEL)?;
+            Some(ns.value.clone())
+        };
+        let mut claims = desired::ipcache(
             &nodes,
             &cilium_nodes,
             endpoints.iter().map(|e| &**e).chain(&remote),
             &self.node,
             Reserved::RemoteNode.id(),
             self.tunnel.then_some(&world as &dyn Fn(_) -> u32),
+            &namespace_of,
         );
-        let entry_count = entries.len();
-        let ports = desired::named_ports(endpoints.iter().map(|e| &**e).chain(&remote), &entries);
-        self.claim(entries)?;
-        self.claim_ports(ports);
+        let entry_count = claims.entries.len();
+        claims.refused.extend(refused_early);
+        let refused = self.refuse(claims.refused);
+        self.claim(claims.entries)?;
+        self.claim_ports(claims.named_ports);
         let mut routes = desired::routes(
             nodes.iter().map(|n| &**n),
             cilium_nodes.iter().map(|n| &**n),
@@ -284,9 +315,40 @@ impl NodeDiscovery {
         // pass, which is retried, but holds nothing else back.
         self.attach_netdevs(handle, &mine).await?;
         Ok(format!(
-            "{} other nodes' pod CIDRs routed, {entry_count} remote addresses, {identities} cluster identities",
+            "{} other nodes' pod CIDRs routed, {entry_count} remote addresses, {identities} cluster identities{refused}",
             routes.len()
         ))
+    }
+
+    /// Keeps `refused` as the refused claims: those not refused at the last pass are counted
+    /// and logged. Returns what the status note says of them (empty when there are none):
+    /// how many, by reason, and an example.
+    fn refuse(&self, refused: Vec<Refused>) -> String {
+        let now: BTreeSet<Refused> = refused.into_iter().collect();
+        let mut last = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        for r in now.difference(&last) {
+            tracing::warn!(reason = r.reason.as_str(), claim = %r.claim, "another node's claim refused");
+            let labels = ReasonLabels {
+                reason: r.reason.as_str(),
+            };
+            self.refused_total.get_or_create(&labels).inc();
+        }
+        *last = now;
+        let Some(example) = last.iter().next() else {
+            return String::new();
+        };
+        let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in last.iter() {
+            *by_reason.entry(r.reason.as_str()).or_default() += 1;
+        }
+        let reasons: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        format!(
+            "; {} remote claims refused ({}), e.g. {}: {}",
+            last.len(),
+            reasons.join(", "),
+            example.reason.as_str(),
+            example.claim
+        )
     }
 
     /// `cel_from_netdev` on the devices holding `mine` now, and off those that no longer do.

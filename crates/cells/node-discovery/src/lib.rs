@@ -5,12 +5,13 @@
 //!   their pods (source `remote`, with the hosting node as tunnel endpoint in tunnel mode), the
 //!   tunnel device, and the identities learnt from the cluster.
 //! - **Provides** `Arc<NodeDiscovery>`, inactive standalone, where there is no cluster; and a
-//!   status note (`cellium status`) saying how many other nodes are routed and how many remote
-//!   addresses and cluster identities are known.
+//!   status note (`cellium status`) saying how many other nodes are routed, how many remote
+//!   addresses and cluster identities are known, and how many other nodes' claims are refused
+//!   (by reason, with an example); and `cellium_remote_claims_refused_total{reason}`.
 //! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
 //!   server), ipcache, identity, the loader (the datapath, for the tunnel); and, optional,
 //!   `dyn RemoteEndpoints` (the kvstore cell's `cilium/state/ip/v1/` entries), merged with the
-//!   CiliumEndpoints.
+//!   CiliumEndpoints; and `Metrics`, optional.
 //! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
 //!   pod CIDRs via that node's address of the CIDR's family, as Cilium's native routing with
 //!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (the VXLAN device
@@ -30,7 +31,9 @@
 //! A pass, at every change of those tables and every 30 s: every CiliumIdentity is learnt by the
 //! identity cell (so that policies select other nodes' pods by their labels); every other
 //! node's addresses enter the ipcache as `remote-node`, and every pod address of a
-//! CiliumEndpoint another node hosts as its identity (the datapath then resolves the source of
+//! CiliumEndpoint another node hosts as its identity, where the claim holds
+//! ([`desired::ipcache`]: a cluster identity of the claim's namespace, from a known node, within
+//! that node's pod CIDRs) (the datapath then resolves the source of
 //! traffic from other nodes, and the destination of traffic to them, to identities); the routes
 //! follow the Nodes' `spec.podCIDRs` and addresses.
 

@@ -3,14 +3,17 @@
 //! merged with them into the routes and the ipcache's remote entries.
 
 use cellium_resources::{CiliumEndpoint, CiliumNode};
+
+use crate::desired::Refused;
 use tokio::sync::watch;
 
 /// A source of other nodes and their pods: each pod as a CiliumEndpoint would say it
 /// (addresses, identity, and `node_ip`, the hosting node's address), each node as a CiliumNode
 /// would (addresses, pod CIDRs).
 pub trait RemoteEndpoints: Send + Sync + 'static {
-    /// The pods now; those of this node left out.
-    fn endpoints(&self) -> Vec<CiliumEndpoint>;
+    /// The pods now, those of this node left out; and the claims refused before they are
+    /// pods (a kvstore entry under another address's key).
+    fn endpoints(&self) -> (Vec<CiliumEndpoint>, Vec<Refused>);
     /// The other nodes now.
     fn nodes(&self) -> Vec<CiliumNode>;
     /// Counters that move when they change.
