@@ -54,7 +54,7 @@ pub use sync::{FrontendStatus, Programmer, SyncReport};
 pub fn cell() -> Module {
     Module::new(
         "svc-lb",
-        "Programs ClusterIP services and their backends into the datapath's load-balancing maps",
+        "Programs services' frontends (cluster IPs, node ports, external and LB IPs) and backends into the datapath's load-balancing maps",
     )
     .config::<SvcLbConfig>()
     .provide(ServiceLb::new)
