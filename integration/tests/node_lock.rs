@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cellium_integration::{Agent, AgentOptions, NetNs, probe, serial};
-use cellium_statedir::node_lock::{Error, Holder, NodeClaim, NodeLock};
+use cellium_node_lock::{Error, Holder, NodeClaim, NodeLock};
 use nix::mount::{MntFlags, umount2};
 
 /// How long a refused rival may take to give up (it stops before loading anything).

@@ -6,7 +6,7 @@ use cellium_api::DatapathModules;
 use cellium_api_server::ApiServerConfig;
 use cellium_hive::{Cell, Config, Module, group};
 use cellium_loader::LoaderConfig;
-use cellium_statedir::node_lock::{self, NodeClaim};
+use cellium_node_lock::NodeClaim;
 
 /// Every cell of the agent, infrastructure first, and the node lock before everything; the
 /// loader's `load-datapath` right after it, so that the load runs beside the rest of the start.
@@ -59,9 +59,9 @@ fn datapath_modules() -> Arc<DatapathModules> {
 /// socket (`api-socket`) and its BPF root (`bpf-root`). Its start hook must run before any
 /// other cell's, so it goes first in a list of cells; an embedded agent with the same cells
 /// includes it as [`cells`] does, one with others contributes its own `Arc<NodeClaim>`s to
-/// [`node_lock::cell`].
+/// [`cellium_node_lock::cell`].
 pub fn node_lock() -> Module {
-    node_lock::cell()
+    cellium_node_lock::cell()
         .contribute(|c: Config<ApiServerConfig>| {
             Arc::new(NodeClaim::ApiSocket(c.api_socket.clone()))
         })

@@ -51,7 +51,7 @@ enum Command {
     /// The node's network policy rules and selector cache.
     #[command(subcommand)]
     Policy(policy::Command),
-    /// The ClusterIP services the node load-balances, with their backends.
+    /// The services the node load-balances: every frontend with its backends.
     #[command(subcommand)]
     Service(service::Command),
     /// The flows the datapath saw: who talked to whom, what was dropped and why. Filters

@@ -14,12 +14,11 @@
 //! Other cells keep their records here (endpoints under `endpoints/`, identities under
 //! `identities/`), which is what lets the agent restore its state after a restart.
 //!
-//! The crate also holds the [`node_lock`] cell, which extends "one agent per state
-//! directory" to the node: one agent per network namespace, API socket and BPF root.
+//! The `node-lock` cell (`crates/cells/node-lock`) extends "one agent per state directory"
+//! to the node: one agent per network namespace, API socket and BPF root.
 
 mod config;
 mod error;
-pub mod node_lock;
 mod state_dir;
 
 use cellium_hive::Module;

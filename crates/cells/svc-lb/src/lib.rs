@@ -8,7 +8,7 @@
 //!   stable backend ids shared by frontends, and one rev-NAT id per frontend, ids being one
 //!   space over both families. Headless services have no frontend. Also the health check
 //!   node port servers of LoadBalancer services with `externalTrafficPolicy: Local`
-//!   ([`health`]).
+//!   ([`health_check_node_ports`]).
 //! - **Provides** `Arc<ServiceLb>` ([`ServiceLb::frontends`]: what is programmed, with the
 //!   source of every backend) and the `cellium.v1.Services` gRPC service
 //!   (`cellium service list`).
@@ -34,7 +34,7 @@ pub mod desired;
 mod error;
 pub mod external;
 mod grpc;
-pub mod health;
+pub mod health_check_node_ports;
 mod ids;
 pub mod maglev;
 mod service_lb;
@@ -54,7 +54,7 @@ pub use sync::{FrontendStatus, Programmer, SyncReport};
 pub fn cell() -> Module {
     Module::new(
         "svc-lb",
-        "Programs ClusterIP services and their backends into the datapath's load-balancing maps",
+        "Programs services' frontends (cluster IPs, node ports, external and LB IPs) and backends into the datapath's load-balancing maps",
     )
     .config::<SvcLbConfig>()
     .provide(ServiceLb::new)

@@ -47,7 +47,7 @@ use tokio_stream::wrappers::WatchStream;
 use crate::config::{NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
 use crate::error::{Error, Result};
-use crate::health::HealthServers;
+use crate::health_check_node_ports::HealthCheckServers;
 use crate::sync::{FrontendStatus, Programmer, SyncReport};
 
 /// How often the maps are compared with the plans without any change.
@@ -68,7 +68,7 @@ pub struct ServiceLb {
     /// `bpf-lb-algorithm`.
     lb_algorithm: LbAlgorithm,
     state: Mutex<Programmer>,
-    health: HealthServers,
+    health_checks: HealthCheckServers,
     /// Whether the first pass has run (succeeded or not): `Services.List` waits for it.
     first_pass: watch::Sender<bool>,
 }
@@ -97,7 +97,7 @@ impl ServiceLb {
             state: Mutex::new(Programmer::with_maglev_table_size(
                 cfg.bpf_lb_maglev_table_size,
             )),
-            health: HealthServers::default(),
+            health_checks: HealthCheckServers::default(),
             first_pass: watch::Sender::new(false),
         });
         let this = lb.clone();
@@ -156,7 +156,7 @@ impl ServiceLb {
         let node_addresses = cellium_ipcache::node_addresses()
             .await
             .map_err(Error::NodeAddresses)?;
-        let (report, health) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let (report, health_checks) = tokio::task::spawn_blocking(move || -> Result<_> {
             let dp = this.loader.datapath()?;
             this.take_over(&dp)?;
             let mut inputs = Inputs {
@@ -169,11 +169,11 @@ impl ServiceLb {
             };
             inputs.node_addresses = node_addresses.into_iter().collect();
             let plans = plans(&inputs);
-            let health = crate::health::wanted(&inputs, &plans);
-            Ok((this.state().sync(&dp, plans)?, health))
+            let health_checks = crate::health_check_node_ports::wanted(&inputs, &plans);
+            Ok((this.state().sync(&dp, plans)?, health_checks))
         })
         .await??;
-        let unserved = self.health.apply(health).await;
+        let unserved = self.health_checks.apply(health_checks).await;
         self.report(&report, &unserved);
         Ok(report)
     }

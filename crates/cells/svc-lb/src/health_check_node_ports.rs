@@ -78,20 +78,20 @@ struct Server {
 
 /// The running health check servers, by port.
 #[derive(Default)]
-pub struct HealthServers {
+pub struct HealthCheckServers {
     running: Mutex<BTreeMap<u16, Server>>,
 }
 
-impl std::fmt::Debug for HealthServers {
+impl std::fmt::Debug for HealthCheckServers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ports: Vec<u16> = self.lock().keys().copied().collect();
-        f.debug_struct("HealthServers")
+        f.debug_struct("HealthCheckServers")
             .field("ports", &ports)
             .finish()
     }
 }
 
-impl HealthServers {
+impl HealthCheckServers {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u16, Server>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -148,7 +148,7 @@ impl HealthServers {
     }
 }
 
-impl Drop for HealthServers {
+impl Drop for HealthCheckServers {
     fn drop(&mut self) {
         for server in self.lock().values() {
             server.task.abort();
