@@ -34,6 +34,7 @@ fn node(etcd: &Etcd, name: &str, ttl: Duration, alloc_timeout: Duration) -> Node
         kvstore_endpoints: etcd.url(),
         kvstore_lease_ttl: ttl,
         kvstore_allocation_timeout: alloc_timeout,
+        ..KvstoreConfig::default()
     };
     let kv = Kvstore::new(cfg, Some(name.into())).expect("valid configuration");
     let task = tokio::spawn(kv.clone().run());

@@ -51,6 +51,7 @@ fn node(url: &str, name: &str) -> anyhow::Result<Arc<Kvstore>> {
         kvstore_endpoints: url.into(),
         kvstore_lease_ttl: Duration::from_secs(60),
         kvstore_allocation_timeout: Duration::from_secs(120),
+        ..KvstoreConfig::default()
     };
     let kv = Kvstore::new(cfg, Some(name.into())).map_err(anyhow::Error::msg)?;
     tokio::spawn(kv.clone().run());

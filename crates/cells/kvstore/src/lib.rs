@@ -27,6 +27,7 @@
 mod cell;
 mod config;
 mod error;
+pub mod etcd_config;
 mod first_try;
 mod gc;
 mod ips;
@@ -38,8 +39,11 @@ mod store;
 
 use cellium_hive::Module;
 
-pub use config::{DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind};
+pub use config::{
+    DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind, KvstoreOpt,
+};
 pub use error::{Error, Result};
+pub use etcd_config::EtcdAccess;
 pub use gc::{GcRound, IdentityGc};
 pub use ips::{KvRemote, desired as desired_ips};
 pub use nodes::own_entry as own_node_entry;

@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, TlsOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use tokio::sync::{Notify, OnceCell, watch};
 
 use crate::config::{KvstoreConfig, KvstoreKind};
+use crate::etcd_config::{EtcdAccess, chain};
 use crate::keys;
 use crate::mirror::{Change, Mirror};
 
@@ -74,6 +75,8 @@ struct Status {
 pub struct Kvstore {
     cfg: KvstoreConfig,
     endpoints: Vec<String>,
+    /// With `https://` endpoints (`kvstore-opt etcd.config`): the CA and client certificate.
+    tls: Option<TlsOptions>,
     node: String,
     client: OnceCell<Client>,
     /// The session lease, `None` while there is none.
@@ -115,7 +118,7 @@ pub(crate) async fn timed<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Ok(Err(e)) => Err(format!("{what}: {}", describe(&e))),
         Err(_) => Err(format!(
             "{what}: no answer within {}",
             humantime(REQUEST_TIMEOUT)
@@ -127,24 +130,40 @@ pub(crate) fn humantime(d: Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
 }
 
+/// An etcd client's error with its causes: a refused TLS handshake is told only by the
+/// innermost one.
+pub(crate) fn describe(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            let mut text = format!("{:?}: {}", status.code(), status.message());
+            if let Some(source) = std::error::Error::source(status) {
+                let more = chain(source);
+                if !text.contains(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+            }
+            text
+        }
+        etcd_client::Error::TransportError(e) => chain(e),
+        other => other.to_string(),
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 impl Kvstore {
     /// The kvstore of `node` as `cfg` says: inactive unless `kvstore: etcd`, which needs
-    /// endpoints and a node name. Nothing is contacted until [`run`](Self::run)'s loops or a
-    /// request.
+    /// endpoints (with their TLS files readable and consistent, see `etcd_config`) and a node
+    /// name. Nothing is contacted until [`run`](Self::run)'s loops or a request.
     pub fn new(cfg: KvstoreConfig, node: Option<String>) -> Result<Arc<Kvstore>, String> {
-        let endpoints = cfg.endpoints();
+        let mut access = EtcdAccess::default();
         let node = match cfg.kvstore {
             KvstoreKind::None => node.unwrap_or_default(),
             KvstoreKind::Etcd => {
-                if endpoints.is_empty() {
-                    return Err(
-                        "kvstore: etcd needs kvstore-endpoints (comma-separated URLs)".into(),
-                    );
-                }
+                access = EtcdAccess::from_config(&cfg)?;
                 if cfg.kvstore_lease_ttl < Duration::from_secs(2) {
                     return Err(format!(
                         "kvstore-lease-ttl {} is below etcd's minimum of 2s",
@@ -166,7 +185,8 @@ impl Kvstore {
         };
         Ok(Arc::new(Kvstore {
             cfg,
-            endpoints,
+            endpoints: access.endpoints,
+            tls: access.tls,
             node,
             client: OnceCell::new(),
             lease: watch::channel(None).0,
@@ -222,16 +242,19 @@ impl Kvstore {
     pub(crate) async fn client(&self) -> Result<Client, String> {
         self.client
             .get_or_try_init(|| async {
-                let options = ConnectOptions::new()
+                let mut options = ConnectOptions::new()
                     .with_connect_timeout(REQUEST_TIMEOUT)
                     // A partition shows as a dead connection within this, not a silent watch.
                     .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
                     .with_keep_alive_while_idle(true);
+                if let Some(tls) = &self.tls {
+                    options = options.with_tls(tls.clone());
+                }
                 Client::connect(&self.endpoints, Some(options)).await
             })
             .await
             .cloned()
-            .map_err(|e| format!("etcd client for {}: {e}", self.endpoints()))
+            .map_err(|e| format!("etcd client for {}: {}", self.endpoints(), describe(&e)))
     }
 
     /// Records a failed request.
@@ -614,7 +637,7 @@ impl Kvstore {
                     let Some(answer) = stream
                         .message()
                         .await
-                        .map_err(|e| format!("watching {prefix}: {e}"))?
+                        .map_err(|e| format!("watching {prefix}: {}", describe(&e)))?
                     else {
                         return Err(format!("the watch of {prefix} ended"));
                     };
