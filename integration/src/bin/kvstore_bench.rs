@@ -54,6 +54,9 @@ fn node(url: &str, name: &str) -> anyhow::Result<Arc<Kvstore>> {
         ..KvstoreConfig::default()
     };
     let kv = Kvstore::new(cfg, Some(name.into())).map_err(anyhow::Error::msg)?;
+    // Each node's address, the last part of its identity references (`n3`: 192.0.2.3).
+    let n: u8 = name.trim_start_matches('n').parse()?;
+    kv.set_node_ip(&[std::net::Ipv4Addr::new(192, 0, 2, n).into()]);
     tokio::spawn(kv.clone().run());
     Ok(kv)
 }

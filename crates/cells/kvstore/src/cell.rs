@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cellium_api::StatusNote;
 use cellium_endpoint_manager::EndpointManager;
-use cellium_hive::{BoxError, Config, Jobs, Trigger};
+use cellium_hive::{BoxError, Config, Jobs, Reporter, Trigger};
 use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_labels::Labels;
@@ -26,7 +26,8 @@ use crate::store::Kvstore;
 /// How often the jobs run when nothing triggers them.
 const RESYNC: Duration = Duration::from_secs(30);
 
-/// The provider: the kvstore, and its loops as the job `session` (until the hive stops).
+/// The provider: the kvstore, and its loops as the job `session` (until the hive stops),
+/// Degraded while etcd refuses this node's TLS handshake or credentials.
 pub(crate) fn provide(
     cfg: Config<KvstoreConfig>,
     resources: Option<Arc<Resources>>,
@@ -41,7 +42,8 @@ pub(crate) fn provide(
             async move {
                 tokio::select! {
                     _ = ctx.cancelled() => {}
-                    _ = run.run() => {}
+                    _ = run.clone().run() => {}
+                    _ = report_refusal(&run, ctx.reporter().clone()) => {}
                 }
                 Ok::<(), BoxError>(())
             }
@@ -49,6 +51,25 @@ pub(crate) fn provide(
         .add();
     }
     Ok(kv)
+}
+
+/// Reports whether etcd refuses this node: Degraded with etcd's (or the TLS layer's) reason,
+/// since waiting does not mend a certificate that etcd does not accept, unlike etcd away
+/// (which `cellium status`'s note tells, without Degraded).
+async fn report_refusal(kv: &Kvstore, reporter: Reporter) {
+    let mut refusal = kv.refusal();
+    loop {
+        match refusal.borrow_and_update().clone() {
+            Some(why) => reporter.degraded(format!(
+                "etcd at {} refuses this node (check kvstore-opt etcd.config's certificates): {why}",
+                kv.endpoints()
+            )),
+            None => reporter.ok(format!("etcd at {}", kv.endpoints())),
+        }
+        if refusal.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// The contribution: with a kvstore, the jobs `identities` (every `id/` key learnt by the
@@ -176,6 +197,7 @@ fn write_node(kv: &Arc<Kvstore>, resources: Arc<Resources>, ipam: Option<Arc<Ipa
                 &resources.cilium_nodes.list(),
                 kv.node(),
             );
+            kv.set_node_ip(&addresses);
             let cidrs: Vec<_> = ipam
                 .map(|i| i.pools().into_iter().map(|p| p.cidr).collect())
                 .unwrap_or_default();

@@ -90,6 +90,20 @@ impl EtcdAccess {
     }
 }
 
+impl EtcdAccess {
+    /// A client of these endpoints with their TLS (connections are made as requests need
+    /// them).
+    pub async fn connect(&self) -> Result<etcd_client::Client, String> {
+        let mut options = etcd_client::ConnectOptions::new();
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.clone());
+        }
+        etcd_client::Client::connect(&self.endpoints, Some(options))
+            .await
+            .map_err(|e| crate::store::describe(&e))
+    }
+}
+
 fn check_urls(endpoints: &[String]) -> Result<(), String> {
     for e in endpoints {
         let rest = e

@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{
@@ -50,7 +51,7 @@ impl Backoff {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Kept {
     pub(crate) value: String,
-    /// For `value/<labels key>/<node>`: the identity's `id/<N>` key and the labels key it
+    /// For `value/<labels key>/<node IP>`: the identity's `id/<N>` key and the labels key it
     /// must hold; written with it when absent (the operator's GC may have removed it while
     /// this node was away), and the write refused when it holds other labels.
     pub(crate) master: Option<(String, String)>,
@@ -78,6 +79,14 @@ pub struct Kvstore {
     /// With `https://` endpoints (`kvstore-opt etcd.config`): the CA and client certificate.
     tls: Option<TlsOptions>,
     node: String,
+    /// The last part of this node's `value/` keys, Cilium's `GetNodeSuffix`: the node's IPv4
+    /// address, else its IPv6 one; set once, when the node's address is first known.
+    suffix: OnceLock<String>,
+    /// Numbers this node uses, by labels key, recorded before its suffix was known: kept as
+    /// `value/` keys once it is.
+    early_uses: Mutex<BTreeMap<String, u32>>,
+    /// Why etcd refuses this node (its TLS handshake or credentials), while it does.
+    refused: watch::Sender<Option<String>>,
     client: OnceCell<Client>,
     /// The session lease, `None` while there is none.
     lease: watch::Sender<Option<i64>>,
@@ -188,6 +197,9 @@ impl Kvstore {
             endpoints: access.endpoints,
             tls: access.tls,
             node,
+            suffix: OnceLock::new(),
+            early_uses: Mutex::default(),
+            refused: watch::channel(None).0,
             client: OnceCell::new(),
             lease: watch::channel(None).0,
             owned: Mutex::default(),
@@ -217,9 +229,60 @@ impl Kvstore {
         self.endpoints.join(",")
     }
 
-    /// This node's name, the last part of its `value/` keys.
+    /// This node's name (its `nodes/v1/` key, its lock tokens).
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// Sets the last part of this node's `value/` keys from its address, as Cilium's agents
+    /// do (`GetNodeSuffix`: its IPv4 address, else its IPv6 one), so that the keys read the
+    /// same to Cilium's tools. Set once: a later address takes effect at the next start
+    /// (the keys of the old one go with the old lease).
+    pub fn set_node_ip(&self, addresses: &[IpAddr]) {
+        let Some(ip) = addresses
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or_else(|| addresses.first())
+        else {
+            return;
+        };
+        if self.suffix.set(ip.to_string()).is_err() {
+            return;
+        }
+        let early = std::mem::take(&mut *lock(&self.early_uses));
+        for (labels_key, id) in early {
+            self.use_number(&labels_key, id);
+        }
+    }
+
+    /// The last part of this node's `value/` keys, once its address is known.
+    pub fn node_suffix(&self) -> Option<&str> {
+        self.suffix.get().map(String::as_str)
+    }
+
+    /// As [`node_suffix`](Self::node_suffix), or why there is none yet.
+    pub(crate) fn suffix(&self) -> Result<&str, String> {
+        self.node_suffix().ok_or_else(|| {
+            "this node has no address yet (its identity references in etcd end with it)".into()
+        })
+    }
+
+    /// Records a use of `id` for `labels_key` made before the suffix is known; `false` when
+    /// the suffix is known (then the caller keeps the `value/` key itself).
+    pub(crate) fn use_early(&self, labels_key: &str, id: Option<u32>) -> bool {
+        if self.suffix.get().is_some() {
+            return false;
+        }
+        let mut early = lock(&self.early_uses);
+        // Checked again under the lock: `set_node_ip` takes the early uses under it.
+        if self.suffix.get().is_some() {
+            return false;
+        }
+        match id {
+            Some(id) => early.insert(labels_key.to_string(), id),
+            None => early.remove(labels_key),
+        };
+        true
     }
 
     /// The session lease now, `None` while there is none.
@@ -263,11 +326,28 @@ impl Kvstore {
         let mut s = lock(&self.status);
         s.connected = Some(false);
         s.last_error = Some((error.to_string(), SystemTime::now()));
+        drop(s);
+        if is_refusal(error) {
+            let why = Some(error.to_string());
+            self.refused.send_if_modified(|r| {
+                let changed = r.is_none();
+                *r = why;
+                changed
+            });
+        }
     }
 
     /// Records an answer from etcd.
     pub(crate) fn answered(&self) {
         lock(&self.status).connected = Some(true);
+        self.refused.send_if_modified(|r| r.take().is_some());
+    }
+
+    /// Why etcd refuses this node, while it does (`None` otherwise); changes each time it
+    /// starts or stops refusing. Not for etcd being away: only a TLS handshake or
+    /// credentials refused, which waiting does not mend.
+    pub fn refusal(&self) -> watch::Receiver<Option<String>> {
+        self.refused.subscribe()
     }
 
     /// Whether the last request was answered (`None` before the first).
@@ -555,7 +635,7 @@ impl Kvstore {
         Ok(())
     }
 
-    /// Writes `value/<labels key>/<node>` on `lease`, with `id/<N>` when absent (the number
+    /// Writes `value/<labels key>/<node IP>` on `lease`, with `id/<N>` when absent (the number
     /// freed meanwhile). Refused, as `conflict: ...`, when `id/<N>` holds other labels.
     pub(crate) async fn put_value(
         &self,
@@ -725,6 +805,23 @@ impl Kvstore {
             }
         }
     }
+}
+
+/// Whether a request failed because etcd, or this client, refused the other's certificate or
+/// credentials (as tonic, rustls and etcd tell it), rather than because etcd is away.
+fn is_refusal(error: &str) -> bool {
+    let e = error.to_ascii_lowercase();
+    [
+        "certificate",
+        "fatal alert",
+        "handshake",
+        "unknownissuer",
+        "unauthenticated",
+        "permissiondenied",
+        "permission denied",
+    ]
+    .iter()
+    .any(|sign| e.contains(sign))
 }
 
 /// The prefixes the kvstore mirrors.
