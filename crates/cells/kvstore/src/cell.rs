@@ -61,7 +61,8 @@ async fn report_refusal(kv: &Kvstore, reporter: Reporter) {
     loop {
         match refusal.borrow_and_update().clone() {
             Some(why) => reporter.degraded(format!(
-                "etcd at {} refuses this node (check kvstore-opt etcd.config's certificates): {why}",
+                "TLS with etcd at {} refused, by etcd or by this node (check the \
+                 certificates of kvstore-opt etcd.config): {why}",
                 kv.endpoints()
             )),
             None => reporter.ok(format!("etcd at {}", kv.endpoints())),

@@ -144,15 +144,17 @@ pub(crate) fn humantime(d: Duration) -> String {
 pub(crate) fn describe(e: &etcd_client::Error) -> String {
     match e {
         etcd_client::Error::GRpcStatus(status) => {
-            let mut text = format!("{:?}: {}", status.code(), status.message());
+            let mut text = status.message().to_string();
             if let Some(source) = std::error::Error::source(status) {
                 let more = chain(source);
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
+                // tonic's message is often the source's first words: say them once.
+                if more.starts_with(&text) {
+                    text = more;
+                } else if !text.contains(&more) {
+                    text = format!("{text}: {more}");
                 }
             }
-            text
+            format!("{:?}: {text}", status.code())
         }
         etcd_client::Error::TransportError(e) => chain(e),
         other => other.to_string(),
