@@ -57,7 +57,7 @@ impl Pki {
             std::fs::write(&path, text).expect("write a certificate");
             path
         };
-        let mut issue = |name: &str, sans: Vec<String>, issuer: &rcgen::Issuer<rcgen::KeyPair>| {
+        let issue = |name: &str, sans: Vec<String>, issuer: &rcgen::Issuer<rcgen::KeyPair>| {
             let key = rcgen::KeyPair::generate().expect("a key");
             let cert = rcgen::CertificateParams::new(sans)
                 .expect("names")
