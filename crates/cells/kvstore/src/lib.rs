@@ -17,12 +17,15 @@
 //!   ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
 //!   IPAM (this node's pod CIDRs).
 //! - **Config keys:** `kvstore` (`etcd`, or empty: off), `kvstore-endpoints`
-//!   (comma-separated URLs), `kvstore-lease-ttl` (default 15m), `kvstore-allocation-timeout`
-//!   (default 30s).
+//!   (comma-separated URLs) or `kvstore-opt` (`etcd.config=FILE`: Cilium's etcd configuration
+//!   file, with TLS: [`etcd_config`]), `kvstore-lease-ttl` (default 15m),
+//!   `kvstore-allocation-timeout` (default 30s).
 //! - **Degraded** (`kvstore.session`, `kvstore.identities`, `kvstore.ip-entries`) never for
 //!   etcd being away: the agent keeps enforcing what it knows, and the status note says
 //!   `unreachable` with the last error; allocations of new label sets fail after
-//!   `kvstore-allocation-timeout`.
+//!   `kvstore-allocation-timeout`. `kvstore.session` is Degraded, with the reason, while the
+//!   TLS handshake with etcd is refused (a certificate one side does not accept), which
+//!   waiting does not mend.
 
 mod cell;
 mod config;
