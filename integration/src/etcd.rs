@@ -1,8 +1,9 @@
 //! A real etcd (Debian's `etcd-server`) for the kvstore tests and benchmark: its own data
-//! directory and ports, inside a test's network namespace, killed on drop.
+//! directory and ports, inside a test's network namespace, killed on drop; over plain HTTP, or
+//! over TLS with client certificates required ([`EtcdTls`]).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,11 +15,28 @@ use crate::netns::NetNs;
 /// every test may use the same.
 pub const CLIENT_PORT: u16 = 2379;
 
+/// The PEM files of an etcd that serves TLS and requires client certificates
+/// (`--client-cert-auth`): only clients whose certificate `ca` signed get in.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The CA of the server's certificate and of the client certificates it accepts.
+    pub ca: PathBuf,
+    /// The server's certificate (for the address etcd listens on) and key.
+    pub server_cert: PathBuf,
+    /// The server's key.
+    pub server_key: PathBuf,
+    /// A client certificate `ca` signed, and its key: what `etcdctl` uses.
+    pub client_cert: PathBuf,
+    /// The client certificate's key.
+    pub client_key: PathBuf,
+}
+
 /// A running etcd member (a cluster of one).
 #[derive(Debug)]
 pub struct Etcd {
     ns: NetNs,
     ip: IpAddr,
+    tls: Option<EtcdTls>,
     data: tempfile::TempDir,
     child: Mutex<Option<Child>>,
 }
@@ -27,6 +45,16 @@ impl Etcd {
     /// Starts etcd in `ns` on `ip` (an address of the namespace, or `127.0.0.1`), with a new
     /// data directory; returns once it answers.
     pub fn start(ns: &NetNs, ip: IpAddr) -> Result<Etcd> {
+        Etcd::start_with(ns, ip, None)
+    }
+
+    /// As [`start`](Self::start), serving `https://` with `tls`'s certificates and accepting
+    /// only clients with a certificate its CA signed.
+    pub fn start_tls(ns: &NetNs, ip: IpAddr, tls: EtcdTls) -> Result<Etcd> {
+        Etcd::start_with(ns, ip, Some(tls))
+    }
+
+    fn start_with(ns: &NetNs, ip: IpAddr, tls: Option<EtcdTls>) -> Result<Etcd> {
         let data = tempfile::Builder::new()
             .prefix("cel-etcd-")
             .tempdir()
@@ -37,6 +65,7 @@ impl Etcd {
         let etcd = Etcd {
             ns: NetNs::existing(ns.name()),
             ip,
+            tls,
             data,
             child: Mutex::default(),
         };
@@ -46,7 +75,13 @@ impl Etcd {
 
     /// The client URL.
     pub fn url(&self) -> String {
-        format!("http://{}:{CLIENT_PORT}", self.ip)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{CLIENT_PORT}", self.ip)
+    }
+
+    /// Its TLS files, if it serves TLS.
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_ref()
     }
 
     /// The data directory.
@@ -58,7 +93,7 @@ impl Etcd {
         let peer = format!("http://{}:{}", self.ip, CLIENT_PORT + 1);
         let client = self.url();
         let data = self.data.path().join("member");
-        let args = [
+        let mut args = vec![
             format!("--net={}", self.ns.path().display()),
             "--".into(),
             "etcd".into(),
@@ -72,6 +107,14 @@ impl Etcd {
             "--log-level=error".into(),
             "--logger=zap".into(),
         ];
+        if let Some(tls) = &self.tls {
+            args.extend([
+                "--client-cert-auth".into(),
+                format!("--trusted-ca-file={}", tls.ca.display()),
+                format!("--cert-file={}", tls.server_cert.display()),
+                format!("--key-file={}", tls.server_key.display()),
+            ]);
+        }
         let child = Command::new("nsenter")
             .args(&args)
             .stdin(Stdio::null())
@@ -103,11 +146,32 @@ impl Etcd {
         })
     }
 
-    /// Runs `etcdctl ARGS` against it from its namespace; its stdout.
+    /// Runs `etcdctl ARGS` against it from its namespace (with the client certificate of
+    /// its TLS files, if any); its stdout.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
-        let endpoints = format!("--endpoints={}", self.url());
-        let mut all = vec!["--dial-timeout=2s", "--command-timeout=5s", &endpoints];
-        all.extend_from_slice(args);
+        let client = self
+            .tls
+            .as_ref()
+            .map(|t| (t.client_cert.as_path(), t.client_key.as_path()));
+        self.etcdctl_as(client, args)
+    }
+
+    /// Runs `etcdctl ARGS` as the client with certificate and key `client` (`None`: none),
+    /// trusting its CA if it serves TLS: what etcd does with another client.
+    pub fn etcdctl_as(&self, client: Option<(&Path, &Path)>, args: &[&str]) -> Result<String> {
+        let mut all = vec![
+            "--dial-timeout=2s".to_string(),
+            "--command-timeout=5s".into(),
+            format!("--endpoints={}", self.url()),
+        ];
+        if let Some(tls) = &self.tls {
+            all.push(format!("--cacert={}", tls.ca.display()));
+        }
+        if let Some((cert, key)) = client {
+            all.push(format!("--cert={}", cert.display()));
+            all.push(format!("--key={}", key.display()));
+        }
+        all.extend(args.iter().map(|a| a.to_string()));
         let out = Command::new("nsenter")
             .arg(format!("--net={}", self.ns.path().display()))
             .arg("--")

@@ -41,7 +41,7 @@ pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterOptions};
 pub use cni::{CniCall, CniProcess};
 pub use error::{Error, Result};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdTls};
 pub use k8s::K8sApi;
 pub use netns::NetNs;
 pub use readonly::ReadOnlyDir;

@@ -7,6 +7,7 @@
 //! `cargo test -p cellium-integration --test kvstore -- --test-threads=1`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,10 +35,21 @@ fn node(etcd: &Etcd, name: &str, ttl: Duration, alloc_timeout: Duration) -> Node
         kvstore_endpoints: etcd.url(),
         kvstore_lease_ttl: ttl,
         kvstore_allocation_timeout: alloc_timeout,
+        ..KvstoreConfig::default()
     };
     let kv = Kvstore::new(cfg, Some(name.into())).expect("valid configuration");
+    kv.set_node_ip(&[address(name)]);
     let task = tokio::spawn(kv.clone().run());
     Node { kv, task }
+}
+
+/// Node `nK`'s address, 192.0.2.K: the last part of its identity references.
+fn address(name: &str) -> IpAddr {
+    let k: u8 = name
+        .trim_start_matches('n')
+        .parse()
+        .expect("a node named nK");
+    Ipv4Addr::new(192, 0, 2, k).into()
 }
 
 fn label_set(i: usize) -> Labels {
@@ -248,7 +260,7 @@ fn faults_etcd_killed_and_restarted_keys_deleted_by_someone_else_a_node_that_die
 
         // Someone deletes n1's keys: n1 writes them again.
         let ip_key = keys::ip_key("10.1.0.5".parse().unwrap());
-        let value_key = keys::value_key(&web_key, "n1");
+        let value_key = keys::value_key(&web_key, "192.0.2.1");
         etcd.etcdctl(&["del", &ip_key]).unwrap();
         etcd.etcdctl(&["del", &value_key]).unwrap();
         etcd.etcdctl(&["put", &keys::ip_key("192.0.2.1".parse().unwrap()), "{}"])
@@ -349,8 +361,12 @@ fn the_gc_deletes_identities_no_node_uses_after_two_rounds() {
             first.deleted.is_empty(),
             "nothing deleted in the first round"
         );
-        etcd.etcdctl(&["put", &keys::value_key("k8s:app=late;", "n9"), "40001"])
-            .unwrap();
+        etcd.etcdctl(&[
+            "put",
+            &keys::value_key("k8s:app=late;", "192.0.2.9"),
+            "40001",
+        ])
+        .unwrap();
         let second = gc.round(&mut client).await.unwrap();
         assert_eq!(second.deleted, [40000]);
         assert_eq!(second.in_use, 2);
@@ -365,7 +381,7 @@ fn the_gc_deletes_identities_no_node_uses_after_two_rounds() {
         let numbering = cellium_kvstore::KvNumbering::provide(n1.kv.clone());
         numbering.release(&web);
         let e = etcd.clone();
-        let vk = keys::value_key(&keys::labels_key(&web), "n1");
+        let vk = keys::value_key(&keys::labels_key(&web), "192.0.2.1");
         eventually("the reference deleted", move || {
             e.keys(&vk).map(|k| k.is_empty()).unwrap_or(false)
         })

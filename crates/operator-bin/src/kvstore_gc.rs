@@ -4,16 +4,18 @@
 //! `cellium_kvstore::IdentityGc` and `docs/kvstore.md`).
 //!
 //! - **Owns** the timer job `kvstore-gc.identities` and its etcd client.
-//! - **Depends on** `leader-election`, and the kvstore keys (`kvstore`, `kvstore-endpoints`)
-//!   and `identity-gc-interval`.
-//! - **Degraded** while a round fails (etcd away): nothing is deleted then, and the marks
-//!   are kept for the next round.
+//! - **Depends on** `leader-election`, and the kvstore keys (`kvstore`, `kvstore-endpoints`
+//!   or `kvstore-opt etcd.config`, the agents' etcd configuration file with its TLS) and
+//!   `identity-gc-interval`. A configuration that cannot work (a file missing, a key that
+//!   does not go with its certificate) stops the operator at start, naming the file and key.
+//! - **Degraded** while a round fails (etcd away, or refusing the operator's certificate,
+//!   with etcd's reason): nothing is deleted then, and the marks are kept for the next round.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cellium_hive::{BoxError, Config, Jobs, Module};
-use cellium_kvstore::{IdentityGc, KvstoreConfig, KvstoreKind};
+use cellium_kvstore::{EtcdAccess, IdentityGc, KvstoreConfig, KvstoreKind};
 use tokio::sync::Mutex;
 
 use crate::config::GcConfig;
@@ -29,16 +31,21 @@ pub fn cell() -> Module {
     .invoke(start)
 }
 
-fn start(kv: Config<KvstoreConfig>, gc: Config<GcConfig>, leadership: Arc<Leadership>, jobs: Jobs) {
+fn start(
+    kv: Config<KvstoreConfig>,
+    gc: Config<GcConfig>,
+    leadership: Arc<Leadership>,
+    jobs: Jobs,
+) -> Result<(), cellium_kvstore::Error> {
     if kv.kvstore != KvstoreKind::Etcd {
-        return;
+        return Ok(());
     }
-    let endpoints = kv.endpoints();
+    let access = EtcdAccess::from_config(&kv).map_err(cellium_kvstore::Error::Config)?;
     let state: Arc<Mutex<(Option<etcd_client::Client>, IdentityGc)>> =
         Arc::new(Mutex::new((None, IdentityGc::new())));
     let interval = gc.identity_gc_interval.max(Duration::from_millis(100));
     jobs.timer("identities", interval, move |ctx| {
-        let (state, endpoints, leadership) = (state.clone(), endpoints.clone(), leadership.clone());
+        let (state, access, leadership) = (state.clone(), access.clone(), leadership.clone());
         async move {
             let mut state = state.lock().await;
             if !leadership.leading() {
@@ -48,9 +55,10 @@ fn start(kv: Config<KvstoreConfig>, gc: Config<GcConfig>, leadership: Arc<Leader
                 return Ok(());
             }
             if state.0.is_none() {
-                let client = etcd_client::Client::connect(&endpoints, None)
+                let client = access
+                    .connect()
                     .await
-                    .map_err(|e| format!("etcd at {}: {e}", endpoints.join(",")))?;
+                    .map_err(|e| format!("etcd at {}: {e}", access.endpoints.join(",")))?;
                 state.0 = Some(client);
             }
             let (client, gc) = &mut *state;
@@ -68,4 +76,5 @@ fn start(kv: Config<KvstoreConfig>, gc: Config<GcConfig>, leadership: Arc<Leader
         }
     })
     .add();
+    Ok(())
 }

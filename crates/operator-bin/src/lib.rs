@@ -25,7 +25,8 @@
 //! - `cluster-pool-ipv4-cidr` (list, none), `cluster-pool-ipv4-mask-size` (24),
 //!   `cluster-pool-ipv6-cidr` (list, none), `cluster-pool-ipv6-mask-size` (112).
 //! - `identity-gc-interval` (15m), `endpoint-gc-interval` (5m), `nodes-gc-interval` (5m).
-//! - `kvstore` (`etcd` or empty), `kvstore-endpoints`: the agents' etcd, for `kvstore-gc`
+//! - `kvstore` (`etcd` or empty), `kvstore-endpoints` or `kvstore-opt` (`etcd.config=FILE`,
+//!   with TLS): the agents' etcd, for `kvstore-gc`
 //!   (the agent-side keys `kvstore-lease-ttl` and `kvstore-allocation-timeout` are accepted
 //!   and unused).
 //!

@@ -51,8 +51,12 @@ fn node(url: &str, name: &str) -> anyhow::Result<Arc<Kvstore>> {
         kvstore_endpoints: url.into(),
         kvstore_lease_ttl: Duration::from_secs(60),
         kvstore_allocation_timeout: Duration::from_secs(120),
+        ..KvstoreConfig::default()
     };
     let kv = Kvstore::new(cfg, Some(name.into())).map_err(anyhow::Error::msg)?;
+    // Each node's address, the last part of its identity references (`n3`: 192.0.2.3).
+    let n: u8 = name.trim_start_matches('n').parse()?;
+    kv.set_node_ip(&[std::net::Ipv4Addr::new(192, 0, 2, n).into()]);
     tokio::spawn(kv.clone().run());
     Ok(kv)
 }

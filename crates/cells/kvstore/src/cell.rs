@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cellium_api::StatusNote;
 use cellium_endpoint_manager::EndpointManager;
-use cellium_hive::{BoxError, Config, Jobs, Trigger};
+use cellium_hive::{BoxError, Config, Jobs, Reporter, Trigger};
 use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_labels::Labels;
@@ -27,8 +27,9 @@ use crate::store::Kvstore;
 /// How often the jobs run when nothing triggers them.
 const RESYNC: Duration = Duration::from_secs(30);
 
-/// The provider: the kvstore, and its loops as the job `session` (until the hive stops);
-/// its counter of forged `id/` keys put back registered with the metrics.
+/// The provider: the kvstore, and its loops as the job `session` (until the hive stops),
+/// Degraded while etcd refuses this node's TLS handshake or credentials; its counter of forged
+/// `id/` keys put back registered with the metrics.
 pub(crate) fn provide(
     cfg: Config<KvstoreConfig>,
     resources: Option<Arc<Resources>>,
@@ -51,7 +52,8 @@ pub(crate) fn provide(
             async move {
                 tokio::select! {
                     _ = ctx.cancelled() => {}
-                    _ = run.run() => {}
+                    _ = run.clone().run() => {}
+                    _ = report_refusal(&run, ctx.reporter().clone()) => {}
                 }
                 Ok::<(), BoxError>(())
             }
@@ -59,6 +61,26 @@ pub(crate) fn provide(
         .add();
     }
     Ok(kv)
+}
+
+/// Reports whether etcd refuses this node: Degraded with etcd's (or the TLS layer's) reason,
+/// since waiting does not mend a certificate that etcd does not accept, unlike etcd away
+/// (which `cellium status`'s note tells, without Degraded).
+async fn report_refusal(kv: &Kvstore, reporter: Reporter) {
+    let mut refusal = kv.refusal();
+    loop {
+        match refusal.borrow_and_update().clone() {
+            Some(why) => reporter.degraded(format!(
+                "TLS with etcd at {} refused, by etcd or by this node (check the \
+                 certificates of kvstore-opt etcd.config): {why}",
+                kv.endpoints()
+            )),
+            None => reporter.ok(format!("etcd at {}", kv.endpoints())),
+        }
+        if refusal.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// The contribution: with a kvstore, the jobs `identities` (every `id/` key learnt by the
@@ -191,6 +213,7 @@ fn write_node(kv: &Arc<Kvstore>, resources: Arc<Resources>, ipam: Option<Arc<Ipa
                 &resources.cilium_nodes.list(),
                 kv.node(),
             );
+            kv.set_node_ip(&addresses);
             let cidrs: Vec<_> = ipam
                 .map(|i| i.pools().into_iter().map(|p| p.cidr).collect())
                 .unwrap_or_default();

@@ -55,9 +55,9 @@ impl FirstTry {
     /// alone when that number already holds these labels. Two nodes racing here agree, as the
     /// creation is atomic with those checks: the loser's nested branch takes the winner's
     /// number.
-    fn new(labels_key: &str, node: &str, lease: i64) -> Option<FirstTry> {
+    fn new(labels_key: &str, suffix: &str, lease: i64) -> Option<FirstTry> {
         let id = keys::probe_sequence(labels_key).next()?;
-        let (id_key, value_key) = (keys::id_key(id), keys::value_key(labels_key, node));
+        let (id_key, value_key) = (keys::id_key(id), keys::value_key(labels_key, suffix));
         let value = id.to_string();
         let put_value = TxnOp::put(
             value_key.as_str(),
@@ -165,9 +165,10 @@ impl Kvstore {
             Some(e) => format!("no session lease yet (etcd: {e})"),
             None => "no session lease yet".to_string(),
         })?;
+        let suffix = self.suffix()?;
         let tries: Vec<Option<FirstTry>> = batch
             .iter()
-            .map(|p| FirstTry::new(&p.labels_key, self.node(), lease))
+            .map(|p| FirstTry::new(&p.labels_key, suffix, lease))
             .collect();
         let ops: Vec<TxnOp> = tries
             .iter()

@@ -53,7 +53,7 @@ impl IdentityGc {
             ),
         )
         .await?;
-        // The labels keys some node uses: a value key is `value/<labels key>/<node>`.
+        // The labels keys some node uses: a value key is `value/<labels key>/<node IP>`.
         let used: BTreeSet<String> = values
             .kvs()
             .iter()

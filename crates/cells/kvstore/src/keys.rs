@@ -1,8 +1,9 @@
 //! Cilium's key layout in etcd, so the data reads the same to anyone who knows Cilium's.
 //!
 //! - `cilium/state/identities/v1/id/<N>` -> the labels key: the number's owner, no lease;
-//! - `cilium/state/identities/v1/value/<labels key>/<node>` -> `<N>`: one per node using it,
-//!   on that node's lease;
+//! - `cilium/state/identities/v1/value/<labels key>/<node IP>` -> `<N>`: one per node using
+//!   it, on that node's lease, ending with the node's IPv4 address (else IPv6), as Cilium's
+//!   `GetNodeSuffix`;
 //! - `cilium/state/identities/v1/locks/<labels key>` -> the holder: allocation's lock;
 //! - `cilium/state/ip/v1/default/<IP>` -> [`IpEntry`] JSON, on the hosting node's lease;
 //! - `cilium/state/nodes/v1/<cluster>/<node>` -> [`NodeEntry`] JSON, on the node's lease.
@@ -55,9 +56,9 @@ pub fn value_prefix(labels_key: &str) -> String {
     format!("{VALUE_PREFIX}{labels_key}/")
 }
 
-/// `value/<labels key>/<node>`.
-pub fn value_key(labels_key: &str, node: &str) -> String {
-    format!("{VALUE_PREFIX}{labels_key}/{node}")
+/// `value/<labels key>/<node IP>`: `suffix` is the node's address (`Kvstore::node_suffix`).
+pub fn value_key(labels_key: &str, suffix: &str) -> String {
+    format!("{VALUE_PREFIX}{labels_key}/{suffix}")
 }
 
 /// `locks/<labels key>`.
@@ -262,8 +263,8 @@ mod tests {
         assert_eq!(parse_labels_key(""), None);
         assert_eq!(parse_labels_key("no source;"), None);
         assert_eq!(
-            value_key(&key, "n1"),
-            "cilium/state/identities/v1/value/k8s:app=web;k8s:io.kubernetes.pod.namespace=demo;/n1"
+            value_key(&key, "192.0.2.1"),
+            "cilium/state/identities/v1/value/k8s:app=web;k8s:io.kubernetes.pod.namespace=demo;/192.0.2.1"
         );
     }
 

@@ -19,16 +19,20 @@
 //!   address, pods' named ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
 //!   IPAM (this node's pod CIDRs).
 //! - **Config keys:** `kvstore` (`etcd`, or empty: off), `kvstore-endpoints`
-//!   (comma-separated URLs), `kvstore-lease-ttl` (default 15m), `kvstore-allocation-timeout`
-//!   (default 30s).
+//!   (comma-separated URLs) or `kvstore-opt` (`etcd.config=FILE`: Cilium's etcd configuration
+//!   file, with TLS: [`etcd_config`]), `kvstore-lease-ttl` (default 15m),
+//!   `kvstore-allocation-timeout` (default 30s).
 //! - **Degraded** (`kvstore.session`, `kvstore.identities`, `kvstore.ip-entries`) never for
 //!   etcd being away: the agent keeps enforcing what it knows, and the status note says
 //!   `unreachable` with the last error; allocations of new label sets fail after
-//!   `kvstore-allocation-timeout`.
+//!   `kvstore-allocation-timeout`. `kvstore.session` is Degraded, with the reason, while the
+//!   TLS handshake with etcd is refused (a certificate one side does not accept), which
+//!   waiting does not mend.
 
 mod cell;
 mod config;
 mod error;
+pub mod etcd_config;
 mod first_try;
 mod gc;
 mod ips;
@@ -40,8 +44,11 @@ mod store;
 
 use cellium_hive::Module;
 
-pub use config::{DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind};
+pub use config::{
+    DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind, KvstoreOpt,
+};
 pub use error::{Error, Result};
+pub use etcd_config::EtcdAccess;
 pub use gc::{GcRound, IdentityGc};
 pub use ips::{KvRemote, desired as desired_ips};
 pub use nodes::own_entry as own_node_entry;

@@ -15,7 +15,7 @@
 //!    keeps two nodes from probing the same labels at once (a number freed by the GC
 //!    between their probes would otherwise split them); both walk the same sequence.
 //!
-//! A node's use of a number is its `value/<labels key>/<node>` key, on its lease, kept while
+//! A node's use of a number is its `value/<labels key>/<node IP>` key, on its lease, kept while
 //! any of its pods has the labels and written again (with `id/<N>` if that went) after etcd
 //! comes back or someone deletes it. Every step is bounded by `kvstore-allocation-timeout`:
 //! past it the allocation fails naming etcd and its last error, and the CNI ADD with it.
@@ -74,15 +74,26 @@ impl ClusterNumbering for KvNumbering {
 
     fn release(&self, labels: &Labels) {
         let key = keys::labels_key(labels);
-        self.kv.unkeep(&keys::value_key(&key, self.kv.node()));
+        if !self.kv.use_early(&key, None)
+            && let Ok(suffix) = self.kv.suffix()
+        {
+            self.kv.unkeep(&keys::value_key(&key, suffix));
+        }
     }
 }
 
 impl Kvstore {
-    /// Records this node's use of `id` for `labels_key`: its `value/` key, kept on the lease.
+    /// Records this node's use of `id` for `labels_key`: its `value/` key, kept on the lease
+    /// (once the node's address, the key's last part, is known).
     pub fn use_number(&self, labels_key: &str, id: u32) {
+        if self.use_early(labels_key, Some(id)) {
+            return;
+        }
+        let Ok(suffix) = self.suffix() else {
+            return;
+        };
         self.keep(
-            keys::value_key(labels_key, self.node()),
+            keys::value_key(labels_key, suffix),
             Kept {
                 value: id.to_string(),
                 master: Some((keys::id_key(id), labels_key.to_string())),
@@ -127,6 +138,7 @@ impl Kvstore {
     /// One try: the first without the lock (batched with others, `first_try`), then under
     /// the label set's lock.
     async fn allocate(self: &Arc<Self>, labels_key: &str) -> Result<u32, String> {
+        self.suffix()?;
         if let Some(id) = self.first_try(labels_key).await? {
             return Ok(id);
         }
@@ -212,7 +224,7 @@ impl Kvstore {
             .first()
             .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u32>().ok())
         {
-            let value_key = keys::value_key(labels_key, self.node());
+            let value_key = keys::value_key(labels_key, self.suffix()?);
             self.put_value(
                 client,
                 &value_key,
@@ -226,7 +238,10 @@ impl Kvstore {
             return Ok(id);
         }
         for id in keys::probe_sequence(labels_key).take(MAX_PROBES) {
-            let (id_key, value_key) = (keys::id_key(id), keys::value_key(labels_key, self.node()));
+            let (id_key, value_key) = (
+                keys::id_key(id),
+                keys::value_key(labels_key, self.suffix()?),
+            );
             let value = id.to_string();
             let txn = Txn::new()
                 .when([Compare::create_revision(

@@ -4,18 +4,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, TlsOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Notify, OnceCell, watch};
 
 use crate::config::{KvstoreConfig, KvstoreKind};
+use crate::etcd_config::{EtcdAccess, chain};
 use crate::keys;
 use crate::mirror::{Change, Mirror};
 
@@ -50,7 +52,7 @@ impl Backoff {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Kept {
     pub(crate) value: String,
-    /// For `value/<labels key>/<node>`: the identity's `id/<N>` key and the labels key it
+    /// For `value/<labels key>/<node IP>`: the identity's `id/<N>` key and the labels key it
     /// must hold; written with it when absent (the operator's GC may have removed it while
     /// this node was away), and the write refused when it holds other labels.
     pub(crate) master: Option<(String, String)>,
@@ -78,7 +80,17 @@ struct Status {
 pub struct Kvstore {
     cfg: KvstoreConfig,
     endpoints: Vec<String>,
+    /// With `https://` endpoints (`kvstore-opt etcd.config`): the CA and client certificate.
+    tls: Option<TlsOptions>,
     node: String,
+    /// The last part of this node's `value/` keys, Cilium's `GetNodeSuffix`: the node's IPv4
+    /// address, else its IPv6 one; set once, when the node's address is first known.
+    suffix: OnceLock<String>,
+    /// Numbers this node uses, by labels key, recorded before its suffix was known: kept as
+    /// `value/` keys once it is.
+    early_uses: Mutex<BTreeMap<String, u32>>,
+    /// Why etcd refuses this node (its TLS handshake or credentials), while it does.
+    refused: watch::Sender<Option<String>>,
     client: OnceCell<Client>,
     /// The session lease, `None` while there is none.
     lease: watch::Sender<Option<i64>>,
@@ -122,7 +134,7 @@ pub(crate) async fn timed<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Ok(Err(e)) => Err(format!("{what}: {}", describe(&e))),
         Err(_) => Err(format!(
             "{what}: no answer within {}",
             humantime(REQUEST_TIMEOUT)
@@ -134,24 +146,42 @@ pub(crate) fn humantime(d: Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
 }
 
+/// An etcd client's error with its causes: a refused TLS handshake is told only by the
+/// innermost one.
+pub(crate) fn describe(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            let mut text = status.message().to_string();
+            if let Some(source) = std::error::Error::source(status) {
+                let more = chain(source);
+                // tonic's message is often the source's first words: say them once.
+                if more.starts_with(&text) {
+                    text = more;
+                } else if !text.contains(&more) {
+                    text = format!("{text}: {more}");
+                }
+            }
+            format!("{:?}: {text}", status.code())
+        }
+        etcd_client::Error::TransportError(e) => chain(e),
+        other => other.to_string(),
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 impl Kvstore {
     /// The kvstore of `node` as `cfg` says: inactive unless `kvstore: etcd`, which needs
-    /// endpoints and a node name. Nothing is contacted until [`run`](Self::run)'s loops or a
-    /// request.
+    /// endpoints (with their TLS files readable and consistent, see `etcd_config`) and a node
+    /// name. Nothing is contacted until [`run`](Self::run)'s loops or a request.
     pub fn new(cfg: KvstoreConfig, node: Option<String>) -> Result<Arc<Kvstore>, String> {
-        let endpoints = cfg.endpoints();
+        let mut access = EtcdAccess::default();
         let node = match cfg.kvstore {
             KvstoreKind::None => node.unwrap_or_default(),
             KvstoreKind::Etcd => {
-                if endpoints.is_empty() {
-                    return Err(
-                        "kvstore: etcd needs kvstore-endpoints (comma-separated URLs)".into(),
-                    );
-                }
+                access = EtcdAccess::from_config(&cfg)?;
                 if cfg.kvstore_lease_ttl < Duration::from_secs(2) {
                     return Err(format!(
                         "kvstore-lease-ttl {} is below etcd's minimum of 2s",
@@ -173,8 +203,12 @@ impl Kvstore {
         };
         Ok(Arc::new(Kvstore {
             cfg,
-            endpoints,
+            endpoints: access.endpoints,
+            tls: access.tls,
             node,
+            suffix: OnceLock::new(),
+            early_uses: Mutex::default(),
+            refused: watch::channel(None).0,
             client: OnceCell::new(),
             lease: watch::channel(None).0,
             owned: Mutex::default(),
@@ -205,9 +239,60 @@ impl Kvstore {
         self.endpoints.join(",")
     }
 
-    /// This node's name, the last part of its `value/` keys.
+    /// This node's name (its `nodes/v1/` key, its lock tokens).
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// Sets the last part of this node's `value/` keys from its address, as Cilium's agents
+    /// do (`GetNodeSuffix`: its IPv4 address, else its IPv6 one), so that the keys read the
+    /// same to Cilium's tools. Set once: a later address takes effect at the next start
+    /// (the keys of the old one go with the old lease).
+    pub fn set_node_ip(&self, addresses: &[IpAddr]) {
+        let Some(ip) = addresses
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or_else(|| addresses.first())
+        else {
+            return;
+        };
+        if self.suffix.set(ip.to_string()).is_err() {
+            return;
+        }
+        let early = std::mem::take(&mut *lock(&self.early_uses));
+        for (labels_key, id) in early {
+            self.use_number(&labels_key, id);
+        }
+    }
+
+    /// The last part of this node's `value/` keys, once its address is known.
+    pub fn node_suffix(&self) -> Option<&str> {
+        self.suffix.get().map(String::as_str)
+    }
+
+    /// As [`node_suffix`](Self::node_suffix), or why there is none yet.
+    pub(crate) fn suffix(&self) -> Result<&str, String> {
+        self.node_suffix().ok_or_else(|| {
+            "this node has no address yet (its identity references in etcd end with it)".into()
+        })
+    }
+
+    /// Records a use of `id` for `labels_key` made before the suffix is known; `false` when
+    /// the suffix is known (then the caller keeps the `value/` key itself).
+    pub(crate) fn use_early(&self, labels_key: &str, id: Option<u32>) -> bool {
+        if self.suffix.get().is_some() {
+            return false;
+        }
+        let mut early = lock(&self.early_uses);
+        // Checked again under the lock: `set_node_ip` takes the early uses under it.
+        if self.suffix.get().is_some() {
+            return false;
+        }
+        match id {
+            Some(id) => early.insert(labels_key.to_string(), id),
+            None => early.remove(labels_key),
+        };
+        true
     }
 
     /// The session lease now, `None` while there is none.
@@ -230,16 +315,19 @@ impl Kvstore {
     pub(crate) async fn client(&self) -> Result<Client, String> {
         self.client
             .get_or_try_init(|| async {
-                let options = ConnectOptions::new()
+                let mut options = ConnectOptions::new()
                     .with_connect_timeout(REQUEST_TIMEOUT)
                     // A partition shows as a dead connection within this, not a silent watch.
                     .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
                     .with_keep_alive_while_idle(true);
+                if let Some(tls) = &self.tls {
+                    options = options.with_tls(tls.clone());
+                }
                 Client::connect(&self.endpoints, Some(options)).await
             })
             .await
             .cloned()
-            .map_err(|e| format!("etcd client for {}: {e}", self.endpoints()))
+            .map_err(|e| format!("etcd client for {}: {}", self.endpoints(), describe(&e)))
     }
 
     /// Records a failed request.
@@ -248,11 +336,28 @@ impl Kvstore {
         let mut s = lock(&self.status);
         s.connected = Some(false);
         s.last_error = Some((error.to_string(), SystemTime::now()));
+        drop(s);
+        if is_refusal(error) {
+            let why = Some(error.to_string());
+            self.refused.send_if_modified(|r| {
+                let changed = r.is_none();
+                *r = why;
+                changed
+            });
+        }
     }
 
     /// Records an answer from etcd.
     pub(crate) fn answered(&self) {
         lock(&self.status).connected = Some(true);
+        self.refused.send_if_modified(|r| r.take().is_some());
+    }
+
+    /// Why etcd refuses this node, while it does (`None` otherwise); changes each time it
+    /// starts or stops refusing. Not for etcd being away: only a TLS handshake or
+    /// credentials refused, which waiting does not mend.
+    pub fn refusal(&self) -> watch::Receiver<Option<String>> {
+        self.refused.subscribe()
     }
 
     /// Whether the last request was answered (`None` before the first).
@@ -568,7 +673,7 @@ impl Kvstore {
         Ok(())
     }
 
-    /// Writes `value/<labels key>/<node>` on `lease`, with `id/<N>` when absent (the number
+    /// Writes `value/<labels key>/<node IP>` on `lease`, with `id/<N>` when absent (the number
     /// freed meanwhile). Refused, as `conflict: ...`, when `id/<N>` holds other labels.
     pub(crate) async fn put_value(
         &self,
@@ -650,7 +755,7 @@ impl Kvstore {
                     let Some(answer) = stream
                         .message()
                         .await
-                        .map_err(|e| format!("watching {prefix}: {e}"))?
+                        .map_err(|e| format!("watching {prefix}: {}", describe(&e)))?
                     else {
                         return Err(format!("the watch of {prefix} ended"));
                     };
@@ -764,6 +869,23 @@ impl Kvstore {
         key.strip_prefix(keys::ID_PREFIX)?;
         self.held(key).filter(|(labels, _)| labels != value)
     }
+}
+
+/// Whether a request failed because etcd, or this client, refused the other's certificate or
+/// credentials (as tonic, rustls and etcd tell it), rather than because etcd is away.
+fn is_refusal(error: &str) -> bool {
+    let e = error.to_ascii_lowercase();
+    [
+        "certificate",
+        "fatal alert",
+        "handshake",
+        "unknownissuer",
+        "unauthenticated",
+        "permissiondenied",
+        "permission denied",
+    ]
+    .iter()
+    .any(|sign| e.contains(sign))
 }
 
 /// The prefixes the kvstore mirrors.
