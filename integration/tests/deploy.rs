@@ -359,8 +359,9 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
         .api()
         .kubectl(&["delete", "pod", "other", "-n", "shop"], "")
         .unwrap();
-    // The Pod object goes without a CNI DEL: the operator collects its CiliumEndpoint, then
-    // the identity no endpoint uses any more.
+    // The Pod object goes without a CNI DEL: the operator collects its CiliumEndpoint. The
+    // endpoint keeps the pod's labels, and so its identity, until the runtime's DEL; then
+    // the operator collects the identity no endpoint uses any more.
     let web_identity = cep(&cluster, "web").unwrap()["status"]["identity"]["id"].clone();
     cluster
         .api()
@@ -371,6 +372,7 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
             cep(&cluster, "web").is_none()
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    cluster.remove_pod_network("shop/web").unwrap();
     let identity = web_identity.to_string();
     cluster
         .eventually("the operator collects web's identity", || {
