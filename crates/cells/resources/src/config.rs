@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::node_ports::NodePortRange;
+use crate::apply::node_ports::NodePortRange;
 
 /// The default of `apply-max-bytes`: the Kubernetes API server's limit on a request body.
 pub const DEFAULT_APPLY_MAX_BYTES: usize = 3 * 1024 * 1024;

@@ -15,10 +15,10 @@ use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::feed::{as_decided, key_from};
-use crate::key::ObjectKey;
-use crate::kinds::Parsed;
-use crate::objects::{EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service};
-use crate::validate::FieldError;
+use cellium_k8s_objects::ObjectKey;
+use cellium_k8s_objects::kinds::Parsed;
+use cellium_k8s_objects::validate::FieldError;
+use cellium_k8s_objects::{EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service};
 
 /// An object of a built-in kind from the API server: decoded, or why it does not decode.
 #[derive(Clone, Debug)]
@@ -176,7 +176,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
-use crate::key::Object;
+use cellium_k8s_objects::Object;
 
 built_in!(core::Namespace, Namespace);
 built_in!(core::Pod, Pod);

@@ -1,6 +1,6 @@
 //! Errors of applying and deleting objects, and of the cell's configuration.
 
-use crate::document::DocumentError;
+use cellium_k8s_objects::document::DocumentError;
 
 /// Why an apply or delete changed nothing, or why the cell cannot be built.
 #[derive(Debug, thiserror::Error)]

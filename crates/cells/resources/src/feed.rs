@@ -23,20 +23,20 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::decoded::{BuiltIn, Decoded, path_error};
-use crate::document::decode;
-use crate::gap;
-use crate::key::{Object, ObjectKey};
-use crate::kinds::Parsed;
 use crate::listing::Listing;
-use crate::objects::cilium_decode::CiliumPolicyDoc;
-use crate::objects::service::{RequestedIp, ServiceDraft};
-use crate::objects::{
+use crate::resources::Resources;
+use cellium_k8s_objects::cilium_decode::CiliumPolicyDoc;
+use cellium_k8s_objects::document::decode;
+use cellium_k8s_objects::gap;
+use cellium_k8s_objects::kinds::Parsed;
+use cellium_k8s_objects::service::{RequestedIp, ServiceDraft};
+use cellium_k8s_objects::validate::FieldError;
+use cellium_k8s_objects::{
     CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
     CiliumNode, ClusterIp, EndpointSlice, IpFamily, IpFamilyPolicy, Namespace, NetworkPolicy, Node,
     Pod, Service,
 };
-use crate::resources::Resources;
-use crate::validate::FieldError;
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// The kinds the API server feeds, as `(apiVersion, kind)`.
 pub const API_KINDS: [(&str, &str); 11] = [
@@ -348,7 +348,7 @@ pub(crate) fn as_decided(draft: &mut ServiceDraft) -> Result<(), FieldError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::gap::GapScope;
+    use cellium_k8s_objects::gap::GapScope;
     use serde_json::json;
 
     /// A complete list of `kind`, as a watcher fills it.

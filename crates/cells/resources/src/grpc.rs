@@ -15,8 +15,8 @@ use cellium_api::v1::{ApplyRequest, ApplyResponse, ObjectResult};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
+use crate::apply::record::error_chain;
 use crate::error::Error;
-use crate::record::error_chain;
 use crate::resources::{Outcome, Resources};
 
 /// Room for the request's other fields besides the YAML text.

@@ -43,55 +43,42 @@
 mod apply;
 #[cfg(test)]
 mod cell_tests;
-mod cluster_ips;
 mod config;
 mod decoded;
-mod document;
 mod error;
 mod feed;
-mod gap;
 mod grpc;
-mod key;
-mod kinds;
 mod limits;
 mod listing;
-mod node_ports;
-mod objects;
-mod policy_dir;
-mod record;
 mod resources;
 mod service_ip;
 mod sync;
 mod table;
-mod validate;
 mod writers;
 
 use cellium_hive::Module;
 
-pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
-pub use decoded::{BuiltIn, Decoded};
-pub use document::DocumentError;
-pub use error::{Error, Result};
-pub use feed::{API_KINDS, ApiSource, Feed};
-pub use gap::{GapScope, PolicyGap};
-pub use grpc::ResourcesService;
-pub use key::{Object, ObjectKey};
-pub use limits::Limits;
-pub use listing::Listing;
-pub use node_ports::NodePortRange;
-pub use objects::{
+pub use apply::node_ports::NodePortRange;
+pub use apply::policy_dir::PolicyDir;
+pub use cellium_k8s_objects::{
     CONTROLLER_MANAGED_BY, CidrBlock, CiliumClusterwideNetworkPolicy, CiliumEndpoint,
     CiliumIdentity, CiliumNetworkPolicy, CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule,
-    ClusterIp, EndpointSlice, Entity, Exposure, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION,
-    LabelRequirement, LabelSelector, LbAlgorithm, NAME_LABEL, NamedPort, Namespace, NetworkPolicy,
-    NetworkPolicyPeer, NetworkPolicyRule, Node, Pod, PolicyPort, PolicyType, PortRef, Protocol,
-    SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service,
-    ServiceOwner, ServicePort, ServiceType, SliceEndpoint, SlicePort, TrafficPolicy,
+    ClusterIp, DocumentError, EndpointSlice, Entity, Exposure, FieldError, GapScope, IpFamily,
+    IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LabelRequirement, LabelSelector, LbAlgorithm,
+    NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node,
+    Object, ObjectKey, Pod, PolicyGap, PolicyPort, PolicyType, PortRef, Protocol, SELECTOR_SOURCES,
+    SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service, ServiceOwner, ServicePort,
+    ServiceType, SliceEndpoint, SlicePort, TrafficPolicy,
 };
-pub use policy_dir::PolicyDir;
+pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
+pub use decoded::{BuiltIn, Decoded};
+pub use error::{Error, Result};
+pub use feed::{API_KINDS, ApiSource, Feed};
+pub use grpc::ResourcesService;
+pub use limits::Limits;
+pub use listing::Listing;
 pub use resources::{Action, Outcome, Resources};
 pub use table::{Change, Event, Table, Writer};
-pub use validate::FieldError;
 
 /// The `resources` module.
 pub fn cell() -> Module {

@@ -11,8 +11,8 @@ use libyaml_safer::{EventData, Parser};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{MAX_APPLY_MAX_DEPTH, ResourcesConfig};
-use crate::document::DocumentError;
 use crate::error::{Error, Result};
+use cellium_k8s_objects::document::DocumentError;
 
 /// How many parser events pass between two looks at the cancellation token.
 const EVENTS_PER_CANCEL_CHECK: u64 = 4096;

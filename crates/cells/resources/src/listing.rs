@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use crate::decoded::{BuiltIn, Decoded};
 use crate::feed::{Feed, from_api, key_of};
-use crate::key::ObjectKey;
-use crate::kinds::Parsed;
-use crate::validate::FieldError;
+use cellium_k8s_objects::ObjectKey;
+use cellium_k8s_objects::kinds::Parsed;
+use cellium_k8s_objects::validate::FieldError;
 
 /// One object of a list: its key, and its typed form or why it cannot be put in force.
 pub(crate) type Item = (ObjectKey, Result<Parsed, FieldError>);

@@ -10,21 +10,21 @@ use cellium_statedir::StateDir;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::policy_dir;
+use crate::apply::record::{Record, error_chain};
 use crate::config::ResourcesConfig;
 use crate::error::{Error, Result};
 use crate::feed::{ApiSource, Feed, Rejection};
-use crate::gap::{self, GapScope, PolicyGap};
-use crate::key::{Object, ObjectKey};
 use crate::limits::Limits;
-use crate::objects::{
-    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
-};
-use crate::policy_dir;
-use crate::record::{Record, error_chain};
 use crate::service_ip::ServiceRanges;
 use crate::table::Table;
 use crate::writers::Writers;
+use cellium_k8s_objects::gap::{self, GapScope, PolicyGap};
+use cellium_k8s_objects::{
+    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
+    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
+};
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// How long `pod_for_add` waits between two reads of the API server.
 const POD_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
@@ -100,7 +100,7 @@ pub struct Resources {
     /// The range cluster IPs come from.
     pub(crate) service_ranges: ServiceRanges,
     /// `node-port-range`.
-    pub(crate) node_port_range: crate::node_ports::NodePortRange,
+    pub(crate) node_port_range: crate::apply::node_ports::NodePortRange,
     /// The bounds on one applied text.
     pub(crate) limits: Limits,
     /// The apply lock: the writers and the record. Applies and deletes take it one at a time,
@@ -631,7 +631,7 @@ impl State {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::record::error_chain;
+    use crate::apply::record::error_chain;
 
     pub(crate) const APP: &str = r#"
 apiVersion: v1

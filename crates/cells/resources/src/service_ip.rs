@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ipnet::IpNet;
 
-use crate::objects::IpFamily;
+use cellium_k8s_objects::IpFamily;
 
 /// The most host bits a range may have (2^20 addresses), as the API server allows.
 const MAX_HOST_BITS: u8 = 20;

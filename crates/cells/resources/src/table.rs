@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::{broadcast, watch};
 
-use crate::key::{Object, ObjectKey};
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// How many unread events a subscriber may fall behind before it is told it lagged.
 const EVENT_BUFFER: usize = 4096;

@@ -2,14 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::key::{Object, ObjectKey};
-use crate::kinds::Parsed;
-use crate::objects::{
+use crate::resources::{Action, Outcome};
+use crate::table::{Change, Table, Writer};
+use cellium_k8s_objects::kinds::Parsed;
+use cellium_k8s_objects::{
     CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
     CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, SYSTEM_NAMESPACES, Service,
 };
-use crate::resources::{Action, Outcome};
-use crate::table::{Change, Table, Writer};
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// One writer per table.
 #[derive(Debug)]

@@ -3,11 +3,11 @@
 use k8s_openapi::api::networking::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::Protocol;
 use crate::key::{Object, ObjectKey};
-use crate::objects::Protocol;
-use crate::objects::pod::port_name;
-use crate::objects::policy_port::{CidrBlock, PolicyPort, PortRef, number};
-use crate::objects::selector::{LabelSelector, SelectorFlavor};
+use crate::pod::port_name;
+use crate::policy_port::{CidrBlock, PolicyPort, PortRef, number};
+use crate::selector::{LabelSelector, SelectorFlavor};
 use crate::validate::{self, FieldError};
 
 /// A direction a NetworkPolicy restricts.

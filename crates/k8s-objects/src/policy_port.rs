@@ -5,8 +5,8 @@ use std::fmt;
 
 use ipnet::IpNet;
 
-use crate::objects::Protocol;
-use crate::objects::pod::port_name;
+use crate::Protocol;
+use crate::pod::port_name;
 use crate::validate::FieldError;
 
 /// A port a rule names: a number or a container port's name.

@@ -25,10 +25,10 @@ use cellium_hive::Jobs;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::record::error_chain;
 use crate::error::Error;
-use crate::key::ObjectKey;
-use crate::record::error_chain;
 use crate::resources::{Action, Resources};
+use cellium_k8s_objects::ObjectKey;
 
 /// How often the directory is read.
 pub const POLL: Duration = Duration::from_secs(2);

@@ -36,7 +36,7 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// A kind stored in a [`Table`](crate::Table).
+/// A kind stored in a table (`cellium_resources::Table`).
 pub trait Object: fmt::Debug + Clone + PartialEq + Send + Sync + 'static {
     /// The Kubernetes kind, e.g. `Pod`.
     const KIND: &'static str;

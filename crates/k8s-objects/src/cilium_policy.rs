@@ -9,8 +9,8 @@ use std::str::FromStr;
 use ipnet::IpNet;
 
 use crate::key::{Object, ObjectKey};
-use crate::objects::policy_port::{CidrBlock, PolicyPort};
-use crate::objects::selector::LabelSelector;
+use crate::policy_port::{CidrBlock, PolicyPort};
+use crate::selector::LabelSelector;
 
 /// A Cilium entity: a class of peers known without their addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

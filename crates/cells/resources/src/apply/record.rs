@@ -28,8 +28,8 @@ use std::sync::Arc;
 use cellium_statedir::StateDir;
 use serde::{Deserialize, Serialize};
 
-use crate::key::ObjectKey;
 pub(crate) use cellium_hive::error_chain;
+use cellium_k8s_objects::ObjectKey;
 
 const DIR: &str = "resources";
 const JOURNAL: &str = "resources/journal";

@@ -21,9 +21,9 @@ use k8s_openapi::api::discovery::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::key::{Object, ObjectKey};
-use crate::objects::policy_port::number;
-use crate::objects::{IpFamily, Protocol};
+use crate::policy_port::number;
 use crate::validate::{self, FieldError};
+use crate::{IpFamily, Protocol};
 
 /// The label naming the service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

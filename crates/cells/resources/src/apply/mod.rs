@@ -1,21 +1,26 @@
 //! The apply path: a text decoded and checked on its own (no lock held), then, under the apply
 //! lock, checked against the state it changes, recorded, and made.
 
+pub(crate) mod cluster_ips;
+pub(crate) mod node_ports;
+pub(crate) mod policy_dir;
+pub(crate) mod record;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_yaml::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::document::{self, Document, DocumentError};
+use crate::apply::record::{Record, Transaction, error_chain};
 use crate::error::{Error, Result};
 use crate::feed::API_KINDS;
-use crate::key::{Object, ObjectKey};
-use crate::kinds::{self, Parsed};
-use crate::objects::{Namespace, SYSTEM_NAMESPACES};
-use crate::record::{Record, Transaction, error_chain};
 use crate::resources::{Action, Outcome, Resources, State, Store};
-use crate::validate::FieldError;
 use crate::writers::NAMESPACED;
+use cellium_k8s_objects::document::{self, Document, DocumentError};
+use cellium_k8s_objects::kinds::{self, Parsed};
+use cellium_k8s_objects::validate::FieldError;
+use cellium_k8s_objects::{Namespace, SYSTEM_NAMESPACES};
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// A document with its decoding: the object, or why it is invalid on its own.
 pub(crate) type Prepared = Vec<(Document, Result<Parsed, FieldError>)>;
@@ -369,9 +374,9 @@ mod tests {
     use cellium_statedir::StateDir;
 
     use super::*;
-    use crate::objects::ClusterIp;
     use crate::resources::tests::{APP, actions, default_range, persisted};
     use crate::service_ip::ServiceRanges;
+    use cellium_k8s_objects::ClusterIp;
 
     const SERVICES: &str = r#"
 apiVersion: v1
@@ -713,7 +718,7 @@ ports: [ { name: dns, port: 5353, protocol: UDP } ]
         r.apply("app.yaml", APP).unwrap();
         // Two services of one text, each with several ports, on a range of four ports.
         let mut r = Arc::try_unwrap(r).unwrap_or_else(|_| panic!("one owner"));
-        r.node_port_range = crate::node_ports::NodePortRange {
+        r.node_port_range = crate::apply::node_ports::NodePortRange {
             first: 30000,
             last: 30003,
         };

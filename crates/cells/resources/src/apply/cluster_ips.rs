@@ -26,12 +26,12 @@ use std::net::IpAddr;
 
 use serde_yaml::Value;
 
-use crate::key::{Object, ObjectKey};
-use crate::objects::service::{RequestedIp, ServiceDraft};
-use crate::objects::{ClusterIp, IpFamily, IpFamilyPolicy};
 use crate::resources::Resources;
 use crate::service_ip::ServiceRanges;
-use crate::validate::FieldError;
+use cellium_k8s_objects::service::{RequestedIp, ServiceDraft};
+use cellium_k8s_objects::validate::FieldError;
+use cellium_k8s_objects::{ClusterIp, IpFamily, IpFamilyPolicy};
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// What is decided for a service: what the table, or an earlier document of the same text,
 /// holds.

@@ -1,12 +1,24 @@
-//! The kinds the tables hold: slim copies of the Kubernetes objects with only what cells read,
-//! the policy kinds (NetworkPolicy, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy) and
-//! the load-balancing kinds (Service, EndpointSlice).
+//! Cellium's object model of the Kubernetes and Cilium kinds it reads: decoding from YAML or
+//! JSON, validation as the API server would do it, and keys. No I/O, no hive, no gRPC: the
+//! `resources` cell holds these objects in its tables, and any crate that only needs the
+//! kinds depends on this one (as kube-core is to kube).
+//!
+//! The kinds are slim copies of the Kubernetes objects with only what cells read: the policy
+//! kinds (NetworkPolicy, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy), the
+//! load-balancing kinds (Service, EndpointSlice), and the cluster kinds (Node, CiliumNode,
+//! CiliumIdentity, CiliumEndpoint).
 //!
 //! Storing only those fields keeps memory low (a full Pod object is mostly status and spec no
 //! cell of the agent reads) and keeps the cells independent of the Kubernetes types.
 
+pub mod document;
+pub mod gap;
+mod key;
+pub mod kinds;
+pub mod validate;
+
 mod cilium_cluster;
-pub(crate) mod cilium_decode;
+pub mod cilium_decode;
 mod cilium_policy;
 mod endpoint_slice;
 mod namespace;
@@ -16,8 +28,8 @@ mod pod;
 mod policy_port;
 mod protocol;
 mod selector;
-pub(crate) mod service;
-pub(crate) mod service_exposure;
+pub mod service;
+pub mod service_exposure;
 
 pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{
@@ -35,8 +47,13 @@ pub use pod::{NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};
-pub(crate) use selector::{RawSelector, SelectorFlavor};
+pub use selector::{RawSelector, SelectorFlavor};
 pub use service::{
     ClusterIp, IpFamily, IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LbAlgorithm, Service, ServicePort,
 };
 pub use service_exposure::{Exposure, ServiceType, TrafficPolicy};
+
+pub use document::{Document, DocumentError, decode};
+pub use gap::{GapScope, PolicyGap};
+pub use key::{Object, ObjectKey};
+pub use validate::FieldError;

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::key::ObjectKey;
-use crate::objects::{LabelSelector, RawSelector, SelectorFlavor};
+use crate::{LabelSelector, RawSelector, SelectorFlavor};
 
 /// An object policy depends on that is not in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl std::fmt::Display for GapScope {
 }
 
 /// The scope of an object of `kind` named `key` when nothing more of it can be read.
-pub(crate) fn scope_of_key(kind: &str, key: &ObjectKey) -> GapScope {
+pub fn scope_of_key(kind: &str, key: &ObjectKey) -> GapScope {
     let namespaced_policy = matches!(kind, "NetworkPolicy" | "CiliumNetworkPolicy");
     if namespaced_policy && !key.namespace.is_empty() {
         GapScope::Namespace(key.namespace.clone())
@@ -72,7 +72,7 @@ pub(crate) fn scope_of_key(kind: &str, key: &ObjectKey) -> GapScope {
 
 /// The scope of a Cilium policy (`spec` and `specs`) as the API server sent it, when every
 /// rule's subject reads; `None` otherwise.
-pub(crate) fn cilium_scope(value: &Value, namespace: Option<&str>) -> Option<GapScope> {
+pub fn cilium_scope(value: &Value, namespace: Option<&str>) -> Option<GapScope> {
     let subjects = Subjects::deserialize(value).ok()?;
     let rules: Vec<Subject> = subjects
         .spec

@@ -2,11 +2,11 @@
 //! dual-stack, checked and defaulted as the API server does.
 //!
 //! NodePort and LoadBalancer services, external IPs and the external traffic policy are read
-//! by [`service_exposure`](super::service_exposure). What the node cannot do is refused with
+//! by [`service_exposure`](crate::service_exposure). What the node cannot do is refused with
 //! "not supported" naming the field, never stored and silently left out: ExternalName
 //! services, load balancer source ranges, IPs and classes, SCTP ports and traffic
 //! distribution preferences. The cluster IPs and the families (`ipFamilies`,
-//! `ipFamilyPolicy`) are decided by [`Resources`](crate::Resources) (allocated from the
+//! `ipFamilyPolicy`) are decided by `cellium_resources::Resources` (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
 
@@ -17,11 +17,11 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::Protocol;
 use crate::key::{Object, ObjectKey};
-use crate::objects::Protocol;
-use crate::objects::pod::port_name;
-use crate::objects::policy_port::{PortRef, number};
-use crate::objects::service_exposure::{Exposure, ServiceType, TrafficPolicy, exposure};
+use crate::pod::port_name;
+use crate::policy_port::{PortRef, number};
+use crate::service_exposure::{Exposure, ServiceType, TrafficPolicy, exposure};
 use crate::validate::{self, FieldError};
 
 /// A service's virtual address (`spec.clusterIP`: of its first family).
@@ -253,7 +253,7 @@ impl Service {
     }
 
     /// Decodes a document's service; the address it asks for is decided by the caller.
-    pub(crate) fn from_k8s(svc: k8s::Service) -> Result<ServiceDraft, FieldError> {
+    pub fn from_k8s(svc: k8s::Service) -> Result<ServiceDraft, FieldError> {
         let meta = svc.metadata;
         let name = meta
             .name
@@ -313,7 +313,7 @@ impl Service {
 
 /// What a document asks for as the service's addresses (`clusterIP` and `clusterIPs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RequestedIp {
+pub enum RequestedIp {
     /// Nothing: keep the current ones, or allocate them.
     Unset,
     /// `None`: headless.
@@ -324,15 +324,17 @@ pub(crate) enum RequestedIp {
 
 /// A decoded service whose addresses and families are not decided yet: `service.cluster_ip`,
 /// `cluster_ips`, `ip_families` and `ip_family_policy` are meaningful only once
-/// [`Resources`](crate::Resources) has settled `requested`, `families` and `policy`.
+/// `cellium_resources::Resources` has settled `requested`, `families` and `policy`.
 #[derive(Debug, Clone)]
-pub(crate) struct ServiceDraft {
-    pub(crate) service: Service,
-    pub(crate) requested: RequestedIp,
+pub struct ServiceDraft {
+    /// The service, its addresses not decided yet.
+    pub service: Service,
+    /// The cluster IPs the document asks for.
+    pub requested: RequestedIp,
     /// `spec.ipFamilies` as written (checked: known values, at most two, no repeat).
-    pub(crate) families: Vec<IpFamily>,
+    pub families: Vec<IpFamily>,
     /// `spec.ipFamilyPolicy` as written.
-    pub(crate) policy: Option<IpFamilyPolicy>,
+    pub policy: Option<IpFamilyPolicy>,
 }
 
 fn not_supported(field: &str, what: &str) -> FieldError {
@@ -792,10 +794,7 @@ mod tests {
         .unwrap();
         let e = &d.service.exposure;
         assert_eq!(e.type_, ServiceType::LoadBalancer);
-        assert_eq!(
-            e.external_traffic_policy,
-            crate::objects::TrafficPolicy::Local
-        );
+        assert_eq!(e.external_traffic_policy, crate::TrafficPolicy::Local);
         assert!(e.wants_health_check() && e.allocates_node_ports());
         assert_eq!(e.external_ips.len(), 2);
         assert_eq!(d.service.ports[0].node_port, Some(30080));

@@ -10,9 +10,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::Value;
 
+use crate::NamedPort;
 use crate::key::{Object, ObjectKey};
-use crate::objects::NamedPort;
-use crate::objects::pod::port_name;
+use crate::pod::port_name;
 use crate::validate::FieldError;
 
 /// A node as its agent (and the operator's IPAM) describe it.
@@ -228,7 +228,7 @@ fn named_ports(status: &Value) -> Result<Vec<NamedPort>, FieldError> {
                 FieldError::new(format!("{field}.port"), "not a port number (1-65535)")
             })?;
         let protocol = match p.get("protocol").and_then(Value::as_str) {
-            None => crate::objects::Protocol::Tcp,
+            None => crate::Protocol::Tcp,
             Some(text) => parse(&format!("{field}.protocol"), text)?,
         };
         out.push(NamedPort {
@@ -286,17 +286,17 @@ mod tests {
                 NamedPort {
                     name: "http".into(),
                     port: 8080,
-                    protocol: crate::objects::Protocol::Tcp
+                    protocol: crate::Protocol::Tcp
                 },
                 NamedPort {
                     name: "dns".into(),
                     port: 53,
-                    protocol: crate::objects::Protocol::Udp
+                    protocol: crate::Protocol::Udp
                 },
                 NamedPort {
                     name: "m".into(),
                     port: 9,
-                    protocol: crate::objects::Protocol::Tcp
+                    protocol: crate::Protocol::Tcp
                 },
             ]
         );

@@ -1,14 +1,14 @@
 //! The kinds `apply` accepts, and how each document becomes a typed object.
 
+use crate::cilium_decode::CiliumPolicyDoc;
 use crate::document::{Document, decode};
 use crate::key::{Object, ObjectKey};
-use crate::objects::cilium_decode::CiliumPolicyDoc;
-use crate::objects::service::ServiceDraft;
-use crate::objects::{
+use crate::service::ServiceDraft;
+use crate::validate::FieldError;
+use crate::{
     CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
     CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
 };
-use crate::validate::FieldError;
 
 /// A decoded, checked object of a supported kind.
 #[derive(Debug, Clone)]

@@ -10,12 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-use crate::objects::Protocol;
-use crate::objects::cilium_policy::{CiliumPeerRule, CiliumPolicy, CiliumRule, Entity};
-use crate::objects::policy_port::{
-    CidrBlock, PolicyPort, PortRef, number, parse_cidr, port_from_text,
-};
-use crate::objects::selector::{LabelSelector, RawSelector, SelectorFlavor};
+use crate::Protocol;
+use crate::cilium_policy::{CiliumPeerRule, CiliumPolicy, CiliumRule, Entity};
+use crate::policy_port::{CidrBlock, PolicyPort, PortRef, number, parse_cidr, port_from_text};
+use crate::selector::{LabelSelector, RawSelector, SelectorFlavor};
 use crate::validate::{self, FieldError};
 
 /// A `CiliumNetworkPolicy` or `CiliumClusterwideNetworkPolicy` document.

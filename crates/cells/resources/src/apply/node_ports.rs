@@ -22,11 +22,11 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml::Value;
 
-use crate::key::{Object, ObjectKey};
-use crate::objects::Protocol;
-use crate::objects::service::ServiceDraft;
 use crate::resources::Resources;
-use crate::validate::FieldError;
+use cellium_k8s_objects::Protocol;
+use cellium_k8s_objects::service::ServiceDraft;
+use cellium_k8s_objects::validate::FieldError;
+use cellium_k8s_objects::{Object, ObjectKey};
 
 /// `node-port-range`: the inclusive range node ports come from (default `30000-32767`, as
 /// the API server's `--service-node-port-range`).
@@ -208,7 +208,7 @@ impl Resources {
 /// The health check node port: given (checked), kept, or allocated when the service wants
 /// one.
 fn health_port(
-    exposure: &crate::objects::Exposure,
+    exposure: &cellium_k8s_objects::Exposure,
     key: &ObjectKey,
     kept: Option<u16>,
     range: NodePortRange,

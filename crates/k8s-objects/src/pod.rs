@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::Protocol;
 use crate::key::{Object, ObjectKey};
-use crate::objects::Protocol;
 use crate::validate::{self, FieldError};
 
 /// A container port with a name, which policies may refer to instead of a number.

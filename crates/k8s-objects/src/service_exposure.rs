@@ -1,15 +1,15 @@
 //! How a service is reached from outside the cluster: its type (NodePort and LoadBalancer
 //! services have node ports), its external IPs, its load balancer's ingress IPs and its
 //! external traffic policy, checked as the API server checks them. The node ports themselves
-//! are per port ([`ServicePort::node_port`](super::ServicePort)); in standalone mode
-//! [`Resources`](crate::Resources) allocates those not given.
+//! are per port ([`ServicePort::node_port`](crate::ServicePort)); in standalone mode
+//! `cellium_resources::Resources` allocates those not given.
 
 use std::fmt;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1 as k8s;
 
-use crate::objects::policy_port::number;
+use crate::policy_port::number;
 use crate::validate::FieldError;
 
 /// `spec.type`, of the types the node serves.
@@ -99,7 +99,7 @@ impl Exposure {
 /// Reads and checks the fields of `spec` (and `status`) that make a service reachable from
 /// outside. ExternalName services and the load balancer fields the node cannot honour are
 /// the caller's to refuse.
-pub(crate) fn exposure(
+pub fn exposure(
     spec: &k8s::ServiceSpec,
     status: Option<&k8s::ServiceStatus>,
 ) -> Result<Exposure, FieldError> {
