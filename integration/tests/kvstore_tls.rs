@@ -36,6 +36,9 @@ metadata: { name: web, namespace: shop, labels: { app: web } }
 spec: { nodeName: n1, containers: [ { name: c, image: x } ] }
 "#;
 
+/// etcd's password of its `root` user, which the tests use once etcd's auth is enabled.
+const ROOT: &str = "--user=root:root-pw";
+
 /// The certificates of one test, in a temporary directory removed on drop.
 struct Pki {
     dir: tempfile::TempDir,
@@ -403,6 +406,122 @@ fn an_etcd_configuration_that_cannot_work_stops_the_agent_and_the_operator_at_st
     }
     // Nothing was written.
     assert!(node.etcd.keys("cilium/").unwrap().is_empty());
+}
+
+/// etcd's own users on top of TLS: `root`, `agents` with read-write on the prefix `cilium/`
+/// (every key an agent reads, writes and watches), `nobody` without any right; then auth on.
+fn enable_auth(etcd: &Etcd) {
+    let steps: [&[&str]; 8] = [
+        &["user", "add", "root:root-pw"],
+        &["user", "grant-role", "root", "root"],
+        &["role", "add", "cilium"],
+        &[
+            "role",
+            "grant-permission",
+            "cilium",
+            "--prefix=true",
+            "readwrite",
+            "cilium/",
+        ],
+        &["user", "add", "agents:agents-pw"],
+        &["user", "grant-role", "agents", "cilium"],
+        &["user", "add", "nobody:nobody-pw"],
+        &["auth", "enable"],
+    ];
+    for step in steps {
+        etcd.etcdctl(step)
+            .unwrap_or_else(|e| panic!("etcdctl {step:?}: {e}"));
+    }
+}
+
+/// The keys under `prefix`, read as etcd's root.
+fn root_keys(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    etcd.etcdctl(&[ROOT, "get", "--prefix", "--keys-only", prefix])
+        .map(|out| {
+            out.lines()
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_agent_with_etcd_s_user_and_password_works_and_a_wrong_one_is_refused_and_says_so() {
+    let mut node = Node::new();
+    enable_auth(&node.etcd);
+    let base = node
+        .pki
+        .etcd_config("base.config", &node.etcd, Some("agent"));
+    let dir = node.pki.path("");
+    let with_user = |name: &str, user: &str, password: &str| {
+        let text = std::fs::read_to_string(&base).unwrap();
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "{text}username: {user}
+password: {password}
+"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    // A wrong password, and a user without rights on cilium/: refused, said, nothing written.
+    let cases = [
+        (
+            with_user("wrong.config", "agents", "guess"),
+            "authentication failed",
+        ),
+        (
+            with_user("nobody.config", "nobody", "nobody-pw"),
+            "permission denied",
+        ),
+    ];
+    for (config, why) in cases {
+        node.start_with(&config);
+        eventually(&format!("{why}: Degraded with it"), &node.agent, || {
+            let s = node.status();
+            s.contains("kvstore.session Degraded: etcd at")
+                && s.contains("refuses this node's user")
+        });
+        let status = node.status();
+        assert!(status.contains(why), "{why}: {status}");
+        assert!(!status.contains("nobody-pw"), "{status}");
+        assert!(root_keys(&node.etcd, "cilium/").is_empty(), "{why}");
+        node.agent.stop().expect("agent stops");
+    }
+
+    // The agents' user: its node entry and a pod's ip entry are written.
+    let config = with_user("agents.config", "agents", "agents-pw");
+    node.start_with(&config);
+    let pod = NetNs::new().expect("pod netns");
+    let ip = node
+        .agent
+        .add_pod(&pod, "cid-web", "shop", "web")
+        .expect("ADD web: its identity numbered by etcd's user");
+    let etcd = &node.etcd;
+    eventually("the node and ip entries in etcd", &node.agent, || {
+        root_keys(etcd, &keys::node_key("n1")).len() == 1
+            && root_keys(etcd, &keys::ip_key(ip.into())).len() == 1
+    });
+    // etcd restarted forgets every token it gave: the agent asks for a new one with its
+    // password, and goes on (a new pod's entry is written, its watches see others' keys).
+    etcd.restart().expect("etcd restarts");
+    let other = NetNs::new().expect("pod netns");
+    let ip2 = node
+        .agent
+        .add_pod(&other, "cid-web2", "shop", "web")
+        .expect("ADD after etcd's restart");
+    eventually("the new ip entry after etcd's restart", &node.agent, || {
+        root_keys(etcd, &keys::ip_key(ip2.into())).len() == 1
+    });
+    let status = node.status();
+    assert!(
+        status.contains("kvstore etcd connected") && !status.contains("refuses this node"),
+        "{status}"
+    );
 }
 
 /// The exit status of `child` once it exits, `None` if it runs on past [`CONVERGE`].

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::ips;
 use crate::keys;
 use crate::nodes;
-use crate::store::Kvstore;
+use crate::store::{Kvstore, Refusal, RefusalKind};
 
 /// How often the jobs run when nothing triggers them.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -64,15 +64,26 @@ pub(crate) fn provide(
 }
 
 /// Reports whether etcd refuses this node: Degraded with etcd's (or the TLS layer's) reason,
-/// since waiting does not mend a certificate that etcd does not accept, unlike etcd away
-/// (which `cellium status`'s note tells, without Degraded).
+/// since waiting does not mend a certificate or a password that etcd does not accept, unlike
+/// etcd away (which `cellium status`'s note tells, without Degraded).
 async fn report_refusal(kv: &Kvstore, reporter: Reporter) {
     let mut refusal = kv.refusal();
     loop {
         match refusal.borrow_and_update().clone() {
-            Some(why) => reporter.degraded(format!(
+            Some(Refusal {
+                kind: RefusalKind::Tls,
+                why,
+            }) => reporter.degraded(format!(
                 "TLS with etcd at {} refused, by etcd or by this node (check the \
                  certificates of kvstore-opt etcd.config): {why}",
+                kv.endpoints()
+            )),
+            Some(Refusal {
+                kind: RefusalKind::Credentials,
+                why,
+            }) => reporter.degraded(format!(
+                "etcd at {} refuses this node's user (check username and password of \
+                 kvstore-opt etcd.config, and the user's role on the prefix cilium/): {why}",
                 kv.endpoints()
             )),
             None => reporter.ok(format!("etcd at {}", kv.endpoints())),

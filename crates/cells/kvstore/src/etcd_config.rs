@@ -12,6 +12,8 @@
 //! trusted-ca-file: /var/lib/etcd-secrets/etcd-client-ca.crt   # or ca-file, its older name
 //! cert-file: /var/lib/etcd-secrets/etcd-client.crt
 //! key-file: /var/lib/etcd-secrets/etcd-client.key
+//! username: cilium          # with password: etcd's own authentication, https only
+//! password: ...
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -34,6 +36,26 @@ pub struct EtcdAccess {
     /// With `https://` endpoints: the CA the members' certificates must chain to, and this
     /// client's certificate and key when the file gives them.
     pub tls: Option<TlsOptions>,
+    /// etcd's user name and password, when the file gives them (only with `tls`).
+    pub credentials: Option<Credentials>,
+}
+
+/// An etcd user name and its password. Its `Debug` leaves the password out, so that no log
+/// or status line carries it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name.
+    pub user: String,
+    /// The password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The file, as Cilium's (and etcd's client) spell its keys. Any other key is refused: a
@@ -48,6 +70,8 @@ struct EtcdConfigFile {
     ca_file: Option<PathBuf>,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
+    username: Option<String>,
+    password: Option<String>,
 }
 
 impl EtcdAccess {
@@ -78,6 +102,7 @@ impl EtcdAccess {
             return Ok(EtcdAccess {
                 endpoints,
                 tls: None,
+                credentials: None,
             });
         };
         if !cfg.endpoints().is_empty() {
@@ -91,16 +116,28 @@ impl EtcdAccess {
 }
 
 impl EtcdAccess {
-    /// A client of these endpoints with their TLS (connections are made as requests need
-    /// them).
+    /// A client of these endpoints with their TLS and credentials (connections are made as
+    /// requests need them; with credentials, the first token is asked for now).
     pub async fn connect(&self) -> Result<etcd_client::Client, String> {
+        etcd_client::Client::connect(&self.endpoints, Some(self.options()))
+            .await
+            .map_err(|e| crate::store::describe(&e))
+    }
+
+    /// Connect options with this access's TLS and credentials. An expired token is renewed
+    /// with the credentials and the request retried (etcd's simple tokens live 5 minutes by
+    /// default).
+    pub fn options(&self) -> etcd_client::ConnectOptions {
         let mut options = etcd_client::ConnectOptions::new();
         if let Some(tls) = &self.tls {
             options = options.with_tls(tls.clone());
         }
-        etcd_client::Client::connect(&self.endpoints, Some(options))
-            .await
-            .map_err(|e| crate::store::describe(&e))
+        if let Some(c) = &self.credentials {
+            options = options
+                .with_user(c.user.clone(), c.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        options
     }
 }
 
@@ -119,11 +156,12 @@ fn check_urls(endpoints: &[String]) -> Result<(), String> {
 
 fn read_file(path: &Path) -> Result<EtcdAccess, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let file: EtcdConfigFile = serde_yaml::from_str(&text).map_err(|e| e.to_string())?;
+    let mut file: EtcdConfigFile = serde_yaml::from_str(&text).map_err(|e| e.to_string())?;
     if file.endpoints.is_empty() {
         return Err("endpoints: none given".into());
     }
     check_urls(&file.endpoints).map_err(|e| format!("endpoints: {e}"))?;
+    let credentials = credentials(file.username.take(), file.password.take())?;
     let ca = match (&file.trusted_ca_file, &file.ca_file) {
         (Some(a), Some(b)) if a != b => {
             return Err(format!(
@@ -140,10 +178,12 @@ fn read_file(path: &Path) -> Result<EtcdAccess, String> {
     let Some(first_https) = https.clone().next() else {
         // The client refuses TLS options with http endpoints; so does the start, rather
         // than dropping files the operator meant to be used.
+        // A password over http:// would cross the network in clear, to anyone on the path.
         let given = [
             ca.map(|(key, _)| key),
             file.cert_file.as_ref().map(|_| "cert-file"),
             file.key_file.as_ref().map(|_| "key-file"),
+            credentials.as_ref().map(|_| "username"),
         ];
         if let Some(key) = given.into_iter().flatten().next() {
             return Err(format!(
@@ -153,6 +193,7 @@ fn read_file(path: &Path) -> Result<EtcdAccess, String> {
         return Ok(EtcdAccess {
             endpoints: file.endpoints,
             tls: None,
+            credentials: None,
         });
     };
     if https.count() != file.endpoints.len() {
@@ -200,7 +241,23 @@ fn read_file(path: &Path) -> Result<EtcdAccess, String> {
     Ok(EtcdAccess {
         endpoints: file.endpoints,
         tls: Some(tls),
+        credentials,
     })
+}
+
+/// `username` and `password`: both or neither, neither empty.
+fn credentials(
+    username: Option<String>,
+    password: Option<String>,
+) -> Result<Option<Credentials>, String> {
+    match (username, password) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err("username is given without password".into()),
+        (None, Some(_)) => Err("password is given without username".into()),
+        (Some(user), Some(_)) if user.is_empty() => Err("username: empty".into()),
+        (Some(_), Some(password)) if password.is_empty() => Err("password: empty".into()),
+        (Some(user), Some(password)) => Ok(Some(Credentials { user, password })),
+    }
 }
 
 /// The PEM text of file `key` names, which must hold certificates and nothing unreadable.
@@ -327,6 +384,22 @@ mod tests {
                 "endpoints: [127.0.0.1:2379]\n",
                 "endpoints: 127.0.0.1:2379 is not an http:// or https:// URL",
             ),
+            (
+                "endpoints: [http://127.0.0.1:2379]\nusername: u\npassword: p\n",
+                "username is given but the endpoints are http://",
+            ),
+            (
+                "endpoints: [https://127.0.0.1:2379]\nusername: u\n",
+                "username is given without password",
+            ),
+            (
+                "endpoints: [https://127.0.0.1:2379]\npassword: p\n",
+                "password is given without username",
+            ),
+            (
+                "endpoints: [https://127.0.0.1:2379]\nusername: ''\npassword: p\n",
+                "username: empty",
+            ),
         ];
         for (yaml, why) in cases {
             let e = refused(&with_file(dir.path(), yaml));
@@ -384,6 +457,20 @@ mod tests {
         let access = EtcdAccess::from_config(&with_file(dir.path(), &good)).unwrap();
         assert_eq!(access.endpoints, ["https://127.0.0.1:2379"]);
         assert!(access.tls.is_some());
+        assert_eq!(access.credentials, None);
+        // With a user name and password, which no debug output shows.
+        let with_user = format!("{good}username: cilium\npassword: s3cr3t-pw\n");
+        let access = EtcdAccess::from_config(&with_file(dir.path(), &with_user)).unwrap();
+        let credentials = access.credentials.clone().expect("credentials");
+        assert_eq!(
+            (credentials.user.as_str(), credentials.password.as_str()),
+            ("cilium", "s3cr3t-pw")
+        );
+        let shown = format!("{access:?}");
+        assert!(
+            shown.contains("cilium") && !shown.contains("s3cr3t-pw"),
+            "{shown}"
+        );
         let ca_only = format!("endpoints: [https://127.0.0.1:2379]\nca-file: {d}/ca.pem\n");
         assert!(
             EtcdAccess::from_config(&with_file(dir.path(), &ca_only))

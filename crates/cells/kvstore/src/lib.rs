@@ -48,12 +48,12 @@ pub use config::{
     DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_LEASE_TTL, KvstoreConfig, KvstoreKind, KvstoreOpt,
 };
 pub use error::{Error, Result};
-pub use etcd_config::EtcdAccess;
+pub use etcd_config::{Credentials, EtcdAccess};
 pub use gc::{GcRound, IdentityGc};
 pub use ips::{KvRemote, desired as desired_ips};
 pub use nodes::own_entry as own_node_entry;
 pub use numbering::KvNumbering;
-pub use store::Kvstore;
+pub use store::{Kvstore, Refusal, RefusalKind};
 
 /// The `kvstore` module.
 pub fn cell() -> Module {

@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Notify, OnceCell, watch};
@@ -79,9 +78,8 @@ struct Status {
 /// The kvstore: the client, the session and the mirrors. Inactive without `kvstore: etcd`.
 pub struct Kvstore {
     cfg: KvstoreConfig,
-    endpoints: Vec<String>,
-    /// With `https://` endpoints (`kvstore-opt etcd.config`): the CA and client certificate.
-    tls: Option<TlsOptions>,
+    /// The endpoints, with their TLS and credentials (`kvstore-opt etcd.config`).
+    access: EtcdAccess,
     node: String,
     /// The last part of this node's `value/` keys, Cilium's `GetNodeSuffix`: the node's IPv4
     /// address, else its IPv6 one; set once, when the node's address is first known.
@@ -90,7 +88,7 @@ pub struct Kvstore {
     /// `value/` keys once it is.
     early_uses: Mutex<BTreeMap<String, u32>>,
     /// Why etcd refuses this node (its TLS handshake or credentials), while it does.
-    refused: watch::Sender<Option<String>>,
+    refused: watch::Sender<Option<Refusal>>,
     client: OnceCell<Client>,
     /// The session lease, `None` while there is none.
     lease: watch::Sender<Option<i64>>,
@@ -116,7 +114,7 @@ pub struct Kvstore {
 impl fmt::Debug for Kvstore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Kvstore")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &self.access.endpoints)
             .field("node", &self.node)
             .field("lease", &self.lease_id())
             .finish()
@@ -203,8 +201,7 @@ impl Kvstore {
         };
         Ok(Arc::new(Kvstore {
             cfg,
-            endpoints: access.endpoints,
-            tls: access.tls,
+            access,
             node,
             suffix: OnceLock::new(),
             early_uses: Mutex::default(),
@@ -236,7 +233,7 @@ impl Kvstore {
 
     /// The etcd endpoints, comma-separated.
     pub fn endpoints(&self) -> String {
-        self.endpoints.join(",")
+        self.access.endpoints.join(",")
     }
 
     /// This node's name (its `nodes/v1/` key, its lock tokens).
@@ -315,15 +312,14 @@ impl Kvstore {
     pub(crate) async fn client(&self) -> Result<Client, String> {
         self.client
             .get_or_try_init(|| async {
-                let mut options = ConnectOptions::new()
+                let options = self
+                    .access
+                    .options()
                     .with_connect_timeout(REQUEST_TIMEOUT)
                     // A partition shows as a dead connection within this, not a silent watch.
                     .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
                     .with_keep_alive_while_idle(true);
-                if let Some(tls) = &self.tls {
-                    options = options.with_tls(tls.clone());
-                }
-                Client::connect(&self.endpoints, Some(options)).await
+                Client::connect(&self.access.endpoints, Some(options)).await
             })
             .await
             .cloned()
@@ -337,8 +333,11 @@ impl Kvstore {
         s.connected = Some(false);
         s.last_error = Some((error.to_string(), SystemTime::now()));
         drop(s);
-        if is_refusal(error) {
-            let why = Some(error.to_string());
+        if let Some(kind) = refusal_kind(error) {
+            let why = Some(Refusal {
+                kind,
+                why: error.to_string(),
+            });
             self.refused.send_if_modified(|r| {
                 let changed = r.is_none();
                 *r = why;
@@ -356,7 +355,7 @@ impl Kvstore {
     /// Why etcd refuses this node, while it does (`None` otherwise); changes each time it
     /// starts or stops refusing. Not for etcd being away: only a TLS handshake or
     /// credentials refused, which waiting does not mend.
-    pub fn refusal(&self) -> watch::Receiver<Option<String>> {
+    pub fn refusal(&self) -> watch::Receiver<Option<Refusal>> {
         self.refused.subscribe()
     }
 
@@ -871,21 +870,44 @@ impl Kvstore {
     }
 }
 
-/// Whether a request failed because etcd, or this client, refused the other's certificate or
-/// credentials (as tonic, rustls and etcd tell it), rather than because etcd is away.
-fn is_refusal(error: &str) -> bool {
+/// Why etcd and this node do not talk: what was refused, and the error that told it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The TLS handshake, or the user.
+    pub kind: RefusalKind,
+    /// The failed request's error.
+    pub why: String,
+}
+
+/// What etcd (or this node) refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// A certificate: etcd's, refused by this node, or this node's, refused by etcd.
+    Tls,
+    /// The user name and password, or the user's rights on the keys.
+    Credentials,
+}
+
+/// Whether, and how, a request failed because etcd or this client refused the other's
+/// certificate, or etcd refused the credentials (as tonic, rustls and etcd tell it), rather
+/// than because etcd is away. etcd's errors arrive as text through the client's status.
+fn refusal_kind(error: &str) -> Option<RefusalKind> {
     let e = error.to_ascii_lowercase();
-    [
-        "certificate",
-        "fatal alert",
-        "handshake",
-        "unknownissuer",
+    let signs = |signs: &[&str]| signs.iter().any(|sign| e.contains(sign));
+    if signs(&[
+        "authentication failed",
+        "invalid auth token",
+        "user name is empty",
         "unauthenticated",
         "permissiondenied",
         "permission denied",
-    ]
-    .iter()
-    .any(|sign| e.contains(sign))
+    ]) {
+        Some(RefusalKind::Credentials)
+    } else if signs(&["certificate", "fatal alert", "handshake", "unknownissuer"]) {
+        Some(RefusalKind::Tls)
+    } else {
+        None
+    }
 }
 
 /// The prefixes the kvstore mirrors.
