@@ -25,7 +25,7 @@ use std::fs::OpenOptions;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::agent::{Agent, AgentOptions};
 use crate::error::{Error, Result};
@@ -625,19 +625,9 @@ impl Cluster {
         out.join("\n")
     }
 
-    /// Waits until `ok` holds, checking every 100 ms; fails naming `what` after [`CONVERGE`].
-    pub fn eventually(&self, what: &str, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-        let began = Instant::now();
-        while !ok() {
-            if began.elapsed() > CONVERGE {
-                return Err(Error::Unexpected {
-                    what: "cluster convergence",
-                    detail: format!("{what}: not so after {CONVERGE:?}"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(began.elapsed())
+    /// Waits until `ok` holds; fails naming `what` after [`CONVERGE`].
+    pub fn eventually(&self, what: &str, ok: impl FnMut() -> bool) -> Result<Duration> {
+        crate::wait::poll_until(what, CONVERGE, ok)
     }
 
     /// A TCP listener address on pod `key` at `port`.
