@@ -785,9 +785,11 @@ static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p
 
 /*
  * IPv4 from outside for a frontend reached from outside (lib/nodeport.h):
- * translated to its backend as a pod's packet would be, the backend's
+ * translated to its backend as a pod's packet would be, a local backend's
  * ingress policy decided on the client's identity (whatever the source
- * translation), the connection and its backend recorded, then, unless the
+ * translation; another node's backend is judged by its node, on the source
+ * it receives: this node's, remote-node, unless the frontend's policy is
+ * Local), the connection and its backend recorded, then, unless the
  * frontend's policy is Local, the source translated to the frontend's
  * address. A local backend gets it straight; another node's is routed to.
  * Returns the verdict, or CEL_NOT_EXTERNAL.

@@ -46,6 +46,7 @@ every_mode!(
     a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
     a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
+    a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend,
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
     a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
 );
@@ -1011,6 +1012,84 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         cellium_integration::probe::udp_error(&client, closed, Duration::from_secs(3))
             .expect("run in the client"),
         Some(std::io::ErrorKind::ConnectionRefused)
+    );
+}
+
+/// What `docs/services.md` ("Policy at another node's backend") says of SNAT: a client from
+/// outside that reaches node 1's node port (externalTrafficPolicy Cluster) and is balanced to
+/// web on node 2 is judged by node 2 on node 1's address, `remote-node`, not on its own: a
+/// policy allowing only `remote-node` admits it, one allowing only the client's own address
+/// denies it (counted as a policy drop on node 2).
+fn a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
+    cluster
+        .apply(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec:
+  type: NodePort
+  ports:
+  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+ports:
+- {{ name: http, port: {PORT}, protocol: TCP }}
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+"#
+        ))
+        .expect("NodePort service with a remote backend");
+    let policy = |peer: &str| {
+        format!(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
+             metadata: {{ name: web-ingress, namespace: shop }}\n\
+             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
+        )
+    };
+    cluster
+        .apply_policy(&policy("fromEntities: [ remote-node ]"))
+        .expect("web admits remote-node only");
+    let client = outside_client(&cluster);
+    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
+    let mut seen = None;
+    eventually(
+        &cluster,
+        "the outside client passes web's remote-node-only policy",
+        || {
+            seen = seen_from(&client, node1).ok();
+            seen.is_some()
+        },
+    );
+    assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
+
+    cluster
+        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+        .expect("web admits the outside client's address only");
+    let denied = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", "policy default deny")
+            .expect("node 2's metrics")
+    };
+    let before = denied();
+    eventually(
+        &cluster,
+        "web's policy for the client's own address denies it through node 1",
+        || seen_from(&client, node1).is_err() && denied() > before,
     );
 }
 
