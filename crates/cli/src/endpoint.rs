@@ -173,7 +173,10 @@ fn print_details(v: &EndpointView) {
         ("Created", v.created.clone()),
         ("Drops", drops_text(v.drops.as_ref())),
     ];
-    for (k, val) in rows.into_iter().filter(|(k, v)| *k != "Status" || !v.is_empty()) {
+    for (k, val) in rows
+        .into_iter()
+        .filter(|(k, v)| *k != "Status" || !v.is_empty())
+    {
         outln!("{:<16} {val}", format!("{k}:"));
     }
     outln!("Labels:");

@@ -261,7 +261,10 @@ impl Enforcement {
         }
         self.unknown().remove(&ep.id);
         let revision = policy.revision;
-        let was_locked = self.enforced.get(ep.id).is_some_and(|e| e.overflow.is_some());
+        let was_locked = self
+            .enforced
+            .get(ep.id)
+            .is_some_and(|e| e.overflow.is_some());
         self.enforced.lock().insert(
             ep.id,
             Enforced {

@@ -375,17 +375,35 @@ spec: {podSelector: {}}
             ..Default::default()
         };
         let h = Harness::with(cfg, &["10.244.0.0/24"]);
-        h.resources.apply("web.yaml", &ports_policy("web", 10)).unwrap();
-        h.resources.apply("db.yaml", &ports_policy("db", 2)).unwrap();
+        h.resources
+            .apply("web.yaml", &ports_policy("web", 10))
+            .unwrap();
+        h.resources
+            .apply("db.yaml", &ports_policy("db", 2))
+            .unwrap();
         h.policy.sync_resources(&h.resources);
         h.start().await.unwrap();
-        let web = h.manager.create(h.pod_request("w", "w", "web")).await.unwrap();
-        let db = h.manager.create(h.pod_request("d", "d", "db")).await.unwrap();
+        let web = h
+            .manager
+            .create(h.pod_request("w", "w", "web"))
+            .await
+            .unwrap();
+        let db = h
+            .manager
+            .create(h.pod_request("d", "d", "db"))
+            .await
+            .unwrap();
 
         let locked = h.manager.enforced_of(web.id).unwrap();
-        assert!(locked.enforcement.ingress && locked.enforcement.egress, "both ways closed");
+        assert!(
+            locked.enforcement.ingress && locked.enforcement.egress,
+            "both ways closed"
+        );
         assert!(locked.entries.is_empty());
-        assert!(!h.datapath.policy_ids().contains(&web.id), "no entry written");
+        assert!(
+            !h.datapath.policy_ids().contains(&web.id),
+            "no entry written"
+        );
         let view = crate::grpc::view(&h.manager, &h.manager.get(web.id).unwrap(), false);
         assert!(
             view.status_message.starts_with("locked down: its policy needs 11 policy map entries, more than bpf-policy-map-max (4)"),
@@ -394,7 +412,10 @@ spec: {podSelector: {}}
         );
         let (level, message) = h.health("policy-maps").unwrap();
         assert_eq!(level, Level::Ok, "new pods' ADD goes on");
-        assert!(message.contains(&format!("endpoint {} needs 11", web.id)), "{message}");
+        assert!(
+            message.contains(&format!("endpoint {} needs 11", web.id)),
+            "{message}"
+        );
         // The other endpoint enforces its own policy.
         let other = h.manager.enforced_of(db.id).unwrap();
         // Its two ports and the node's access.
@@ -403,7 +424,9 @@ spec: {podSelector: {}}
         assert_eq!(h.datapath.policy_ids(), [db.id].into());
 
         // The policy shrinks: the endpoint enforces it again.
-        h.resources.apply("web.yaml", &ports_policy("web", 3)).unwrap();
+        h.resources
+            .apply("web.yaml", &ports_policy("web", 3))
+            .unwrap();
         h.policy.sync_resources(&h.resources);
         let pass = h.manager.regenerate_all().await;
         assert!(pass.failed.is_empty(), "{:?}", pass.failed);
@@ -415,7 +438,10 @@ spec: {podSelector: {}}
         let view = crate::grpc::view(&h.manager, &h.manager.get(web.id).unwrap(), false);
         assert_eq!(view.status_message, "");
         let (_, message) = h.health("policy-maps").unwrap();
-        assert!(message.starts_with("every endpoint's policy fits"), "{message}");
+        assert!(
+            message.starts_with("every endpoint's policy fits"),
+            "{message}"
+        );
     }
 
     #[tokio::test]
