@@ -222,7 +222,7 @@ impl Enforcement {
         // alone down, rather than filling the map for every other one: both directions
         // enforced, no entry. Going there only removes entries, which a full map never
         // refuses.
-        let overflow = (entries.len() > self.policy_map_max).then(|| Overflow {
+        let overflow = (entries.len() > self.policy_map_max).then_some(Overflow {
             needed: entries.len(),
             limit: self.policy_map_max,
         });
