@@ -518,6 +518,11 @@ fn a_policy_over_the_per_endpoint_limit_locks_its_endpoint_alone_down() {
         message.contains(&format!("endpoint {id_big} needs 101")),
         "{message}"
     );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 1\n"),
+        "{metrics}"
+    );
 
     // The policy shrinks under the limit: the endpoint enforces it.
     agent
@@ -531,5 +536,10 @@ fn a_policy_over_the_per_endpoint_limit_locks_its_endpoint_alone_down() {
     assert!(
         message.starts_with("every endpoint's policy fits"),
         "{message}"
+    );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 0\n"),
+        "{metrics}"
     );
 }

@@ -13,6 +13,7 @@ use cellium_ipcache::{Ipcache, Source};
 use cellium_policy_repo::{EndpointPolicy, PolicyRepository, Subject};
 use cellium_resources::{NamedPort, Resources};
 use ipnet::IpNet;
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::datapath::EndpointDatapath;
 use crate::endpoint::Endpoint;
@@ -100,6 +101,8 @@ pub(crate) struct Enforcement {
     policy_map_max: usize,
     /// Names the endpoints locked down for a policy that does not fit (`policy-maps`).
     reporter: Reporter,
+    /// How many they are: `cellium_endpoint_policy_map_overflow`.
+    overflowing: Gauge,
     /// Endpoints whose policy entries are not known since a write failed half-way: their
     /// next enforcement reads the map rather than trusting what it last wrote.
     unknown: Mutex<HashSet<u16>>,
@@ -120,6 +123,7 @@ impl Enforcement {
             enforced: EnforcedTable::default(),
             policy_map_max,
             reporter,
+            overflowing: Gauge::default(),
             unknown: Mutex::default(),
         };
         enforcement.report();
@@ -131,6 +135,7 @@ impl Enforcement {
     /// the whole node.
     fn report(&self) {
         let locked = self.enforced.overflowing();
+        self.overflowing.set(locked.len() as i64);
         if locked.is_empty() {
             self.reporter.ok(format!(
                 "every endpoint's policy fits bpf-policy-map-max ({})",
@@ -148,6 +153,11 @@ impl Enforcement {
             self.policy_map_max,
             each.join(", ")
         ));
+    }
+
+    /// The gauge of the endpoints locked down for a policy that does not fit.
+    pub(crate) fn overflow_gauge(&self) -> Gauge {
+        self.overflowing.clone()
     }
 
     /// What every endpoint enforces.

@@ -21,6 +21,7 @@ use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_ipcache::Ipcache;
 use cellium_loader::Loader;
+use cellium_metrics::Metrics;
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
 use cellium_statedir::StateDir;
@@ -145,6 +146,7 @@ impl EndpointManager {
         identities: Option<Arc<Identities>>,
         ipcache: Option<Arc<Ipcache>>,
         policy: Option<Arc<PolicyRepository>>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Arc<EndpointManager> {
         let manager = Arc::new(EndpointManager::with_parts(Parts {
             cfg,
@@ -156,6 +158,13 @@ impl EndpointManager {
             policy: policy.clone(),
             reporter,
         }));
+        if let Some(metrics) = metrics {
+            metrics.register(
+                "endpoint_policy_map_overflow",
+                "Endpoints locked down because their policy needs more entries than bpf-policy-map-max",
+                manager.enforcement.overflow_gauge(),
+            );
+        }
         let this = manager.clone();
         // Restored endpoints re-reserve their addresses here, before the API serves any CNI ADD
         // (the API server starts after every cell whose service it mounts): that order is what
