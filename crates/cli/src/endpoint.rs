@@ -288,3 +288,30 @@ fn view(ep: &Endpoint) -> EndpointView {
         created: output::rfc3339_ms(ep.created_unix_ms),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(state: EndpointState, message: &str) -> EndpointView {
+        view(&Endpoint {
+            state: state as i32,
+            status_message: message.into(),
+            ..Endpoint::default()
+        })
+    }
+
+    #[test]
+    fn a_list_shows_a_ready_endpoint_locked_down() {
+        let locked = with(
+            EndpointState::Ready,
+            "locked down: its policy needs 101 policy map entries, more than bpf-policy-map-max (64)",
+        );
+        assert_eq!(state_text(&locked), "ready (locked down)");
+        assert_eq!(state_text(&with(EndpointState::Ready, "")), "ready");
+        assert_eq!(
+            state_text(&with(EndpointState::Pending, "being created")),
+            "pending"
+        );
+    }
+}
