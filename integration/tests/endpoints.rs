@@ -360,3 +360,186 @@ fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds()
     assert_eq!(ep["ingress_enforced"], true, "{ep}");
     assert_eq!(a_to_b(), Outcome::Dropped, "the policy is enforced");
 }
+
+const TENANT_PODS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default, labels: {app: client}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: small, namespace: default, labels: {app: small}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: late, namespace: default, labels: {app: small}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: big, namespace: default, labels: {app: big}}
+spec: {containers: [{name: c}]}
+";
+
+/// A NetworkPolicy letting anyone into `app` on `ports` (each its own policy map entry).
+fn ingress_ports(app: &str, ports: &[u16]) -> String {
+    let list: Vec<String> = ports.iter().map(|p| format!("{{port: {p}}}")).collect();
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {app}, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: {app}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{ports: [{}]}}]\n",
+        list.join(", ")
+    )
+}
+
+/// `n` ports from 1000, two apart: no two merge into one port block.
+fn spread_ports(n: u16) -> Vec<u16> {
+    (0..n).map(|i| 1000 + 2 * i).collect()
+}
+
+/// The per-endpoint limit the test agent runs with.
+const POLICY_MAP_MAX: u16 = 64;
+
+/// Entries left free in the shared map: room for every endpoint's policy in the test but the
+/// one over the limit.
+const ROOM: usize = 40;
+
+#[test]
+fn a_policy_over_the_per_endpoint_limit_locks_its_endpoint_alone_down() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        env: vec![(
+            "CELLIUM_BPF_POLICY_MAP_MAX".into(),
+            POLICY_MAP_MAX.to_string(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", TENANT_PODS).expect("apply the pods");
+    let ns: Vec<NetNs> = (0..4).map(|_| NetNs::new().unwrap()).collect();
+    let client = agent
+        .add_pod(&ns[0], &cid("tenant-client"), "default", "client")
+        .unwrap();
+    let small = agent
+        .add_pod(&ns[1], &cid("tenant-small"), "default", "small")
+        .unwrap();
+    let big = agent
+        .add_pod(&ns[2], &cid("tenant-big"), "default", "big")
+        .unwrap();
+    let id_big = endpoint(&agent, &cid("tenant-big")).unwrap()["id"].clone();
+    let _servers: Vec<TcpServer> = [(&ns[1], small, 1000), (&ns[1], small, 1002)]
+        .into_iter()
+        .chain([(&ns[2], big, 1000)])
+        .map(|(ns, ip, port)| TcpServer::start(ns, SocketAddrV4::new(ip, port), "s").unwrap())
+        .collect();
+    let probe = |ip: Ipv4Addr, port: u16| {
+        reach::probe(
+            &ns[0],
+            Some(client.into()),
+            ip,
+            Probe::Tcp(port),
+            Duration::from_millis(500),
+        )
+        .unwrap()
+    };
+
+    // A node whose shared policy map has room for ROOM more entries: what the policy over the
+    // limit would take from everyone else.
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: agent.bpf_root(),
+        ..DatapathOptions::default()
+    })
+    .expect("open the agent's datapath");
+    let mut fillers = Vec::new();
+    for identity in 1u32.. {
+        let entry = PolicyEntry {
+            endpoint_id: FILLER,
+            direction: Direction::Ingress,
+            identity,
+            l4: L4Match::Any,
+        };
+        if dp.policy().put(&entry, Verdict::Allow).is_err() {
+            break;
+        }
+        fillers.push(entry);
+    }
+    for entry in fillers.split_off(fillers.len() - ROOM) {
+        dp.policy().delete(&entry).expect("make room");
+    }
+
+    agent
+        .apply_policy(&ingress_ports("small", &[1000]))
+        .expect("the small policy");
+    assert_eq!(probe(small, 1002), Outcome::Dropped);
+    let before = agent.policy_revision().unwrap();
+    agent
+        .objects(
+            "apply",
+            &ingress_ports("big", &spread_ports(POLICY_MAP_MAX + 36)),
+        )
+        .expect("apply the policy over the limit");
+    agent.wait_policy_revision_after(before).unwrap();
+
+    // The other tenant's policy changes still apply, and a new pod's ADD works.
+    agent
+        .objects("apply", &ingress_ports("small", &[1000, 1002]))
+        .expect("apply a change of the small policy");
+    let applied = eventually(Duration::from_secs(20), || {
+        probe(small, 1002) == Outcome::Answered
+    });
+    assert!(applied, "the other tenant's change never applied");
+    assert_eq!(probe(small, 1000), Outcome::Answered);
+    let late = agent
+        .add_pod(&ns[3], &cid("tenant-late"), "default", "late")
+        .expect("a new pod's ADD");
+    let _late_server = TcpServer::start(&ns[3], SocketAddrV4::new(late, 1000), "late").unwrap();
+    assert_eq!(probe(late, 1000), Outcome::Answered);
+    assert_eq!(probe(late, 1004), Outcome::Dropped, "its policy applies");
+    agent
+        .settle()
+        .expect("every endpoint enforces the current revision");
+    let (level, message) = health(&agent, "endpoint-manager.regenerate").unwrap_or_default();
+    assert_eq!(level, "OK", "{message}");
+
+    // The endpoint over the limit is closed both ways, and says why.
+    assert_eq!(probe(big, 1000), Outcome::Dropped, "locked down");
+    let ep = endpoint(&agent, &cid("tenant-big")).unwrap();
+    assert_eq!(ep["ingress_enforced"], true, "{ep}");
+    assert_eq!(ep["egress_enforced"], true, "{ep}");
+    let why = ep["status_message"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with(&format!(
+            "locked down: its policy needs 101 policy map entries, more than bpf-policy-map-max ({POLICY_MAP_MAX})"
+        )),
+        "{ep}"
+    );
+    let (level, message) = health(&agent, "endpoint-manager.policy-maps").unwrap_or_default();
+    assert_eq!(level, "OK", "new pods' ADD is not stopped: {message}");
+    assert!(
+        message.contains(&format!("endpoint {id_big} needs 101")),
+        "{message}"
+    );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 1\n"),
+        "{metrics}"
+    );
+
+    // The policy shrinks under the limit: the endpoint enforces it.
+    agent
+        .apply_policy(&ingress_ports("big", &spread_ports(10)))
+        .expect("the shrunk policy");
+    assert_eq!(probe(big, 1000), Outcome::Answered, "unlocked");
+    let ep = endpoint(&agent, &cid("tenant-big")).unwrap();
+    assert_eq!(ep["egress_enforced"], false, "{ep}");
+    assert!(ep.get("status_message").is_none(), "{ep}");
+    let (_, message) = health(&agent, "endpoint-manager.policy-maps").unwrap_or_default();
+    assert!(
+        message.starts_with("every endpoint's policy fits"),
+        "{message}"
+    );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 0\n"),
+        "{metrics}"
+    );
+}
