@@ -72,6 +72,59 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, __u8 dire
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+/* CEL_CT_F_SRC_LOCAL if the sender of a connection's first packet, which
+ * came from outside a pod's own program, is a local endpoint all the same. */
+static __always_inline __u8 ct_src_local4(const struct pkt *p)
+{
+	return endpoint_lookup4(p->saddr) ? CEL_CT_F_SRC_LOCAL : 0;
+}
+
+static __always_inline __u8 ct_src_local6(const struct pkt6 *p)
+{
+	return endpoint_lookup6(p->saddr) ? CEL_CT_F_SRC_LOCAL : 0;
+}
+
+/* A known connection's packet delivered to the local endpoint `dst` at an end
+ * its entry was not recorded for (ct_unchecked): the endpoint's ingress
+ * policy decides, as for a new connection, and the entry is trusted for that
+ * end once it admits. `t` becomes the ingress trace. Returns 0 or the
+ * CEL_REASON_* to drop with. */
+static __always_inline int ct_recheck4(struct __sk_buff *skb, const struct pkt *p,
+				       struct trace *t, int ct, struct ct_entry *ce,
+				       const struct endpoint_info *dst, __u32 src_identity,
+				       const struct datapath_config *cfg)
+{
+	__u8 im = CEL_MATCH_NONE;
+	int ret;
+
+	t->direction = CEL_DIR_INGRESS;
+	t->endpoint_id = dst->id;
+	t->src_identity = src_identity;
+	t->dst_identity = dst->identity;
+	ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, src_identity, cfg, &im);
+	if (!ret)
+		ct_mark_checked(ce, ct);
+	return ret;
+}
+
+static __always_inline int ct_recheck6(struct __sk_buff *skb, const struct pkt6 *p,
+				       struct trace *t, int ct, struct ct_entry *ce,
+				       const struct endpoint_info *dst, __u32 src_identity,
+				       const struct datapath_config *cfg)
+{
+	__u8 im = CEL_MATCH_NONE;
+	int ret;
+
+	t->direction = CEL_DIR_INGRESS;
+	t->endpoint_id = dst->id;
+	t->src_identity = src_identity;
+	t->dst_identity = dst->identity;
+	ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, src_identity, cfg, &im);
+	if (!ret)
+		ct_mark_checked(ce, ct);
+	return ret;
+}
+
 /* IPv6 a pod sends: as cel_from_container does for IPv4, after link-local
  * control (which passes whatever the policy, to the link only, from the
  * pod's own, a link-local or the unspecified address) and the neighbour
@@ -161,6 +214,13 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	dst = endpoint_lookup6(p->daddr);
 	ct6_key_from_pkt(key, p, 0);
 	ct = ct_lookup6(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		struct trace it = t;
+
+		ret = ct_recheck6(skb, p, &it, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop6(skb, p, &it, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
@@ -178,7 +238,8 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 			if (ret)
 				return drop6(skb, p, &it, ret);
 		}
-		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create6_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       CEL_CT_F_SRC_LOCAL | (dst ? CEL_CT_F_DST_LOCAL : 0));
 		if (ret)
 			return drop6(skb, p, &t, ret);
 		lb6_note_clash(key, lb);
@@ -258,6 +319,14 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	now = bpf_ktime_get_ns();
 	ct6_key_from_pkt(&key, p, 0);
 	ct = ct_lookup6(&key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity6(cfg, p->saddr) :
+						identity_of6(cfg, p->saddr);
+		ret = ct_recheck6(skb, p, t, ct, ce, dst, src_identity, cfg);
+		if (ret)
+			return ret;
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -268,7 +337,8 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 		ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
-		ret = ct_create6(&key, p, cfg, now, 0, 0);
+		ret = ct_create6_flags(&key, p, cfg, now, 0, 0,
+				       CEL_CT_F_DST_LOCAL | ct_src_local6(p));
 		if (ret)
 			return ret;
 		if (trace_events(cfg))
@@ -393,6 +463,13 @@ int cel_from_container(struct __sk_buff *skb)
 	dst = endpoint_lookup4(p->daddr);
 	ct_key_from_pkt(key, p, 0);
 	ct = ct_lookup4(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		struct trace it = t;
+
+		ret = ct_recheck4(skb, p, &it, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop(skb, p, &it, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
@@ -412,7 +489,8 @@ int cel_from_container(struct __sk_buff *skb)
 			if (ret)
 				return drop(skb, p, &it, ret);
 		}
-		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create4_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       CEL_CT_F_SRC_LOCAL | (dst ? CEL_CT_F_DST_LOCAL : 0));
 		if (ret)
 			return drop(skb, p, &t, ret);
 		lb4_note_clash(key, lb);
@@ -500,6 +578,14 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	now = bpf_ktime_get_ns();
 	ct_key_from_pkt(&key, p, 0);
 	ct = ct_lookup4(&key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity4(cfg, p->saddr) :
+						identity_of4(cfg, p->saddr);
+		ret = ct_recheck4(skb, p, t, ct, ce, dst, src_identity, cfg);
+		if (ret)
+			return ret;
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -510,7 +596,8 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 		ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
-		ret = ct_create4(&key, p, cfg, now, 0, 0);
+		ret = ct_create4_flags(&key, p, cfg, now, 0, 0,
+				       CEL_CT_F_DST_LOCAL | ct_src_local4(p));
 		if (ret)
 			return ret;
 		if (trace_events(cfg))
@@ -852,6 +939,11 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	dst = endpoint_lookup4(p->daddr);
 	ct_key_from_pkt(key, p, 0);
 	ct = ct_lookup4(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		ret = ct_recheck4(skb, p, &t, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop(skb, p, &t, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -863,7 +955,8 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 			if (ret)
 				return drop(skb, p, &t, ret);
 		}
-		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create4_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       (dst ? CEL_CT_F_DST_LOCAL : 0) | ct_src_local4(p));
 		if (ret)
 			return drop(skb, p, &t, ret);
 		if (trace_events(cfg))
@@ -936,6 +1029,11 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	dst = endpoint_lookup6(p->daddr);
 	ct6_key_from_pkt(key, p, 0);
 	ct = ct_lookup6(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		ret = ct_recheck6(skb, p, &t, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop6(skb, p, &t, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -947,7 +1045,8 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 			if (ret)
 				return drop6(skb, p, &t, ret);
 		}
-		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create6_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       (dst ? CEL_CT_F_DST_LOCAL : 0) | ct_src_local6(p));
 		if (ret)
 			return drop6(skb, p, &t, ret);
 		if (trace_events(cfg))

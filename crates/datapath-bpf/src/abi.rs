@@ -385,7 +385,8 @@ pub struct CtEntry {
     pub tcp_flags: [u8; 2],
     /// `CEL_CT_STATE_*`.
     pub state: u8,
-    /// Reserved.
+    /// `CEL_CT_F_SRC_LOCAL` / `CEL_CT_F_DST_LOCAL`: the ends delivered to a local endpoint
+    /// past its ingress policy (zero in entries of older builds: checked once more).
     pub flags: u8,
     /// A tuple clash's source port translation, network order (0: none): on a service entry
     /// the port the client's packets get, on the translated entry the client's own port.

@@ -319,18 +319,6 @@ impl Datapath {
         &self.program_origin
     }
 
-    /// Returns once every program run that began before the call has finished, so that
-    /// none can still act on map contents read before a write made just before it.
-    ///
-    /// The programs run under RCU: `membarrier(MEMBARRIER_CMD_GLOBAL)` waits for a full RCU
-    /// grace period (`synchronize_rcu`), a few milliseconds. Without it a packet that read the
-    /// endpoint map just before an entry was written may record its connection after a flush
-    /// made right after the write.
-    pub fn wait_for_running_programs(&self) -> Result<()> {
-        rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)
-            .map_err(|e| Error::GracePeriod(e.into()))
-    }
-
     /// Local endpoints.
     pub fn endpoints(&self) -> &Endpoints {
         &self.endpoints

@@ -17,11 +17,6 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// enforced.
     fn write_endpoint(&self, ep: &Endpoint, enforcement: Enforcement) -> Result<()>;
 
-    /// Flushes the connections of a new endpoint's addresses again once no program run that
-    /// read the endpoint map before they were written can still record one. Blocks for an RCU
-    /// grace period.
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> Result<()>;
-
     /// What the endpoint map says the endpoint enforces (nothing if it has no entry).
     fn read_enforcement(&self, ep: &Endpoint) -> Enforcement;
 
@@ -95,10 +90,6 @@ impl EndpointDatapath for Datapath {
 
     fn unprogram(&self, ep: &Endpoint) -> Result<()> {
         program::unprogram(self, ep)
-    }
-
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> Result<()> {
-        program::flush_late_connections(self, addresses)
     }
 
     fn endpoint_entry(&self, ip: IpAddr) -> Result<Option<EndpointInfo>> {

@@ -102,10 +102,6 @@ impl FakeDatapath {
 }
 
 impl EndpointDatapath for FakeDatapath {
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> cellium_datapath_bpf::Result<()> {
-        self.fault("flush_late_connections", format!("{addresses:?}"))
-    }
-
     fn write_endpoint(
         &self,
         ep: &Endpoint,
