@@ -891,8 +891,10 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	if (ret)
 		return drop(skb, p, &t, ret);
 	/* DSR: the client keeps its source; another node's backend learns
-	 * the frontend from the connection's first packet (lib/dsr.h). */
-	if (dsr4_mode(cfg, p)) {
+	 * the frontend from the connection's first packet (lib/dsr.h). Only
+	 * for a frontend at the node's own address, the one other nodes
+	 * believe the option from; an external or ingress IP keeps SNAT. */
+	if (dsr4_mode(cfg, p) && ipcache_identity4(cfg, frontend) == CEL_IDENTITY_HOST) {
 		if (!dst && dsr4_wanted(cfg, p)) {
 			ret = dsr4_add_opt(skb, p, frontend, frontend_port);
 			if (ret)

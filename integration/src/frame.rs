@@ -203,7 +203,7 @@ impl Ipv4Packet {
 /// (an L4 checksum does not cover the IP header's options).
 pub fn with_ipv4_option(frame: &[u8], option: &[u8]) -> Vec<u8> {
     assert!(
-        option.len() % 4 == 0 && frame[14] == 0x45,
+        option.len().is_multiple_of(4) && frame[14] == 0x45,
         "an option to a plain header"
     );
     let mut f = frame[..34].to_vec();
