@@ -35,6 +35,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/dsr.h"
 #include "lib/fib.h"
 #include "lib/frag.h"
 #include "lib/ipv6.h"
@@ -514,6 +515,12 @@ int cel_from_container(struct __sk_buff *skb)
 			if (ret)
 				return drop(skb, p, &t, ret);
 			external = lb4_external_reply(p);
+		} else {
+			/* A DSR reply: from the frontend, to the client. */
+			ret = dsr4_reply(skb, p, cfg);
+			if (ret < 0)
+				return drop(skb, p, &t, -ret);
+			external = ret;
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
@@ -667,6 +674,7 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 	struct trace t = { .direction = CEL_DIR_INGRESS,
 			   .src_identity = src_identity > 0 ? src_identity : 0 };
 	int tunnelled = from != CEL_FROM_DEVICE;
+	struct dsr_opt4 opt = {};
 	struct endpoint_info *dst;
 	struct pkt p = {};
 	int ret;
@@ -686,7 +694,15 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
 		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
+	/* Native routing: a DSR connection's first packet (lib/dsr.h). */
+	if (!tunnelled) {
+		ret = dsr4_read_opt(skb, &p, cfg, &opt);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+	}
 	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, !tunnelled, cfg);
+	if (!ret && opt.type)
+		ret = dsr4_record(&p, &opt);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
@@ -899,6 +915,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	struct lb4_choice *lb;
 	struct ct_key *key;
 	struct pkt *p;
+	__be16 frontend_port;
 	__be32 frontend;
 	__u8 flags;
 	__u64 now;
@@ -928,6 +945,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 		return drop(skb, p, &t, ret);
 	flags = svc->flags;
 	frontend = p->daddr;
+	frontend_port = p->dport;
 	t.src_identity = netdev_identity4(cfg, p->saddr);
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, p, cfg, now, lb);
@@ -965,7 +983,17 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	ret = lb4_commit(lb, p, cfg, now);
 	if (ret)
 		return drop(skb, p, &t, ret);
-	if (!(flags & CEL_SVC_F_LOCAL)) {
+	/* DSR: the client keeps its source; another node's backend learns
+	 * the frontend from the connection's first packet (lib/dsr.h). Only
+	 * for a frontend at the node's own address, the one other nodes
+	 * believe the option from; an external or ingress IP keeps SNAT. */
+	if (dsr4_mode(cfg, p) && ipcache_identity4(cfg, frontend) == CEL_IDENTITY_HOST) {
+		if (!dst && dsr4_wanted(cfg, p)) {
+			ret = dsr4_add_opt(skb, p, frontend, frontend_port);
+			if (ret)
+				return drop(skb, p, &t, ret);
+		}
+	} else if (!(flags & CEL_SVC_F_LOCAL)) {
 		ret = snat4(skb, p, frontend);
 		if (ret)
 			return drop(skb, p, &t, ret);

@@ -97,6 +97,8 @@ pub struct ClusterOptions {
     pub start_agents: bool,
     /// Extra environment of every operator (`CELLIUM_*` keys).
     pub operator_env: Vec<(String, String)>,
+    /// Extra environment of every agent (`CELLIUM_*` keys).
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl Default for ClusterOptions {
@@ -108,6 +110,7 @@ impl Default for ClusterOptions {
             operators: 0,
             start_agents: true,
             operator_env: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -292,7 +295,7 @@ impl Cluster {
     }
 
     /// The agent environment of node `i`: Kubernetes mode on the API server, the routing
-    /// mode, the IPAM mode.
+    /// mode, the IPAM mode, then the options' extra environment.
     pub fn agent_env(&self, i: usize) -> Vec<(String, String)> {
         let mut env = self.api.agent_env(&Self::node_name(i));
         env.retain(|(k, _)| k != "CELLIUM_IPAM");
@@ -305,6 +308,7 @@ impl Cluster {
             "CELLIUM_ROUTING_MODE".into(),
             self.opts.routing_mode.as_str().into(),
         ));
+        env.extend(self.opts.agent_env.iter().cloned());
         env
     }
 

@@ -69,7 +69,8 @@
 #define CEL_REASON_ENCAP_FAILED 13
 /* Tunnel mode: a VXLAN packet whose outer source is no node the agent knows
  * (an address the ipcache gives the remote-node identity): its VNI is not
- * believed. Cilium's DROP_UNKNOWN_SENDER. */
+ * believed. Native routing: a DSR option (lib/dsr.h) from anything but
+ * another node. Cilium's DROP_UNKNOWN_SENDER. */
 #define CEL_REASON_UNKNOWN_SENDER 14
 /* Tunnel mode: a VNI carrying an identity no node sends (a reserved one
  * other than host, health and init). Cilium's DROP_INVALID_IDENTITY. */

@@ -42,7 +42,8 @@ pub enum Reason {
     /// packet came out of the tunnel without one.
     EncapFailed,
     /// Tunnel mode: a VXLAN packet whose outer source is no node the agent knows; its VNI is
-    /// not believed (Cilium's `DROP_UNKNOWN_SENDER`).
+    /// not believed. Native routing: a DSR option from anything but another node (Cilium's
+    /// `DROP_UNKNOWN_SENDER`).
     UnknownSender,
     /// Tunnel mode: a VNI carrying an identity no node sends, a reserved one other than host,
     /// health and init (Cilium's `DROP_INVALID_IDENTITY`).
