@@ -75,6 +75,9 @@
 /* Tunnel mode: a VNI carrying an identity no node sends (a reserved one
  * other than host, health and init). Cilium's DROP_INVALID_IDENTITY. */
 #define CEL_REASON_INVALID_IDENTITY 15
+/* An endpoint enforces this direction but has no policy map (not written
+ * yet, or removed): nothing allows, so nothing passes. */
+#define CEL_REASON_NO_POLICY_MAP 16
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room
  * for (packets: events, bytes: 0). */

@@ -249,6 +249,13 @@ impl Datapath {
         if dp.config.get()?.layout_version != LAYOUT_VERSION {
             dp.config.set(&DatapathConfig::default())?;
         }
+        let restored = dp.policy.reconcile_pins()?;
+        if restored > 0 {
+            tracing::info!(
+                maps = restored,
+                "endpoint policy maps put back into cel_policy"
+            );
+        }
         Ok(dp)
     }
 
@@ -262,7 +269,7 @@ impl Datapath {
         Ok(Self {
             endpoints: Endpoints::new(p.typed("cel_endpoints")?),
             ipcache: Ipcache::new(p.typed("cel_ipcache")?),
-            policy: PolicyMap::new(p.typed("cel_policy")?),
+            policy: PolicyMap::new(p.map("cel_policy")?, root.join("maps")),
             conntrack: Conntrack::new(p.typed("cel_ct4")?, p.typed("cel_ct6")?),
             fragments: Fragments::new(p.typed("cel_frag4")?, p.typed("cel_frag6")?),
             services: Services::new(

@@ -50,7 +50,10 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// Every policy entry of every endpoint.
     fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>>;
 
-    /// Removes every policy entry of endpoint `id`; returns how many there were.
+    /// The endpoints that have a policy map, empty or not.
+    fn policy_endpoints(&self) -> Result<Vec<u16>>;
+
+    /// Removes endpoint `id`'s policy map; returns how many entries it held.
     fn clear_policy(&self, id: u16) -> Result<usize>;
 
     /// The interfaces (indexes) programs are attached to.
@@ -108,6 +111,10 @@ impl EndpointDatapath for Datapath {
 
     fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {
         self.policy().entries()
+    }
+
+    fn policy_endpoints(&self) -> Result<Vec<u16>> {
+        self.policy().endpoint_ids()
     }
 
     fn clear_policy(&self, id: u16) -> Result<usize> {

@@ -220,6 +220,17 @@ impl EndpointDatapath for FakeDatapath {
             .collect())
     }
 
+    fn policy_endpoints(&self) -> cellium_datapath_bpf::Result<Vec<u16>> {
+        self.fault("policy_endpoints", String::new())?;
+        let mut ids: Vec<u16> = lock(&self.state)
+            .policy
+            .keys()
+            .map(|e| e.endpoint_id)
+            .collect();
+        ids.dedup();
+        Ok(ids)
+    }
+
     fn clear_policy(&self, id: u16) -> cellium_datapath_bpf::Result<usize> {
         self.fault("clear_policy", id.to_string())?;
         let mut maps = lock(&self.state);
