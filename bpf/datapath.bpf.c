@@ -278,7 +278,8 @@ forward:
 		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 		return fib_redirect6(skb, p);
 	}
-	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV6, p->daddr, t.src_identity);
+	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV6, p->daddr,
+			    src ? src->cluster_identity : t.src_identity);
 	if (ret > 0)
 		return drop6(skb, p, &t, ret);
 	len = skb->len;
@@ -539,7 +540,7 @@ forward:
 		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 		return fib_redirect4(skb, p);
 	}
-	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV4, &p->daddr, t.src_identity);
+	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV4, &p->daddr, src->cluster_identity);
 	if (ret > 0)
 		return drop(skb, p, &t, ret);
 	if (ret == TUNNEL_PASS) {

@@ -114,7 +114,8 @@ static __always_inline struct tunnel_scratch *tunnel_scratch(void)
 }
 
 /* Finds the node hosting addr (4 or 16 address bytes by family) when tunnel
- * mode is on, for tunnel_send or tunnel_set_key. Returns 0 when the packet
+ * mode is on, for tunnel_send or tunnel_set_key, with src_identity (the
+ * source's cluster identity, never a node-local one) as the VNI. Returns 0 when the packet
  * is to be tunnelled, TUNNEL_PASS when it is not, or a CEL_REASON_* (> 0)
  * to drop it with. */
 static __always_inline int tunnel_lookup(const struct datapath_config *cfg, __u8 family,
@@ -199,12 +200,66 @@ static __always_inline int tunnel_identity(const struct datapath_config *cfg, __
 	return -CEL_REASON_INVALID_IDENTITY;
 }
 
+/*
+ * The source identity of a pod of node sender at saddr (4 or 16 address
+ * bytes by family) that arrived with VNI identity id (tunnel_identity):
+ * when a policy of this node covers saddr with an ipBlock, the node-local
+ * identity the agent derived from the pod's labels and those cidr: labels,
+ * as its ipcache entry gives it, provided that entry names sender as the
+ * pod's node; id otherwise. The VNI cannot carry such an identity: local
+ * numbers are each node's own, and beyond its 24 bits.
+ */
+static __always_inline int tunnel_covered_identity(__be32 sender, int id, __u8 family,
+						   const void *saddr)
+{
+	struct tunnel_scratch *s = tunnel_scratch();
+	struct ipcache_value *v;
+
+	if (!s || id < CEL_IDENTITY_CLUSTER_MIN)
+		return id;
+	__builtin_memset(&s->lookup, 0, sizeof(s->lookup));
+	s->lookup.family = family;
+	if (family == CEL_FAMILY_IPV4) {
+		s->lookup.prefixlen = 32 + 32;
+		__builtin_memcpy(s->lookup.addr, saddr, 4);
+	} else {
+		s->lookup.prefixlen = 32 + 128;
+		__builtin_memcpy(s->lookup.addr, saddr, 16);
+	}
+	v = bpf_map_lookup_elem(&cel_ipcache, &s->lookup);
+	if (v && v->identity >= CEL_IDENTITY_LOCAL_MIN && v->tunnel_endpoint == sender)
+		return (int)v->identity;
+	return id;
+}
+
+/* tunnel_covered_identity for the inner packet of skb, whose IP header
+ * (of skb->protocol's family) is at offset inner, from sender. */
+static __always_inline int tunnel_inner_identity(struct __sk_buff *skb, __u32 inner,
+						 __be32 sender, int id)
+{
+	__u8 saddr[16];
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if (bpf_skb_load_bytes(skb, inner + __builtin_offsetof(struct iphdr, saddr), saddr,
+				       4) < 0)
+			return id;
+		return tunnel_covered_identity(sender, id, CEL_FAMILY_IPV4, saddr);
+	}
+	if (bpf_skb_load_bytes(skb, inner + __builtin_offsetof(struct ipv6hdr, saddr), saddr,
+			       16) < 0)
+		return id;
+	return tunnel_covered_identity(sender, id, CEL_FAMILY_IPV6, saddr);
+}
+
 /* The source identity of a packet the VXLAN device decapsulated, from its
- * tunnel key (tunnel_identity); 0 when it has no key. */
+ * tunnel key (tunnel_identity, tunnel_inner_identity); 0 when it has no
+ * key. */
 static __always_inline int tunnel_source_identity(struct __sk_buff *skb,
 						  const struct datapath_config *cfg)
 {
 	struct tunnel_scratch *s = tunnel_scratch();
+	__be32 sender;
+	int id;
 
 	if (!s)
 		return 0;
@@ -212,7 +267,9 @@ static __always_inline int tunnel_source_identity(struct __sk_buff *skb,
 	if (bpf_skb_get_tunnel_key(skb, &s->key, sizeof(s->key), 0) < 0)
 		return 0;
 	/* The helper gives the remote IPv4 address in host order. */
-	return tunnel_identity(cfg, bpf_htonl(s->key.remote_ipv4), s->key.tunnel_id);
+	sender = bpf_htonl(s->key.remote_ipv4);
+	id = tunnel_identity(cfg, sender, s->key.tunnel_id);
+	return id < 0 ? id : tunnel_inner_identity(skb, ETH_HLEN, sender, id);
 }
 
 /* Whether an IPv4 packet off one of the node's devices is the tunnel's own:
@@ -399,6 +456,7 @@ static __noinline int tunnel_decap(struct __sk_buff *skb, const struct datapath_
 			       sizeof(daddr)) < 0 ||
 	    !endpoint_lookup4(daddr))
 		return TUNNEL_PASS;
+	id = tunnel_inner_identity(skb, inner_ip, h->ip.saddr, id);
 	/* The outer Ethernet header stays: it says IPv4 already. */
 	if (bpf_skb_adjust_room(skb, -CEL_VXLAN_ENCAP_LEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_FIXED_GSO) < 0)

@@ -75,6 +75,7 @@ impl Pod {
             identity,
             host_mac: self.host_mac,
             pod_mac: self.pod_mac,
+            cluster_identity: identity,
         }
     }
 }

@@ -49,6 +49,7 @@ every_mode!(
     a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend,
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
     a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
+    a_pod_inside_an_ipblock_keeps_its_labels_on_the_other_node,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1449,6 +1450,102 @@ fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: Ro
                     && f["flow"]["drop_reason_desc"] == "POLICY_DENIED"
             })
     });
+}
+
+/// A pod whose address an ipBlock covers (here a `0.0.0.0/0` egress rule of another
+/// namespace's policy, which selects none of these pods) has a node-local identity on its own
+/// node: its labels with the ipBlock's `cidr:` label. Its node publishes its cluster identity
+/// (its CiliumEndpoint's), the other node gives the address its own local identity of those
+/// labels, and policy there still decides on them: a podSelector admits the client, a deny
+/// of its labels denies it, and an ipBlock of the receiving node's policy selects a remote
+/// pod. In tunnel mode the VNI carries the cluster identity (a local number does not fit in
+/// it), and nothing is dropped as `Encapsulation failed`.
+fn a_pod_inside_an_ipblock_keeps_its_labels_on_the_other_node(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    cluster.namespace("elsewhere", "").expect("namespace");
+    let (client, other, web) = (
+        cluster.pod("shop/client").unwrap().ip,
+        cluster.pod("shop/other").unwrap().ip,
+        cluster.pod("shop/web").unwrap().ip,
+    );
+    let _server = TcpServer::start(
+        &cluster.pod("shop/web").unwrap().netns,
+        SocketAddr::new(IpAddr::V4(web), PORT),
+        "web",
+    )
+    .expect("server");
+    cluster
+        .apply_policy(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: wide, namespace: elsewhere }\n\
+             spec: { podSelector: {}, policyTypes: [ Egress ], egress: [ { to: [ { ipBlock: { cidr: 0.0.0.0/0 } } ] } ] }\n\
+             ---\n\
+             apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: web, namespace: shop }\n\
+             spec: { podSelector: { matchLabels: { app: web } }, ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ] }\n",
+        )
+        .expect("policies");
+    eventually(&cluster, "client reaches web on the other node", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    assert!(
+        !cluster.reaches("shop/other", "shop/web", Tcp(PORT)),
+        "other is denied"
+    );
+    let local = u64::from(cellium_identity::LOCAL_IDENTITY_FLAG);
+    let published = cluster
+        .api()
+        .api()
+        .get("cilium.io/v2", "CiliumEndpoint", Some("shop"), "client")
+        .expect("client's CiliumEndpoint")["status"]["identity"]
+        .clone();
+    let id = published["id"].as_u64().expect("an identity");
+    assert!((256..65536).contains(&id), "{published}");
+    assert!(!published.to_string().contains("cidr:"), "{published}");
+    let here = remote_identity(&cluster, 1, client).expect("node 2 has client");
+    assert!(
+        here >= local,
+        "node 2's own local identity for client: {here}"
+    );
+    assert_eq!(refused(&cluster, 1, "not-cluster-identity"), 0);
+
+    // An ipBlock of the receiving node's policy selects a remote pod by its address.
+    cluster
+        .apply_policy(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: web-from-other, namespace: shop }}\n\
+             spec: {{ podSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ from: [ {{ ipBlock: {{ cidr: {other}/32 }} }} ] }} ] }}\n"
+        ))
+        .expect("ipBlock policy");
+    eventually(&cluster, "other reaches web by its address", || {
+        cluster.reaches("shop/other", "shop/web", Tcp(PORT))
+    });
+    // A deny of the client's labels still finds them.
+    cluster
+        .apply_policy(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: { name: no-client, namespace: shop }\n\
+             spec: { endpointSelector: { matchLabels: { app: web } }, ingressDeny: [ { fromEndpoints: [ { matchLabels: { app: client } } ] } ] }\n",
+        )
+        .expect("deny policy");
+    eventually(&cluster, "client is denied", || {
+        !cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    assert!(
+        cluster.reaches("shop/other", "shop/web", Tcp(PORT)),
+        "other is still allowed"
+    );
+    if mode == RoutingMode::Tunnel {
+        for i in 0..2 {
+            let status = cluster.agent(i).cli(&["status", "-v"]).expect("status");
+            assert!(
+                status.contains("no packets dropped as Encapsulation failed"),
+                "{status}"
+            );
+        }
+    }
 }
 
 /// The identity of `ip`'s entry in node `i`'s ipcache, if it has one from another node.

@@ -576,76 +576,21 @@ fn ip_entry(ip: &str, host_ip: &str, id: u64, pod: &str) -> String {
 #[test]
 fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
     let _serial = cellium_integration::serial();
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    let switch = NetNs::new().expect("switch");
-    underlay(&switch, &[one.node(), two.node()]);
-    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    api.api().apply_yaml(NODES).expect("nodes");
-    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
-    for (name, node, app) in [
-        ("client", "n1", "client"),
-        ("other", "n1", "other"),
-        ("web", "n2", "web"),
-    ] {
-        pods.push_str("---\n");
-        pods.push_str(&pod(name, node, app));
-    }
-    api.apply(&pods).expect("pods");
-    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
-        let mut env = api.agent_env(name);
-        env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
-        env.extend([
-            ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
-            ("CELLIUM_KVSTORE".into(), "etcd".into()),
-            ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
-        ]);
-        agent.options_mut().env = env;
-        agent.start().expect("agent");
-    }
-    let (client_ns, other_ns, web_ns) = (
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-    );
-    let client = one
-        .add_pod(&client_ns, "cid-client", "shop", "client")
-        .expect("ADD client");
-    let other = one
-        .add_pod(&other_ns, "cid-other", "shop", "other")
-        .expect("ADD other");
-    let web = two
-        .add_pod(&web_ns, "cid-web", "shop", "web")
-        .expect("ADD web");
-    let _server =
-        TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
-    eventually("ip entries in etcd", &[&one, &two], || {
-        [client, other, web]
-            .iter()
-            .all(|ip| etcd_id(&etcd, *ip).is_some())
-    });
+    let nodes = TwoNodes::start();
+    let (one, two, etcd) = (&nodes.one, &nodes.two, &nodes.etcd);
+    let (client_ns, other_ns) = (&nodes.client_ns, &nodes.other_ns);
+    let (client, other, web) = (nodes.client, nodes.other, nodes.web);
     let (client_id, other_id, web_id) = (
-        etcd_id(&etcd, client).unwrap(),
-        etcd_id(&etcd, other).unwrap(),
-        etcd_id(&etcd, web).unwrap(),
+        etcd_id(etcd, client).unwrap(),
+        etcd_id(etcd, other).unwrap(),
+        etcd_id(etcd, web).unwrap(),
     );
-    eventually("node 2 knows other", &[&one, &two], || {
-        remote_identity(&two, other) == Some(other_id)
+    eventually("node 2 knows other", &[one, two], || {
+        remote_identity(two, other) == Some(other_id)
     });
-    let before = two.policy_revision().expect("revision");
-    api.apply(WEB_FROM_CLIENT).expect("policy");
-    two.wait_policy_revision_after(before).expect("taken in");
-    two.settle().expect("enforced");
-    eventually("other is denied", &[&one, &two], || {
-        !reaches(&other_ns, web)
-    });
-    assert!(reaches(&client_ns, web), "client is allowed");
+    nodes.apply_policy(WEB_FROM_CLIENT);
+    eventually("other is denied", &[one, two], || !reaches(other_ns, web));
+    assert!(reaches(client_ns, web), "client is allowed");
 
     // A node known only by its kvstore entry, n9 (pod CIDR 10.245.29.0/24), with one pod.
     etcd.etcdctl(&[
@@ -692,11 +637,11 @@ fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
         &ip_entry("10.245.29.254", "192.0.2.9", client_id, "x5"),
     ])
     .unwrap();
-    eventually("node 2 takes n9's own pod", &[&one, &two], || {
-        remote_identity(&two, "10.245.29.254".parse().unwrap()) == Some(client_id)
+    eventually("node 2 takes n9's own pod", &[one, two], || {
+        remote_identity(two, "10.245.29.254".parse().unwrap()) == Some(client_id)
     });
     assert_eq!(
-        remote_identity(&two, other),
+        remote_identity(two, other),
         Some(other_id),
         "other keeps its identity on node 2"
     );
@@ -707,13 +652,13 @@ fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
         "10.245.29.253",
     ] {
         assert_eq!(
-            remote_identity(&two, refused.parse().unwrap()),
+            remote_identity(two, refused.parse().unwrap()),
             None,
             "{refused} is refused"
         );
     }
-    assert!(!reaches(&other_ns, web), "other is still denied");
-    assert!(reaches(&client_ns, web), "client is still allowed");
+    assert!(!reaches(other_ns, web), "other is still denied");
+    assert!(reaches(client_ns, web), "client is still allowed");
     for reason in [
         "key-mismatch",
         "foreign-address",
@@ -722,8 +667,8 @@ fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
         "not-cluster-identity",
     ] {
         let sample = format!("cellium_remote_claims_refused_total{{reason=\"{reason}\"}}");
-        eventually(&format!("{reason} counted"), &[&one, &two], || {
-            counter(&two, &sample) == 1
+        eventually(&format!("{reason} counted"), &[one, two], || {
+            counter(two, &sample) == 1
         });
     }
     let status = two.cli(&["status"]).expect("status");
@@ -750,11 +695,149 @@ fn forged_ip_entries_and_identity_keys_in_etcd_change_no_pods_identity() {
         .unwrap();
     etcd.etcdctl(&["put", &id_key, client_labels.trim()])
         .unwrap();
-    eventually("node 2 puts web's labels back", &[&one, &two], || {
+    eventually("node 2 puts web's labels back", &[one, two], || {
         etcd.etcdctl(&["get", "--print-value-only", &id_key])
             .is_ok_and(|v| v.trim() == labels)
-            && counter(&two, "cellium_kvstore_identities_restored_total") == 1
+            && counter(two, "cellium_kvstore_identities_restored_total") == 1
     });
-    assert!(reaches(&client_ns, web), "client is still allowed");
-    assert!(!reaches(&other_ns, web), "other is still denied");
+    assert!(reaches(client_ns, web), "client is still allowed");
+    assert!(!reaches(other_ns, web), "other is still denied");
+}
+
+/// Two nodes in kvstore mode: etcd on the switch, the test API server served on both, the
+/// Nodes n1 and n2, and pods `client` and `other` on node 1 and `web` (a server on [`PORT`])
+/// on node 2, each in `shop` with its name as `app`. Fields drop in order: the server and the
+/// pods before the agents.
+struct TwoNodes {
+    _server: TcpServer,
+    client_ns: NetNs,
+    other_ns: NetNs,
+    _web_ns: NetNs,
+    client: Ipv4Addr,
+    other: Ipv4Addr,
+    web: Ipv4Addr,
+    api: K8sApi,
+    etcd: Etcd,
+    _switch: NetNs,
+    two: Agent,
+    one: Agent,
+}
+
+impl TwoNodes {
+    fn start() -> TwoNodes {
+        let no_cidr = || AgentOptions {
+            pod_cidrs: Vec::new(),
+            ..AgentOptions::default()
+        };
+        let mut one = Agent::prepare(no_cidr()).expect("node 1");
+        let mut two = Agent::prepare(no_cidr()).expect("node 2");
+        let switch = NetNs::new().expect("switch");
+        underlay(&switch, &[one.node(), two.node()]);
+        let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
+        let api = K8sApi::start(one.node()).expect("API server");
+        api.serve_on(two.node()).expect("served on node 2");
+        api.api().apply_yaml(NODES).expect("nodes");
+        let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
+        for (name, node) in [("client", "n1"), ("other", "n1"), ("web", "n2")] {
+            pods.push_str("---\n");
+            pods.push_str(&pod(name, node, name));
+        }
+        api.apply(&pods).expect("pods");
+        for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
+            let mut env = api.agent_env(name);
+            env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
+            env.extend([
+                ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
+                ("CELLIUM_KVSTORE".into(), "etcd".into()),
+                ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
+            ]);
+            agent.options_mut().env = env;
+            agent.start().expect("agent");
+        }
+        let (client_ns, other_ns, web_ns) = (
+            NetNs::new().expect("netns"),
+            NetNs::new().expect("netns"),
+            NetNs::new().expect("netns"),
+        );
+        let client = one
+            .add_pod(&client_ns, "cid-client", "shop", "client")
+            .expect("ADD client");
+        let other = one
+            .add_pod(&other_ns, "cid-other", "shop", "other")
+            .expect("ADD other");
+        let web = two
+            .add_pod(&web_ns, "cid-web", "shop", "web")
+            .expect("ADD web");
+        let server = TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web")
+            .expect("server");
+        eventually("ip entries in etcd", &[&one, &two], || {
+            [client, other, web]
+                .iter()
+                .all(|ip| etcd_id(&etcd, *ip).is_some())
+        });
+        TwoNodes {
+            _server: server,
+            client_ns,
+            other_ns,
+            _web_ns: web_ns,
+            client,
+            other,
+            web,
+            api,
+            etcd,
+            _switch: switch,
+            two,
+            one,
+        }
+    }
+
+    /// Applies `yaml` and waits until both nodes enforce it.
+    fn apply_policy(&self, yaml: &str) {
+        let agents = [&self.one, &self.two];
+        let before = agents.map(|a| a.policy_revision().expect("revision"));
+        self.api.apply(yaml).expect("policy");
+        for (agent, before) in agents.into_iter().zip(before) {
+            agent.wait_policy_revision_after(before).expect("taken in");
+            agent.settle().expect("enforced");
+        }
+    }
+}
+
+/// kvstore mode: a pod inside an ipBlock of some policy has a node-local identity on its own
+/// node, but its ip entry in etcd carries its cluster identity, and the other node derives
+/// its own local identity of the same labels: policy there still selects it by its labels
+/// (and by the receiving node's ipBlocks), as in CRD mode (`cluster.rs`).
+#[test]
+fn a_pod_inside_an_ipblock_is_published_with_its_cluster_identity() {
+    let _serial = cellium_integration::serial();
+    let nodes = TwoNodes::start();
+    let (one, two) = (&nodes.one, &nodes.two);
+    nodes.apply_policy(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: wide, namespace: shop }\n\
+         spec: { podSelector: { matchLabels: { app: nobody } }, policyTypes: [ Egress ], egress: [ { to: [ { ipBlock: { cidr: 10.0.0.0/8 } } ] } ] }\n",
+    );
+    nodes.apply_policy(WEB_FROM_CLIENT);
+    eventually("client reaches web", &[one, two], || {
+        reaches(&nodes.client_ns, nodes.web)
+    });
+    assert!(!reaches(&nodes.other_ns, nodes.web), "other is denied");
+    let published = etcd_id(&nodes.etcd, nodes.client).expect("client's entry");
+    assert!((256..65536).contains(&published), "{published}");
+    let here = remote_identity(two, nodes.client).expect("node 2 has client");
+    assert!(
+        here >= u64::from(cellium_identity::LOCAL_IDENTITY_FLAG),
+        "node 2's own local identity for client: {here}"
+    );
+    nodes.apply_policy(&format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: web-from-other, namespace: shop }}\n\
+         spec: {{ podSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ from: [ {{ ipBlock: {{ cidr: {}/32 }} }} ] }} ] }}\n",
+        nodes.other
+    ));
+    eventually("other reaches web by its address", &[one, two], || {
+        reaches(&nodes.other_ns, nodes.web)
+    });
+    assert!(
+        reaches(&nodes.client_ns, nodes.web),
+        "client is still allowed"
+    );
 }

@@ -36,6 +36,9 @@
 #define CEL_IDENTITY_REMOTE_NODE 6
 /* The first identity allocated to label sets, cluster-wide. */
 #define CEL_IDENTITY_CLUSTER_MIN 256
+/* The first node-local identity: label sets with cidr: labels, numbered by
+ * each node for itself (a remote pod inside a policy's ipBlock included). */
+#define CEL_IDENTITY_LOCAL_MIN (1U << 24)
 /* The world of one family, on a node with both (Cilium's dual-stack split). */
 #define CEL_IDENTITY_WORLD_IPV4 9
 #define CEL_IDENTITY_WORLD_IPV6 10

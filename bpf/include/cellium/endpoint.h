@@ -28,6 +28,10 @@ struct endpoint_info {
 	__u32 identity;
 	__u8 host_mac[6]; /* host-side veth MAC: source of redirected frames */
 	__u8 pod_mac[6];  /* pod-side eth0 MAC: destination of redirected frames */
+	/* The identity other nodes know the endpoint by, the VNI it sends
+	 * with: that of its labels without the cidr: labels of the ipBlocks
+	 * covering its address (identity is node-local then), else identity. */
+	__u32 cluster_identity;
 };
 
 #endif /* CELLIUM_ENDPOINT_H */

@@ -36,6 +36,7 @@ int main(void)
 	OFF(endpoint_info, identity);
 	OFF(endpoint_info, host_mac);
 	OFF(endpoint_info, pod_mac);
+	OFF(endpoint_info, cluster_identity);
 
 	SIZE(ipcache_key);
 	OFF(ipcache_key, prefixlen);

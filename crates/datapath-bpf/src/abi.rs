@@ -216,6 +216,10 @@ pub struct EndpointInfo {
     pub host_mac: MacAddr,
     /// MAC of the pod's eth0.
     pub pod_mac: MacAddr,
+    /// The identity other nodes know the pod by (the VNI it sends with): that of its labels
+    /// without `cidr:` labels, which differs from `identity` (node-local then) only when a
+    /// policy's ipBlock covers its address.
+    pub cluster_identity: u32,
 }
 plain!(EndpointInfo {
     ifindex,
@@ -223,7 +227,8 @@ plain!(EndpointInfo {
     flags,
     identity,
     host_mac,
-    pod_mac
+    pod_mac,
+    cluster_identity
 });
 
 /// `struct ipcache_key`.
@@ -841,7 +846,7 @@ mod tests {
         check!(EndpointKey, endpoint_key { addr => addr, family => family });
         check!(EndpointInfo, endpoint_info {
             ifindex => ifindex, id => id, flags => flags, identity => identity,
-            host_mac => host_mac, pod_mac => pod_mac,
+            host_mac => host_mac, pod_mac => pod_mac, cluster_identity => cluster_identity,
         });
         check!(IpcacheKey, ipcache_key { prefixlen => prefixlen, family => family, addr => addr });
         check!(IpcacheValue, ipcache_value { identity => identity, tunnel_endpoint => tunnel_endpoint });
@@ -976,6 +981,7 @@ mod tests {
             identity: 0x01020304,
             host_mac: MacAddr([1, 2, 3, 4, 5, 6]),
             pod_mac: MacAddr([7, 8, 9, 10, 11, 12]),
+            cluster_identity: 0x0506,
         };
         let round = EndpointInfo::decode(&info.encode());
         assert_eq!(round, Some(info));

@@ -35,6 +35,7 @@
 //!     identity: 1000,
 //!     host_mac: "02:00:00:00:00:01".parse()?,
 //!     pod_mac: "02:00:00:00:00:02".parse::<MacAddr>()?,
+//!     cluster_identity: 1000,
 //! };
 //! dp.endpoints().put(Ipv4Addr::new(10, 200, 0, 2).into(), &info)?;
 //! dp.attach(12)?;

@@ -143,6 +143,18 @@ impl Labels {
         self.has_source(source::CIDR)
     }
 
+    /// The set without its `cidr:` labels: a pod's labels as the cluster knows them, whatever
+    /// ipBlocks of one node's policies cover its address.
+    pub fn without_cidr(&self) -> Labels {
+        Labels(
+            self.0
+                .iter()
+                .filter(|l| l.source != source::CIDR)
+                .cloned()
+                .collect(),
+        )
+    }
+
     /// The labels, sorted.
     pub fn iter(&self) -> btree_set::Iter<'_, Label> {
         self.0.iter()

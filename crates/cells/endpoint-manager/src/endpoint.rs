@@ -85,6 +85,13 @@ pub struct Endpoint {
     pub labels: Labels,
     /// Its security identity, derived from the labels (0 until assigned).
     pub identity: u32,
+    /// The identity other nodes know it by (0 until assigned): that of its labels without
+    /// their `cidr:` labels. The same as `identity` unless a policy's ipBlock covers an address
+    /// of it: `identity` is node-local then, a number that means nothing elsewhere, so what
+    /// it publishes (its CiliumEndpoint, its kvstore entry, the VNI it sends with) carries this
+    /// one, and each node derives its own local identity for the address from it.
+    #[serde(default)]
+    pub cluster_identity: u32,
     /// Where it is in its life.
     pub state: State,
     /// Creation time, milliseconds since the Unix epoch.

@@ -65,9 +65,10 @@ impl Identifier {
         .unwrap_or_default()
     }
 
-    /// Learns the cluster-wide number of the endpoint's labels when they changed and the
-    /// identity mode numbers them cluster-wide (see `Identities::resolve`), so that
-    /// [`identify`](Identifier::identify) can take it.
+    /// Learns the cluster-wide number of the endpoint's labels (without their `cidr:` labels,
+    /// which are numbered on this node) when they changed and the identity mode numbers them
+    /// cluster-wide (see `Identities::resolve`), so that [`identify`](Identifier::identify)
+    /// can take it.
     pub(crate) async fn resolve(&self, ep: &Endpoint) -> Result<()> {
         let Some(identities) = &self.identities else {
             return Ok(());
@@ -77,7 +78,7 @@ impl Identifier {
             return Ok(());
         }
         identities
-            .resolve(&fresh)
+            .resolve(&fresh.without_cidr())
             .await
             .map_err(|source| Error::Identity {
                 endpoint: ep.describe(),
@@ -86,31 +87,29 @@ impl Identifier {
     }
 
     /// Computes the endpoint's labels and, when they changed (or it has no identity yet),
-    /// takes the identity of the new labels, points its addresses at it in the ipcache and
-    /// gives back the old one. Returns whether anything changed. Without identities the
-    /// identity is always [`UNALLOCATED`].
+    /// takes the identity of the new labels (and, when they hold `cidr:` labels, that of the
+    /// rest: its [`cluster_identity`](Endpoint::cluster_identity)), points its addresses at it
+    /// in the ipcache and gives back the old ones. Returns whether anything changed. Without
+    /// identities the identity is always [`UNALLOCATED`].
     pub(crate) fn identify(&self, ep: &mut Endpoint) -> Result<bool> {
         let fresh = self.labels(ep);
         if ep.identity != 0 && fresh == ep.labels {
             return Ok(false);
         }
-        let id = match &self.identities {
+        let (id, cluster) = match &self.identities {
             Some(identities) => {
-                let identity = identities
-                    .allocate(&fresh)
-                    .map_err(|source| Error::Identity {
-                        endpoint: ep.describe(),
-                        source,
-                    })?;
-                // Telling the repository now, rather than when its feed gets to the event,
-                // lets the policies of other endpoints that select this identity be resolved
-                // at once.
-                if let Some(policy) = &self.policy {
-                    policy.identity_added(&identity);
-                }
-                identity.id
+                let id = self.take(identities, ep, &fresh)?;
+                let cluster = if fresh.has_cidr() {
+                    self.take(identities, ep, &fresh.without_cidr())
+                        .inspect_err(|_| {
+                            identities.release(id);
+                        })?
+                } else {
+                    id
+                };
+                (id, cluster)
             }
-            None => UNALLOCATED.id(),
+            None => (UNALLOCATED.id(), UNALLOCATED.id()),
         };
         if let Some(ipcache) = &self.ipcache {
             for addr in &ep.addresses {
@@ -120,15 +119,29 @@ impl Identifier {
                 }
             }
         }
-        let old = std::mem::replace(&mut ep.identity, id);
-        if let Some(identities) = &self.identities
-            && old != 0
-            && old != id
-        {
-            identities.release(old);
+        let old = (ep.identity, ep.cluster_identity);
+        (ep.identity, ep.cluster_identity) = (id, cluster);
+        if let Some(identities) = &self.identities {
+            release_held(identities, old);
         }
         ep.labels = fresh;
         Ok(true)
+    }
+
+    /// A reference to the identity of `labels`, for `ep`.
+    fn take(&self, identities: &Identities, ep: &Endpoint, labels: &Labels) -> Result<u32> {
+        let identity = identities
+            .allocate(labels)
+            .map_err(|source| Error::Identity {
+                endpoint: ep.describe(),
+                source,
+            })?;
+        // Telling the repository now, rather than when its feed gets to the event, lets the
+        // policies of other endpoints that select this identity be resolved at once.
+        if let Some(policy) = &self.policy {
+            policy.identity_added(&identity);
+        }
+        Ok(identity.id)
     }
 
     /// Removes the ipcache entries of `owned` (the endpoint's addresses it still holds: an
@@ -145,10 +158,8 @@ impl Identifier {
                 }
             }
         }
-        if let Some(identities) = &self.identities
-            && ep.identity != 0
-        {
-            identities.release(ep.identity);
+        if let Some(identities) = &self.identities {
+            release_held(identities, (ep.identity, ep.cluster_identity));
         }
     }
 
@@ -183,5 +194,17 @@ impl Identifier {
         if let Err(e) = ipcache.sync_host_addresses().await {
             tracing::warn!(error = %e, "reading the node's addresses failed; the ipcache job retries");
         }
+    }
+}
+
+/// Gives back the references an endpoint holds with `(identity, cluster_identity)`: one to its
+/// identity (none while it is 0), and one to its cluster identity when that is another.
+fn release_held(identities: &Identities, (identity, cluster): (u32, u32)) {
+    if identity == 0 {
+        return;
+    }
+    identities.release(identity);
+    if cluster != 0 && cluster != identity {
+        identities.release(cluster);
     }
 }

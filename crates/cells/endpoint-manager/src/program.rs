@@ -47,6 +47,7 @@ pub fn write_endpoint(
         identity: ep.identity,
         host_mac: MacAddr(ep.host_mac),
         pod_mac: MacAddr(ep.pod_mac),
+        cluster_identity: ep.cluster_identity,
     };
     let mut taken = Vec::new();
     for addr in &ep.addresses {

@@ -26,7 +26,7 @@ pub fn desired(
     let mut out = BTreeMap::new();
     for ep in endpoints {
         let Some(pod_ref) = &ep.pod else { continue };
-        if ep.state != State::Ready || ep.identity == 0 {
+        if ep.state != State::Ready || ep.cluster_identity == 0 {
             continue;
         }
         let named_ports: Vec<NamedPort> = pod(&pod_ref.namespace, &pod_ref.name)
@@ -48,7 +48,9 @@ pub fn desired(
                     ip: a.ip,
                     mask: None,
                     host_ip,
-                    id: ep.identity,
+                    // Its node-local identity, when an ipBlock covers it, means nothing
+                    // elsewhere.
+                    id: ep.cluster_identity,
                     key: 0,
                     metadata: format!("cilium-global:default:{node}:{}", ep.id),
                     namespace: pod_ref.namespace.clone(),

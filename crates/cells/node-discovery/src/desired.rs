@@ -214,6 +214,8 @@ pub struct Remote {
     /// The named ports of the pods whose addresses the entries give their identity: what an
     /// egress rule naming a port means when one of them is the peer.
     pub named_ports: BTreeMap<IpNet, Vec<NamedPort>>,
+    /// The entries that are pods' addresses (with the cluster identity their claim carries).
+    pub pods: BTreeSet<IpNet>,
     /// The claims refused.
     pub refused: Vec<Refused>,
 }
@@ -346,6 +348,7 @@ pub fn ipcache<'a>(
                         tunnel_endpoint,
                     };
                     out.entries.insert(prefix, info);
+                    out.pods.insert(prefix);
                 }
             }
             if !ep.named_ports.is_empty() {

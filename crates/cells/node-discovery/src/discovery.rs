@@ -7,12 +7,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cellium_datapath_bpf::{Direction, Reason};
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Trigger};
 use cellium_identity::{Identities, Reserved};
 use cellium_ipcache::{Ipcache, IpcacheInfo, Source};
 use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
 use cellium_loader::Loader;
 use cellium_metrics::Metrics;
+use cellium_policy_repo::PolicyRepository;
 use cellium_resources::{CiliumIdentity, NamedPort, Resources};
 use futures::StreamExt;
 use ipnet::IpNet;
@@ -23,6 +25,7 @@ use tokio::sync::OnceCell;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::config::{NodeDiscoveryConfig, RoutingMode, TunnelProtocol};
+use crate::covered::Covered;
 use crate::desired::{self, Refused};
 use crate::error::{Error, Result};
 use crate::remote::RemoteEndpoints;
@@ -56,6 +59,9 @@ pub struct NodeDiscovery {
     identities: Arc<Identities>,
     /// Other nodes' pods from elsewhere than CiliumEndpoints (the kvstore), if any.
     remote: Option<Arc<dyn RemoteEndpoints>>,
+    /// The local identities of other nodes' pods inside this node's ipBlocks (none without a
+    /// policy repository).
+    covered: Option<Covered>,
     node: String,
     /// The ipcache entries claimed, as last written.
     claimed: Mutex<BTreeMap<IpNet, IpcacheInfo>>,
@@ -90,6 +96,7 @@ impl NodeDiscovery {
         identities: Arc<Identities>,
         loader: Arc<Loader>,
         remote: Option<Arc<dyn RemoteEndpoints>>,
+        policy: Option<Arc<PolicyRepository>>,
         metrics: Option<Arc<Metrics>>,
     ) -> Result<Arc<NodeDiscovery>> {
         if cfg.tunnel_protocol == TunnelProtocol::Geneve {
@@ -106,6 +113,7 @@ impl NodeDiscovery {
             node: node.unwrap_or_default(),
             resources: resources.unwrap_or_else(Resources::new),
             ipcache,
+            covered: policy.map(|p| Covered::new(p, identities.clone())),
             identities,
             remote,
             claimed: Mutex::default(),
@@ -133,6 +141,9 @@ impl NodeDiscovery {
         }));
         if this.active {
             this.follow(&jobs);
+            if this.tunnel {
+                this.watch_encapsulation(&jobs);
+            }
         } else {
             this.follow_addresses(&jobs);
         }
@@ -218,6 +229,38 @@ impl NodeDiscovery {
         .add();
     }
 
+    /// Tunnel mode: Degraded (`node-discovery.encapsulation`) for [`RESYNC_INTERVAL`] after the
+    /// datapath dropped packets it could not encapsulate (drop reason `Encapsulation failed`):
+    /// traffic to other nodes that should be carried is not, which the node's health says
+    /// rather than a counter only.
+    fn watch_encapsulation(self: &Arc<Self>, jobs: &Jobs) {
+        let this = self.clone();
+        // The counter lives in a pinned map, across restarts: the first look sets the mark.
+        let last = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        jobs.timer("encapsulation", RESYNC_INTERVAL, move |ctx| {
+            let (this, last) = (this.clone(), last.clone());
+            async move {
+                let dp = this.loader.datapath()?;
+                let now = dp
+                    .metrics()
+                    .get(Direction::Egress, Reason::EncapFailed)?
+                    .packets;
+                let before = last.swap(now, Ordering::Relaxed);
+                if before != u64::MAX && now > before {
+                    ctx.reporter().degraded(format!(
+                        "{} packets to other nodes dropped as Encapsulation failed in the last {}s; `cellium observe --verdict DROPPED` shows them",
+                        now - before,
+                        RESYNC_INTERVAL.as_secs()
+                    ));
+                } else {
+                    ctx.reporter().ok("no packets dropped as Encapsulation failed");
+                }
+                Ok::<(), BoxError>(())
+            }
+        })
+        .add();
+    }
+
     fn follow(self: &Arc<Self>, jobs: &Jobs) {
         let trigger = Trigger::new();
         let pull = trigger.clone();
@@ -232,6 +275,10 @@ impl NodeDiscovery {
             for changes in remote.changes() {
                 sources.push(WatchStream::from_changes(changes).boxed());
             }
+        }
+        // An ipBlock added or removed changes which remote pods it covers.
+        if let Some(covered) = &self.covered {
+            sources.push(WatchStream::from_changes(covered.changes()).boxed());
         }
         let changes = futures::stream::select_all(sources);
         jobs.observer("watch-cluster", changes, move |_, _ctx| {
@@ -289,8 +336,18 @@ impl NodeDiscovery {
         );
         let entry_count = claims.entries.len();
         claims.refused.extend(refused_early);
-        let refused = self.refuse(claims.refused);
-        self.claim(claims.entries)?;
+        let refused = self.refuse(std::mem::take(&mut claims.refused));
+        let (stale, covered) = match &self.covered {
+            Some(c) => c.apply(&mut claims),
+            None => (Vec::new(), 0),
+        };
+        let claimed = self.claim(claims.entries);
+        // Once the ipcache no longer names them (or, if that failed, anyway: the next pass
+        // writes the entries again with identities it holds).
+        if let Some(c) = &self.covered {
+            c.release(stale);
+        }
+        claimed?;
         self.claim_ports(claims.named_ports);
         let mut routes = desired::routes(
             nodes.iter().map(|n| &**n),
@@ -314,8 +371,13 @@ impl NodeDiscovery {
         // After the routes: a device that cannot take the program (gone meanwhile) fails the
         // pass, which is retried, but holds nothing else back.
         self.attach_netdevs(handle, &mine).await?;
+        let covered = if covered > 0 {
+            format!(" ({covered} inside ipBlocks)")
+        } else {
+            String::new()
+        };
         Ok(format!(
-            "{} other nodes' pod CIDRs routed, {entry_count} remote addresses, {identities} cluster identities{refused}",
+            "{} other nodes' pod CIDRs routed, {entry_count} remote addresses{covered}, {identities} cluster identities{refused}",
             routes.len()
         ))
     }

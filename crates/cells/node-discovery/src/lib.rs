@@ -11,7 +11,8 @@
 //! - **Depends on** resources (Nodes, CiliumEndpoints and CiliumIdentities from the API
 //!   server), ipcache, identity, the loader (the datapath, for the tunnel); and, optional,
 //!   `dyn RemoteEndpoints` (the kvstore cell's `cilium/state/ip/v1/` entries), merged with the
-//!   CiliumEndpoints; and `Metrics`, optional.
+//!   CiliumEndpoints; the policy repository, optional (the `cidr:` labels of its ipBlocks,
+//!   see below); and `Metrics`, optional.
 //! - **Config keys:** `routing-mode`: `native` (the default here: a route to each other node's
 //!   pod CIDRs via that node's address of the CIDR's family, as Cilium's native routing with
 //!   `auto-direct-node-routes`; the nodes share a network) or `tunnel` (the VXLAN device
@@ -27,17 +28,22 @@
 //!   (NodePort, external and load balancer IPs) are translated there.
 //! - **Degraded** (`node-discovery.reconcile`) while a pass fails (a netlink or ipcache
 //!   write), retried every 30 s and at every change.
+//! - **Degraded** (`node-discovery.encapsulation`, tunnel mode) for 30 s after the datapath
+//!   dropped packets to other nodes as `Encapsulation failed`.
 //!
 //! A pass, at every change of those tables and every 30 s: every CiliumIdentity is learnt by the
 //! identity cell (so that policies select other nodes' pods by their labels); every other
 //! node's addresses enter the ipcache as `remote-node`, and every pod address of a
 //! CiliumEndpoint another node hosts as its identity, where the claim holds
 //! ([`desired::ipcache`]: a cluster identity of the claim's namespace, from a known node, within
-//! that node's pod CIDRs) (the datapath then resolves the source of
+//! that node's pod CIDRs), or, for an address inside an ipBlock of this node's policies, the
+//! node-local identity of that identity's labels and the ipBlocks' `cidr:` labels (`covered`:
+//! a node publishes its pods' cluster identities only) (the datapath then resolves the source of
 //! traffic from other nodes, and the destination of traffic to them, to identities); the routes
 //! follow the Nodes' `spec.podCIDRs` and addresses.
 
 mod config;
+mod covered;
 pub mod desired;
 mod discovery;
 mod error;

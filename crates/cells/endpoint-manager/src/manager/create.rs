@@ -188,6 +188,7 @@ fn record(id: u16, req: &CreateRequest, mtu: u32) -> Endpoint {
         mtu,
         labels: Labels::new(),
         identity: 0,
+        cluster_identity: 0,
         state: State::Creating,
         created_unix_ms: now_ms(),
     }

@@ -132,6 +132,7 @@ impl EndpointDatapath for FakeDatapath {
                     identity: ep.identity,
                     host_mac: MacAddr(ep.host_mac),
                     pod_mac: MacAddr(ep.pod_mac),
+                    cluster_identity: ep.cluster_identity,
                 },
             );
         }

@@ -45,6 +45,7 @@ pub(crate) fn endpoint(id: u16, container: &str) -> Endpoint {
         mtu: 1500,
         labels: Labels::new(),
         identity: 0,
+        cluster_identity: 0,
         state: State::Ready,
         created_unix_ms: 0,
     }

@@ -205,9 +205,11 @@ pub(crate) fn status(ep: &Endpoint, node_ip: Option<IpAddr>, ports: &[NamedPort]
             k8s_namespace: namespace,
             k8s_pod_name: name,
         },
+        // What other nodes know the pod by: its `cidr:` labels, and the node-local number
+        // they give, mean something on this node only.
         identity: CepIdentity {
-            id: u64::from(ep.identity),
-            labels: ep.labels.iter().map(ToString::to_string).collect(),
+            id: u64::from(ep.cluster_identity),
+            labels: ep.labels.without_cidr().to_strings(),
         },
         networking: CepNetworking {
             addressing,
@@ -294,6 +296,7 @@ pub(crate) mod tests {
                 Label::k8s("io.kubernetes.pod.namespace", "shop"),
             ]),
             identity: 1234,
+            cluster_identity: 1234,
             state: State::Ready,
             created_unix_ms: i64::from(id),
         }
@@ -365,6 +368,20 @@ pub(crate) mod tests {
             v4["networking"],
             json!({"addressing": [{"ipv4": "10.0.0.7"}], "node": ""}),
             "no IPv6 key without an IPv6 address, and no node IP while it is unknown"
+        );
+    }
+
+    #[test]
+    fn a_pod_inside_an_ipblock_is_published_with_its_cluster_identity() {
+        let mut web = ep(12, Some(("shop", "web")), &["10.0.0.5"]);
+        web.labels
+            .insert(Label::cidr("10.0.0.0/8".parse().unwrap()));
+        web.identity = cellium_identity::LOCAL_IDENTITY_FLAG + 1;
+        let published = status(&web, None, &[]).identity;
+        assert_eq!(published.id, 1234);
+        assert_eq!(
+            published.labels,
+            ["k8s:app=web", "k8s:io.kubernetes.pod.namespace=shop"]
         );
     }
 
