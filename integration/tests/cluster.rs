@@ -49,6 +49,8 @@ every_mode!(
     a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend,
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
     a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
+    dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend,
+    hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1053,15 +1055,8 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
 "#
         ))
         .expect("NodePort service with a remote backend");
-    let policy = |peer: &str| {
-        format!(
-            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
-             metadata: {{ name: web-ingress, namespace: shop }}\n\
-             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
-        )
-    };
     cluster
-        .apply_policy(&policy("fromEntities: [ remote-node ]"))
+        .apply_policy(&web_policy(&["fromEntities: [ remote-node ]"]))
         .expect("web admits remote-node only");
     let client = outside_client(&cluster);
     let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
@@ -1077,7 +1072,7 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
 
     cluster
-        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+        .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
     let denied = || {
         cluster
@@ -1093,11 +1088,12 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     );
 }
 
-/// The cluster of the node-port tests in `bpf-lb-mode` `mode` (native routing), with the
-/// `shop` pods, web serving its peer's address on `PORT` and UDP on 5353 behind NodePort
-/// 30080 (TCP) and 30053 (UDP), whose only backend is web on node 2.
-fn node_port_to_node_2(mode: &str) -> Cluster {
+/// The cluster of the node-port tests in `bpf-lb-mode` `mode`, routed as `routing`, with the
+/// `shop` pods and NodePort 30080 (TCP to `PORT`) and 30053 (UDP to 5353), whose only backend is
+/// web on node 2.
+fn node_port_to_node_2(mode: &str, routing: RoutingMode) -> Cluster {
     let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: routing,
         agent_env: vec![("CELLIUM_BPF_LB_MODE".into(), mode.into())],
         ..ClusterOptions::default()
     })
@@ -1130,70 +1126,131 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     cluster
 }
 
+/// web's ingress policy (a CiliumNetworkPolicy) of `rules`.
+fn web_policy(rules: &[&str]) -> String {
+    let rules: Vec<String> = rules.iter().map(|r| format!("{{ {r} }}")).collect();
+    format!(
+        "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
+         metadata: {{ name: web-ingress, namespace: shop }}\n\
+         spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {} ] }}\n",
+        rules.join(", ")
+    )
+}
+
+/// [`node_port_to_node_2`] with web serving (its peer's address on `PORT`, UDP on 5353) and the
+/// outside client; the servers and the client go before the cluster.
+struct NodePortServed {
+    _tcp: PeerServer,
+    _udp: UdpServer,
+    client: NetNs,
+    cluster: Cluster,
+}
+
+impl NodePortServed {
+    fn start(mode: &str, routing: RoutingMode) -> Self {
+        let cluster = node_port_to_node_2(mode, routing);
+        let web = cluster.pod("shop/web").unwrap();
+        let _tcp = PeerServer::start(&web.netns, SocketAddr::new(IpAddr::V4(web.ip), PORT))
+            .expect("server");
+        let _udp = UdpServer::start(&web.netns, SocketAddr::new(IpAddr::V4(web.ip), 5353), "web")
+            .expect("udp server");
+        let client = outside_client(&cluster);
+        NodePortServed {
+            _tcp,
+            _udp,
+            client,
+            cluster,
+        }
+    }
+
+    /// Where the client reaches the TCP node port: node 1's.
+    fn tcp_port() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080)
+    }
+
+    /// Where the client reaches the UDP node port: node 1's.
+    fn udp_port() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053)
+    }
+
+    /// The address web sees the client's TCP connection from, once one passes.
+    fn seen_over_tcp(&self, what: &str) -> IpAddr {
+        let mut seen = None;
+        eventually(&self.cluster, what, || {
+            seen = seen_from(&self.client, Self::tcp_port()).ok();
+            seen.is_some()
+        });
+        seen.unwrap()
+    }
+
+    /// One datagram through the UDP node port: its answer comes from the node port.
+    fn udp_answered(&self) -> bool {
+        let dns = Self::udp_port();
+        cellium_integration::probe::udp_exchange(&self.client, dns, b"hi", Duration::from_secs(1))
+            .is_ok_and(|r| (r.banner.as_str(), r.from) == ("web", dns))
+    }
+
+    /// Node 2's count of ingress packets dropped for `reason`.
+    fn node_2_drops(&self, reason: &str) -> u64 {
+        self.cluster
+            .agent(1)
+            .datapath_packets("ingress", reason)
+            .expect("node 2's metrics")
+    }
+}
+
 /// `bpf-lb-mode: dsr` (docs/services.md, "Direct server return"): a client from outside that
 /// reaches node 1's node port and is balanced to web on node 2 keeps its own address; node 2
 /// judges it on that address (a policy allowing only the client's address admits it, one
 /// allowing only `remote-node` denies it, counted on node 2), and web's replies, TCP and UDP,
-/// reach the client from node 1's node port, leaving node 2 straight to the client.
-#[test]
-fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend() {
+/// reach the client from node 1's node port, leaving node 2 straight to the client. In tunnel
+/// routing the client's packets cross in the tunnel, the replies do not.
+fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend(routing: RoutingMode) {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr");
-    let web_pod = cluster.pod("shop/web").unwrap();
-    let _server = PeerServer::start(
-        &web_pod.netns,
-        SocketAddr::new(IpAddr::V4(web_pod.ip), PORT),
-    )
-    .expect("server");
-    let _udp = UdpServer::start(
-        &web_pod.netns,
-        SocketAddr::new(IpAddr::V4(web_pod.ip), 5353),
-        "web",
-    )
-    .expect("udp server");
-    let policy = |peer: &str| {
-        format!(
-            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
-             metadata: {{ name: web-ingress, namespace: shop }}\n\
-             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
-        )
-    };
-    cluster
-        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+    let np = NodePortServed::start("dsr", routing);
+    np.cluster
+        .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
-    let client = outside_client(&cluster);
-    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
-    let mut seen = None;
+    let seen = np.seen_over_tcp("the outside client passes web's policy for its own address");
+    assert_eq!(seen, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100)));
+    eventually(&np.cluster, "a datagram through node 1's node port", || {
+        np.udp_answered()
+    });
+
+    np.cluster
+        .apply_policy(&web_policy(&["fromEntities: [ remote-node ]"]))
+        .expect("web admits remote-node only");
+    let before = np.node_2_drops("policy default deny");
     eventually(
-        &cluster,
-        "the outside client passes web's policy for its own address",
+        &np.cluster,
+        "web's remote-node-only policy denies the client through node 1",
         || {
-            seen = seen_from(&client, node1).ok();
-            seen.is_some()
+            seen_from(&np.client, NodePortServed::tcp_port()).is_err()
+                && np.node_2_drops("policy default deny") > before
         },
     );
-    assert_eq!(seen, Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100))));
-    let dns = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053);
-    let reply =
-        cellium_integration::probe::udp_exchange(&client, dns, b"hello", Duration::from_secs(3))
-            .expect("a datagram through node 1's node port");
-    assert_eq!((reply.banner.as_str(), reply.from), ("web", dns));
+}
 
-    cluster
-        .apply_policy(&policy("fromEntities: [ remote-node ]"))
-        .expect("web admits remote-node only");
-    let denied = || {
-        cluster
-            .agent(1)
-            .datapath_packets("ingress", "policy default deny")
-            .expect("node 2's metrics")
-    };
-    let before = denied();
-    eventually(
-        &cluster,
-        "web's remote-node-only policy denies the client through node 1",
-        || seen_from(&client, node1).is_err() && denied() > before,
-    );
+/// `bpf-lb-mode: hybrid`: DSR for TCP, SNAT for UDP. Under a policy that admits the client's own
+/// address on TCP and `remote-node` (node 1, the source SNAT gives) on UDP only, both pass: the
+/// TCP connection reaches web on node 2 from the client's address, the datagram as from node 1,
+/// and both answers come back from node 1's node ports.
+fn hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated(routing: RoutingMode) {
+    let _serial = serial();
+    let np = NodePortServed::start("hybrid", routing);
+    np.cluster
+        .apply_policy(&web_policy(&[
+            &format!(
+                "fromCIDR: [ 192.0.2.100/32 ], toPorts: [ {{ ports: [ {{ port: \"{PORT}\", protocol: TCP }} ] }} ]"
+            ),
+            "fromEntities: [ remote-node ], toPorts: [ { ports: [ { port: \"5353\", protocol: UDP } ] } ]",
+        ]))
+        .expect("web admits the client on TCP, remote-node on UDP");
+    let seen = np.seen_over_tcp("the outside client's TCP passes web's policy for its address");
+    assert_eq!(seen, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100)));
+    eventually(&np.cluster, "a datagram passes as from node 1", || {
+        np.udp_answered()
+    });
 }
 
 /// `bpf-lb-mode: dsr`: node 2 believes a DSR option only from another node. A host of the
@@ -1202,7 +1259,7 @@ fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend() {
 #[test]
 fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr");
+    let cluster = node_port_to_node_2("dsr", RoutingMode::Native);
     let web_pod = cluster.pod("shop/web").unwrap();
     let sink = web_pod
         .netns
