@@ -1253,57 +1253,44 @@ fn hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated(routing: Rou
     });
 }
 
-/// `bpf-lb-mode: dsr`: node 2 believes a DSR option only from another node. A host of the
-/// underlay that is no node forges one, naming node 1's node port, on a datagram for web: node
-/// 2 drops it as from an unknown sender and counts it; web gets nothing.
-#[test]
-fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
-    let _serial = serial();
-    let cluster = node_port_to_node_2("dsr", RoutingMode::Native);
-    let web_pod = cluster.pod("shop/web").unwrap();
-    let sink = web_pod
+/// A UDP socket in web on its port 5353, read with a short timeout: what reaches web.
+fn web_sink(cluster: &Cluster) -> std::net::UdpSocket {
+    let web = cluster.pod("shop/web").unwrap();
+    let addr = SocketAddr::new(IpAddr::V4(web.ip), 5353);
+    let sink = web
         .netns
-        .run({
-            let web = web_pod.ip;
-            move || std::net::UdpSocket::bind(SocketAddr::new(IpAddr::V4(web), 5353))
-        })
+        .run(move || std::net::UdpSocket::bind(addr))
         .expect("run in web")
         .expect("bind in web");
     sink.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
-    let client = outside_client(&cluster);
-    let mac = |ns: &NetNs, dev: &str| {
-        let text = ns
-            .exec("cat", &[&format!("/sys/class/net/{dev}/address")])
-            .expect("address");
-        let mut mac = [0u8; 6];
-        for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
-            *b = u8::from_str_radix(part, 16).expect("a MAC");
-        }
-        mac
-    };
-    let mut udp = 40000u16.to_be_bytes().to_vec();
-    udp.extend_from_slice(&5353u16.to_be_bytes());
-    udp.extend_from_slice(&[0, 14, 0, 0]);
-    udp.extend_from_slice(b"forged");
+    sink
+}
+
+/// A datagram from the outside client's address to web's port 5353 with Cilium's DSR option
+/// (type 0x9a, length 8, port, address) naming node 1's node port 30053, framed from `src_mac`
+/// to `dst_mac`: what only node 1 may send.
+fn forged_dsr_datagram(cluster: &Cluster, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
     let datagram = Ipv4Packet {
         src: Ipv4Addr::new(192, 0, 2, 100),
-        dst: web_pod.ip,
+        dst: cluster.pod("shop/web").unwrap().ip,
         protocol: 17,
         id: 9,
         offset: 0,
         more: false,
-        payload: udp,
+        payload: frame::udp(40000, 5353, b"forged"),
     }
-    .frame(
-        mac(&client, "eth0"),
-        mac(cluster.agent(1).node(), UNDERLAY_IF),
-    );
-    // Cilium's DSR option: type 0x9a, length 8, port, address (node 1's node port).
+    .frame(src_mac, dst_mac);
     let mut option = vec![0x9a, 8];
     option.extend_from_slice(&30053u16.to_be_bytes());
     option.extend_from_slice(&Cluster::node_ip(0).octets());
-    let forged = frame::with_ipv4_option(&datagram, &option);
+    frame::with_ipv4_option(&datagram, &option)
+}
+
+/// Sends `forged` from the outside client until node 2 counts a drop as from an unknown sender;
+/// web must have received nothing.
+fn dropped_as_unknown_sender(cluster: &Cluster, client: &NetNs, forged: Vec<u8>, what: &str) {
+    let sink = web_sink(cluster);
     let unknown = || {
         cluster
             .agent(1)
@@ -1311,15 +1298,70 @@ fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
             .expect("node 2's metrics")
     };
     let before = unknown();
-    eventually(&cluster, "node 2 drops the forged option", || {
-        frame::send(&client, "eth0", forged.clone()).expect("send");
+    eventually(cluster, &format!("node 2 drops {what}"), || {
+        frame::send(client, "eth0", forged.clone()).expect("send");
         unknown() > before
     });
     let mut buf = [0u8; 64];
-    assert!(
-        sink.recv_from(&mut buf).is_err(),
-        "a datagram with a forged DSR option reached web"
+    assert!(sink.recv_from(&mut buf).is_err(), "{what} reached web");
+}
+
+/// The MAC address of `ifname` in `ns`.
+fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
+    frame::mac_of(ns, ifname).expect("a MAC address")
+}
+
+/// `bpf-lb-mode: dsr`: node 2 believes a DSR option only from another node. A host of the
+/// underlay that is no node forges one, naming node 1's node port, on a datagram for web: node
+/// 2 drops it as from an unknown sender and counts it; web gets nothing.
+#[test]
+fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
+    let _serial = serial();
+    let cluster = node_port_to_node_2("dsr", RoutingMode::Native);
+    let client = outside_client(&cluster);
+    let forged = forged_dsr_datagram(
+        &cluster,
+        mac_of(&client, "eth0"),
+        mac_of(cluster.agent(1).node(), UNDERLAY_IF),
     );
+    dropped_as_unknown_sender(&cluster, &client, forged, "the forged option");
+}
+
+/// `bpf-lb-mode: dsr` in tunnel routing: node 2 believes a DSR option only out of the tunnel,
+/// from a node. A host of the underlay that is no node forges one, naming node 1's node port,
+/// on a datagram for web, twice: in VXLAN with the world's VNI, what node 1 sends for a client
+/// from outside (its outer source is no node's); bare, as in native routing, from node 1's own
+/// link-layer address, which node 2 has resolved (no node sends an option outside the tunnel
+/// in tunnel routing). Node 2 drops each as from an unknown sender and counts it; web gets
+/// neither.
+#[test]
+fn dsr_tunnel_an_option_is_believed_only_out_of_the_tunnel_from_a_node() {
+    let _serial = serial();
+    let cluster = node_port_to_node_2("dsr", RoutingMode::Tunnel);
+    let client = outside_client(&cluster);
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    let two_mac = mac_of(two, UNDERLAY_IF);
+    let inner = forged_dsr_datagram(&cluster, [2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let vxlan = Ipv4Packet {
+        src: Ipv4Addr::new(192, 0, 2, 100),
+        dst: Cluster::node_ip(1),
+        protocol: 17,
+        id: 10,
+        offset: 0,
+        more: false,
+        payload: frame::udp(40000, 8472, &frame::vxlan(0x08, 2, &inner)),
+    }
+    .frame(mac_of(&client, "eth0"), two_mac);
+    dropped_as_unknown_sender(&cluster, &client, vxlan, "the option in a stranger's VXLAN");
+
+    // Node 2 resolves node 1's link-layer address, so that the frame would pass the check
+    // native routing makes.
+    assert!(
+        cellium_integration::probe::ping(two, Cluster::node_ip(0), 1).expect("ping"),
+        "node 2 reaches node 1"
+    );
+    let bare = forged_dsr_datagram(&cluster, mac_of(one, UNDERLAY_IF), two_mac);
+    dropped_as_unknown_sender(&cluster, &client, bare, "the option outside the tunnel");
 }
 
 /// One datagram over `sock` and its answer: how the read failed, `None` if the answer came.
