@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * Direct server return (the agent's bpf-lb-mode dsr, or hybrid for TCP),
- * native routing, IPv4: a client from outside balanced by a NodePort to
+ * IPv4: a client from outside balanced by a NodePort to
  * another node's backend keeps its source address. The frontend's node
  * DNATs to the backend and adds an IPv4 option naming the frontend (address
  * and port, Cilium's 8-byte layout: type, length, port, address) to the
@@ -55,8 +55,8 @@ struct dsr_opt4 {
  * one node only, and never leaves it. */
 #define CEL_IDENTITY_LOCAL_MIN (1U << 24)
 
-/* Whether the frontend's node sends this packet by DSR rather than SNAT:
- * the mode's protocol, native routing, and a packet that starts the
+/* Whether the frontend's node sends this packet by DSR rather than SNAT
+ * with the option: the mode's protocol, and a packet that starts the
  * connection at the backend's node. */
 static __always_inline int dsr4_wanted(const struct datapath_config *cfg, const struct pkt *p)
 {

@@ -197,7 +197,8 @@ static __always_inline int tunnel_identity(const struct datapath_config *cfg, __
 	    vni == CEL_IDENTITY_HEALTH || vni == CEL_IDENTITY_INIT ||
 	    vni == CEL_IDENTITY_REMOTE_NODE)
 		return (int)vni;
-	if (vni == CEL_IDENTITY_WORLD && cfg && (cfg->flags & (CEL_CFG_F_DSR_TCP | CEL_CFG_F_DSR_UDP)))
+	if (vni == CEL_IDENTITY_WORLD && cfg &&
+	    (cfg->flags & (CEL_CFG_F_DSR_TCP | CEL_CFG_F_DSR_UDP)))
 		return (int)vni;
 	return -CEL_REASON_INVALID_IDENTITY;
 }
