@@ -695,12 +695,14 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
 		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
-	/* Native routing: a DSR connection's first packet (lib/dsr.h). */
-	if (!tunnelled) {
-		ret = dsr4_read_opt(skb, &p, cfg, &opt);
-		if (ret)
-			return drop(skb, &p, &t, ret);
-	}
+	/* A DSR connection's first packet (lib/dsr.h). */
+	ret = dsr4_read_opt(skb, &p, cfg, tunnelled, &opt);
+	if (ret)
+		return drop(skb, &p, &t, ret);
+	/* A DSR client from outside, out of the tunnel: its CIDR identity
+	 * here, if any (dsr4_vni). */
+	if (tunnelled && src_identity == CEL_IDENTITY_WORLD)
+		src_identity = dsr4_client_identity(cfg, p.saddr);
 	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, !tunnelled, cfg);
 	if (!ret && opt.type)
 		ret = dsr4_record(&p, &opt);
@@ -887,6 +889,30 @@ static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p
 	return fib_redirect6(skb, p);
 }
 
+/* A DSR connection's packet for another node's backend, in tunnel routing:
+ * into the tunnel with the client's identity (lib/dsr.h); a backend no node
+ * of the tunnel hosts is routed to. In a frame of its own, as
+ * nodeport_fib4. */
+static __noinline int nodeport_tunnel4(struct __sk_buff *skb, const struct datapath_config *cfg,
+				       const struct pkt *p, const struct trace *t)
+{
+	__u32 len = skb->len;
+	int ret;
+
+	ret = tunnel_lookup(cfg, CEL_FAMILY_IPV4, &p->daddr, dsr4_vni(t->src_identity));
+	if (ret > 0)
+		return drop(skb, p, t, ret);
+	if (ret == TUNNEL_PASS) {
+		count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, len);
+		return fib_redirect4(skb, p);
+	}
+	ret = tunnel_send(skb, cfg);
+	if (ret < 0)
+		return drop(skb, p, t, -ret);
+	count(CEL_DIR_INGRESS, CEL_REASON_FORWARDED, len);
+	return ret;
+}
+
 /*
  * IPv4 from outside for a frontend reached from outside (lib/nodeport.h):
  * translated to its backend as a pod's packet would be, a local backend's
@@ -994,6 +1020,8 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 			if (ret)
 				return drop(skb, p, &t, ret);
 		}
+		if (!dst && cfg->tunnel_ifindex)
+			return nodeport_tunnel4(skb, cfg, p, &t);
 	} else if (!(flags & CEL_SVC_F_LOCAL)) {
 		ret = snat4(skb, p, frontend);
 		if (ret)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * Direct server return (the agent's bpf-lb-mode dsr, or hybrid for TCP),
- * native routing, IPv4: a client from outside balanced by a NodePort to
+ * IPv4: a client from outside balanced by a NodePort to
  * another node's backend keeps its source address. The frontend's node
  * DNATs to the backend and adds an IPv4 option naming the frontend (address
  * and port, Cilium's 8-byte layout: type, length, port, address) to the
@@ -12,6 +12,15 @@
  * on the reply's tuple with CEL_SNAT_F_DSR), and judges the connection on
  * the client's own identity. The replies go from the backend's node
  * straight to the client.
+ *
+ * In tunnel routing the connection's packets cross in the tunnel, as
+ * Cilium's DSR does with the option dispatch: the frontend's node
+ * encapsulates them (the first with its option on the inner packet) with
+ * the client's identity in the VNI (dsr4_vni). The backend's node believes
+ * the option only from a packet that came out of the tunnel, whose outer
+ * source the tunnel already checked is a node (tunnel_identity); an option
+ * off a device, outside the tunnel, is no node's there. The replies still
+ * go from the backend's node straight to the client.
  */
 #ifndef CELLIUM_LIB_DSR_H
 #define CELLIUM_LIB_DSR_H
@@ -42,13 +51,11 @@ struct dsr_opt4 {
 
 #define CEL_CFG_F_DSR (CEL_CFG_F_DSR_TCP | CEL_CFG_F_DSR_UDP)
 
-/* Whether the frontend's node sends this packet by DSR rather than SNAT:
- * the mode's protocol, native routing, and a packet that starts the
+/* Whether the frontend's node sends this packet by DSR rather than SNAT
+ * with the option: the mode's protocol, and a packet that starts the
  * connection at the backend's node. */
 static __always_inline int dsr4_wanted(const struct datapath_config *cfg, const struct pkt *p)
 {
-	if (cfg->tunnel_ifindex)
-		return 0;
 	if (p->protocol == CEL_PROTO_TCP)
 		return (cfg->flags & CEL_CFG_F_DSR_TCP) &&
 		       (p->tcp_flags & (CEL_TCP_SYN | CEL_TCP_ACK)) == CEL_TCP_SYN;
@@ -61,8 +68,6 @@ static __always_inline int dsr4_wanted(const struct datapath_config *cfg, const 
  * which carry no option, are not source-translated either). */
 static __always_inline int dsr4_mode(const struct datapath_config *cfg, const struct pkt *p)
 {
-	if (cfg->tunnel_ifindex)
-		return 0;
 	if (p->protocol == CEL_PROTO_TCP)
 		return cfg->flags & CEL_CFG_F_DSR_TCP;
 	if (p->protocol == CEL_PROTO_UDP)
@@ -106,20 +111,67 @@ static __always_inline int dsr4_add_opt(struct __sk_buff *skb, struct pkt *p, __
 	return 0;
 }
 
-/* At the backend's node, for a local endpoint off a device: a DSR option
- * is believed only from another node, checked as the rest of native
- * routing checks a peer (the ipcache of the address it names must be
- * remote-node, and the frame must come from that node's own link-layer
- * address as the node's FIB resolves it). Returns 0 (no option, or
- * recorded in *opt), CEL_REASON_UNKNOWN_SENDER or CEL_REASON_MALFORMED. */
-static __always_inline int dsr4_read_opt(struct __sk_buff *skb, const struct pkt *p,
-					 const struct datapath_config *cfg, struct dsr_opt4 *opt)
+/* The VNI of a DSR connection's packets in tunnel routing: the client's
+ * identity where it is one a node sends (a pod's, another node's), else
+ * the world. A CIDR identity is node-local (its number means another label
+ * set elsewhere, and does not fit the VNI): the backend's node resolves
+ * the client's address in its own ipcache (dsr4_client_identity). */
+static __always_inline __u32 dsr4_vni(__u32 client)
+{
+	if ((client >= CEL_IDENTITY_CLUSTER_MIN && client < CEL_IDENTITY_LOCAL_MIN) ||
+	    client == CEL_IDENTITY_REMOTE_NODE)
+		return client;
+	return CEL_IDENTITY_WORLD;
+}
+
+/* At the backend's node, the identity of a client whose packet came out
+ * of the tunnel as the world's (dsr4_vni): the CIDR identity this node
+ * gives its address, if any; never one of the cluster's, which only the
+ * VNI may claim. */
+static __always_inline __u32 dsr4_client_identity(const struct datapath_config *cfg,
+						  __be32 client)
+{
+	__u32 id = ipcache_identity4(cfg, client);
+
+	return id >= CEL_IDENTITY_LOCAL_MIN ? id : world_identity(cfg, CEL_FAMILY_IPV4);
+}
+
+/* In native routing, whether the frame comes from the node at addr: from
+ * the link-layer address the node's FIB resolves for it, on the device
+ * the FIB reaches it through. Returns 0 or CEL_REASON_UNKNOWN_SENDER. */
+static __always_inline int dsr4_from_node(struct __sk_buff *skb, __be32 addr)
 {
 	struct bpf_fib_lookup fib = {};
 	__u8 smac[6];
 	int i;
 	int ret;
 
+	fib.family = 2; /* AF_INET */
+	fib.ipv4_dst = addr;
+	fib.ifindex = skb->ingress_ifindex;
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_DIRECT);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != skb->ingress_ifindex)
+		return CEL_REASON_UNKNOWN_SENDER;
+	if (bpf_skb_load_bytes(skb, 6, smac, sizeof(smac)) < 0)
+		return CEL_REASON_UNKNOWN_SENDER;
+#pragma unroll
+	for (i = 0; i < 6; i++)
+		if (smac[i] != fib.dmac[i])
+			return CEL_REASON_UNKNOWN_SENDER;
+	return 0;
+}
+
+/* At the backend's node, for a local endpoint: a DSR option is believed
+ * only from another node (the ipcache of the address it names must be
+ * remote-node), checked as the routing mode checks a peer: in tunnel
+ * routing, out of the tunnel (tunnelled: its outer source was a node's),
+ * never off a device; in native routing, from that node's own link-layer
+ * address (dsr4_from_node). Returns 0 (no option, or recorded in *opt),
+ * CEL_REASON_UNKNOWN_SENDER or CEL_REASON_MALFORMED. */
+static __always_inline int dsr4_read_opt(struct __sk_buff *skb, const struct pkt *p,
+					 const struct datapath_config *cfg, int tunnelled,
+					 struct dsr_opt4 *opt)
+{
 	opt->type = 0;
 	/* A node in snat mode takes no option: the cluster shares one mode. */
 	if (!(cfg->flags & CEL_CFG_F_DSR) || p->l4_off < CEL_IPV4_OPT_OFF + CEL_DSR_OPT_LEN)
@@ -132,19 +184,11 @@ static __always_inline int dsr4_read_opt(struct __sk_buff *skb, const struct pkt
 		return CEL_REASON_MALFORMED;
 	if (ipcache_identity4(cfg, opt->addr) != CEL_IDENTITY_REMOTE_NODE)
 		return CEL_REASON_UNKNOWN_SENDER;
-	fib.family = 2; /* AF_INET */
-	fib.ipv4_dst = opt->addr;
-	fib.ifindex = skb->ingress_ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_DIRECT);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != skb->ingress_ifindex)
+	if (tunnelled)
+		return 0;
+	if (cfg->tunnel_ifindex)
 		return CEL_REASON_UNKNOWN_SENDER;
-	if (bpf_skb_load_bytes(skb, 6, smac, sizeof(smac)) < 0)
-		return CEL_REASON_MALFORMED;
-#pragma unroll
-	for (i = 0; i < 6; i++)
-		if (smac[i] != fib.dmac[i])
-			return CEL_REASON_UNKNOWN_SENDER;
-	return 0;
+	return dsr4_from_node(skb, opt->addr);
 }
 
 /* After the backend's ingress admitted the connection: its replies leave

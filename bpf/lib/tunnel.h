@@ -183,8 +183,9 @@ static __always_inline int tunnel_has_key(struct __sk_buff *skb)
  * every other node's addresses so), and only for an identity a node sends:
  * its pods' (cluster identities, or init while their labels are not
  * resolved), its health endpoint's, or its own (host, which is, seen from
- * here, remote-node, as in Cilium). Any other reserved identity (world,
- * kube-apiserver, ...) is a claim no node makes.
+ * here, remote-node, as in Cilium), or, in DSR (lib/dsr.h), the world for
+ * a client from outside. Any other reserved identity (kube-apiserver, ...)
+ * is a claim no node makes.
  */
 static __always_inline int tunnel_identity(const struct datapath_config *cfg, __be32 sender,
 					   __u32 vni)
@@ -196,6 +197,9 @@ static __always_inline int tunnel_identity(const struct datapath_config *cfg, __
 	if ((vni >= CEL_IDENTITY_CLUSTER_MIN && vni <= CEL_TUNNEL_VNI_MAX) ||
 	    vni == CEL_IDENTITY_HEALTH || vni == CEL_IDENTITY_INIT ||
 	    vni == CEL_IDENTITY_REMOTE_NODE)
+		return (int)vni;
+	if (vni == CEL_IDENTITY_WORLD && cfg &&
+	    (cfg->flags & (CEL_CFG_F_DSR_TCP | CEL_CFG_F_DSR_UDP)))
 		return (int)vni;
 	return -CEL_REASON_INVALID_IDENTITY;
 }

@@ -198,6 +198,43 @@ impl Ipv4Packet {
     }
 }
 
+/// A UDP datagram's bytes, header (checksum 0: none, as VXLAN sends them) and `data`.
+pub fn udp(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + data.len());
+    out.extend_from_slice(&sport.to_be_bytes());
+    out.extend_from_slice(&dport.to_be_bytes());
+    out.extend_from_slice(&(8 + data.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(data);
+    out
+}
+
+/// A VXLAN header (RFC 7348) with `flags` and `vni`, then `inner` (an Ethernet frame): the
+/// payload of a UDP datagram to a VXLAN port.
+pub fn vxlan(flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let mut out = vec![flags, 0, 0, 0];
+    out.extend_from_slice(&(vni << 8).to_be_bytes());
+    out.extend_from_slice(inner);
+    out
+}
+
+/// The MAC address of `ifname` in `ns`.
+pub fn mac_of(ns: &NetNs, ifname: &str) -> Result<[u8; 6]> {
+    let text = ns.exec("cat", &[&format!("/sys/class/net/{ifname}/address")])?;
+    let bad = || Error::Probe {
+        probe: "mac address",
+        target: ifname.to_owned(),
+        source: std::io::Error::other(format!("not a MAC address: {text:?}")),
+    };
+    let parts: Vec<u8> = text
+        .trim()
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| bad())?;
+    parts.try_into().map_err(|_| bad())
+}
+
 /// `frame` (Ethernet, then an IPv4 header without options) with `option` (a multiple of 4
 /// bytes) added to its IPv4 header: the header length, total length and checksum follow
 /// (an L4 checksum does not cover the IP header's options).

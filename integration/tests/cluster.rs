@@ -50,6 +50,8 @@ every_mode!(
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
     a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
     a_pod_inside_an_ipblock_keeps_its_labels_on_the_other_node,
+    dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend,
+    hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated,
 );
 
 /// Native routing past both nodes' stacks: node 1's `cel_from_container` routes a pod's
@@ -1054,15 +1056,8 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
 "#
         ))
         .expect("NodePort service with a remote backend");
-    let policy = |peer: &str| {
-        format!(
-            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
-             metadata: {{ name: web-ingress, namespace: shop }}\n\
-             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
-        )
-    };
     cluster
-        .apply_policy(&policy("fromEntities: [ remote-node ]"))
+        .apply_policy(&web_policy(&["fromEntities: [ remote-node ]"]))
         .expect("web admits remote-node only");
     let client = outside_client(&cluster);
     let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
@@ -1078,7 +1073,7 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
 
     cluster
-        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+        .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
     let denied = || {
         cluster
@@ -1094,11 +1089,12 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     );
 }
 
-/// The cluster of the node-port tests in `bpf-lb-mode` `mode` (native routing), with the
-/// `shop` pods, web serving its peer's address on `PORT` and UDP on 5353 behind NodePort
-/// 30080 (TCP) and 30053 (UDP), whose only backend is web on node 2.
-fn node_port_to_node_2(mode: &str) -> Cluster {
+/// The cluster of the node-port tests in `bpf-lb-mode` `mode`, routed as `routing`, with the
+/// `shop` pods and NodePort 30080 (TCP to `PORT`) and 30053 (UDP to 5353), whose only backend is
+/// web on node 2.
+fn node_port_to_node_2(mode: &str, routing: RoutingMode) -> Cluster {
     let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: routing,
         agent_env: vec![("CELLIUM_BPF_LB_MODE".into(), mode.into())],
         ..ClusterOptions::default()
     })
@@ -1131,70 +1127,189 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     cluster
 }
 
+/// web's ingress policy (a CiliumNetworkPolicy) of `rules`.
+fn web_policy(rules: &[&str]) -> String {
+    let rules: Vec<String> = rules.iter().map(|r| format!("{{ {r} }}")).collect();
+    format!(
+        "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
+         metadata: {{ name: web-ingress, namespace: shop }}\n\
+         spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {} ] }}\n",
+        rules.join(", ")
+    )
+}
+
+/// [`node_port_to_node_2`] with web serving (its peer's address on `PORT`, UDP on 5353) and the
+/// outside client; the servers and the client go before the cluster.
+struct NodePortServed {
+    _tcp: PeerServer,
+    _udp: UdpServer,
+    client: NetNs,
+    cluster: Cluster,
+}
+
+impl NodePortServed {
+    fn start(mode: &str, routing: RoutingMode) -> Self {
+        let cluster = node_port_to_node_2(mode, routing);
+        let web = cluster.pod("shop/web").unwrap();
+        let _tcp = PeerServer::start(&web.netns, SocketAddr::new(IpAddr::V4(web.ip), PORT))
+            .expect("server");
+        let _udp = UdpServer::start(&web.netns, SocketAddr::new(IpAddr::V4(web.ip), 5353), "web")
+            .expect("udp server");
+        let client = outside_client(&cluster);
+        NodePortServed {
+            _tcp,
+            _udp,
+            client,
+            cluster,
+        }
+    }
+
+    /// Where the client reaches the TCP node port: node 1's.
+    fn tcp_port() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080)
+    }
+
+    /// Where the client reaches the UDP node port: node 1's.
+    fn udp_port() -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053)
+    }
+
+    /// The address web sees the client's TCP connection from, once one passes.
+    fn seen_over_tcp(&self, what: &str) -> IpAddr {
+        let mut seen = None;
+        eventually(&self.cluster, what, || {
+            seen = seen_from(&self.client, Self::tcp_port()).ok();
+            seen.is_some()
+        });
+        seen.unwrap()
+    }
+
+    /// One datagram through the UDP node port: its answer comes from the node port.
+    fn udp_answered(&self) -> bool {
+        let dns = Self::udp_port();
+        cellium_integration::probe::udp_exchange(&self.client, dns, b"hi", Duration::from_secs(1))
+            .is_ok_and(|r| (r.banner.as_str(), r.from) == ("web", dns))
+    }
+
+    /// Node 2's count of ingress packets dropped for `reason`.
+    fn node_2_drops(&self, reason: &str) -> u64 {
+        self.cluster
+            .agent(1)
+            .datapath_packets("ingress", reason)
+            .expect("node 2's metrics")
+    }
+}
+
 /// `bpf-lb-mode: dsr` (docs/services.md, "Direct server return"): a client from outside that
 /// reaches node 1's node port and is balanced to web on node 2 keeps its own address; node 2
 /// judges it on that address (a policy allowing only the client's address admits it, one
 /// allowing only `remote-node` denies it, counted on node 2), and web's replies, TCP and UDP,
-/// reach the client from node 1's node port, leaving node 2 straight to the client.
-#[test]
-fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend() {
+/// reach the client from node 1's node port, leaving node 2 straight to the client. In tunnel
+/// routing the client's packets cross in the tunnel, the replies do not.
+fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend(routing: RoutingMode) {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr");
-    let web_pod = cluster.pod("shop/web").unwrap();
-    let _server = PeerServer::start(
-        &web_pod.netns,
-        SocketAddr::new(IpAddr::V4(web_pod.ip), PORT),
-    )
-    .expect("server");
-    let _udp = UdpServer::start(
-        &web_pod.netns,
-        SocketAddr::new(IpAddr::V4(web_pod.ip), 5353),
-        "web",
-    )
-    .expect("udp server");
-    let policy = |peer: &str| {
-        format!(
-            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
-             metadata: {{ name: web-ingress, namespace: shop }}\n\
-             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
-        )
-    };
-    cluster
-        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+    let np = NodePortServed::start("dsr", routing);
+    np.cluster
+        .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
-    let client = outside_client(&cluster);
-    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
-    let mut seen = None;
+    let seen = np.seen_over_tcp("the outside client passes web's policy for its own address");
+    assert_eq!(seen, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100)));
+    eventually(&np.cluster, "a datagram through node 1's node port", || {
+        np.udp_answered()
+    });
+
+    np.cluster
+        .apply_policy(&web_policy(&["fromEntities: [ remote-node ]"]))
+        .expect("web admits remote-node only");
+    let before = np.node_2_drops("policy default deny");
     eventually(
-        &cluster,
-        "the outside client passes web's policy for its own address",
+        &np.cluster,
+        "web's remote-node-only policy denies the client through node 1",
         || {
-            seen = seen_from(&client, node1).ok();
-            seen.is_some()
+            seen_from(&np.client, NodePortServed::tcp_port()).is_err()
+                && np.node_2_drops("policy default deny") > before
         },
     );
-    assert_eq!(seen, Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100))));
-    let dns = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053);
-    let reply =
-        cellium_integration::probe::udp_exchange(&client, dns, b"hello", Duration::from_secs(3))
-            .expect("a datagram through node 1's node port");
-    assert_eq!((reply.banner.as_str(), reply.from), ("web", dns));
+}
 
-    cluster
-        .apply_policy(&policy("fromEntities: [ remote-node ]"))
-        .expect("web admits remote-node only");
-    let denied = || {
+/// `bpf-lb-mode: hybrid`: DSR for TCP, SNAT for UDP. Under a policy that admits the client's own
+/// address on TCP and `remote-node` (node 1, the source SNAT gives) on UDP only, both pass: the
+/// TCP connection reaches web on node 2 from the client's address, the datagram as from node 1,
+/// and both answers come back from node 1's node ports.
+fn hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated(routing: RoutingMode) {
+    let _serial = serial();
+    let np = NodePortServed::start("hybrid", routing);
+    np.cluster
+        .apply_policy(&web_policy(&[
+            &format!(
+                "fromCIDR: [ 192.0.2.100/32 ], toPorts: [ {{ ports: [ {{ port: \"{PORT}\", protocol: TCP }} ] }} ]"
+            ),
+            "fromEntities: [ remote-node ], toPorts: [ { ports: [ { port: \"5353\", protocol: UDP } ] } ]",
+        ]))
+        .expect("web admits the client on TCP, remote-node on UDP");
+    let seen = np.seen_over_tcp("the outside client's TCP passes web's policy for its address");
+    assert_eq!(seen, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100)));
+    eventually(&np.cluster, "a datagram passes as from node 1", || {
+        np.udp_answered()
+    });
+}
+
+/// A UDP socket in web on its port 5353, read with a short timeout: what reaches web.
+fn web_sink(cluster: &Cluster) -> std::net::UdpSocket {
+    let web = cluster.pod("shop/web").unwrap();
+    let addr = SocketAddr::new(IpAddr::V4(web.ip), 5353);
+    let sink = web
+        .netns
+        .run(move || std::net::UdpSocket::bind(addr))
+        .expect("run in web")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    sink
+}
+
+/// A datagram from the outside client's address to web's port 5353 with Cilium's DSR option
+/// (type 0x9a, length 8, port, address) naming node 1's node port 30053, framed from `src_mac`
+/// to `dst_mac`: what only node 1 may send.
+fn forged_dsr_datagram(cluster: &Cluster, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
+    let datagram = Ipv4Packet {
+        src: Ipv4Addr::new(192, 0, 2, 100),
+        dst: cluster.pod("shop/web").unwrap().ip,
+        protocol: 17,
+        id: 9,
+        offset: 0,
+        more: false,
+        payload: frame::udp(40000, 5353, b"forged"),
+    }
+    .frame(src_mac, dst_mac);
+    let mut option = vec![0x9a, 8];
+    option.extend_from_slice(&30053u16.to_be_bytes());
+    option.extend_from_slice(&Cluster::node_ip(0).octets());
+    frame::with_ipv4_option(&datagram, &option)
+}
+
+/// Sends `forged` from the outside client until node 2 counts a drop as from an unknown sender;
+/// web must have received nothing.
+fn dropped_as_unknown_sender(cluster: &Cluster, client: &NetNs, forged: Vec<u8>, what: &str) {
+    let sink = web_sink(cluster);
+    let unknown = || {
         cluster
             .agent(1)
-            .datapath_packets("ingress", "policy default deny")
+            .datapath_packets("ingress", "unknown sender")
             .expect("node 2's metrics")
     };
-    let before = denied();
-    eventually(
-        &cluster,
-        "web's remote-node-only policy denies the client through node 1",
-        || seen_from(&client, node1).is_err() && denied() > before,
-    );
+    let before = unknown();
+    eventually(cluster, &format!("node 2 drops {what}"), || {
+        frame::send(client, "eth0", forged.clone()).expect("send");
+        unknown() > before
+    });
+    let mut buf = [0u8; 64];
+    assert!(sink.recv_from(&mut buf).is_err(), "{what} reached web");
+}
+
+/// The MAC address of `ifname` in `ns`.
+fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
+    frame::mac_of(ns, ifname).expect("a MAC address")
 }
 
 /// `bpf-lb-mode: dsr`: node 2 believes a DSR option only from another node. A host of the
@@ -1203,67 +1318,51 @@ fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend() {
 #[test]
 fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr");
-    let web_pod = cluster.pod("shop/web").unwrap();
-    let sink = web_pod
-        .netns
-        .run({
-            let web = web_pod.ip;
-            move || std::net::UdpSocket::bind(SocketAddr::new(IpAddr::V4(web), 5353))
-        })
-        .expect("run in web")
-        .expect("bind in web");
-    sink.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
+    let cluster = node_port_to_node_2("dsr", RoutingMode::Native);
     let client = outside_client(&cluster);
-    let mac = |ns: &NetNs, dev: &str| {
-        let text = ns
-            .exec("cat", &[&format!("/sys/class/net/{dev}/address")])
-            .expect("address");
-        let mut mac = [0u8; 6];
-        for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
-            *b = u8::from_str_radix(part, 16).expect("a MAC");
-        }
-        mac
-    };
-    let mut udp = 40000u16.to_be_bytes().to_vec();
-    udp.extend_from_slice(&5353u16.to_be_bytes());
-    udp.extend_from_slice(&[0, 14, 0, 0]);
-    udp.extend_from_slice(b"forged");
-    let datagram = Ipv4Packet {
+    let forged = forged_dsr_datagram(
+        &cluster,
+        mac_of(&client, "eth0"),
+        mac_of(cluster.agent(1).node(), UNDERLAY_IF),
+    );
+    dropped_as_unknown_sender(&cluster, &client, forged, "the forged option");
+}
+
+/// `bpf-lb-mode: dsr` in tunnel routing: node 2 believes a DSR option only out of the tunnel,
+/// from a node. A host of the underlay that is no node forges one, naming node 1's node port,
+/// on a datagram for web, twice: in VXLAN with the world's VNI, what node 1 sends for a client
+/// from outside (its outer source is no node's); bare, as in native routing, from node 1's own
+/// link-layer address, which node 2 has resolved (no node sends an option outside the tunnel
+/// in tunnel routing). Node 2 drops each as from an unknown sender and counts it; web gets
+/// neither.
+#[test]
+fn dsr_tunnel_an_option_is_believed_only_out_of_the_tunnel_from_a_node() {
+    let _serial = serial();
+    let cluster = node_port_to_node_2("dsr", RoutingMode::Tunnel);
+    let client = outside_client(&cluster);
+    let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
+    let two_mac = mac_of(two, UNDERLAY_IF);
+    let inner = forged_dsr_datagram(&cluster, [2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let vxlan = Ipv4Packet {
         src: Ipv4Addr::new(192, 0, 2, 100),
-        dst: web_pod.ip,
+        dst: Cluster::node_ip(1),
         protocol: 17,
-        id: 9,
+        id: 10,
         offset: 0,
         more: false,
-        payload: udp,
+        payload: frame::udp(40000, 8472, &frame::vxlan(0x08, 2, &inner)),
     }
-    .frame(
-        mac(&client, "eth0"),
-        mac(cluster.agent(1).node(), UNDERLAY_IF),
-    );
-    // Cilium's DSR option: type 0x9a, length 8, port, address (node 1's node port).
-    let mut option = vec![0x9a, 8];
-    option.extend_from_slice(&30053u16.to_be_bytes());
-    option.extend_from_slice(&Cluster::node_ip(0).octets());
-    let forged = frame::with_ipv4_option(&datagram, &option);
-    let unknown = || {
-        cluster
-            .agent(1)
-            .datapath_packets("ingress", "unknown sender")
-            .expect("node 2's metrics")
-    };
-    let before = unknown();
-    eventually(&cluster, "node 2 drops the forged option", || {
-        frame::send(&client, "eth0", forged.clone()).expect("send");
-        unknown() > before
-    });
-    let mut buf = [0u8; 64];
+    .frame(mac_of(&client, "eth0"), two_mac);
+    dropped_as_unknown_sender(&cluster, &client, vxlan, "the option in a stranger's VXLAN");
+
+    // Node 2 resolves node 1's link-layer address, so that the frame would pass the check
+    // native routing makes.
     assert!(
-        sink.recv_from(&mut buf).is_err(),
-        "a datagram with a forged DSR option reached web"
+        cellium_integration::probe::ping(two, Cluster::node_ip(0), 1).expect("ping"),
+        "node 2 reaches node 1"
     );
+    let bare = forged_dsr_datagram(&cluster, mac_of(one, UNDERLAY_IF), two_mac);
+    dropped_as_unknown_sender(&cluster, &client, bare, "the option outside the tunnel");
 }
 
 /// One datagram over `sock` and its answer: how the read failed, `None` if the answer came.

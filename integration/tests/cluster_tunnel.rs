@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cellium_integration::NetNs;
 use cellium_integration::cluster::{Cluster, ClusterOptions, RoutingMode, UNDERLAY_IF};
-use cellium_integration::frame::{self, Ipv4Packet};
+use cellium_integration::frame::{self, Ipv4Packet, udp};
 use cellium_integration::probe::{TcpServer, tcp_connect};
 use cellium_integration::reach::{Outcome, Probe, probe};
 
@@ -309,25 +309,7 @@ fn the_programs_encapsulate_and_decapsulate_past_both_vxlan_devices() {
 
 /// The MAC address of `ifname` in `ns`.
 fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
-    let text = ns
-        .exec("cat", &[&format!("/sys/class/net/{ifname}/address")])
-        .expect("address");
-    let mut mac = [0u8; 6];
-    for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
-        *b = u8::from_str_radix(part, 16).expect("a MAC");
-    }
-    mac
-}
-
-/// A UDP datagram's bytes, header (checksum 0: none, as VXLAN sends them) and `data`.
-fn udp(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + data.len());
-    out.extend_from_slice(&sport.to_be_bytes());
-    out.extend_from_slice(&dport.to_be_bytes());
-    out.extend_from_slice(&(8 + data.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(data);
-    out
+    frame::mac_of(ns, ifname).expect("a MAC address")
 }
 
 /// What `node` (an index) sends to node 2's VXLAN port: the VXLAN header with `flags` and
@@ -339,9 +321,7 @@ fn vxlan_frame(cluster: &Cluster, flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> 
 
 /// The outer packet of [`vxlan_frame`].
 fn vxlan_datagram(flags: u8, vni: u32, inner: &[u8]) -> Ipv4Packet {
-    let mut vxlan = vec![flags, 0, 0, 0];
-    vxlan.extend_from_slice(&(vni << 8).to_be_bytes());
-    vxlan.extend_from_slice(inner);
+    let vxlan = frame::vxlan(flags, vni, inner);
     Ipv4Packet {
         src: Cluster::node_ip(0),
         dst: Cluster::node_ip(1),

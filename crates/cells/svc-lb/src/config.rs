@@ -30,8 +30,8 @@ pub enum LbMode {
     #[default]
     Snat,
     /// Direct server return: the client keeps its source, the backend's node learns the
-    /// frontend from an IPv4 option and replies straight to the client (native routing,
-    /// IPv4; elsewhere as `snat`).
+    /// frontend from an IPv4 option (in tunnel routing, on the inner packet, the client's
+    /// identity in the VNI) and replies straight to the client (IPv4; IPv6 as `snat`).
     Dsr,
     /// `dsr` for TCP, `snat` for UDP.
     Hybrid,
