@@ -867,7 +867,7 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
 
     // Node 1 cut off from etcd for longer than its lease: its references expire, and the
     // operator's GC deletes the number no node uses any more.
-    let taker_app = app_probing_first(&client_labels, number);
+    let taker_app = app_probing_first(&client_labels, u32::try_from(number).unwrap());
     api.apply(&pod("taker", "n2", &taker_app)).expect("taker pod");
     one.node()
         .ip(&["route", "add", "blackhole", "192.0.2.254/32"])
