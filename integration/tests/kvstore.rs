@@ -494,15 +494,23 @@ fn numbers_taken_during_a_partition_are_given_up_and_forged_ones_put_back() {
         .await;
 
         partition(&etcd, &mut n1).await;
-        assert!(etcd.keys(&web_ref).unwrap().is_empty(), "gone with the lease");
+        assert!(
+            etcd.keys(&web_ref).unwrap().is_empty(),
+            "gone with the lease"
+        );
         // No node uses web's number now: the GC deletes it, and n2 takes it for its labels.
         etcd.etcdctl(&["del", &keys::id_key(web_id)]).unwrap();
         let taker = labels_first_probing(web_id);
         let taker_key = keys::labels_key(&taker);
-        assert_eq!(n2.kv.number(&taker).await, Ok(web_id), "n2 takes the number");
+        assert_eq!(
+            n2.kv.number(&taker).await,
+            Ok(web_id),
+            "n2 takes the number"
+        );
         // db's number rewritten with labels nobody uses.
         let forged = "k8s:app=forged;";
-        etcd.etcdctl(&["put", &keys::id_key(db_id), forged]).unwrap();
+        etcd.etcdctl(&["put", &keys::id_key(db_id), forged])
+            .unwrap();
 
         // The partition heals.
         n1.task = tokio::spawn(n1.kv.clone().run());
@@ -521,7 +529,10 @@ fn numbers_taken_during_a_partition_are_given_up_and_forged_ones_put_back() {
                 && value_of(&e, &db_ref2) == db_id.to_string()
         })
         .await;
-        assert!(etcd.keys(&web_ref).unwrap().is_empty(), "not written for a taken number");
+        assert!(
+            etcd.keys(&web_ref).unwrap().is_empty(),
+            "not written for a taken number"
+        );
 
         // web gets a new number; n2's keys are untouched.
         let again = n1.kv.number(&web).await.expect("web numbered again");

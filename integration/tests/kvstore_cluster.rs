@@ -854,7 +854,10 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
     let number = etcd_id(&etcd, client).unwrap();
     let id_key = format!("cilium/state/identities/v1/id/{number}");
     let client_labels = etcd_value(&etcd, &id_key);
-    assert!(client_labels.starts_with("k8s:app=client;"), "{client_labels}");
+    assert!(
+        client_labels.starts_with("k8s:app=client;"),
+        "{client_labels}"
+    );
     let before = [&one, &two].map(|n| n.policy_revision().expect("revision"));
     api.apply(WEB_FROM_CLIENT).expect("policy");
     for (node, before) in [&one, &two].into_iter().zip(before) {
@@ -868,16 +871,17 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
     // Node 1 cut off from etcd for longer than its lease: its references expire, and the
     // operator's GC deletes the number no node uses any more.
     let taker_app = app_probing_first(&client_labels, u32::try_from(number).unwrap());
-    api.apply(&pod("taker", "n2", &taker_app)).expect("taker pod");
+    api.apply(&pod("taker", "n2", &taker_app))
+        .expect("taker pod");
     one.node()
         .ip(&["route", "add", "blackhole", "192.0.2.254/32"])
         .expect("partition");
-    let references = format!(
-        "cilium/state/identities/v1/value/{client_labels}/192.0.2.1"
+    let references = format!("cilium/state/identities/v1/value/{client_labels}/192.0.2.1");
+    eventually(
+        "node 1's reference expires with its lease",
+        &[&one, &two],
+        || etcd.keys(&references).is_ok_and(|k| k.is_empty()),
     );
-    eventually("node 1's reference expires with its lease", &[&one, &two], || {
-        etcd.keys(&references).is_ok_and(|k| k.is_empty())
-    });
     eventually("the GC frees the number", &[&one, &two], || {
         etcd_value(&etcd, &id_key).is_empty()
     });
@@ -885,9 +889,11 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
     let taker = two
         .add_pod(&taker_ns, "cid-taker", "shop", "taker")
         .expect("ADD taker");
-    eventually("node 2 numbers its pod with the freed number", &[&one, &two], || {
-        etcd_id(&etcd, taker) == Some(number)
-    });
+    eventually(
+        "node 2 numbers its pod with the freed number",
+        &[&one, &two],
+        || etcd_id(&etcd, taker) == Some(number),
+    );
     let taker_labels = etcd_value(&etcd, &id_key);
     assert!(
         taker_labels.starts_with(&format!("k8s:app={taker_app};")),
@@ -906,20 +912,36 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
         etcd_value(&etcd, &format!("cilium/state/identities/v1/id/{moved}")),
         client_labels
     );
-    assert_eq!(etcd_value(&etcd, &id_key), taker_labels, "the number stays the taker's");
-    assert_eq!(etcd_id(&etcd, taker), Some(number), "the taker keeps its number");
-    eventually("node 2 knows client by its new number", &[&one, &two], || {
-        remote_identity(&two, client) == Some(moved)
-    });
-    eventually("node 1 knows the taker by the number", &[&one, &two], || {
-        remote_identity(&one, taker) == Some(number)
-    });
-    eventually("client still reaches web on both nodes", &[&one, &two], || {
-        reaches(&client_ns, web) && reaches(&client_ns, web1)
-    });
-    eventually("the taker reaches web on neither node", &[&one, &two], || {
-        !reaches(&taker_ns, web) && !reaches(&taker_ns, web1)
-    });
+    assert_eq!(
+        etcd_value(&etcd, &id_key),
+        taker_labels,
+        "the number stays the taker's"
+    );
+    assert_eq!(
+        etcd_id(&etcd, taker),
+        Some(number),
+        "the taker keeps its number"
+    );
+    eventually(
+        "node 2 knows client by its new number",
+        &[&one, &two],
+        || remote_identity(&two, client) == Some(moved),
+    );
+    eventually(
+        "node 1 knows the taker by the number",
+        &[&one, &two],
+        || remote_identity(&one, taker) == Some(number),
+    );
+    eventually(
+        "client still reaches web on both nodes",
+        &[&one, &two],
+        || reaches(&client_ns, web) && reaches(&client_ns, web1),
+    );
+    eventually(
+        "the taker reaches web on neither node",
+        &[&one, &two],
+        || !reaches(&taker_ns, web) && !reaches(&taker_ns, web1),
+    );
     eventually("counted", &[&one, &two], || {
         counter(&one, "cellium_kvstore_identity_reallocated_total") == 1
     });

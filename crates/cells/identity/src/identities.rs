@@ -492,7 +492,11 @@ impl Identities {
     /// `labels` and is retired now.
     pub fn retire(&self, id: u32, labels: &Labels) -> bool {
         let mut table = self.write();
-        if table.by_id.get(&id).is_none_or(|e| e.identity.labels != *labels) {
+        if table
+            .by_id
+            .get(&id)
+            .is_none_or(|e| e.identity.labels != *labels)
+        {
             return false;
         }
         let before = table.announced(id).cloned();
@@ -1004,24 +1008,37 @@ mod cluster_hooks {
     #[tokio::test]
     async fn a_retired_number_moves_its_labels_to_a_new_one_and_goes_with_its_last_holder() {
         let (recorder, ids) = with_recorder();
-        let (web, db): (Labels, Labels) = ("k8s:app=web".parse().unwrap(), "k8s:app=db".parse().unwrap());
+        let (web, db): (Labels, Labels) = (
+            "k8s:app=web".parse().unwrap(),
+            "k8s:app=db".parse().unwrap(),
+        );
         ids.resolve(&web).await.unwrap();
         assert_eq!(ids.allocate(&web).unwrap().id, 3000);
         assert_eq!(ids.allocate(&web).unwrap().id, 3000, "two holders");
         // The cluster's record of this node's own number, learnt like any other.
         ids.learn(3000, &web);
         let (_, mut events) = ids.snapshot_and_subscribe();
-        let mut retirements = ids.retirements();
+        let retirements = ids.retirements();
 
         // The cluster gave 3000 to db.
-        assert!(!ids.retire(3000, &db), "only the labels this node holds it for");
+        assert!(
+            !ids.retire(3000, &db),
+            "only the labels this node holds it for"
+        );
         assert!(ids.retire(3000, &web));
         assert!(!ids.retire(3000, &web), "retired once");
         assert!(retirements.has_changed().unwrap());
         assert!(ids.is_retired(3000));
-        assert_eq!(event(&mut events), None, "3000 still means web until db is learnt");
+        assert_eq!(
+            event(&mut events),
+            None,
+            "3000 still means web until db is learnt"
+        );
         ids.learn(3000, &db);
-        assert_eq!(event(&mut events).as_deref(), Some("removed 3000 k8s:app=web"));
+        assert_eq!(
+            event(&mut events).as_deref(),
+            Some("removed 3000 k8s:app=web")
+        );
         assert_eq!(event(&mut events).as_deref(), Some("added 3000 k8s:app=db"));
         assert_eq!(ids.get(3000).unwrap().labels, db);
 
@@ -1029,8 +1046,15 @@ mod cluster_hooks {
         ids.resolve(&web).await.unwrap();
         assert_eq!(*lock(&recorder.asked), 2);
         assert_eq!(ids.allocate(&web).unwrap().id, 3001);
-        assert_eq!(event(&mut events).as_deref(), Some("added 3001 k8s:app=web"));
-        assert_eq!(ids.allocate(&web).unwrap().id, 3001, "the second holder follows");
+        assert_eq!(
+            event(&mut events).as_deref(),
+            Some("added 3001 k8s:app=web")
+        );
+        assert_eq!(
+            ids.allocate(&web).unwrap().id,
+            3001,
+            "the second holder follows"
+        );
         // The old number's holders let go: it goes without taking web's new number along,
         // and without changing what 3000 means.
         assert!(!ids.release(3000));

@@ -78,7 +78,8 @@ impl ClusterNumbering for KvNumbering {
             && let Ok(suffix) = self.kv.suffix()
         {
             // Only this number's reference: the labels may have another one now.
-            self.kv.unkeep(&keys::value_key(&key, suffix), &id.to_string());
+            self.kv
+                .unkeep(&keys::value_key(&key, suffix), &id.to_string());
         }
     }
 }

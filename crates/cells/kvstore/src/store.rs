@@ -658,8 +658,16 @@ impl Kvstore {
                 .try_put_value(&mut client, &k, &v.value, &id_key, &labels_key, lease)
                 .await?;
             if let Err(holder) = written {
-                self.settle(&mut client, &k, &v.value, &id_key, &labels_key, &holder, lease)
-                    .await?;
+                self.settle(
+                    &mut client,
+                    &k,
+                    &v.value,
+                    &id_key,
+                    &labels_key,
+                    &holder,
+                    lease,
+                )
+                .await?;
             }
         }
         for (id_key, (labels_key, value_key, l)) in restore {
@@ -796,8 +804,12 @@ impl Kvstore {
             return Ok(());
         }
         let responses = r.op_responses();
-        let user = responses.first().and_then(|r| first_value(std::slice::from_ref(r)));
-        let now = responses.get(1).and_then(|r| first_value(std::slice::from_ref(r)));
+        let user = responses
+            .first()
+            .and_then(|r| first_value(std::slice::from_ref(r)));
+        let now = responses
+            .get(1)
+            .and_then(|r| first_value(std::slice::from_ref(r)));
         match (user, now) {
             (Some(user), Some(now)) if user == value && now == holder => {
                 self.number_taken(key, value, labels_key, holder);

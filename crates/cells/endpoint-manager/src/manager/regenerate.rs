@@ -320,11 +320,8 @@ mod tests {
     /// Runs the manager's jobs in a hive of their own; returns it (stop it at the end).
     async fn jobs_of(h: &Harness) -> Hive {
         let manager = h.manager.clone();
-        let (policy, resources, identities) = (
-            h.policy.clone(),
-            h.resources.clone(),
-            h.identities.clone(),
-        );
+        let (policy, resources, identities) =
+            (h.policy.clone(), h.resources.clone(), h.identities.clone());
         let mut hive = Hive::new([Module::new("endpoint-manager", "jobs under test")
             .invoke(move |jobs: Jobs| {
                 start(
