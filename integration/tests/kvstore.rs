@@ -379,7 +379,7 @@ fn the_gc_deletes_identities_no_node_uses_after_two_rounds() {
         // The node stops using web: gone after two more rounds; the node numbering it again
         // writes it again.
         let numbering = cellium_kvstore::KvNumbering::provide(n1.kv.clone());
-        numbering.release(&web);
+        numbering.release(&web, id);
         let e = etcd.clone();
         let vk = keys::value_key(&keys::labels_key(&web), "192.0.2.1");
         eventually("the reference deleted", move || {
@@ -429,5 +429,133 @@ fn a_forged_id_key_of_a_number_a_node_holds_is_put_back_and_not_believed() {
         assert_eq!(n1.kv.known_number(&web_key), Some(id));
         assert_ne!(n1.kv.known_number(&evil_key), Some(id));
         assert_eq!(n1.kv.number(&evil).await.map(|n| n != id), Ok(true));
+    });
+}
+
+/// Labels whose first probe number is `n`: the labels another node would number `n` once it
+/// is free.
+fn labels_first_probing(n: u32) -> Labels {
+    (0..10_000_000)
+        .map(|i| {
+            format!("k8s:app=taker-{i},k8s:io.kubernetes.pod.namespace=demo")
+                .parse::<Labels>()
+                .expect("labels")
+        })
+        .find(|l| keys::probe_sequence(&keys::labels_key(l)).next() == Some(n))
+        .expect("some labels probe it first")
+}
+
+/// Cuts `node` off (its loops stopped, its state kept) and revokes its lease, as etcd does
+/// when a partition outlasts it: its `value/` references go.
+async fn partition(etcd: &Etcd, node: &mut Node) {
+    node.task.abort();
+    let lease = node.kv.lease_id().expect("a lease");
+    etcd.etcdctl(&["lease", "revoke", &format!("{lease:x}")])
+        .expect("revoked");
+}
+
+/// The value of `key`, empty when absent.
+fn value_of(etcd: &Etcd, key: &str) -> String {
+    etcd.etcdctl(&["get", "--print-value-only", key])
+        .expect("get")
+        .trim()
+        .to_string()
+}
+
+/// A partition longer than the lease: the node's references went with it. A number another
+/// node took meanwhile (freed by the GC, then allocated for other labels) is given up: its
+/// labels are numbered again, the number is told to be retired, and the other node's keys are
+/// left alone. A number whose `id/` key was rewritten meanwhile with labels no node uses is a
+/// forgery: put back with the node's reference.
+#[test]
+fn numbers_taken_during_a_partition_are_given_up_and_forged_ones_put_back() {
+    with_etcd(|etcd| async move {
+        let ttl = Duration::from_secs(15);
+        let mut n1 = node(&etcd, "n1", ttl, Duration::from_secs(5));
+        let n2 = node(&etcd, "n2", ttl, Duration::from_secs(5));
+        let web: Labels = "k8s:app=web,k8s:io.kubernetes.pod.namespace=demo"
+            .parse()
+            .unwrap();
+        let db: Labels = "k8s:app=db,k8s:io.kubernetes.pod.namespace=demo"
+            .parse()
+            .unwrap();
+        let (web_key, db_key) = (keys::labels_key(&web), keys::labels_key(&db));
+        let web_id = n1.kv.number(&web).await.expect("web numbered");
+        let db_id = n1.kv.number(&db).await.expect("db numbered");
+        let (web_ref, db_ref) = (
+            keys::value_key(&web_key, "192.0.2.1"),
+            keys::value_key(&db_key, "192.0.2.1"),
+        );
+        let e = etcd.clone();
+        let refs = [web_ref.clone(), db_ref.clone()];
+        eventually("n1's references written", move || {
+            refs.iter().all(|r| e.keys(r).is_ok_and(|k| k.len() == 1))
+        })
+        .await;
+
+        partition(&etcd, &mut n1).await;
+        assert!(
+            etcd.keys(&web_ref).unwrap().is_empty(),
+            "gone with the lease"
+        );
+        // No node uses web's number now: the GC deletes it, and n2 takes it for its labels.
+        etcd.etcdctl(&["del", &keys::id_key(web_id)]).unwrap();
+        let taker = labels_first_probing(web_id);
+        let taker_key = keys::labels_key(&taker);
+        assert_eq!(
+            n2.kv.number(&taker).await,
+            Ok(web_id),
+            "n2 takes the number"
+        );
+        // db's number rewritten with labels nobody uses.
+        let forged = "k8s:app=forged;";
+        etcd.etcdctl(&["put", &keys::id_key(db_id), forged])
+            .unwrap();
+
+        // The partition heals.
+        n1.task = tokio::spawn(n1.kv.clone().run());
+        let kv1 = n1.kv.clone();
+        eventually("n1 finds web's number taken", move || {
+            kv1.taken_changes().borrow().to_owned() == 1
+        })
+        .await;
+        assert_eq!(n1.kv.take_retired(), [(web_key.clone(), web_id)]);
+        assert_eq!(n1.kv.known_number(&taker_key), Some(web_id));
+        assert_eq!(n1.kv.known_number(&web_key), None);
+        let e = etcd.clone();
+        let (db_ref2, db_key2) = (db_ref.clone(), db_key.clone());
+        eventually("n1 puts db's labels back, with its reference", move || {
+            value_of(&e, &keys::id_key(db_id)) == db_key2
+                && value_of(&e, &db_ref2) == db_id.to_string()
+        })
+        .await;
+        assert!(
+            etcd.keys(&web_ref).unwrap().is_empty(),
+            "not written for a taken number"
+        );
+
+        // web gets a new number; n2's keys are untouched.
+        let again = n1.kv.number(&web).await.expect("web numbered again");
+        assert_ne!(again, web_id);
+        assert_eq!(value_of(&etcd, &keys::id_key(again)), web_key);
+        assert_eq!(value_of(&etcd, &keys::id_key(web_id)), taker_key);
+        assert_eq!(
+            value_of(&etcd, &keys::value_key(&taker_key, "192.0.2.2")),
+            web_id.to_string()
+        );
+        let note = n1.kv.note().unwrap_or_default();
+        assert!(
+            note.contains(", 1 forged identity keys put back, 1 identities re-allocated"),
+            "{note}"
+        );
+        // The old number's last holder lets go: web's new reference stays.
+        let numbering = cellium_kvstore::KvNumbering::provide(n1.kv.clone());
+        numbering.release(&web, web_id);
+        assert!(n1.kv.keeps(&web_ref));
+        let e = etcd.clone();
+        eventually("web's new reference written", move || {
+            value_of(&e, &web_ref) == again.to_string()
+        })
+        .await;
     });
 }

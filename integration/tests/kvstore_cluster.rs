@@ -15,6 +15,7 @@ use std::time::Duration;
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
 use cellium_integration::{Agent, AgentOptions, Etcd, K8sApi, NetNs, wait};
+use cellium_kvstore::keys;
 
 const PORT: u16 = 8080;
 const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
@@ -533,6 +534,27 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
     );
 }
 
+/// Starts `agent` as node `name` in kvstore mode (identities and ip entries in `etcd`), with
+/// `extra` settings.
+fn start_in_kvstore_mode(
+    agent: &mut Agent,
+    name: &str,
+    api: &K8sApi,
+    etcd: &Etcd,
+    extra: &[(&str, &str)],
+) {
+    let mut env = api.agent_env(name);
+    env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
+    env.extend([
+        ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
+        ("CELLIUM_KVSTORE".into(), "etcd".into()),
+        ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
+    ]);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    agent.options_mut().env = env;
+    agent.start().expect("agent");
+}
+
 /// The value of node `name`'s entry in etcd.
 fn node_entry(etcd: &Etcd, name: &str) -> Option<String> {
     let value = etcd
@@ -744,15 +766,7 @@ impl TwoNodes {
         }
         api.apply(&pods).expect("pods");
         for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
-            let mut env = api.agent_env(name);
-            env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
-            env.extend([
-                ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
-                ("CELLIUM_KVSTORE".into(), "etcd".into()),
-                ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
-            ]);
-            agent.options_mut().env = env;
-            agent.start().expect("agent");
+            start_in_kvstore_mode(agent, name, &api, &etcd, &[]);
         }
         let (client_ns, other_ns, web_ns) = (
             NetNs::new().expect("netns"),
@@ -839,5 +853,185 @@ fn a_pod_inside_an_ipblock_is_published_with_its_cluster_identity() {
     assert!(
         reaches(&nodes.client_ns, nodes.web),
         "client is still allowed"
+    );
+}
+
+/// The value of `key` in etcd, empty when absent.
+fn etcd_value(etcd: &Etcd, key: &str) -> String {
+    etcd.etcdctl(&["get", "--print-value-only", key])
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// An app label whose label set (`labels_key` with its app changed) another node would number
+/// `n` first, once `n` is free.
+fn app_probing_first(labels_key: &str, n: u32) -> String {
+    (0..10_000_000)
+        .map(|i| format!("t{i}"))
+        .find(|app| {
+            let key = labels_key.replace("k8s:app=client;", &format!("k8s:app={app};"));
+            let key = keys::labels_key(&keys::parse_labels_key(&key).expect("labels"));
+            keys::probe_sequence(&key).next() == Some(n)
+        })
+        .expect("some app is probed first at n")
+}
+
+/// A partition longer than the lease: node 1 is cut off from etcd, its references expire,
+/// the GC frees its client's number, and node 2 takes that number for another pod's labels.
+/// Once the partition heals node 1 finds the number taken: its client gets a new number
+/// (counted, in `cellium status`), node 2's pod keeps the number, and policy on both nodes
+/// goes on deciding on the right labels: client allowed to web on both nodes, the other pod
+/// denied on both.
+#[test]
+fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_had_it() {
+    let _serial = cellium_integration::serial();
+    let no_cidr = || AgentOptions {
+        pod_cidrs: Vec::new(),
+        ..AgentOptions::default()
+    };
+    let mut one = Agent::prepare(no_cidr()).expect("node 1");
+    let mut two = Agent::prepare(no_cidr()).expect("node 2");
+    let switch = NetNs::new().expect("switch");
+    underlay(&switch, &[one.node(), two.node()]);
+    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
+    let api = K8sApi::start(one.node()).expect("API server");
+    api.serve_on(two.node()).expect("served on node 2");
+    api.api().apply_yaml(NODES).expect("nodes");
+    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
+    for (name, node, app) in [
+        ("client", "n1", "client"),
+        ("web1", "n1", "web"),
+        ("web", "n2", "web"),
+    ] {
+        pods.push_str("---\n");
+        pods.push_str(&pod(name, node, app));
+    }
+    api.apply(&pods).expect("pods");
+    let lease = [("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL)];
+    start_in_kvstore_mode(&mut one, "n1", &api, &etcd, &lease);
+    start_in_kvstore_mode(&mut two, "n2", &api, &etcd, &lease);
+    let _operator = KvOperator::start(&two, &api, &etcd);
+    let (client_ns, web1_ns, web_ns, taker_ns) = (
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+        NetNs::new().expect("netns"),
+    );
+    let client = one
+        .add_pod(&client_ns, "cid-client", "shop", "client")
+        .expect("ADD client");
+    let web1 = one
+        .add_pod(&web1_ns, "cid-web1", "shop", "web1")
+        .expect("ADD web1");
+    let web = two
+        .add_pod(&web_ns, "cid-web", "shop", "web")
+        .expect("ADD web");
+    let _servers = [(&web_ns, web, "web"), (&web1_ns, web1, "web1")].map(|(ns, ip, name)| {
+        TcpServer::start(ns, SocketAddr::new(IpAddr::V4(ip), PORT), name).expect("server")
+    });
+    eventually("ip entries in etcd", &[&one, &two], || {
+        [client, web1, web]
+            .iter()
+            .all(|ip| etcd_id(&etcd, *ip).is_some())
+    });
+    let number = etcd_id(&etcd, client).unwrap();
+    let id_key = format!("cilium/state/identities/v1/id/{number}");
+    let client_labels = etcd_value(&etcd, &id_key);
+    assert!(
+        client_labels.starts_with("k8s:app=client;"),
+        "{client_labels}"
+    );
+    let before = [&one, &two].map(|n| n.policy_revision().expect("revision"));
+    api.apply(WEB_FROM_CLIENT).expect("policy");
+    for (node, before) in [&one, &two].into_iter().zip(before) {
+        node.wait_policy_revision_after(before).expect("taken in");
+        node.settle().expect("enforced");
+    }
+    eventually("client reaches web on both nodes", &[&one, &two], || {
+        reaches(&client_ns, web) && reaches(&client_ns, web1)
+    });
+
+    // Node 1 cut off from etcd for longer than its lease: its references expire, and the
+    // operator's GC deletes the number no node uses any more.
+    let taker_app = app_probing_first(&client_labels, u32::try_from(number).unwrap());
+    api.apply(&pod("taker", "n2", &taker_app))
+        .expect("taker pod");
+    one.node()
+        .ip(&["route", "add", "blackhole", "192.0.2.254/32"])
+        .expect("partition");
+    let references = format!("cilium/state/identities/v1/value/{client_labels}/192.0.2.1");
+    eventually(
+        "node 1's reference expires with its lease",
+        &[&one, &two],
+        || etcd.keys(&references).is_ok_and(|k| k.is_empty()),
+    );
+    eventually("the GC frees the number", &[&one, &two], || {
+        etcd_value(&etcd, &id_key).is_empty()
+    });
+    // Node 2 takes it for a pod with other labels.
+    let taker = two
+        .add_pod(&taker_ns, "cid-taker", "shop", "taker")
+        .expect("ADD taker");
+    eventually(
+        "node 2 numbers its pod with the freed number",
+        &[&one, &two],
+        || etcd_id(&etcd, taker) == Some(number),
+    );
+    let taker_labels = etcd_value(&etcd, &id_key);
+    assert!(
+        taker_labels.starts_with(&format!("k8s:app={taker_app};")),
+        "{taker_labels}"
+    );
+
+    // The partition heals: node 1 finds the number taken and moves its client to a new one.
+    one.node()
+        .ip(&["route", "del", "blackhole", "192.0.2.254/32"])
+        .expect("heal");
+    eventually("client gets a new number", &[&one, &two], || {
+        etcd_id(&etcd, client).is_some_and(|n| n != number)
+    });
+    let moved = etcd_id(&etcd, client).unwrap();
+    assert_eq!(
+        etcd_value(&etcd, &format!("cilium/state/identities/v1/id/{moved}")),
+        client_labels
+    );
+    assert_eq!(
+        etcd_value(&etcd, &id_key),
+        taker_labels,
+        "the number stays the taker's"
+    );
+    assert_eq!(
+        etcd_id(&etcd, taker),
+        Some(number),
+        "the taker keeps its number"
+    );
+    eventually(
+        "node 2 knows client by its new number",
+        &[&one, &two],
+        || remote_identity(&two, client) == Some(moved),
+    );
+    eventually(
+        "node 1 knows the taker by the number",
+        &[&one, &two],
+        || remote_identity(&one, taker) == Some(number),
+    );
+    eventually(
+        "client still reaches web on both nodes",
+        &[&one, &two],
+        || reaches(&client_ns, web) && reaches(&client_ns, web1),
+    );
+    eventually(
+        "the taker reaches web on neither node",
+        &[&one, &two],
+        || !reaches(&taker_ns, web) && !reaches(&taker_ns, web1),
+    );
+    eventually("counted", &[&one, &two], || {
+        counter(&one, "cellium_kvstore_identity_reallocated_total") == 1
+    });
+    let status = one.cli(&["status"]).expect("status");
+    assert!(status.contains(", 1 identities re-allocated"), "{status}");
+    assert!(
+        one.log().contains(&format!("old={number} new={moved} ")),
+        "the move is logged with both numbers"
     );
 }

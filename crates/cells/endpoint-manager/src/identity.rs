@@ -55,6 +55,18 @@ impl Identifier {
         labels::of(ep, self.resources.as_deref(), self.policy.as_deref())
     }
 
+    /// Whether the endpoint's identity is that of `fresh`, its labels now: it has one, of
+    /// these labels, and the cluster did not give its number (or its cluster identity's) to
+    /// other labels meanwhile (`Identities::retire`).
+    pub(crate) fn is_current(&self, ep: &Endpoint, fresh: &Labels) -> bool {
+        ep.identity != 0
+            && *fresh == ep.labels
+            && !self
+                .identities
+                .as_ref()
+                .is_some_and(|i| i.is_retired(ep.identity) || i.is_retired(ep.cluster_identity))
+    }
+
     /// The labels of identity `id` as text (empty when it is unknown; without identities,
     /// only the reserved ones are known).
     pub(crate) fn labels_of(&self, id: u32) -> Vec<String> {
@@ -74,7 +86,7 @@ impl Identifier {
             return Ok(());
         };
         let fresh = self.labels(ep);
-        if ep.identity != 0 && fresh == ep.labels {
+        if self.is_current(ep, &fresh) {
             return Ok(());
         }
         identities
@@ -86,14 +98,14 @@ impl Identifier {
             })
     }
 
-    /// Computes the endpoint's labels and, when they changed (or it has no identity yet),
-    /// takes the identity of the new labels (and, when they hold `cidr:` labels, that of the
+    /// Computes the endpoint's labels and, when they changed (or it has no identity yet, or
+    /// a number of its was retired), takes the identity of the new labels (and, when they hold `cidr:` labels, that of the
     /// rest: its [`cluster_identity`](Endpoint::cluster_identity)), points its addresses at it
     /// in the ipcache and gives back the old ones. Returns whether anything changed. Without
     /// identities the identity is always [`UNALLOCATED`].
     pub(crate) fn identify(&self, ep: &mut Endpoint) -> Result<bool> {
         let fresh = self.labels(ep);
-        if ep.identity != 0 && fresh == ep.labels {
+        if self.is_current(ep, &fresh) {
             return Ok(false);
         }
         let (id, cluster) = match &self.identities {

@@ -51,9 +51,11 @@ pub trait ClusterNumbering: Send + Sync + 'static {
     /// does nothing.
     fn used(&self, _labels: &Labels, _id: u32) {}
 
-    /// This node no longer uses `labels` (its last reference was released): a store that
-    /// counts users per node drops this node's. Must not block; the default does nothing.
-    fn release(&self, _labels: &Labels) {}
+    /// This node no longer uses `labels` numbered `id` (the number's last reference was
+    /// released): a store that counts users per node drops this node's, unless the labels
+    /// moved to another number meanwhile (`Identities::retire`). Must not block; the default
+    /// does nothing.
+    fn release(&self, _labels: &Labels, _id: u32) {}
 }
 
 impl fmt::Debug for dyn ClusterNumbering {

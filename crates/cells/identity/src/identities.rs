@@ -95,6 +95,8 @@ pub struct Identities {
     /// The cluster's numbering of pod label sets (`identity-allocation-mode: crd`), with the
     /// numbers learnt from it.
     cluster: Option<Cluster>,
+    /// Moves at every [`retire`](Identities::retire): the holders of a retired number move.
+    retirements: tokio::sync::watch::Sender<u64>,
 }
 
 /// The cluster's numbering and what it said so far.
@@ -213,6 +215,7 @@ impl Identities {
             events: broadcast::channel(EVENT_BUFFER).0,
             persister,
             cluster: None,
+            retirements: tokio::sync::watch::channel(0).0,
         }
     }
 
@@ -346,12 +349,12 @@ impl Identities {
             id,
             labels: labels.clone(),
         });
+        let before = table.announced(id).cloned();
         table.insert(identity.clone(), 1, false);
         // Sent under the lock: a snapshot taken under it is followed by exactly the
         // events after it. A number other nodes use was announced when it was learnt.
-        if !table.remote.contains_key(&id) {
-            let _ = self.events.send(IdentityEvent::Added(identity.clone()));
-        }
+        let after = table.announced(id).cloned();
+        self.announce(before, after);
         drop(table);
         tracing::debug!(id, %labels, "identity allocated");
         self.changed();
@@ -379,16 +382,16 @@ impl Identities {
         if entry.refs > 0 {
             return false;
         }
+        let before = table.announced(id).cloned();
         let removed = table.remove(id).map(|e| e.identity);
-        if let Some(identity) = &removed
-            && !table.remote.contains_key(&id)
-        {
-            let _ = self.events.send(IdentityEvent::Removed(identity.clone()));
-            tracing::debug!(id, labels = %identity.labels, "identity released");
-        }
+        let after = table.announced(id).cloned();
+        self.announce(before, after);
         drop(table);
-        if let (Some(identity), Some(cluster)) = (&removed, &self.cluster) {
-            cluster.numbering.release(&identity.labels);
+        if let Some(identity) = &removed {
+            tracing::debug!(id, labels = %identity.labels, "identity released");
+            if let Some(cluster) = &self.cluster {
+                cluster.numbering.release(&identity.labels, id);
+            }
         }
         self.changed();
         removed.is_some()
@@ -414,19 +417,17 @@ impl Identities {
             .collect();
         let mut released = Vec::new();
         for id in &unclaimed {
+            let before = table.announced(*id).cloned();
             if let Some(entry) = table.remove(*id) {
-                if !table.remote.contains_key(id) {
-                    let _ = self
-                        .events
-                        .send(IdentityEvent::Removed(entry.identity.clone()));
-                }
+                let after = table.announced(*id).cloned();
+                self.announce(before, after);
                 released.push(entry.identity);
             }
         }
         drop(table);
         if let Some(cluster) = &self.cluster {
             for identity in &released {
-                cluster.numbering.release(&identity.labels);
+                cluster.numbering.release(&identity.labels, identity.id);
             }
         }
         if !unclaimed.is_empty() {
@@ -458,28 +459,89 @@ impl Identities {
             id,
             labels: labels.clone(),
         });
-        let old = table.remote.insert(id, identity.clone());
-        if table.by_id.contains_key(&id) {
-            return;
-        }
-        if let Some(old) = old {
-            let _ = self.events.send(IdentityEvent::Removed(old));
-        }
-        let _ = self.events.send(IdentityEvent::Added(identity));
+        let before = table.announced(id).cloned();
+        table.remote.insert(id, identity);
+        let after = table.announced(id).cloned();
+        self.announce(before, after);
     }
 
     /// Forgets identity `id` learnt with [`learn`](Identities::learn) (its CiliumIdentity is
     /// gone); announced with [`IdentityEvent::Removed`] unless this node still holds it.
     pub fn forget(&self, id: u32) {
         let mut table = self.write();
+        let before = table.announced(id).cloned();
         let Some(old) = table.remote.remove(&id) else {
             return;
         };
         if let Some(cluster) = &self.cluster {
-            lock(&cluster.numbers).remove(&old.labels);
+            let mut numbers = lock(&cluster.numbers);
+            if numbers.get(&old.labels) == Some(&id) {
+                numbers.remove(&old.labels);
+            }
         }
-        if !table.by_id.contains_key(&id) {
-            let _ = self.events.send(IdentityEvent::Removed(old));
+        let after = table.announced(id).cloned();
+        self.announce(before, after);
+    }
+
+    /// The cluster gave number `id`, which this node holds for `labels`, to other labels (in
+    /// kvstore mode: taken by another node while this node's use of it had expired with its
+    /// lease). The labels lose the number: their next allocation asks the cluster for a new
+    /// one, the number's holders move off it as they regenerate (see
+    /// [`retirements`](Identities::retirements)), and once the cluster's labels for the number
+    /// are learnt they are what it means to policy. Returns whether `id` was held for
+    /// `labels` and is retired now.
+    pub fn retire(&self, id: u32, labels: &Labels) -> bool {
+        let mut table = self.write();
+        if table
+            .by_id
+            .get(&id)
+            .is_none_or(|e| e.identity.labels != *labels)
+        {
+            return false;
+        }
+        let before = table.announced(id).cloned();
+        if table.retire(id).is_none() {
+            return false;
+        }
+        let after = table.announced(id).cloned();
+        self.announce(before, after);
+        drop(table);
+        if let Some(cluster) = &self.cluster {
+            let mut numbers = lock(&cluster.numbers);
+            if numbers.get(labels) == Some(&id) {
+                numbers.remove(labels);
+            }
+        }
+        tracing::warn!(id, %labels, "identity number given to other labels by the cluster; its holders move to a new one");
+        self.retirements.send_modify(|n| *n += 1);
+        self.changed();
+        true
+    }
+
+    /// Whether `id` is retired (see [`retire`](Identities::retire)) and still held.
+    pub fn is_retired(&self, id: u32) -> bool {
+        self.read().by_id.get(&id).is_some_and(|e| e.retired)
+    }
+
+    /// A counter that moves at every [`retire`](Identities::retire): whoever holds numbers
+    /// (the endpoint manager) looks for retired ones then.
+    pub fn retirements(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.retirements.subscribe()
+    }
+
+    /// Announces what changed in what a number means to policy: nothing when the same
+    /// labels, else the old one removed and the new one added. Called under the table's lock.
+    fn announce(&self, before: Option<Arc<Identity>>, after: Option<Arc<Identity>>) {
+        if let (Some(b), Some(a)) = (&before, &after)
+            && b.labels == a.labels
+        {
+            return;
+        }
+        if let Some(b) = before {
+            let _ = self.events.send(IdentityEvent::Removed(b));
+        }
+        if let Some(a) = after {
+            let _ = self.events.send(IdentityEvent::Added(a));
         }
     }
 
@@ -493,12 +555,7 @@ impl Identities {
         if let Some(r) = self.reserved.get(&id) {
             return Some(r.clone());
         }
-        let table = self.read();
-        table
-            .by_id
-            .get(&id)
-            .map(|e| e.identity.clone())
-            .or_else(|| table.remote.get(&id).cloned())
+        self.read().announced(id).cloned()
     }
 
     /// The identity numbered `id` with its bookkeeping.
@@ -585,14 +642,7 @@ impl Identities {
             .iter()
             .map(|r| self.reserved[&r.id()].clone())
             .collect();
-        all.extend(table.by_id.values().map(|e| e.identity.clone()));
-        all.extend(
-            table
-                .remote
-                .iter()
-                .filter(|(id, _)| !table.by_id.contains_key(id))
-                .map(|(_, identity)| identity.clone()),
-        );
+        all.extend(table.announced_all().cloned());
         (all, self.events.subscribe())
     }
 
@@ -878,7 +928,7 @@ mod cluster_hooks {
     use futures::FutureExt;
     use futures::future::BoxFuture;
 
-    /// A numbering that gives 3000 and records what it was told.
+    /// A numbering that gives 3000, then 3001, ..., and records what it was told.
     #[derive(Default)]
     struct Recorder {
         asked: Mutex<u32>,
@@ -893,14 +943,16 @@ mod cluster_hooks {
             Some("a recorder".into())
         }
         fn number(&self, _labels: &Labels) -> BoxFuture<'static, std::result::Result<u32, String>> {
-            *lock(&self.asked) += 1;
-            async { Ok(3000) }.boxed()
+            let mut asked = lock(&self.asked);
+            *asked += 1;
+            let number = 2999 + *asked;
+            async move { Ok(number) }.boxed()
         }
         fn used(&self, labels: &Labels, id: u32) {
             lock(&self.calls).push(format!("used {labels} {id}"));
         }
-        fn release(&self, labels: &Labels) {
-            lock(&self.calls).push(format!("release {labels}"));
+        fn release(&self, labels: &Labels, id: u32) {
+            lock(&self.calls).push(format!("release {labels} {id}"));
         }
     }
 
@@ -926,7 +978,7 @@ mod cluster_hooks {
         assert!(ids.release(3000));
         assert_eq!(
             *lock(&recorder.calls),
-            ["used k8s:app=web 3000", "release k8s:app=web"]
+            ["used k8s:app=web 3000", "release k8s:app=web 3000"]
         );
         // Node-local label sets never reach the store.
         let cidr: Labels = "cidr:10.0.0.0/8".parse().unwrap();
@@ -934,5 +986,97 @@ mod cluster_hooks {
         ids.allocate(&cidr).unwrap();
         assert_eq!(*lock(&recorder.asked), 1);
         assert_eq!(lock(&recorder.calls).len(), 2);
+    }
+
+    fn with_recorder() -> (Arc<Recorder>, Identities) {
+        let recorder = Arc::new(Recorder::default());
+        let mut ids = Identities::build(Table::default(), None);
+        ids.cluster = Some(Cluster {
+            numbering: recorder.clone(),
+            numbers: Mutex::default(),
+        });
+        (recorder, ids)
+    }
+
+    fn event(events: &mut broadcast::Receiver<IdentityEvent>) -> Option<String> {
+        events.try_recv().ok().map(|e| match e {
+            IdentityEvent::Added(i) => format!("added {} {}", i.id, i.labels),
+            IdentityEvent::Removed(i) => format!("removed {} {}", i.id, i.labels),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_retired_number_moves_its_labels_to_a_new_one_and_goes_with_its_last_holder() {
+        let (recorder, ids) = with_recorder();
+        let (web, db): (Labels, Labels) = (
+            "k8s:app=web".parse().unwrap(),
+            "k8s:app=db".parse().unwrap(),
+        );
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000);
+        assert_eq!(ids.allocate(&web).unwrap().id, 3000, "two holders");
+        // The cluster's record of this node's own number, learnt like any other.
+        ids.learn(3000, &web);
+        let (_, mut events) = ids.snapshot_and_subscribe();
+        let retirements = ids.retirements();
+
+        // The cluster gave 3000 to db.
+        assert!(
+            !ids.retire(3000, &db),
+            "only the labels this node holds it for"
+        );
+        assert!(ids.retire(3000, &web));
+        assert!(!ids.retire(3000, &web), "retired once");
+        assert!(retirements.has_changed().unwrap());
+        assert!(ids.is_retired(3000));
+        assert_eq!(
+            event(&mut events),
+            None,
+            "3000 still means web until db is learnt"
+        );
+        ids.learn(3000, &db);
+        assert_eq!(
+            event(&mut events).as_deref(),
+            Some("removed 3000 k8s:app=web")
+        );
+        assert_eq!(event(&mut events).as_deref(), Some("added 3000 k8s:app=db"));
+        assert_eq!(ids.get(3000).unwrap().labels, db);
+
+        // A holder moves: web is asked for again and gets a new number.
+        ids.resolve(&web).await.unwrap();
+        assert_eq!(*lock(&recorder.asked), 2);
+        assert_eq!(ids.allocate(&web).unwrap().id, 3001);
+        assert_eq!(
+            event(&mut events).as_deref(),
+            Some("added 3001 k8s:app=web")
+        );
+        assert_eq!(
+            ids.allocate(&web).unwrap().id,
+            3001,
+            "the second holder follows"
+        );
+        // The old number's holders let go: it goes without taking web's new number along,
+        // and without changing what 3000 means.
+        assert!(!ids.release(3000));
+        assert!(ids.release(3000));
+        assert_eq!(event(&mut events), None);
+        assert!(!ids.is_retired(3000));
+        assert_eq!(ids.lookup(&web).unwrap().id, 3001);
+        assert_eq!(ids.get(3000).unwrap().labels, db);
+        assert_eq!(
+            *lock(&recorder.calls),
+            [
+                "used k8s:app=web 3000",
+                "used k8s:app=web 3001",
+                "release k8s:app=web 3000"
+            ]
+        );
+        let (snapshot, _) = ids.snapshot_and_subscribe();
+        let numbered: Vec<String> = snapshot
+            .iter()
+            .filter(|i| !i.is_reserved())
+            .map(|i| format!("{} {}", i.id, i.labels))
+            .collect();
+        assert_eq!(numbered, ["3000 k8s:app=db", "3001 k8s:app=web"]);
     }
 }

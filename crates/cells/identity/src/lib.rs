@@ -25,7 +25,9 @@
 //! identities starts; the endpoint manager re-allocates the labels of every restored
 //! endpoint (getting the same numbers back) and then calls
 //! [`Identities::release_unclaimed`]. A cluster numbering hears of every label set this node
-//! stops using ([`ClusterNumbering::release`]).
+//! stops using ([`ClusterNumbering::release`]), per number: a number the cluster gave to other
+//! labels is retired ([`Identities::retire`]), its labels move to a new number while its
+//! holders (endpoints) still reference the old one.
 
 mod cluster;
 mod error;

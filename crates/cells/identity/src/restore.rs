@@ -139,6 +139,8 @@ impl Identities {
                 table
                     .by_id
                     .values()
+                    // A retired number is not its labels' any more: they get a new one.
+                    .filter(|e| !e.retired)
                     .map(|e| (e.identity.id, &e.identity.labels)),
             );
             (table.generation, table.by_id.len(), bytes)

@@ -16,6 +16,9 @@ pub(crate) struct Entry {
     pub(crate) refs: u64,
     /// Restored from disk and not allocated again since.
     pub(crate) restored: bool,
+    /// The cluster gave the number to other labels: its labels no longer map to it (they get
+    /// a new number at their next allocation), and its holders move off it.
+    pub(crate) retired: bool,
 }
 
 /// The numbers of one scope and where the next search for a free one starts.
@@ -128,6 +131,7 @@ impl Table {
                 identity,
                 refs,
                 restored,
+                retired: false,
             },
         );
         self.generation += 1;
@@ -138,9 +142,47 @@ impl Table {
         if let Some(range) = self.range_of(id) {
             range.used -= 1;
         }
-        self.by_labels.remove(&entry.identity.labels);
+        // Its labels may have moved to another number meanwhile (`retire`): that one stays.
+        if self.by_labels.get(&entry.identity.labels) == Some(&id) {
+            self.by_labels.remove(&entry.identity.labels);
+        }
         self.generation += 1;
         Some(entry)
+    }
+
+    /// Retires number `id`: its labels no longer map to it, its entry stays while referenced.
+    /// Returns its labels, or `None` when no entry holds it or it was retired already.
+    pub(crate) fn retire(&mut self, id: u32) -> Option<Labels> {
+        let entry = self.by_id.get_mut(&id).filter(|e| !e.retired)?;
+        entry.retired = true;
+        let labels = entry.identity.labels.clone();
+        if self.by_labels.get(&labels) == Some(&id) {
+            self.by_labels.remove(&labels);
+        }
+        self.generation += 1;
+        Some(labels)
+    }
+
+    /// What number `id` means to policy: this node's identity, unless retired and the cluster
+    /// gave the number to other labels; else the cluster's.
+    pub(crate) fn announced(&self, id: u32) -> Option<&Arc<Identity>> {
+        let local = self.by_id.get(&id);
+        match (local, self.remote.get(&id)) {
+            (Some(e), Some(remote)) if e.retired => Some(remote),
+            (Some(e), _) => Some(&e.identity),
+            (None, remote) => remote,
+        }
+    }
+
+    /// Every number with what it means to policy ([`announced`](Self::announced)).
+    pub(crate) fn announced_all(&self) -> impl Iterator<Item = &Arc<Identity>> {
+        let ids: std::collections::BTreeSet<u32> = self
+            .by_id
+            .keys()
+            .chain(self.remote.keys())
+            .copied()
+            .collect();
+        ids.into_iter().filter_map(|id| self.announced(id))
     }
 }
 
@@ -173,5 +215,26 @@ mod tests {
             Some(LOCAL_IDENTITIES.start().to_owned())
         );
         assert_eq!(t.range(Scope::Cluster).capacity(), 4);
+    }
+
+    #[test]
+    fn labels_move_from_a_retired_number_to_a_new_one_and_the_old_holder_goes_alone() {
+        let mut t = Table::with_ranges(256..=259, LOCAL_IDENTITIES);
+        t.insert(identity(256, "k8s:a=1"), 1, false);
+        t.remote.insert(256, identity(256, "k8s:a=1"));
+        assert_eq!(t.retire(256), Some("k8s:a=1".parse().unwrap()));
+        assert_eq!(t.retire(256), None, "retired once");
+        assert!(!t.by_labels.contains_key(&"k8s:a=1".parse().unwrap()));
+        // The cluster gave 256 to other labels: that is what it means to policy now.
+        t.remote.insert(256, identity(256, "k8s:b=2"));
+        assert_eq!(t.announced(256).unwrap().labels.to_string(), "k8s:b=2");
+        // The labels' new number; the old one's last holder goes without taking them along.
+        t.insert(identity(258, "k8s:a=1"), 1, false);
+        assert!(t.remove(256).is_some());
+        assert_eq!(t.by_labels.get(&"k8s:a=1".parse().unwrap()), Some(&258));
+        assert_eq!(t.announced(258).unwrap().labels.to_string(), "k8s:a=1");
+        let all: Vec<u32> = t.announced_all().map(|i| i.id).collect();
+        assert_eq!(all, [256, 258]);
+        assert_eq!(t.range(Scope::Cluster).used, 1);
     }
 }

@@ -44,6 +44,11 @@ pub(crate) fn provide(
             "id/ keys of numbers this node holds that someone rewrote with other labels, put back",
             kv.restored.clone(),
         );
+        metrics.register(
+            "kvstore_identity_reallocated",
+            "Label sets numbered again because another node took their number while this node's references were gone (a partition longer than the lease)",
+            kv.reallocated.clone(),
+        );
     }
     if kv.is_enabled() {
         let run = kv.clone();
@@ -125,12 +130,17 @@ pub(crate) fn start(
 }
 
 fn learn_identities(kv: &Arc<Kvstore>, identities: Arc<Identities>, jobs: &Jobs) {
-    let trigger = pulled_by(jobs, "watch-identities", vec![kv.identities.changes()]);
+    let trigger = pulled_by(
+        jobs,
+        "watch-identities",
+        vec![kv.identities.changes(), kv.taken_changes()],
+    );
     let learnt: Arc<Mutex<BTreeMap<u32, Labels>>> = Arc::default();
     let kv = kv.clone();
     jobs.timer("identities", RESYNC, move |ctx| {
         let (kv, identities, learnt) = (kv.clone(), identities.clone(), learnt.clone());
         async move {
+            retire_taken(&kv, &identities);
             let count = learn(
                 &kv,
                 &identities,
@@ -143,6 +153,19 @@ fn learn_identities(kv: &Arc<Kvstore>, identities: Arc<Identities>, jobs: &Jobs)
     })
     .trigger(trigger)
     .add();
+}
+
+/// Retires the numbers another node took from this one (`Identities::retire`): their
+/// labels get new numbers, their endpoints move (the endpoint manager follows retirements).
+fn retire_taken(kv: &Kvstore, identities: &Identities) {
+    for (labels_key, id) in kv.take_retired() {
+        match keys::parse_labels_key(&labels_key) {
+            Some(labels) => {
+                identities.retire(id, &labels);
+            }
+            None => tracing::warn!(labels = labels_key, id, "labels do not parse; not retired"),
+        }
+    }
 }
 
 /// Learns every `id/` key's labels, forgets those gone; returns how many are known.

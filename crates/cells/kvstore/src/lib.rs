@@ -14,7 +14,11 @@
 //!   their ip entries ([`KvRemote`]); and a status note for `cellium status` (connection,
 //!   endpoints, lease, counts, last error).
 //! - **Counts** in `cellium_kvstore_identities_restored_total` the `id/` keys of numbers this
-//!   node holds that someone rewrote with other labels: not believed, put back.
+//!   node holds that someone rewrote with other labels: not believed, put back; in
+//!   `cellium_kvstore_identity_reallocated_total` the label sets numbered again because
+//!   another node took their number while this node's references were gone (a partition
+//!   longer than the lease): the identity cell retires the number (`Identities::retire`) and
+//!   the endpoints move.
 //! - **Depends on** its configuration, the metrics (optional), resources (the node's name and
 //!   address, pods' named ports), identity (learns every `id/` key), the endpoint manager (this node's pods) and
 //!   IPAM (this node's pod CIDRs).

@@ -31,7 +31,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::keys;
-use crate::store::{Kept, Kvstore, first_lease, first_value, humantime, timed};
+use crate::store::{Kept, Kvstore, first_lease, first_value, humantime, lock, timed};
 
 /// How many numbers are tried for one label set before giving up.
 const MAX_PROBES: usize = 4096;
@@ -72,12 +72,14 @@ impl ClusterNumbering for KvNumbering {
         self.kv.use_number(&keys::labels_key(labels), id);
     }
 
-    fn release(&self, labels: &Labels) {
+    fn release(&self, labels: &Labels, id: u32) {
         let key = keys::labels_key(labels);
-        if !self.kv.use_early(&key, None)
+        if !self.kv.use_early(&key, id, false)
             && let Ok(suffix) = self.kv.suffix()
         {
-            self.kv.unkeep(&keys::value_key(&key, suffix));
+            // Only this number's reference: the labels may have another one now.
+            self.kv
+                .unkeep(&keys::value_key(&key, suffix), &id.to_string());
         }
     }
 }
@@ -86,7 +88,10 @@ impl Kvstore {
     /// Records this node's use of `id` for `labels_key`: its `value/` key, kept on the lease
     /// (once the node's address, the key's last part, is known).
     pub fn use_number(&self, labels_key: &str, id: u32) {
-        if self.use_early(labels_key, Some(id)) {
+        if !self.renumbered(labels_key, id) {
+            return;
+        }
+        if self.use_early(labels_key, id, true) {
             return;
         }
         let Ok(suffix) = self.suffix() else {
@@ -99,6 +104,29 @@ impl Kvstore {
                 master: Some((keys::id_key(id), labels_key.to_string())),
             },
         );
+    }
+
+    /// Whether `id` may be used for `labels_key`: not when another node took it from them
+    /// (`number_taken`). A new number for labels whose number was taken is the end of their
+    /// move: counted and told, with both numbers.
+    fn renumbered(&self, labels_key: &str, id: u32) -> bool {
+        let mut taken = lock(&self.taken);
+        match taken.moving.get(labels_key).copied() {
+            Some(old) if old == id => false,
+            Some(old) => {
+                taken.moving.remove(labels_key);
+                drop(taken);
+                self.reallocated.inc();
+                tracing::warn!(
+                    old,
+                    new = id,
+                    labels = labels_key,
+                    "identity re-allocated: its number was taken by another node during a partition longer than the lease"
+                );
+                true
+            }
+            None => true,
+        }
     }
 
     /// The cluster's number of `labels`: known, found or allocated (see the module's docs),

@@ -68,6 +68,16 @@ struct Owned {
     restore: BTreeMap<String, (String, String, i64)>,
 }
 
+/// Numbers this node held that another node took while this node's references were gone (a
+/// partition longer than the lease): their labels get new numbers.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// (labels key, number) for the identity cell to retire (`Identities::retire`).
+    pub(crate) to_retire: Vec<(String, u32)>,
+    /// Labels keys to the number taken from them, until they are numbered again.
+    pub(crate) moving: HashMap<String, u32>,
+}
+
 #[derive(Debug, Default)]
 struct Status {
     /// `None` before the first request.
@@ -109,6 +119,13 @@ pub struct Kvstore {
     /// `cellium_kvstore_identities_restored_total`: `id/<N>` keys of numbers this node
     /// holds rewritten with other labels by someone, and put back.
     pub(crate) restored: Counter,
+    /// Numbers another node took from this one, their labels to be numbered again.
+    pub(crate) taken: Mutex<Taken>,
+    /// Moves whenever a number is found taken.
+    taken_changes: watch::Sender<u64>,
+    /// `cellium_kvstore_identity_reallocated_total`: label sets numbered again because
+    /// another node took their number while this node's references were gone.
+    pub(crate) reallocated: Counter,
 }
 
 impl fmt::Debug for Kvstore {
@@ -218,6 +235,9 @@ impl Kvstore {
             numbers: Mutex::default(),
             first_tries: Mutex::default(),
             restored: Counter::default(),
+            taken: Mutex::default(),
+            taken_changes: watch::channel(0).0,
+            reallocated: Counter::default(),
         }))
     }
 
@@ -274,9 +294,10 @@ impl Kvstore {
         })
     }
 
-    /// Records a use of `id` for `labels_key` made before the suffix is known; `false` when
-    /// the suffix is known (then the caller keeps the `value/` key itself).
-    pub(crate) fn use_early(&self, labels_key: &str, id: Option<u32>) -> bool {
+    /// Records a use (`used`) or the end of one of `id` for `labels_key` made before the
+    /// suffix is known; `false` when the suffix is known (then the caller keeps or drops the
+    /// `value/` key itself).
+    pub(crate) fn use_early(&self, labels_key: &str, id: u32, used: bool) -> bool {
         if self.suffix.get().is_some() {
             return false;
         }
@@ -285,10 +306,11 @@ impl Kvstore {
         if self.suffix.get().is_some() {
             return false;
         }
-        match id {
-            Some(id) => early.insert(labels_key.to_string(), id),
-            None => early.remove(labels_key),
-        };
+        if used {
+            early.insert(labels_key.to_string(), id);
+        } else if early.get(labels_key) == Some(&id) {
+            early.remove(labels_key);
+        }
         true
     }
 
@@ -401,12 +423,13 @@ impl Kvstore {
             None => String::new(),
         };
         Some(format!(
-            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries, {} nodes, {} forged identity keys put back{error}",
+            "kvstore etcd {connection} at {}, {lease}, {} identities, {} ip entries, {} nodes, {} forged identity keys put back, {} identities re-allocated{error}",
             self.endpoints(),
             lock(&self.numbers).len(),
             self.ips.lock().len(),
             self.nodes.lock().len(),
             self.restored.get(),
+            self.reallocated.get(),
         ))
     }
 
@@ -421,9 +444,13 @@ impl Kvstore {
         self.owned_changed.notify_one();
     }
 
-    /// Stops keeping `key`: deleted in the background, if still this node's.
-    pub(crate) fn unkeep(&self, key: &str) {
-        if lock(&self.owned).desired.remove(key).is_some() {
+    /// Stops keeping `key` while it is kept with `value`: deleted in the background, if still
+    /// this node's.
+    pub(crate) fn unkeep(&self, key: &str, value: &str) {
+        let mut owned = lock(&self.owned);
+        if owned.desired.get(key).is_some_and(|k| k.value == value) {
+            owned.desired.remove(key);
+            drop(owned);
             self.owned_changed.notify_one();
         }
     }
@@ -627,15 +654,20 @@ impl Kvstore {
         }
         for (k, v) in mastered {
             let (id_key, labels_key) = v.master.clone().unwrap_or_default();
-            if let Err(e) = self
-                .put_value(&mut client, &k, &v.value, &id_key, &labels_key, lease)
-                .await
-            {
-                if e.starts_with("conflict") {
-                    tracing::error!(key = k, error = e, "identity reference not written");
-                    continue;
-                }
-                return Err(e);
+            let written = self
+                .try_put_value(&mut client, &k, &v.value, &id_key, &labels_key, lease)
+                .await?;
+            if let Err(holder) = written {
+                self.settle(
+                    &mut client,
+                    &k,
+                    &v.value,
+                    &id_key,
+                    &labels_key,
+                    &holder,
+                    lease,
+                )
+                .await?;
             }
         }
         for (id_key, (labels_key, value_key, l)) in restore {
@@ -683,6 +715,21 @@ impl Kvstore {
         labels_key: &str,
         lease: i64,
     ) -> Result<(), String> {
+        self.try_put_value(client, key, value, id_key, labels_key, lease)
+            .await?
+            .map_err(|holder| format!("conflict: {id_key} holds {holder:?}, not {labels_key}"))
+    }
+
+    /// As [`put_value`](Self::put_value); when `id/<N>` holds other labels, what it holds.
+    async fn try_put_value(
+        &self,
+        client: &mut Client,
+        key: &str,
+        value: &str,
+        id_key: &str,
+        labels_key: &str,
+        lease: i64,
+    ) -> Result<Result<(), String>, String> {
         let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
         let txn = Txn::new()
             .when([Compare::create_revision(id_key, CompareOp::Equal, 0)])
@@ -691,11 +738,9 @@ impl Kvstore {
         let r = timed("writing an identity reference", client.txn(txn)).await?;
         self.answered();
         if !r.succeeded() {
-            let holder = first_value(&r.op_responses());
-            if holder.as_deref() != Some(labels_key) {
-                return Err(format!(
-                    "conflict: {id_key} holds {holder:?}, not {labels_key}"
-                ));
+            let holder = first_value(&r.op_responses()).unwrap_or_default();
+            if holder != labels_key {
+                return Ok(Err(holder));
             }
             let txn = Txn::new()
                 .when([Compare::value(id_key, CompareOp::Equal, labels_key)])
@@ -706,7 +751,118 @@ impl Kvstore {
             }
         }
         self.written(key, value, lease);
+        Ok(Ok(()))
+    }
+
+    /// This node's `value/` key `key` (number `value` for `labels_key`) is not on its lease and
+    /// `id/<N>` holds `holder`'s labels. In one transaction: when no node has a `value/` key
+    /// for `holder`, nobody took the number (a forgery): `id/<N>` is put back with this node's
+    /// reference, as [`restored`](Self::restored). Else, when a node uses the number for
+    /// `holder`, that node took it while this node's references were gone (a partition longer
+    /// than the lease, and the GC freed the number): it is theirs, and `labels_key` gets a new
+    /// number ([`number_taken`](Self::number_taken)). Anything else (the keys changed
+    /// meanwhile) is looked at again at the next round.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        client: &mut Client,
+        key: &str,
+        value: &str,
+        id_key: &str,
+        labels_key: &str,
+        holder: &str,
+        lease: i64,
+    ) -> Result<(), String> {
+        let users = keys::value_prefix(holder);
+        let txn = Txn::new()
+            .when([
+                Compare::value(id_key, CompareOp::Equal, holder),
+                Compare::create_revision(users.as_str(), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([
+                TxnOp::put(id_key, labels_key, None),
+                TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+            ])
+            .or_else([
+                TxnOp::get(
+                    users.as_str(),
+                    Some(GetOptions::new().with_prefix().with_limit(1)),
+                ),
+                TxnOp::get(id_key, None),
+            ]);
+        let r = timed("settling an identity reference", client.txn(txn)).await?;
+        self.answered();
+        if r.succeeded() {
+            self.written(key, value, lease);
+            self.restored.inc();
+            tracing::warn!(
+                key = id_key,
+                labels = labels_key,
+                forged = holder,
+                "an identity this node holds was rewritten with labels no node uses; put back"
+            );
+            return Ok(());
+        }
+        let responses = r.op_responses();
+        let user = responses
+            .first()
+            .and_then(|r| first_value(std::slice::from_ref(r)));
+        let now = responses
+            .get(1)
+            .and_then(|r| first_value(std::slice::from_ref(r)));
+        match (user, now) {
+            (Some(user), Some(now)) if user == value && now == holder => {
+                self.number_taken(key, value, labels_key, holder);
+            }
+            (user, now) => tracing::error!(
+                key,
+                id_key,
+                holder = now,
+                holder_uses = user,
+                "identity reference not written: the number holds other labels; looked at again"
+            ),
+        }
         Ok(())
+    }
+
+    /// Number `value` of `labels_key` (this node's reference `key`) was taken by another node
+    /// for `holder`: this node stops keeping its reference, the number means `holder` from now
+    /// on, and the identity cell is told to retire it (`take_retired`), so that the labels
+    /// get a new number and their endpoints move to it.
+    fn number_taken(&self, key: &str, value: &str, labels_key: &str, holder: &str) {
+        let Ok(id) = value.parse::<u32>() else {
+            return;
+        };
+        self.unkeep(key, value);
+        {
+            let mut numbers = lock(&self.numbers);
+            numbers.retain(|_, n| *n != id);
+            numbers.insert(holder.to_string(), id);
+        }
+        {
+            let mut taken = lock(&self.taken);
+            taken.to_retire.push((labels_key.to_string(), id));
+            taken.moving.insert(labels_key.to_string(), id);
+        }
+        tracing::warn!(
+            id,
+            labels = labels_key,
+            holder,
+            "another node took this identity's number while this node's references were gone \
+             (its lease expired); the labels get a new number"
+        );
+        self.taken_changes.send_modify(|n| *n += 1);
+    }
+
+    /// The numbers found taken since the last call, with the labels keys they were this
+    /// node's for: to be retired (`Identities::retire`).
+    pub fn take_retired(&self) -> Vec<(String, u32)> {
+        std::mem::take(&mut lock(&self.taken).to_retire)
+    }
+
+    /// A counter that moves whenever a number is found taken.
+    pub fn taken_changes(&self) -> watch::Receiver<u64> {
+        self.taken_changes.subscribe()
     }
 
     /// Lists `prefix` into its mirror, then watches it from the list's revision; again after

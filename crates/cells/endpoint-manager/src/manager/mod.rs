@@ -153,7 +153,7 @@ impl EndpointManager {
             ipam,
             resources: resources.clone(),
             state_dir,
-            identities,
+            identities: identities.clone(),
             ipcache,
             policy: policy.clone(),
             reporter,
@@ -183,6 +183,7 @@ impl EndpointManager {
             manager.clone(),
             policy.as_deref(),
             resources.as_deref(),
+            identities.as_deref(),
         );
         manager
     }

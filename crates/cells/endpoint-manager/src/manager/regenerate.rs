@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cellium_hive::{Backoff, JobContext, Jobs, Trigger};
+use cellium_identity::Identities;
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
 use futures::StreamExt;
@@ -82,7 +83,8 @@ impl Pass {
 }
 
 /// Starts two jobs: `watch-changes` turns every policy revision, every change of the
-/// NetworkPolicy ipBlock prefixes and every pod or namespace event into a trigger, and
+/// NetworkPolicy ipBlock prefixes, every pod or namespace event and every identity number
+/// retired (`Identities::retire`) into a trigger, and
 /// `regenerate` (run only when triggered; triggers coalesce, so a burst of changes costs one
 /// pass) recomputes every endpoint's labels, identity and policy and writes what differs.
 ///
@@ -98,10 +100,11 @@ pub(crate) fn start(
     manager: Arc<EndpointManager>,
     policy: Option<&PolicyRepository>,
     resources: Option<&Resources>,
+    identities: Option<&Identities>,
 ) {
     let trigger = manager.regeneration.trigger.clone();
     let pull = trigger.clone();
-    let signals = signals(policy, resources);
+    let signals = signals(policy, resources, identities);
     if !signals.is_empty() {
         jobs.observer(
             "watch-changes",
@@ -182,9 +185,18 @@ impl Retry {
 fn signals(
     policy: Option<&PolicyRepository>,
     resources: Option<&Resources>,
+    identities: Option<&Identities>,
 ) -> Vec<BoxStream<'static, ()>> {
     let unit = |_| ();
     let mut streams = Vec::new();
+    if let Some(identities) = identities {
+        // A number retired (the cluster gave it to other labels): its holders move.
+        streams.push(
+            WatchStream::from_changes(identities.retirements())
+                .map(unit)
+                .boxed(),
+        );
+    }
     if let Some(policy) = policy {
         streams.push(
             WatchStream::from_changes(policy.changes())
@@ -254,9 +266,10 @@ impl EndpointManager {
     }
 
     /// Derives the endpoint's labels again and, when they changed (or it has no identity
-    /// yet), gives it the identity of the new labels; returns the endpoint as it is now.
+    /// yet, or its number was retired: the cluster gave it to other labels), gives it the
+    /// identity of the labels; returns the endpoint as it is now.
     fn relabel(&self, ep: &Arc<Endpoint>) -> Result<Arc<Endpoint>> {
-        if ep.identity != 0 && self.identity.labels(ep) == ep.labels {
+        if self.identity.is_current(ep, &self.identity.labels(ep)) {
             return Ok(ep.clone());
         }
         let mut ep = Endpoint::clone(ep);
@@ -307,10 +320,17 @@ mod tests {
     /// Runs the manager's jobs in a hive of their own; returns it (stop it at the end).
     async fn jobs_of(h: &Harness) -> Hive {
         let manager = h.manager.clone();
-        let (policy, resources) = (h.policy.clone(), h.resources.clone());
+        let (policy, resources, identities) =
+            (h.policy.clone(), h.resources.clone(), h.identities.clone());
         let mut hive = Hive::new([Module::new("endpoint-manager", "jobs under test")
             .invoke(move |jobs: Jobs| {
-                start(&jobs, manager.clone(), Some(&policy), Some(&resources))
+                start(
+                    &jobs,
+                    manager.clone(),
+                    Some(&policy),
+                    Some(&resources),
+                    Some(&identities),
+                )
             })
             .into()]);
         hive.start().await.unwrap();
@@ -386,6 +406,49 @@ mod tests {
         h.manager.regenerate_all().await;
         assert!(changes.has_changed().unwrap());
         assert_ne!(h.manager.get(a.id).unwrap().identity, a.identity);
+    }
+
+    #[tokio::test]
+    async fn endpoints_whose_number_is_retired_move_to_a_new_one_when_told() {
+        let h = Harness::new();
+        h.start().await.unwrap();
+        let a = h
+            .manager
+            .create(h.pod_request("a", "a", "web"))
+            .await
+            .unwrap();
+        let b = h
+            .manager
+            .create(h.pod_request("b", "b", "web"))
+            .await
+            .unwrap();
+        assert_eq!(a.identity, b.identity);
+        let mut hive = jobs_of(&h).await;
+        let labels = h.identities.get(a.identity).unwrap().labels.clone();
+        // The cluster gave the number to other labels.
+        assert!(h.identities.retire(a.identity, &labels));
+        let began = Instant::now();
+        let moved = loop {
+            let (ma, mb) = (h.manager.get(a.id).unwrap(), h.manager.get(b.id).unwrap());
+            if ma.identity != a.identity
+                && mb.identity == ma.identity
+                && h.datapath.entries()[&a.addresses[0].ip].identity == ma.identity
+                && h.datapath.entries()[&b.addresses[0].ip].identity == ma.identity
+            {
+                break Some(ma.identity);
+            }
+            if began.elapsed() > Duration::from_secs(10) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let moved = moved.expect("both endpoints move to one new number");
+        assert_eq!(h.identities.lookup(&labels).unwrap().id, moved);
+        assert!(
+            h.identities.get(a.identity).is_none(),
+            "the retired number went with its last holder"
+        );
+        hive.stop().await.unwrap();
     }
 
     #[tokio::test]
