@@ -35,6 +35,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lib/conntrack.h"
+#include "lib/dsr.h"
 #include "lib/fib.h"
 #include "lib/frag.h"
 #include "lib/ipv6.h"
@@ -70,6 +71,59 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, __u8 dire
 		return -1;
 	count(direction, CEL_REASON_FORWARDED, skb->len);
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* CEL_CT_F_SRC_LOCAL if the sender of a connection's first packet, which
+ * came from outside a pod's own program, is a local endpoint all the same. */
+static __always_inline __u8 ct_src_local4(const struct pkt *p)
+{
+	return endpoint_lookup4(p->saddr) ? CEL_CT_F_SRC_LOCAL : 0;
+}
+
+static __always_inline __u8 ct_src_local6(const struct pkt6 *p)
+{
+	return endpoint_lookup6(p->saddr) ? CEL_CT_F_SRC_LOCAL : 0;
+}
+
+/* A known connection's packet delivered to the local endpoint `dst` at an end
+ * its entry was not recorded for (ct_unchecked): the endpoint's ingress
+ * policy decides, as for a new connection, and the entry is trusted for that
+ * end once it admits. `t` becomes the ingress trace. Returns 0 or the
+ * CEL_REASON_* to drop with. */
+static __always_inline int ct_recheck4(struct __sk_buff *skb, const struct pkt *p,
+				       struct trace *t, int ct, struct ct_entry *ce,
+				       const struct endpoint_info *dst, __u32 src_identity,
+				       const struct datapath_config *cfg)
+{
+	__u8 im = CEL_MATCH_NONE;
+	int ret;
+
+	t->direction = CEL_DIR_INGRESS;
+	t->endpoint_id = dst->id;
+	t->src_identity = src_identity;
+	t->dst_identity = dst->identity;
+	ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, src_identity, cfg, &im);
+	if (!ret)
+		ct_mark_checked(ce, ct);
+	return ret;
+}
+
+static __always_inline int ct_recheck6(struct __sk_buff *skb, const struct pkt6 *p,
+				       struct trace *t, int ct, struct ct_entry *ce,
+				       const struct endpoint_info *dst, __u32 src_identity,
+				       const struct datapath_config *cfg)
+{
+	__u8 im = CEL_MATCH_NONE;
+	int ret;
+
+	t->direction = CEL_DIR_INGRESS;
+	t->endpoint_id = dst->id;
+	t->src_identity = src_identity;
+	t->dst_identity = dst->identity;
+	ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, src_identity, cfg, &im);
+	if (!ret)
+		ct_mark_checked(ce, ct);
+	return ret;
 }
 
 /* IPv6 a pod sends: as cel_from_container does for IPv4, after link-local
@@ -161,6 +215,13 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	dst = endpoint_lookup6(p->daddr);
 	ct6_key_from_pkt(key, p, 0);
 	ct = ct_lookup6(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		struct trace it = t;
+
+		ret = ct_recheck6(skb, p, &it, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop6(skb, p, &it, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
@@ -178,7 +239,8 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 			if (ret)
 				return drop6(skb, p, &it, ret);
 		}
-		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create6_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       CEL_CT_F_SRC_LOCAL | (dst ? CEL_CT_F_DST_LOCAL : 0));
 		if (ret)
 			return drop6(skb, p, &t, ret);
 		lb6_note_clash(key, lb);
@@ -258,6 +320,14 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 	now = bpf_ktime_get_ns();
 	ct6_key_from_pkt(&key, p, 0);
 	ct = ct_lookup6(&key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity6(cfg, p->saddr) :
+						identity_of6(cfg, p->saddr);
+		ret = ct_recheck6(skb, p, t, ct, ce, dst, src_identity, cfg);
+		if (ret)
+			return ret;
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -268,7 +338,8 @@ static __always_inline int endpoint_ingress6(struct __sk_buff *skb, struct pkt6 
 		ret = policy_check6(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
-		ret = ct_create6(&key, p, cfg, now, 0, 0);
+		ret = ct_create6_flags(&key, p, cfg, now, 0, 0,
+				       CEL_CT_F_DST_LOCAL | ct_src_local6(p));
 		if (ret)
 			return ret;
 		if (trace_events(cfg))
@@ -393,6 +464,13 @@ int cel_from_container(struct __sk_buff *skb)
 	dst = endpoint_lookup4(p->daddr);
 	ct_key_from_pkt(key, p, 0);
 	ct = ct_lookup4(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		struct trace it = t;
+
+		ret = ct_recheck4(skb, p, &it, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop(skb, p, &it, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 em = CEL_MATCH_NONE, im = CEL_MATCH_NONE;
 
@@ -412,7 +490,8 @@ int cel_from_container(struct __sk_buff *skb)
 			if (ret)
 				return drop(skb, p, &it, ret);
 		}
-		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create4_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       CEL_CT_F_SRC_LOCAL | (dst ? CEL_CT_F_DST_LOCAL : 0));
 		if (ret)
 			return drop(skb, p, &t, ret);
 		lb4_note_clash(key, lb);
@@ -436,6 +515,12 @@ int cel_from_container(struct __sk_buff *skb)
 			if (ret)
 				return drop(skb, p, &t, ret);
 			external = lb4_external_reply(p);
+		} else {
+			/* A DSR reply: from the frontend, to the client. */
+			ret = dsr4_reply(skb, p, cfg);
+			if (ret < 0)
+				return drop(skb, p, &t, -ret);
+			external = ret;
 		}
 	}
 	/* Past policy: the connection may now remember its backend. */
@@ -500,6 +585,14 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 	now = bpf_ktime_get_ns();
 	ct_key_from_pkt(&key, p, 0);
 	ct = ct_lookup4(&key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		if (!src_identity)
+			src_identity = netdev ? netdev_identity4(cfg, p->saddr) :
+						identity_of4(cfg, p->saddr);
+		ret = ct_recheck4(skb, p, t, ct, ce, dst, src_identity, cfg);
+		if (ret)
+			return ret;
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -510,7 +603,8 @@ static __always_inline int endpoint_ingress4(struct __sk_buff *skb, struct pkt *
 		ret = policy_check(skb, p, t, dst, CEL_DIR_INGRESS, t->src_identity, cfg, &im);
 		if (ret)
 			return ret;
-		ret = ct_create4(&key, p, cfg, now, 0, 0);
+		ret = ct_create4_flags(&key, p, cfg, now, 0, 0,
+				       CEL_CT_F_DST_LOCAL | ct_src_local4(p));
 		if (ret)
 			return ret;
 		if (trace_events(cfg))
@@ -580,6 +674,7 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 	struct trace t = { .direction = CEL_DIR_INGRESS,
 			   .src_identity = src_identity > 0 ? src_identity : 0 };
 	int tunnelled = from != CEL_FROM_DEVICE;
+	struct dsr_opt4 opt = {};
 	struct endpoint_info *dst;
 	struct pkt p = {};
 	int ret;
@@ -599,7 +694,15 @@ static __always_inline int from_node4(struct __sk_buff *skb, const struct datapa
 		return TC_ACT_OK;
 	if (tunnelled && !src_identity)
 		return drop(skb, &p, &t, CEL_REASON_ENCAP_FAILED);
+	/* Native routing: a DSR connection's first packet (lib/dsr.h). */
+	if (!tunnelled) {
+		ret = dsr4_read_opt(skb, &p, cfg, &opt);
+		if (ret)
+			return drop(skb, &p, &t, ret);
+	}
 	ret = endpoint_ingress4(skb, &p, &t, dst, src_identity, !tunnelled, cfg);
+	if (!ret && opt.type)
+		ret = dsr4_record(&p, &opt);
 	if (ret)
 		return drop(skb, &p, &t, ret);
 	ret = redirect_to_endpoint(skb, CEL_DIR_INGRESS, dst);
@@ -785,9 +888,11 @@ static __always_inline int nodeport_reply6(struct __sk_buff *skb, struct pkt6 *p
 
 /*
  * IPv4 from outside for a frontend reached from outside (lib/nodeport.h):
- * translated to its backend as a pod's packet would be, the backend's
+ * translated to its backend as a pod's packet would be, a local backend's
  * ingress policy decided on the client's identity (whatever the source
- * translation), the connection and its backend recorded, then, unless the
+ * translation; another node's backend is judged by its node, on the source
+ * it receives: this node's, remote-node, unless the frontend's policy is
+ * Local), the connection and its backend recorded, then, unless the
  * frontend's policy is Local, the source translated to the frontend's
  * address. A local backend gets it straight; another node's is routed to.
  * Returns the verdict, or CEL_NOT_EXTERNAL.
@@ -810,6 +915,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	struct lb4_choice *lb;
 	struct ct_key *key;
 	struct pkt *p;
+	__be16 frontend_port;
 	__be32 frontend;
 	__u8 flags;
 	__u64 now;
@@ -839,6 +945,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 		return drop(skb, p, &t, ret);
 	flags = svc->flags;
 	frontend = p->daddr;
+	frontend_port = p->dport;
 	t.src_identity = netdev_identity4(cfg, p->saddr);
 	now = bpf_ktime_get_ns();
 	ret = lb4_dnat(skb, p, cfg, now, lb);
@@ -850,6 +957,11 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	dst = endpoint_lookup4(p->daddr);
 	ct_key_from_pkt(key, p, 0);
 	ct = ct_lookup4(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		ret = ct_recheck4(skb, p, &t, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop(skb, p, &t, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -861,7 +973,8 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 			if (ret)
 				return drop(skb, p, &t, ret);
 		}
-		ret = ct_create4(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create4_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       (dst ? CEL_CT_F_DST_LOCAL : 0) | ct_src_local4(p));
 		if (ret)
 			return drop(skb, p, &t, ret);
 		if (trace_events(cfg))
@@ -870,7 +983,17 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 	ret = lb4_commit(lb, p, cfg, now);
 	if (ret)
 		return drop(skb, p, &t, ret);
-	if (!(flags & CEL_SVC_F_LOCAL)) {
+	/* DSR: the client keeps its source; another node's backend learns
+	 * the frontend from the connection's first packet (lib/dsr.h). Only
+	 * for a frontend at the node's own address, the one other nodes
+	 * believe the option from; an external or ingress IP keeps SNAT. */
+	if (dsr4_mode(cfg, p) && ipcache_identity4(cfg, frontend) == CEL_IDENTITY_HOST) {
+		if (!dst && dsr4_wanted(cfg, p)) {
+			ret = dsr4_add_opt(skb, p, frontend, frontend_port);
+			if (ret)
+				return drop(skb, p, &t, ret);
+		}
+	} else if (!(flags & CEL_SVC_F_LOCAL)) {
 		ret = snat4(skb, p, frontend);
 		if (ret)
 			return drop(skb, p, &t, ret);
@@ -934,6 +1057,11 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	dst = endpoint_lookup6(p->daddr);
 	ct6_key_from_pkt(key, p, 0);
 	ct = ct_lookup6(key, p, cfg, now, &ce);
+	if (ct_unchecked(ct, ce, dst)) {
+		ret = ct_recheck6(skb, p, &t, ct, ce, dst, t.src_identity, cfg);
+		if (ret)
+			return drop6(skb, p, &t, ret);
+	}
 	if (ct == CT_NEW) {
 		__u8 im = CEL_MATCH_NONE;
 
@@ -945,7 +1073,8 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 			if (ret)
 				return drop6(skb, p, &t, ret);
 		}
-		ret = ct_create6(key, p, cfg, now, lb->rev_nat_id, lb->backend_id);
+		ret = ct_create6_flags(key, p, cfg, now, lb->rev_nat_id, lb->backend_id,
+				       (dst ? CEL_CT_F_DST_LOCAL : 0) | ct_src_local6(p));
 		if (ret)
 			return drop6(skb, p, &t, ret);
 		if (trace_events(cfg))

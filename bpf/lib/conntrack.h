@@ -165,6 +165,35 @@ static __always_inline int ct_found(struct ct_entry *e, int dir, const struct ct
 	return dir == CEL_CT_FORWARD ? CT_ESTABLISHED : CT_REPLY;
 }
 
+/* The flag of the end a packet of direction `ct` (CT_ESTABLISHED or
+ * CT_REPLY) is delivered to. */
+static __always_inline __u8 ct_receiver_flag(int ct)
+{
+	return ct == CT_REPLY ? CEL_CT_F_SRC_LOCAL : CEL_CT_F_DST_LOCAL;
+}
+
+/* Whether a packet of a known connection, delivered to the local endpoint
+ * `dst`, must still pass its ingress policy: the entry was recorded while
+ * the receiving end was not a local endpoint (a connection to "somewhere
+ * off the node" at an address a new endpoint now has). */
+static __always_inline int ct_unchecked(int ct, const struct ct_entry *e, const void *dst)
+{
+	return (ct == CT_ESTABLISHED || ct == CT_REPLY) && e && dst &&
+	       !(e->flags & ct_receiver_flag(ct));
+}
+
+/* After the receiving end's ingress policy admitted the packet: the entry
+ * is trusted for that end from now on. */
+static __always_inline void ct_mark_checked(struct ct_entry *e, int ct)
+{
+	__u8 flag = ct_receiver_flag(ct);
+
+	/* A plain store (no byte atomics): a racing update of the other flag
+	 * can only be lost, and then that end is checked once more. */
+	if (!(e->flags & flag))
+		e->flags |= flag;
+}
+
 /* A new connection's entry. */
 static __always_inline void ct_entry_init(struct ct_entry *e, const struct ct_pkt *p,
 					  const struct datapath_config *cfg, __u64 now,
@@ -209,17 +238,25 @@ static __always_inline int ct_lookup4(const struct ct_key *key, const struct pkt
 }
 
 /* Records a new connection; returns 0 or CEL_REASON_CT_FULL. */
-static __always_inline int ct_create4(const struct ct_key *key, const struct pkt *p,
-				      const struct datapath_config *cfg, __u64 now,
-				      __u16 rev_nat_id, __u32 backend_id)
+static __always_inline int ct_create4_flags(const struct ct_key *key, const struct pkt *p,
+					    const struct datapath_config *cfg, __u64 now,
+					    __u16 rev_nat_id, __u32 backend_id, __u8 flags)
 {
 	struct ct_pkt c = ct_pkt4(p);
 	struct ct_entry e = {};
 
 	ct_entry_init(&e, &c, cfg, now, rev_nat_id, backend_id);
+	e.flags = flags;
 	if (bpf_map_update_elem(&cel_ct4, key, &e, BPF_ANY) < 0)
 		return CEL_REASON_CT_FULL;
 	return 0;
+}
+
+static __always_inline int ct_create4(const struct ct_key *key, const struct pkt *p,
+				      const struct datapath_config *cfg, __u64 now,
+				      __u16 rev_nat_id, __u32 backend_id)
+{
+	return ct_create4_flags(key, p, cfg, now, rev_nat_id, backend_id, 0);
 }
 
 static __always_inline void ct6_key_from_pkt(struct ct6_key *key, const struct pkt6 *p, __u8 flags)
@@ -253,17 +290,25 @@ static __always_inline int ct_lookup6(const struct ct6_key *key, const struct pk
 	return ct_found(bpf_map_lookup_elem(&cel_ct6, &rev), CEL_CT_REPLY, &c, cfg, now, out);
 }
 
-static __always_inline int ct_create6(const struct ct6_key *key, const struct pkt6 *p,
-				      const struct datapath_config *cfg, __u64 now,
-				      __u16 rev_nat_id, __u32 backend_id)
+static __always_inline int ct_create6_flags(const struct ct6_key *key, const struct pkt6 *p,
+					    const struct datapath_config *cfg, __u64 now,
+					    __u16 rev_nat_id, __u32 backend_id, __u8 flags)
 {
 	struct ct_pkt c = ct_pkt6(p);
 	struct ct_entry e = {};
 
 	ct_entry_init(&e, &c, cfg, now, rev_nat_id, backend_id);
+	e.flags = flags;
 	if (bpf_map_update_elem(&cel_ct6, key, &e, BPF_ANY) < 0)
 		return CEL_REASON_CT_FULL;
 	return 0;
+}
+
+static __always_inline int ct_create6(const struct ct6_key *key, const struct pkt6 *p,
+				      const struct datapath_config *cfg, __u64 now,
+				      __u16 rev_nat_id, __u32 backend_id)
+{
+	return ct_create6_flags(key, p, cfg, now, rev_nat_id, backend_id, 0);
 }
 
 #endif /* CELLIUM_LIB_CONNTRACK_H */

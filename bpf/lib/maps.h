@@ -38,12 +38,21 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } cel_ipcache SEC(".maps");
 
+/* Endpoint id -> that endpoint's own policy map, an LPM trie the agent
+ * creates with bpf-policy-map-max entries: no endpoint's entries take room
+ * from another's. The kernel compares an inner LPM trie's type, key and
+ * value size and flags with this template, not its size. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct policy_key);
-	__type(value, struct policy_value);
-	__uint(max_entries, 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 65536);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__uint(key_size, sizeof(struct policy_key));
+		__uint(value_size, sizeof(struct policy_value));
+		__uint(max_entries, 16384);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+	});
 } cel_policy SEC(".maps");
 
 struct {

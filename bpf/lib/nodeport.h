@@ -13,7 +13,9 @@
  * above the kernel's ephemeral range. cel_snat4/6 remember, per connection,
  * the source given (forward entry) and the client a reply goes back to
  * (reverse entry, keyed on the reply's tuple). With Local the client keeps
- * its address and no entry is written.
+ * its address and no entry is written. A translated connection reaches
+ * another node's backend as this node's (remote-node there), so only a
+ * local backend's policy judges the client itself (docs/services.md).
  *
  * Replies leave the node with the frontend's address, which is the node's
  * own for a NodePort: the node's stack would drop such a packet as a

@@ -16,10 +16,18 @@
 #include "notify.h"
 #include "packet.h"
 
-/* Returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason;
+/* Endpoint `endpoint_id`'s own policy map, or NULL. */
+static __always_inline void *policy_map_of(__u16 endpoint_id)
+{
+	__u32 id = endpoint_id;
+
+	return bpf_map_lookup_elem(&cel_policy, &id);
+}
+
+/* In `map`, an endpoint's policy map: returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason;
  * *by_peer is set when the entry for the peer's own identity matched. */
-static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u32 identity,
-					 __u8 protocol, __be16 dport, int *by_peer)
+static __always_inline int policy_lookup(void *map, __u16 endpoint_id, __u8 direction,
+					 __u32 identity, __u8 protocol, __be16 dport, int *by_peer)
 {
 	struct policy_key key = {};
 	struct policy_value *v;
@@ -33,14 +41,14 @@ static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u3
 	key.dport = dport;
 	/* Flags instead of `exact || any`: clang would OR the two pointers,
 	 * which the verifier rejects. */
-	v = bpf_map_lookup_elem(&cel_policy, &key);
+	v = bpf_map_lookup_elem(map, &key);
 	if (v) {
 		deny |= v->deny;
 		allow = 1;
 		*by_peer = 1;
 	}
 	key.identity = 0;
-	v = bpf_map_lookup_elem(&cel_policy, &key);
+	v = bpf_map_lookup_elem(map, &key);
 	if (v) {
 		deny |= v->deny;
 		allow = 1;
@@ -58,12 +66,15 @@ static __always_inline int policy_lookup(__u16 endpoint_id, __u8 direction, __u3
 static __always_inline int policy_any_port(__u16 endpoint_id, __u8 direction, __u32 identity)
 {
 	struct policy_key key = {};
+	void *map = policy_map_of(endpoint_id);
 
+	if (!map)
+		return 0;
 	key.prefixlen = CEL_POLICY_PREFIX_ANY_PROTO;
 	key.endpoint_id = endpoint_id;
 	key.direction = direction;
 	key.identity = identity;
-	return bpf_map_lookup_elem(&cel_policy, &key) != NULL;
+	return bpf_map_lookup_elem(map, &key) != NULL;
 }
 
 /* Whether endpoint `ep` lets a new connection through in `direction`:
@@ -75,15 +86,19 @@ static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 d
 {
 	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
 						     : CEL_EP_F_ENFORCE_EGRESS;
+	void *map;
 
 	if (!(ep->flags & enforce)) {
 		*by_peer = -1;
 		return CEL_REASON_FORWARDED;
 	}
+	map = policy_map_of(ep->id);
+	if (!map)
+		return CEL_REASON_NO_POLICY_MAP;
 	/* ICMP has no port; its policy entries are protocol-wide. */
 	if (protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6)
 		dport = 0;
-	return policy_lookup(ep->id, direction, peer_identity, protocol, dport, by_peer);
+	return policy_lookup(map, ep->id, direction, peer_identity, protocol, dport, by_peer);
 }
 
 /* The CEL_MATCH_* of a decision, for events. */

@@ -25,7 +25,7 @@ use std::fs::OpenOptions;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::agent::{Agent, AgentOptions};
 use crate::error::{Error, Result};
@@ -97,6 +97,8 @@ pub struct ClusterOptions {
     pub start_agents: bool,
     /// Extra environment of every operator (`CELLIUM_*` keys).
     pub operator_env: Vec<(String, String)>,
+    /// Extra environment of every agent (`CELLIUM_*` keys).
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl Default for ClusterOptions {
@@ -108,6 +110,7 @@ impl Default for ClusterOptions {
             operators: 0,
             start_agents: true,
             operator_env: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -292,7 +295,7 @@ impl Cluster {
     }
 
     /// The agent environment of node `i`: Kubernetes mode on the API server, the routing
-    /// mode, the IPAM mode.
+    /// mode, the IPAM mode, then the options' extra environment.
     pub fn agent_env(&self, i: usize) -> Vec<(String, String)> {
         let mut env = self.api.agent_env(&Self::node_name(i));
         env.retain(|(k, _)| k != "CELLIUM_IPAM");
@@ -305,6 +308,7 @@ impl Cluster {
             "CELLIUM_ROUTING_MODE".into(),
             self.opts.routing_mode.as_str().into(),
         ));
+        env.extend(self.opts.agent_env.iter().cloned());
         env
     }
 
@@ -625,19 +629,9 @@ impl Cluster {
         out.join("\n")
     }
 
-    /// Waits until `ok` holds, checking every 100 ms; fails naming `what` after [`CONVERGE`].
-    pub fn eventually(&self, what: &str, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-        let began = Instant::now();
-        while !ok() {
-            if began.elapsed() > CONVERGE {
-                return Err(Error::Unexpected {
-                    what: "cluster convergence",
-                    detail: format!("{what}: not so after {CONVERGE:?}"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(began.elapsed())
+    /// Waits until `ok` holds; fails naming `what` after [`CONVERGE`].
+    pub fn eventually(&self, what: &str, ok: impl FnMut() -> bool) -> Result<Duration> {
+        crate::wait::poll_until(what, CONVERGE, ok)
     }
 
     /// A TCP listener address on pod `key` at `port`.

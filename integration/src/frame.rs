@@ -198,6 +198,26 @@ impl Ipv4Packet {
     }
 }
 
+/// `frame` (Ethernet, then an IPv4 header without options) with `option` (a multiple of 4
+/// bytes) added to its IPv4 header: the header length, total length and checksum follow
+/// (an L4 checksum does not cover the IP header's options).
+pub fn with_ipv4_option(frame: &[u8], option: &[u8]) -> Vec<u8> {
+    assert!(
+        option.len().is_multiple_of(4) && frame[14] == 0x45,
+        "an option to a plain header"
+    );
+    let mut f = frame[..34].to_vec();
+    f.extend_from_slice(option);
+    f.extend_from_slice(&frame[34..]);
+    f[14] = 0x45 + (option.len() / 4) as u8;
+    let total = u16::from_be_bytes([f[16], f[17]]) + option.len() as u16;
+    f[16..18].copy_from_slice(&total.to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let checksum = internet_checksum(&f[14..34 + option.len()]);
+    f[24..26].copy_from_slice(&checksum.to_be_bytes());
+    f
+}
+
 /// An ICMP port unreachable (ICMPv6's, type 1 code 4, for IPv6) from `from` to `to`, framed
 /// from `macs.0` to `macs.1`, quoting a UDP datagram `quoted.0` -> `quoted.1` (its IP header
 /// and UDP header, 8 bytes of payload): what a pod forging an error about someone else's

@@ -34,6 +34,7 @@ pub mod reach;
 pub mod readonly;
 pub mod topology;
 pub mod veth;
+pub mod wait;
 
 pub use agent::{Agent, AgentOptions, EndpointLink};
 pub use bpffs::BpffsMount;

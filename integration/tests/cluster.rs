@@ -46,6 +46,7 @@ every_mode!(
     a_node_removed_and_re_added_takes_its_routes_and_entries_with_it,
     the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twice,
     a_node_port_reached_on_one_node_serves_a_backend_on_the_other,
+    a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend,
     an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denied,
     a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host,
 );
@@ -1011,6 +1012,256 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
         cellium_integration::probe::udp_error(&client, closed, Duration::from_secs(3))
             .expect("run in the client"),
         Some(std::io::ErrorKind::ConnectionRefused)
+    );
+}
+
+/// What `docs/services.md` ("Policy at another node's backend") says of SNAT: a client from
+/// outside that reaches node 1's node port (externalTrafficPolicy Cluster) and is balanced to
+/// web on node 2 is judged by node 2 on node 1's address, `remote-node`, not on its own: a
+/// policy allowing only `remote-node` admits it, one allowing only the client's own address
+/// denies it (counted as a policy drop on node 2).
+fn a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend(mode: RoutingMode) {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: mode,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    let web_ns = &cluster.pod("shop/web").unwrap().netns;
+    let _server =
+        PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
+    cluster
+        .apply(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec:
+  type: NodePort
+  ports:
+  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+ports:
+- {{ name: http, port: {PORT}, protocol: TCP }}
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+"#
+        ))
+        .expect("NodePort service with a remote backend");
+    let policy = |peer: &str| {
+        format!(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
+             metadata: {{ name: web-ingress, namespace: shop }}\n\
+             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
+        )
+    };
+    cluster
+        .apply_policy(&policy("fromEntities: [ remote-node ]"))
+        .expect("web admits remote-node only");
+    let client = outside_client(&cluster);
+    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
+    let mut seen = None;
+    eventually(
+        &cluster,
+        "the outside client passes web's remote-node-only policy",
+        || {
+            seen = seen_from(&client, node1).ok();
+            seen.is_some()
+        },
+    );
+    assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
+
+    cluster
+        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+        .expect("web admits the outside client's address only");
+    let denied = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", "policy default deny")
+            .expect("node 2's metrics")
+    };
+    let before = denied();
+    eventually(
+        &cluster,
+        "web's policy for the client's own address denies it through node 1",
+        || seen_from(&client, node1).is_err() && denied() > before,
+    );
+}
+
+/// The cluster of the node-port tests in `bpf-lb-mode` `mode` (native routing), with the
+/// `shop` pods, web serving its peer's address on `PORT` and UDP on 5353 behind NodePort
+/// 30080 (TCP) and 30053 (UDP), whose only backend is web on node 2.
+fn node_port_to_node_2(mode: &str) -> Cluster {
+    let mut cluster = Cluster::start(ClusterOptions {
+        agent_env: vec![("CELLIUM_BPF_LB_MODE".into(), mode.into())],
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let web = cluster.pod("shop/web").unwrap().ip;
+    cluster
+        .apply(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec:
+  type: NodePort
+  ports:
+  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
+  - {{ name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+ports:
+- {{ name: http, port: {PORT}, protocol: TCP }}
+- {{ name: dns, port: 5353, protocol: UDP }}
+endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+"#
+        ))
+        .expect("NodePort service with a remote backend");
+    cluster
+}
+
+/// `bpf-lb-mode: dsr` (docs/services.md, "Direct server return"): a client from outside that
+/// reaches node 1's node port and is balanced to web on node 2 keeps its own address; node 2
+/// judges it on that address (a policy allowing only the client's address admits it, one
+/// allowing only `remote-node` denies it, counted on node 2), and web's replies, TCP and UDP,
+/// reach the client from node 1's node port, leaving node 2 straight to the client.
+#[test]
+fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend() {
+    let _serial = serial();
+    let cluster = node_port_to_node_2("dsr");
+    let web_pod = cluster.pod("shop/web").unwrap();
+    let _server = PeerServer::start(
+        &web_pod.netns,
+        SocketAddr::new(IpAddr::V4(web_pod.ip), PORT),
+    )
+    .expect("server");
+    let _udp = UdpServer::start(
+        &web_pod.netns,
+        SocketAddr::new(IpAddr::V4(web_pod.ip), 5353),
+        "web",
+    )
+    .expect("udp server");
+    let policy = |peer: &str| {
+        format!(
+            "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\n\
+             metadata: {{ name: web-ingress, namespace: shop }}\n\
+             spec: {{ endpointSelector: {{ matchLabels: {{ app: web }} }}, ingress: [ {{ {peer} }} ] }}\n"
+        )
+    };
+    cluster
+        .apply_policy(&policy("fromCIDR: [ 192.0.2.100/32 ]"))
+        .expect("web admits the outside client's address only");
+    let client = outside_client(&cluster);
+    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
+    let mut seen = None;
+    eventually(
+        &cluster,
+        "the outside client passes web's policy for its own address",
+        || {
+            seen = seen_from(&client, node1).ok();
+            seen.is_some()
+        },
+    );
+    assert_eq!(seen, Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100))));
+    let dns = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053);
+    let reply =
+        cellium_integration::probe::udp_exchange(&client, dns, b"hello", Duration::from_secs(3))
+            .expect("a datagram through node 1's node port");
+    assert_eq!((reply.banner.as_str(), reply.from), ("web", dns));
+
+    cluster
+        .apply_policy(&policy("fromEntities: [ remote-node ]"))
+        .expect("web admits remote-node only");
+    let denied = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", "policy default deny")
+            .expect("node 2's metrics")
+    };
+    let before = denied();
+    eventually(
+        &cluster,
+        "web's remote-node-only policy denies the client through node 1",
+        || seen_from(&client, node1).is_err() && denied() > before,
+    );
+}
+
+/// `bpf-lb-mode: dsr`: node 2 believes a DSR option only from another node. A host of the
+/// underlay that is no node forges one, naming node 1's node port, on a datagram for web: node
+/// 2 drops it as from an unknown sender and counts it; web gets nothing.
+#[test]
+fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
+    let _serial = serial();
+    let cluster = node_port_to_node_2("dsr");
+    let web_pod = cluster.pod("shop/web").unwrap();
+    let sink = web_pod
+        .netns
+        .run({
+            let web = web_pod.ip;
+            move || std::net::UdpSocket::bind(SocketAddr::new(IpAddr::V4(web), 5353))
+        })
+        .expect("run in web")
+        .expect("bind in web");
+    sink.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let client = outside_client(&cluster);
+    let mac = |ns: &NetNs, dev: &str| {
+        let text = ns
+            .exec("cat", &[&format!("/sys/class/net/{dev}/address")])
+            .expect("address");
+        let mut mac = [0u8; 6];
+        for (b, part) in mac.iter_mut().zip(text.trim().split(':')) {
+            *b = u8::from_str_radix(part, 16).expect("a MAC");
+        }
+        mac
+    };
+    let mut udp = 40000u16.to_be_bytes().to_vec();
+    udp.extend_from_slice(&5353u16.to_be_bytes());
+    udp.extend_from_slice(&[0, 14, 0, 0]);
+    udp.extend_from_slice(b"forged");
+    let datagram = Ipv4Packet {
+        src: Ipv4Addr::new(192, 0, 2, 100),
+        dst: web_pod.ip,
+        protocol: 17,
+        id: 9,
+        offset: 0,
+        more: false,
+        payload: udp,
+    }
+    .frame(
+        mac(&client, "eth0"),
+        mac(cluster.agent(1).node(), UNDERLAY_IF),
+    );
+    // Cilium's DSR option: type 0x9a, length 8, port, address (node 1's node port).
+    let mut option = vec![0x9a, 8];
+    option.extend_from_slice(&30053u16.to_be_bytes());
+    option.extend_from_slice(&Cluster::node_ip(0).octets());
+    let forged = frame::with_ipv4_option(&datagram, &option);
+    let unknown = || {
+        cluster
+            .agent(1)
+            .datapath_packets("ingress", "unknown sender")
+            .expect("node 2's metrics")
+    };
+    let before = unknown();
+    eventually(&cluster, "node 2 drops the forged option", || {
+        frame::send(&client, "eth0", forged.clone()).expect("send");
+        unknown() > before
+    });
+    let mut buf = [0u8; 64];
+    assert!(
+        sink.recv_from(&mut buf).is_err(),
+        "a datagram with a forged DSR option reached web"
     );
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use cellium_integration::cni::{CniProcess, result_ipv4};
 use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::wait::container_id;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
 
@@ -22,11 +23,6 @@ fn agent() -> Agent {
 
 fn pods(n: usize) -> Vec<NetNs> {
     (0..n).map(|_| NetNs::new().expect("pod netns")).collect()
-}
-
-/// A container id unique to this test process.
-fn cid(tag: &str, i: usize) -> String {
-    format!("{tag}{i:02}x{}", std::process::id())
 }
 
 /// The IPv4 address of an endpoint as `cellium endpoint list -o json` shows it.
@@ -125,7 +121,9 @@ fn three_pods_get_unique_addresses_and_reach_each_other_and_the_node() {
     let pods = pods(3);
     let mut ips = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
-        let (ip, result) = agent.add(pod, &cid("three", i)).expect("ADD");
+        let (ip, result) = agent
+            .add(pod, &container_id(&format!("three{i}")))
+            .expect("ADD");
         assert_eq!(result["interfaces"][1]["name"], "eth0", "{result}");
         assert_eq!(
             result["interfaces"][1]["sandbox"],
@@ -170,7 +168,7 @@ fn del_frees_the_address_and_is_idempotent_and_check_reports_a_removed_interface
     let pods = pods(3);
 
     // DEL frees the address; a second DEL succeeds too.
-    let id = cid("del", 0);
+    let id = container_id("del0");
     let (ip, _) = agent.add(&pods[0], &id).unwrap();
     assert!(allocations(&agent).contains_key(&ip));
     agent.del(&id, &pods[0].path()).expect("DEL");
@@ -183,7 +181,7 @@ fn del_frees_the_address_and_is_idempotent_and_check_reports_a_removed_interface
     // DEL after the pod's namespace was deleted succeeds and frees everything.
     let gone = NetNs::new().unwrap();
     let gone_path = gone.path();
-    let id = cid("del", 1);
+    let id = container_id("del1");
     let (ip, _) = agent.add(&gone, &id).unwrap();
     drop(gone);
     agent.del(&id, &gone_path).expect("DEL without netns");
@@ -195,7 +193,7 @@ fn del_frees_the_address_and_is_idempotent_and_check_reports_a_removed_interface
     assert!(lxc_links(&agent).is_empty());
 
     // CHECK passes on an intact pod and reports one whose interface was removed.
-    let id = cid("del", 2);
+    let id = container_id("del2");
     let (ip, result) = agent.add(&pods[1], &id).unwrap();
     let mut conf = agent.net_conf("1.0.0");
     conf["prevResult"] = result;
@@ -238,7 +236,9 @@ fn fifty_concurrent_adds_get_fifty_ready_reachable_endpoints() {
         .enumerate()
         .map(|(i, pod)| {
             agent
-                .spawn_cni(&CniCall::new("ADD", &cid("fifty", i)).netns(pod.path()))
+                .spawn_cni(
+                    &CniCall::new("ADD", &container_id(&format!("fifty{i}"))).netns(pod.path()),
+                )
                 .unwrap()
         })
         .collect();
@@ -271,7 +271,9 @@ fn fifty_concurrent_adds_get_fifty_ready_reachable_endpoints() {
         .enumerate()
         .map(|(i, pod)| {
             agent
-                .spawn_cni(&CniCall::new("DEL", &cid("fifty", i)).netns(pod.path()))
+                .spawn_cni(
+                    &CniCall::new("DEL", &container_id(&format!("fifty{i}"))).netns(pod.path()),
+                )
                 .unwrap()
         })
         .collect();
@@ -295,7 +297,9 @@ fn an_agent_killed_in_a_burst_of_adds_restarts_with_every_endpoint_whole_or_gone
         .map(|(i, pod)| {
             Some(
                 agent
-                    .spawn_cni(&CniCall::new("ADD", &cid("kill", i)).netns(pod.path()))
+                    .spawn_cni(
+                        &CniCall::new("ADD", &container_id(&format!("kill{i}"))).netns(pod.path()),
+                    )
                     .unwrap(),
             )
         })
@@ -338,7 +342,7 @@ fn an_agent_killed_in_a_burst_of_adds_restarts_with_every_endpoint_whole_or_gone
     for (i, (ok, out)) in outcomes.iter().enumerate() {
         if *ok {
             let ep = by_container
-                .get(&cid("kill", i))
+                .get(&container_id(&format!("kill{i}")))
                 .unwrap_or_else(|| panic!("answered ADD {i} lost"));
             assert_eq!(Some(ep_ip(ep)), result_ipv4(out));
         }
@@ -371,7 +375,7 @@ fn an_agent_killed_in_a_burst_of_adds_restarts_with_every_endpoint_whole_or_gone
         })
         .expect("at least the answered endpoints");
     for (i, pod) in pods.iter().enumerate() {
-        match by_container.get(&cid("kill", i)) {
+        match by_container.get(&container_id(&format!("kill{i}"))) {
             Some(ep) => {
                 assert_eq!(ep["state"], "ready", "{ep}");
                 let ip = ep_ip(ep);
@@ -407,7 +411,7 @@ fn an_agent_killed_in_a_burst_of_adds_restarts_with_every_endpoint_whole_or_gone
     // The runtime's DEL of every failed ADD succeeds, and frees what the agent finished.
     for i in &failed {
         agent
-            .del(&cid("kill", *i), &pods[*i].path())
+            .del(&container_id(&format!("kill{}", *i)), &pods[*i].path())
             .expect("DEL of a failed ADD");
     }
     let answered = N - failed.len();
@@ -417,7 +421,7 @@ fn an_agent_killed_in_a_burst_of_adds_restarts_with_every_endpoint_whole_or_gone
     // A new pod after the restart gets an address nobody holds.
     let current: HashSet<Ipv4Addr> = agent.endpoints().unwrap().iter().map(ep_ip).collect();
     let extra = NetNs::new().unwrap();
-    let (ip, _) = agent.add(&extra, &cid("kill", 99)).unwrap();
+    let (ip, _) = agent.add(&extra, &container_id("kill99")).unwrap();
     assert!(!current.contains(&ip), "{ip} handed out twice");
     assert_eq!(used(&agent) as usize, answered + 1);
 }
@@ -427,8 +431,8 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
     let _serial = serial();
     let mut agent = agent();
     let pods = pods(2);
-    let (ip1, _) = agent.add(&pods[0], &cid("restart", 0)).unwrap();
-    let (ip2, _) = agent.add(&pods[1], &cid("restart", 1)).unwrap();
+    let (ip1, _) = agent.add(&pods[0], &container_id("restart0")).unwrap();
+    let (ip2, _) = agent.add(&pods[1], &container_id("restart1")).unwrap();
     let before: Vec<(Value, Value, Value)> = agent
         .endpoints()
         .unwrap()
@@ -540,7 +544,7 @@ fn sigterm_stops_the_agent_cleanly_and_in_reverse_start_order() {
     let _serial = serial();
     let mut agent = agent();
     let pod = NetNs::new().unwrap();
-    agent.add(&pod, &cid("term", 0)).unwrap();
+    agent.add(&pod, &container_id("term0")).unwrap();
     let (status, took) = agent.stop().unwrap();
     assert!(status.success(), "exit status {status}");
     assert_eq!(status.code(), Some(0));
@@ -587,9 +591,9 @@ fn bad_input_is_refused_with_the_spec_code_and_changes_nothing() {
     let _serial = serial();
     let mut agent = agent();
     let pods = pods(2);
-    agent.add(&pods[0], &cid("bad", 0)).unwrap();
+    agent.add(&pods[0], &container_id("bad0")).unwrap();
     let pod = &pods[1];
-    let id = cid("bad", 1);
+    let id = container_id("bad1");
     let add = || CniCall::new("ADD", &id).netns(pod.path());
     let cases: Vec<(&str, CniCall, u64, Vec<String>)> = vec![
         (
@@ -666,12 +670,12 @@ fn a_full_pool_refuses_the_sixth_pod_and_changes_nothing() {
     let pods = pods(6);
     for (i, pod) in pods.iter().take(5).enumerate() {
         agent
-            .add(pod, &cid("full", i))
+            .add(pod, &container_id(&format!("full{i}")))
             .expect("one of the first five");
     }
     let before = state(&agent, &pods[5]);
     let (status, out) = agent
-        .cni(&CniCall::new("ADD", &cid("full", 5)).netns(pods[5].path()))
+        .cni(&CniCall::new("ADD", &container_id("full5")).netns(pods[5].path()))
         .unwrap();
     assert!(!status.success(), "{out}");
     let (code, msg) = cni_error(&out);

@@ -10,12 +10,9 @@
 
 use cellium_api::v1::endpoints_client::EndpointsClient;
 use cellium_api::v1::{CreateEndpointRequest, ListEndpointsRequest};
+use cellium_integration::wait::container_id as cid;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, probe, serial};
 use serde_json::{Value, json};
-
-fn cid(tag: &str) -> String {
-    format!("{tag}x{}", std::process::id())
-}
 
 fn snapshot(ns: &NetNs) -> String {
     let links = ns.ip(&["-o", "link", "show"]).expect("ip link");

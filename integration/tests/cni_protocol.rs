@@ -5,16 +5,12 @@
 //! Root, serially, after `cargo build --workspace`:
 //! `cargo test -p cellium-integration --test cni_protocol -- --test-threads=1`.
 
+use cellium_integration::wait::container_id as cid;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::{Value, json};
 
 fn agent(cidr: &str) -> Agent {
     Agent::start_new(AgentOptions::with_pod_cidr(cidr)).expect("start the agent")
-}
-
-/// A container id unique to this test process.
-fn cid(tag: &str) -> String {
-    format!("{tag}x{}", std::process::id())
 }
 
 /// Runs `call` with `conf` on stdin; returns (success, output JSON).

@@ -479,17 +479,21 @@ fn traffic_from_the_node_gets_ingress_policy_at_to_container() {
         .put(IpNet::from(std::net::IpAddr::V4(GATEWAY)), 1)
         .unwrap();
 
-    // Nothing allows the host yet.
+    // The endpoint enforces ingress and has no policy map yet: closed, for that reason.
     let node = cellium_integration::NetNs::existing(env.topo.node.name());
     assert!(!probe::ping(&node, p1.ip, 1).unwrap());
-    assert!(
+    let dropped = |reason| {
         env.dp
             .metrics()
-            .get(Direction::Ingress, Reason::PolicyDefaultDeny)
+            .get(Direction::Ingress, reason)
             .unwrap()
             .packets
-            >= 1
-    );
+    };
+    assert!(dropped(Reason::NoPolicyMap) >= 1);
+    // An empty map: nothing allows the host yet.
+    set_policy(&env.dp, 1, &[]);
+    assert!(!probe::ping(&node, p1.ip, 1).unwrap());
+    assert!(dropped(Reason::PolicyDefaultDeny) >= 1);
 
     set_policy(
         &env.dp,

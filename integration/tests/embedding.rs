@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use cellium_integration::agent::Binaries;
 use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::wait::container_id as cid;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
 
@@ -28,11 +29,6 @@ fn connectivity_agent() -> Agent {
         ..AgentOptions::default()
     })
     .expect("start the connectivity agent")
-}
-
-/// A container id unique to this test process.
-fn cid(tag: &str) -> String {
-    format!("{tag}x{}", std::process::id())
 }
 
 /// The endpoint of `container` as `cellium endpoint list -o json` shows it.

@@ -269,9 +269,6 @@ spec:
     ports: [{port: 80, protocol: TCP}]
 ";
 
-/// The endpoint id the filler entries are written under: no endpoint has it.
-const FILLER: u16 = 65_000;
-
 #[test]
 fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds() {
     let _serial = serial();
@@ -298,17 +295,22 @@ fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds()
     };
     assert_eq!(a_to_b(), Outcome::Answered);
 
-    // Fill the agent's policy map to its last entry, as a node with too many rules would.
+    // Fill b's own policy map to its last entry with egress entries (b enforces no egress,
+    // so they change nothing), as a policy grown past the map's size would.
     let dp = Datapath::open(DatapathOptions {
         bpf_root: agent.bpf_root(),
         ..DatapathOptions::default()
     })
     .expect("open the agent's datapath");
+    let own: u16 = id_b
+        .as_u64()
+        .and_then(|i| u16::try_from(i).ok())
+        .expect("b's id");
     let mut fillers = Vec::new();
     for identity in 1u32.. {
         let entry = PolicyEntry {
-            endpoint_id: FILLER,
-            direction: Direction::Ingress,
+            endpoint_id: own,
+            direction: Direction::Egress,
             identity,
             l4: L4Match::Any,
         };
@@ -359,4 +361,304 @@ fn a_regeneration_that_fails_on_a_full_policy_map_is_retried_until_it_succeeds()
     let ep = endpoint(&agent, &cid("full-b")).unwrap();
     assert_eq!(ep["ingress_enforced"], true, "{ep}");
     assert_eq!(a_to_b(), Outcome::Dropped, "the policy is enforced");
+}
+
+const TENANT_PODS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default, labels: {app: client}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: small, namespace: default, labels: {app: small}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: late, namespace: default, labels: {app: small}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: big, namespace: default, labels: {app: big}}
+spec: {containers: [{name: c}]}
+";
+
+/// A NetworkPolicy letting anyone into `app` on `ports` (each its own policy map entry).
+fn ingress_ports(app: &str, ports: &[u16]) -> String {
+    let list: Vec<String> = ports.iter().map(|p| format!("{{port: {p}}}")).collect();
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {app}, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: {app}}}}}\n  policyTypes: [Ingress]\n  ingress: [{{ports: [{}]}}]\n",
+        list.join(", ")
+    )
+}
+
+/// `n` ports from 1000, two apart: no two merge into one port block.
+fn spread_ports(n: u16) -> Vec<u16> {
+    (0..n).map(|i| 1000 + 2 * i).collect()
+}
+
+/// The per-endpoint limit the test agent runs with.
+const POLICY_MAP_MAX: u16 = 64;
+
+#[test]
+fn a_policy_over_the_per_endpoint_limit_locks_its_endpoint_alone_down() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        env: vec![(
+            "CELLIUM_BPF_POLICY_MAP_MAX".into(),
+            POLICY_MAP_MAX.to_string(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    agent.objects("apply", TENANT_PODS).expect("apply the pods");
+    let ns: Vec<NetNs> = (0..4).map(|_| NetNs::new().unwrap()).collect();
+    let client = agent
+        .add_pod(&ns[0], &cid("tenant-client"), "default", "client")
+        .unwrap();
+    let small = agent
+        .add_pod(&ns[1], &cid("tenant-small"), "default", "small")
+        .unwrap();
+    let big = agent
+        .add_pod(&ns[2], &cid("tenant-big"), "default", "big")
+        .unwrap();
+    let id_big = endpoint(&agent, &cid("tenant-big")).unwrap()["id"].clone();
+    let _servers: Vec<TcpServer> = [(&ns[1], small, 1000), (&ns[1], small, 1002)]
+        .into_iter()
+        .chain([(&ns[2], big, 1000)])
+        .map(|(ns, ip, port)| TcpServer::start(ns, SocketAddrV4::new(ip, port), "s").unwrap())
+        .collect();
+    let probe = |ip: Ipv4Addr, port: u16| {
+        reach::probe(
+            &ns[0],
+            Some(client.into()),
+            ip,
+            Probe::Tcp(port),
+            Duration::from_millis(500),
+        )
+        .unwrap()
+    };
+
+    agent
+        .apply_policy(&ingress_ports("small", &[1000]))
+        .expect("the small policy");
+    assert_eq!(probe(small, 1002), Outcome::Dropped);
+    let before = agent.policy_revision().unwrap();
+    agent
+        .objects(
+            "apply",
+            &ingress_ports("big", &spread_ports(POLICY_MAP_MAX + 36)),
+        )
+        .expect("apply the policy over the limit");
+    agent.wait_policy_revision_after(before).unwrap();
+
+    // The other tenant's policy changes still apply, and a new pod's ADD works.
+    agent
+        .objects("apply", &ingress_ports("small", &[1000, 1002]))
+        .expect("apply a change of the small policy");
+    let applied = eventually(Duration::from_secs(20), || {
+        probe(small, 1002) == Outcome::Answered
+    });
+    assert!(applied, "the other tenant's change never applied");
+    assert_eq!(probe(small, 1000), Outcome::Answered);
+    let late = agent
+        .add_pod(&ns[3], &cid("tenant-late"), "default", "late")
+        .expect("a new pod's ADD");
+    let _late_server = TcpServer::start(&ns[3], SocketAddrV4::new(late, 1000), "late").unwrap();
+    assert_eq!(probe(late, 1000), Outcome::Answered);
+    assert_eq!(probe(late, 1004), Outcome::Dropped, "its policy applies");
+    agent
+        .settle()
+        .expect("every endpoint enforces the current revision");
+    let (level, message) = health(&agent, "endpoint-manager.regenerate").unwrap_or_default();
+    assert_eq!(level, "OK", "{message}");
+
+    // The endpoint over the limit is closed both ways, and says why.
+    assert_eq!(probe(big, 1000), Outcome::Dropped, "locked down");
+    let ep = endpoint(&agent, &cid("tenant-big")).unwrap();
+    assert_eq!(ep["ingress_enforced"], true, "{ep}");
+    assert_eq!(ep["egress_enforced"], true, "{ep}");
+    let why = ep["status_message"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with(&format!(
+            "locked down: its policy needs 101 policy map entries, more than bpf-policy-map-max ({POLICY_MAP_MAX})"
+        )),
+        "{ep}"
+    );
+    let (level, message) = health(&agent, "endpoint-manager.policy-maps").unwrap_or_default();
+    assert_eq!(level, "OK", "new pods' ADD is not stopped: {message}");
+    assert!(
+        message.contains(&format!("endpoint {id_big} needs 101")),
+        "{message}"
+    );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 1\n"),
+        "{metrics}"
+    );
+
+    // The policy shrinks under the limit: the endpoint enforces it.
+    agent
+        .apply_policy(&ingress_ports("big", &spread_ports(10)))
+        .expect("the shrunk policy");
+    assert_eq!(probe(big, 1000), Outcome::Answered, "unlocked");
+    let ep = endpoint(&agent, &cid("tenant-big")).unwrap();
+    assert_eq!(ep["egress_enforced"], false, "{ep}");
+    assert!(ep.get("status_message").is_none(), "{ep}");
+    let (_, message) = health(&agent, "endpoint-manager.policy-maps").unwrap_or_default();
+    assert!(
+        message.starts_with("every endpoint's policy fits"),
+        "{message}"
+    );
+    let metrics = agent.metrics().expect("metrics");
+    assert!(
+        metrics.contains("cellium_endpoint_policy_map_overflow 0\n"),
+        "{metrics}"
+    );
+}
+
+/// Endpoints whose policies each fill their own map to the per-endpoint limit.
+const FULL_TENANTS: usize = 4;
+
+#[test]
+fn endpoints_each_at_the_per_endpoint_limit_all_enforce_their_policy() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions {
+        env: vec![(
+            "CELLIUM_BPF_POLICY_MAP_MAX".into(),
+            POLICY_MAP_MAX.to_string(),
+        )],
+        ..AgentOptions::default()
+    })
+    .expect("start the agent");
+    let apps: Vec<String> = (0..FULL_TENANTS).map(|i| format!("full{i}")).collect();
+    let pods: Vec<String> = std::iter::once("client".to_string())
+        .chain(apps.iter().cloned())
+        .map(|app| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {app}, namespace: default, labels: {{app: {app}}}}}\nspec: {{containers: [{{name: c}}]}}\n"
+            )
+        })
+        .collect();
+    agent
+        .objects("apply", &pods.join("---\n"))
+        .expect("apply the pods");
+    let ns: Vec<NetNs> = (0..=FULL_TENANTS).map(|_| NetNs::new().unwrap()).collect();
+    let client = agent
+        .add_pod(&ns[0], &cid("limit-client"), "default", "client")
+        .unwrap();
+    // One port under the limit's worth: with the entry every policy has, each map is full.
+    let ports = spread_ports(POLICY_MAP_MAX - 1);
+    let last = *ports.last().unwrap();
+    let mut servers = Vec::new();
+    let mut tenants = Vec::new();
+    for (i, app) in apps.iter().enumerate() {
+        let ip = agent
+            .add_pod(&ns[i + 1], &cid(&format!("limit-{app}")), "default", app)
+            .unwrap();
+        for port in [1000, last, last + 2] {
+            servers.push(TcpServer::start(&ns[i + 1], SocketAddrV4::new(ip, port), "s").unwrap());
+        }
+        agent
+            .apply_policy(&ingress_ports(app, &ports))
+            .expect("apply the policy at the limit");
+        tenants.push((app, ip));
+    }
+
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: agent.bpf_root(),
+        ..DatapathOptions::default()
+    })
+    .expect("open the agent's datapath");
+    for (app, ip) in &tenants {
+        let ep = endpoint(&agent, &cid(&format!("limit-{app}"))).unwrap();
+        assert!(ep.get("status_message").is_none(), "not locked down: {ep}");
+        let id = ep["id"]
+            .as_u64()
+            .and_then(|i| u16::try_from(i).ok())
+            .unwrap();
+        let held = dp.policy().endpoint_entries(id).unwrap().len();
+        assert_eq!(held, usize::from(POLICY_MAP_MAX), "{app}'s own map is full");
+        assert_eq!(
+            dp.policy().endpoint_map_max(id).unwrap(),
+            Some(u32::from(POLICY_MAP_MAX)),
+            "{app}'s map is the limit's size"
+        );
+        let probe = |port: u16| {
+            reach::probe(
+                &ns[0],
+                Some(client.into()),
+                *ip,
+                Probe::Tcp(port),
+                Duration::from_millis(500),
+            )
+            .unwrap()
+        };
+        assert_eq!(probe(1000), Outcome::Answered, "{app}");
+        assert_eq!(probe(last), Outcome::Answered, "{app}");
+        assert_eq!(probe(last + 2), Outcome::Dropped, "{app}");
+    }
+    // A change of a full map's policy applies: revocations make the room for the new entries.
+    let (app, ip) = tenants[0];
+    let mut moved = ports.clone();
+    moved[0] = last + 2;
+    agent
+        .apply_policy(&ingress_ports(app, &moved))
+        .expect("move a port of a full policy");
+    let probe = |port: u16| {
+        reach::probe(
+            &ns[0],
+            Some(client.into()),
+            ip,
+            Probe::Tcp(port),
+            Duration::from_millis(500),
+        )
+        .unwrap()
+    };
+    assert_eq!(probe(last + 2), Outcome::Answered);
+    assert_eq!(probe(1000), Outcome::Dropped);
+    let (level, message) = health(&agent, "endpoint-manager.regenerate").unwrap_or_default();
+    assert_eq!(level, "OK", "{message}");
+}
+
+#[test]
+fn the_policy_map_of_an_endpoint_gone_while_the_agent_was_down_is_removed_at_restore() {
+    let _serial = serial();
+    let mut agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    agent.objects("apply", PODS).expect("apply the pods");
+    let pod = NetNs::new().unwrap();
+    agent.add_pod(&pod, &cid("gone-a"), "default", "a").unwrap();
+    let id = endpoint(&agent, &cid("gone-a")).unwrap()["id"]
+        .as_u64()
+        .and_then(|i| u16::try_from(i).ok())
+        .expect("a's id");
+    agent.stop().expect("stop the agent");
+
+    // A map of an endpoint the agent has no record of, empty as a new endpoint's is.
+    let stray = 4242;
+    let bpf_root = agent.bpf_root();
+    let open = || {
+        Datapath::open(DatapathOptions {
+            bpf_root: bpf_root.clone(),
+            ..DatapathOptions::default()
+        })
+        .expect("open the agent's datapath")
+    };
+    open().policy().sync_endpoint(stray, &[]).unwrap();
+    let pin = bpf_root.join(format!("maps/cel_policy_{stray}"));
+    assert!(pin.exists());
+
+    agent.start().expect("restart the agent");
+    let mut ids = Vec::new();
+    let swept = eventually(Duration::from_secs(20), || {
+        ids = open().policy().endpoint_ids().unwrap();
+        !ids.contains(&stray)
+    });
+    assert!(swept, "the stray map is still there: {ids:?}");
+    assert!(
+        ids.contains(&id),
+        "the restored endpoint keeps its map: {ids:?}"
+    );
+    assert!(!pin.exists());
 }

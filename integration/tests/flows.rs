@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use cellium_integration::lab::{Lab, fixture};
 use cellium_integration::probe;
 use cellium_integration::reach::Probe::Tcp;
+use cellium_integration::wait::wait_for;
 use cellium_integration::{Agent, AgentOptions, serial};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -58,21 +59,6 @@ fn observe(agent: &Agent, args: &[&str]) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect()
-}
-
-/// Polls `f` for up to 10 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// A `cellium observe --follow` running in the background, its lines timed as they come.

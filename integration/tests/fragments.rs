@@ -13,11 +13,12 @@
 //! fragments.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_integration::cni::{result_ipv4, result_ipv6};
 use cellium_integration::frame::{self, Ipv4Packet, Ipv6Packet, UDP};
 use cellium_integration::probe::{self, UdpServer};
+use cellium_integration::wait::eventually;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use libbpf_rs::{MapCore, MapHandle};
 use serde_json::Value;
@@ -85,15 +86,6 @@ fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
         let v6 = result_ipv6(&result).unwrap_or_else(|| panic!("no IPv6 in {result}"));
         Pod { ns, v4, v6 }
     })
-}
-
-/// Polls `f` for up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !f() {
-        assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {

@@ -10,12 +10,9 @@
 
 use std::net::Ipv4Addr;
 
+use cellium_integration::wait::container_id;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
-
-fn cid(tag: &str, i: usize) -> String {
-    format!("{tag}{i:02}x{}", std::process::id())
-}
 
 /// ADD asking for `ip` with `IP=`; returns (success, plugin output).
 fn add_asking(agent: &Agent, pod: &NetNs, container: &str, ip: Ipv4Addr) -> (bool, Value) {
@@ -31,18 +28,20 @@ fn a_released_address_stays_in_quarantine_for_requests_and_across_a_restart() {
     let _serial = serial();
     let mut agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
     let pods: Vec<NetNs> = (0..4).map(|_| NetNs::new().expect("pod netns")).collect();
-    let (first, _) = agent.add(&pods[0], &cid("q", 0)).expect("first pod");
-    let (second, _) = agent.add(&pods[1], &cid("q", 1)).expect("second pod");
+    let (first, _) = agent.add(&pods[0], &container_id("q0")).expect("first pod");
+    let (second, _) = agent
+        .add(&pods[1], &container_id("q1"))
+        .expect("second pod");
     assert_eq!(
         (first, second),
         (Ipv4Addr::new(10, 244, 0, 2), Ipv4Addr::new(10, 244, 0, 3))
     );
     agent
-        .del(&cid("q", 1), &pods[1].path())
+        .del(&container_id("q1"), &pods[1].path())
         .expect("second pod deleted");
 
     // Asking for the address a moment after its release is refused, saying until when.
-    let (ok, out) = add_asking(&agent, &pods[2], &cid("q", 2), second);
+    let (ok, out) = add_asking(&agent, &pods[2], &container_id("q2"), second);
     assert!(!ok, "got the just-released address: {out}");
     let msg = out["msg"].as_str().unwrap_or_default();
     assert!(
@@ -67,9 +66,9 @@ fn a_released_address_stays_in_quarantine_for_requests_and_across_a_restart() {
 
     // Still refused after the restart, and round robin goes on after the released address
     // instead of starting over (which would hand it out at once, the first pod holding .2).
-    let (ok, out) = add_asking(&agent, &pods[2], &cid("q", 3), second);
+    let (ok, out) = add_asking(&agent, &pods[2], &container_id("q3"), second);
     assert!(!ok, "got the just-released address after a restart: {out}");
-    let (next, _) = agent.add(&pods[3], &cid("q", 4)).expect("a new pod");
+    let (next, _) = agent.add(&pods[3], &container_id("q4")).expect("a new pod");
     assert_eq!(next, Ipv4Addr::new(10, 244, 0, 4));
     assert_eq!(agent.endpoints().expect("endpoint list").len(), 2);
 }
@@ -84,10 +83,12 @@ fn without_a_quarantine_an_address_can_be_asked_for_again_at_once() {
     let agent = Agent::start_new(opts).expect("start the agent");
     let pods: Vec<NetNs> = (0..2).map(|_| NetNs::new().expect("pod netns")).collect();
     let ip = Ipv4Addr::new(10, 244, 0, 40);
-    let (ok, out) = add_asking(&agent, &pods[0], &cid("z", 0), ip);
+    let (ok, out) = add_asking(&agent, &pods[0], &container_id("z0"), ip);
     assert!(ok, "{out}");
-    agent.del(&cid("z", 0), &pods[0].path()).expect("deleted");
-    let (ok, out) = add_asking(&agent, &pods[1], &cid("z", 1), ip);
+    agent
+        .del(&container_id("z0"), &pods[0].path())
+        .expect("deleted");
+    let (ok, out) = add_asking(&agent, &pods[1], &container_id("z1"), ip);
     assert!(ok, "{out}");
 }
 

@@ -19,6 +19,7 @@ use cellium_integration::frame::{
     self, DSTOPTS, ECHO_REQUEST, HOPOPTS, Ipv6Packet, MLD2_REPORT, MOBILITY, ROUTING,
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
+use cellium_integration::wait::eventually;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use libbpf_rs::{MapCore, MapHandle};
 
@@ -110,15 +111,6 @@ fn counter(agent: &Agent, direction: &str, reason: &str) -> u64 {
 
 fn ping(from: &NetNs, to: impl Into<IpAddr>) -> bool {
     probe::ping(from, to, 1).expect("ping")
-}
-
-/// Polls `f` for up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !f() {
-        assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The sources of the agent's pinned IPv6 connection table, read as another process would.

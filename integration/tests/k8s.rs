@@ -487,6 +487,22 @@ fn a_policy_the_agent_cannot_enforce_locks_down_only_what_it_selects() {
         status.contains("locks down the endpoints it selects in namespace shop"),
         "{status}"
     );
+    // The node still takes new pods: the policy is its own problem, not the node's. A
+    // Degraded module would fail CNI STATUS, and the runtime would take the node's network
+    // for not ready: one tenant's object would stop every pod of the node.
+    let status_call = CniCall::new("STATUS", "-")
+        .unset("CNI_CONTAINERID")
+        .unset("CNI_IFNAME")
+        .conf(&c.agent.net_conf("1.1.0"));
+    let (exit, out) = c.agent.cni(&status_call).expect("CNI STATUS");
+    assert!(
+        exit.success(),
+        "CNI STATUS with a policy not in force: {out}"
+    );
+    let extra = NetNs::new().expect("pod netns");
+    c.agent
+        .add(&extra, "cid-extra")
+        .expect("a new pod's ADD with a policy not in force");
 
     c.api
         .kubectl(&["delete", "-f", "-"], UNENFORCEABLE_FOR_CLIENT)

@@ -10,15 +10,14 @@
 //! guards; traffic goes only to addresses inside the namespaces it made.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
-use cellium_integration::{Agent, AgentOptions, Etcd, K8sApi, NetNs};
+use cellium_integration::{Agent, AgentOptions, Etcd, K8sApi, NetNs, wait};
 
 const PORT: u16 = 8080;
 const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
-const CONVERGE: Duration = Duration::from_secs(30);
 /// Short, so that a dead node is forgotten within the test.
 const LEASE_TTL: &str = "4s";
 const ALLOCATION_TIMEOUT: &str = "3s";
@@ -173,18 +172,15 @@ fn reaches(from: &NetNs, ip: Ipv4Addr) -> bool {
     )
 }
 
-fn eventually(what: &str, agents: &[&Agent], mut ok: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !ok() {
-        if began.elapsed() > CONVERGE {
-            let logs: Vec<String> = agents.iter().map(|a| a.log()).collect();
-            panic!(
-                "{what}: not so after {CONVERGE:?}\n{}",
-                logs.join("\n----\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn eventually(what: &str, agents: &[&Agent], ok: impl FnMut() -> bool) {
+    let logs = || {
+        agents
+            .iter()
+            .map(|a| a.log())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    wait::eventually_or(what, logs, ok);
 }
 
 /// The identity `ip` has in `agent`'s ipcache, with its source.

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cellium_integration::{Agent, AgentOptions, Etcd, EtcdTls, K8sApi, NetNs};
+use cellium_integration::{Agent, AgentOptions, Etcd, EtcdTls, K8sApi, NetNs, wait};
 use cellium_kvstore::keys;
 
 const CONVERGE: Duration = Duration::from_secs(30);
@@ -186,14 +186,8 @@ impl Node {
     }
 }
 
-fn eventually(what: &str, agent: &Agent, mut ok: impl FnMut() -> bool) {
-    let began = Instant::now();
-    while !ok() {
-        if began.elapsed() > CONVERGE {
-            panic!("{what}: not so after {CONVERGE:?}\n{}", agent.log());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn eventually(what: &str, agent: &Agent, ok: impl FnMut() -> bool) {
+    wait::eventually_or(what, || agent.log(), ok);
 }
 
 /// `cellium-operator` with `kvstore: etcd` and the etcd configuration file, its GC every

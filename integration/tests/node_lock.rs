@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cellium_integration::wait::container_id;
 use cellium_integration::{Agent, AgentOptions, NetNs, probe, serial};
 use cellium_node_lock::{Error, Holder, NodeClaim, NodeLock};
 use nix::mount::{MntFlags, umount2};
@@ -146,10 +147,6 @@ fn lxc_links(agent: &Agent) -> BTreeSet<String> {
         .collect()
 }
 
-fn cid(tag: &str, i: usize) -> String {
-    format!("{tag}{i:02}x{}", std::process::id())
-}
-
 fn reach_each_other(pods: &[(NetNs, Ipv4Addr)]) -> bool {
     probe::ping(&pods[0].0, pods[1].1, 1).expect("ping")
         && probe::ping(&pods[1].0, pods[0].1, 1).expect("ping")
@@ -163,7 +160,9 @@ fn a_second_agent_sharing_the_node_stops_before_touching_the_first_ones_pods() {
     let pods: Vec<(NetNs, Ipv4Addr)> = (0..2)
         .map(|i| {
             let ns = NetNs::new().expect("pod netns");
-            let (ip, _) = agent.add(&ns, &cid("lock", i)).expect("pod added");
+            let (ip, _) = agent
+                .add(&ns, &container_id(&format!("lock{i}")))
+                .expect("pod added");
             (ns, ip)
         })
         .collect();

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
 use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends};
 use cellium_integration::probe::{self, PeerServer, seen_from};
+use cellium_integration::wait::wait_for;
 use cellium_integration::{Agent, NetNs, frame, serial};
 use serde_json::Value;
 
@@ -71,11 +72,6 @@ fn setup() -> Env {
         _servers: servers,
         bed,
     }
-}
-
-/// [`service_bed::wait_for`], failing the test when it times out.
-fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
-    service_bed::wait_for(what, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The frontends of `default/<name>` of `kind`, once there are `count` of them.

@@ -4,7 +4,8 @@
 use std::ffi::OsStr;
 
 use cellium_datapath_bpf::{
-    Backend, Datapath, DatapathOptions, MapOrigin, ProgramOrigin, Protocol,
+    Backend, Datapath, DatapathOptions, Decision, Direction, L4Match, MapOrigin, PolicyEntry,
+    ProgramOrigin, Protocol, Verdict,
 };
 use cellium_integration::BpffsMount;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
@@ -100,6 +101,7 @@ fn a_different_layout_version_recreates_every_map() {
             },
         )
         .unwrap();
+    dp.policy().sync_endpoint(5, &[allow_42(5)]).unwrap();
     drop(dp);
 
     // Stamp the pinned config with another layout version.
@@ -130,6 +132,11 @@ fn a_different_layout_version_recreates_every_map() {
         dp.services().backend(1).unwrap().is_none(),
         "entries of another layout must not be read"
     );
+    assert!(
+        dp.policy().endpoint_ids().unwrap().is_empty(),
+        "nor an endpoint's policy map"
+    );
+    assert!(!bpf.path().join("maps/cel_policy_5").exists());
     assert_eq!(
         dp.config().get().unwrap().layout_version,
         cellium_datapath_bpf::LAYOUT_VERSION
@@ -214,9 +221,9 @@ fn programs_whose_maps_were_replaced_are_loaded_afresh() {
     let ids = first.program_ids().unwrap();
     drop(first);
 
-    // Another map of the very same shape pinned under the policy map's name: the pinned
+    // Another map of the very same shape pinned under the ipcache's name: the pinned
     // programs still use the old one, which no handle of the agent would reach.
-    let path = bpf.path().join("maps/cel_policy");
+    let path = bpf.path().join("maps/cel_ipcache");
     let old = MapHandle::from_pinned_path(&path).unwrap();
     let opts = libbpf_sys::bpf_map_create_opts {
         sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
@@ -225,7 +232,7 @@ fn programs_whose_maps_were_replaced_are_loaded_afresh() {
     };
     let mut new = MapHandle::create(
         old.map_type(),
-        Some(OsStr::new("cel_policy")),
+        Some(OsStr::new("cel_ipcache")),
         old.key_size(),
         old.value_size(),
         old.max_entries(),
@@ -239,7 +246,7 @@ fn programs_whose_maps_were_replaced_are_loaded_afresh() {
     let reason = loaded_because(&second);
     assert!(reason.contains("no longer pinned"), "{reason}");
     assert_ne!(second.program_ids().unwrap(), ids);
-    assert_eq!(origin(&second, "cel_policy"), MapOrigin::Reused);
+    assert_eq!(origin(&second, "cel_ipcache"), MapOrigin::Reused);
     drop(second);
     // Pinned anew: the next open takes them.
     assert_eq!(programs(&open(&bpf)), &ProgramOrigin::Reused);
@@ -269,4 +276,119 @@ fn a_missing_program_pin_or_another_builds_programs_load_afresh() {
     let dp = open(&bpf);
     assert!(loaded_because(&dp).contains("no programs pinned"));
     assert_eq!(program_dirs(&bpf), vec![tag]);
+}
+
+/// An allow of anything into endpoint `id` from identity 42.
+fn allow_42(id: u16) -> (PolicyEntry, Verdict) {
+    let entry = PolicyEntry {
+        endpoint_id: id,
+        direction: Direction::Ingress,
+        identity: 42,
+        l4: L4Match::Any,
+    };
+    (entry, Verdict::Allow)
+}
+
+fn decides(dp: &Datapath, id: u16) -> Decision {
+    dp.policy()
+        .decide(id, Direction::Ingress, 42, Protocol::Tcp, 80)
+        .unwrap()
+}
+
+#[test]
+fn the_shared_policy_map_of_an_older_build_gives_way_to_per_endpoint_maps() {
+    let bpf = BpffsMount::new().unwrap();
+    // The older build's single LPM trie of every endpoint's entries.
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
+        map_flags: libbpf_sys::BPF_F_NO_PREALLOC,
+        ..Default::default()
+    };
+    let mut old = MapHandle::create(
+        MapType::LpmTrie,
+        Some(OsStr::new("cel_policy")),
+        16,
+        8,
+        262_144,
+        &opts,
+    )
+    .unwrap();
+    std::fs::create_dir_all(bpf.path().join("maps")).unwrap();
+    old.pin(bpf.path().join("maps/cel_policy")).unwrap();
+
+    let dp = open(&bpf);
+    assert!(
+        matches!(origin(&dp, "cel_policy"), MapOrigin::Recreated { .. }),
+        "{:?}",
+        dp.maps_report()
+    );
+    dp.policy().sync_endpoint(3, &[allow_42(3)]).unwrap();
+    assert_eq!(decides(&dp, 3), Decision::Allowed);
+    assert!(bpf.path().join("maps/cel_policy_3").exists());
+    drop(dp);
+    // And the next start reuses it all.
+    let dp = open(&bpf);
+    assert_eq!(origin(&dp, "cel_policy"), MapOrigin::Reused);
+    assert_eq!(decides(&dp, 3), Decision::Allowed);
+}
+
+#[test]
+fn endpoint_policy_maps_outlive_a_recreated_outer_map_through_their_pins() {
+    let bpf = BpffsMount::new().unwrap();
+    let dp = open(&bpf);
+    dp.policy().sync_endpoint(7, &[allow_42(7)]).unwrap();
+    dp.policy().sync_endpoint(8, &[]).unwrap();
+    assert_eq!(dp.policy().endpoint_ids().unwrap().len(), 2);
+    drop(dp);
+
+    // Another definition under the outer map's name: it is recreated empty.
+    let path = bpf.path().join("maps/cel_policy");
+    std::fs::remove_file(&path).unwrap();
+    let _other = pin_map(&bpf, "cel_policy", MapType::Hash, 4, 4, 16);
+    let dp = open(&bpf);
+    assert!(
+        matches!(origin(&dp, "cel_policy"), MapOrigin::Recreated { .. }),
+        "{:?}",
+        dp.maps_report()
+    );
+    // The endpoints' own maps are put back from their pins, the empty one too.
+    let mut ids = dp.policy().endpoint_ids().unwrap();
+    ids.sort_unstable();
+    assert_eq!(ids, [7, 8]);
+    assert_eq!(decides(&dp, 7), Decision::Allowed);
+
+    // Removing one takes its pin: the next open does not bring it back.
+    assert_eq!(dp.policy().clear_endpoint(7).unwrap(), 1);
+    assert!(!bpf.path().join("maps/cel_policy_7").exists());
+    drop(dp);
+    let dp = open(&bpf);
+    assert_eq!(dp.policy().endpoint_ids().unwrap(), [8]);
+    assert_eq!(decides(&dp, 7), Decision::NoMatch);
+}
+
+#[test]
+fn an_endpoint_map_sized_for_another_limit_is_replaced_whole_at_its_next_write() {
+    let bpf = BpffsMount::new().unwrap();
+    let dp = open(&bpf);
+    dp.policy().set_endpoint_max(64);
+    dp.policy().sync_endpoint(4, &[allow_42(4)]).unwrap();
+    assert_eq!(dp.policy().endpoint_map_max(4).unwrap(), Some(64));
+    // The limit raised (an agent restarted with another bpf-policy-map-max).
+    dp.policy().set_endpoint_max(128);
+    let more: Vec<_> = (0..100u32)
+        .map(|i| {
+            let (mut entry, verdict) = allow_42(4);
+            entry.identity = 1000 + i;
+            (entry, verdict)
+        })
+        .chain([allow_42(4)])
+        .collect();
+    dp.policy().sync_endpoint(4, &more).unwrap();
+    assert_eq!(dp.policy().endpoint_map_max(4).unwrap(), Some(128));
+    assert_eq!(dp.policy().endpoint_entries(4).unwrap().len(), 101);
+    assert_eq!(decides(&dp, 4), Decision::Allowed);
+    // Its pin is the new map's: the next start finds it.
+    drop(dp);
+    let dp = open(&bpf);
+    assert_eq!(dp.policy().endpoint_map_max(4).unwrap(), Some(128));
 }

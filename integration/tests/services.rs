@@ -12,12 +12,13 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
 use cellium_integration::frame;
 use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::wait::{container_id as cid, wait_for};
 use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs, TestCgroup, serial};
 use cellium_resources::{ObjectKey, Resources};
 use cellium_svc_lb::Programmer;
@@ -63,10 +64,6 @@ struct Env {
     agent: Agent,
 }
 
-fn cid(tag: &str) -> String {
-    format!("svc{tag}x{}", std::process::id())
-}
-
 fn setup() -> Env {
     let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
     agent.objects("apply", PODS).expect("apply the pods");
@@ -89,21 +86,6 @@ fn setup() -> Env {
         web,
         client,
         agent,
-    }
-}
-
-/// Polls `f` for up to 10 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

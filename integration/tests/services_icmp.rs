@@ -18,6 +18,7 @@ use std::time::Duration;
 use cellium_integration::frame;
 use cellium_integration::lab::external::NODE_LINK_IP;
 use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
+use cellium_integration::wait::wait_for;
 use cellium_integration::{Agent, NetNs, probe, serial};
 use serde_json::Value;
 
@@ -52,11 +53,6 @@ fn closed_service(kind: &str) -> String {
 
 fn setup() -> ServiceBed {
     ServiceBed::start(PODS, "icmp").expect("the service bed")
-}
-
-/// [`service_bed::wait_for`], failing the test when it times out.
-fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
-    service_bed::wait_for(what, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The frontends of `default/<name>` of `kind`, once there are `count` of them, each with a

@@ -11,9 +11,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_integration::probe::{self, TcpServer};
+use cellium_integration::wait::{container_id as cid, wait_for};
 use cellium_integration::{Agent, AgentOptions, NetNs, serial};
 use cellium_svc_lb::maglev;
 use nix::sys::socket::{setsockopt, sockopt};
@@ -47,10 +48,6 @@ struct Env {
     client: NetNs,
     client_ip: Ipv4Addr,
     agent: Agent,
-}
-
-fn cid(tag: &str) -> String {
-    format!("sel{tag}x{}", std::process::id())
 }
 
 fn setup(env: &[(&str, &str)]) -> Env {
@@ -87,21 +84,6 @@ fn setup(env: &[(&str, &str)]) -> Env {
         client,
         client_ip,
         agent,
-    }
-}
-
-/// Polls `f` for up to 10 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

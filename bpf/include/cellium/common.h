@@ -69,11 +69,15 @@
 #define CEL_REASON_ENCAP_FAILED 13
 /* Tunnel mode: a VXLAN packet whose outer source is no node the agent knows
  * (an address the ipcache gives the remote-node identity): its VNI is not
- * believed. Cilium's DROP_UNKNOWN_SENDER. */
+ * believed. Native routing: a DSR option (lib/dsr.h) from anything but
+ * another node. Cilium's DROP_UNKNOWN_SENDER. */
 #define CEL_REASON_UNKNOWN_SENDER 14
 /* Tunnel mode: a VNI carrying an identity no node sends (a reserved one
  * other than host, health and init). Cilium's DROP_INVALID_IDENTITY. */
 #define CEL_REASON_INVALID_IDENTITY 15
+/* An endpoint enforces this direction but has no policy map (not written
+ * yet, or removed): nothing allows, so nothing passes. */
+#define CEL_REASON_NO_POLICY_MAP 16
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room
  * for (packets: events, bytes: 0). */

@@ -27,6 +27,11 @@
  * entry is shared by the CPUs of both directions, and two atomic adds per
  * packet keep its cache line moving between them. */
 #define CEL_CFG_F_CT_ACCOUNTING (1 << 4)
+/* Direct server return (lib/dsr.h) for TCP, and for UDP, of a NodePort
+ * balanced to another node's backend in native routing (the agent's
+ * bpf-lb-mode: dsr sets both, hybrid TCP's only). */
+#define CEL_CFG_F_DSR_TCP (1 << 5)
+#define CEL_CFG_F_DSR_UDP (1 << 6)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

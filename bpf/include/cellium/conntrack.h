@@ -43,6 +43,15 @@ struct ct6_key {
 	__u16 pad;
 };
 
+/* ct_entry.flags: which end of the connection is a local endpoint whose
+ * ingress policy admitted it (the sender of the first packet is, when a pod
+ * sent it). A packet of the connection delivered to a local endpoint at an
+ * end without its flag is checked against that endpoint's ingress policy:
+ * the entry was recorded while the address was not that endpoint's. Zero in
+ * entries of older builds, which are thus checked once more, never trusted. */
+#define CEL_CT_F_SRC_LOCAL 0x01
+#define CEL_CT_F_DST_LOCAL 0x02
+
 struct ct_entry {
 	__u64 expires_ns; /* bpf_ktime_get_ns() deadline */
 	__u64 created_ns;
@@ -52,7 +61,7 @@ struct ct_entry {
 	__u16 rev_nat_id; /* non-zero: replies get their source rewritten */
 	__u8 tcp_flags[2]; /* TCP flags seen, per direction */
 	__u8 state;        /* CEL_CT_STATE_* */
-	__u8 flags;        /* reserved, zero */
+	__u8 flags;        /* CEL_CT_F_* */
 	/* A tuple clash's source port translation (network order, 0 = none): on
 	 * a service entry the port its client's packets get, on the translated
 	 * connection's entry the client's own port its replies get back. */

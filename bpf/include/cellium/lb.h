@@ -162,6 +162,9 @@ struct lb_affinity_match {
  * value is the translated source it was given, so that every packet of the
  * connection gets the same. */
 #define CEL_SNAT_F_FORWARD (1 << 1)
+/* A cel_snat4 key of a DSR backend's reply (lib/dsr.h), at the backend's
+ * node: the value is the frontend its source becomes. */
+#define CEL_SNAT_F_DSR (1 << 2)
 
 struct snat4_value {
 	__be32 addr;

@@ -47,6 +47,9 @@ struct EndpointView {
     policy_revision: u64,
     ingress_enforced: bool,
     egress_enforced: bool,
+    /// Why the endpoint is not simply in its state (locked down, being created, ...).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    status_message: String,
     labels: std::collections::BTreeMap<String, String>,
     /// Drops seen by the observer, by reason; absent when the agent has no observer.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +86,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                         .map(|v| {
                             vec![
                                 v.id.to_string(),
-                                v.state.to_string(),
+                                state_text(v),
                                 v.pod.clone(),
                                 v.addresses.join(","),
                                 v.host_ifname.clone(),
@@ -151,6 +154,7 @@ fn print_details(v: &EndpointView) {
     let rows = [
         ("ID", v.id.to_string()),
         ("State", v.state.to_string()),
+        ("Status", v.status_message.clone()),
         ("Pod", v.pod.clone()),
         ("Container", v.container_id.clone()),
         ("Interface", format!("{} in {}", v.ifname, v.netns)),
@@ -169,7 +173,10 @@ fn print_details(v: &EndpointView) {
         ("Created", v.created.clone()),
         ("Drops", drops_text(v.drops.as_ref())),
     ];
-    for (k, val) in rows {
+    for (k, val) in rows
+        .into_iter()
+        .filter(|(k, v)| *k != "Status" || !v.is_empty())
+    {
         outln!("{:<16} {val}", format!("{k}:"));
     }
     outln!("Labels:");
@@ -216,6 +223,15 @@ fn indent(mut rows: Vec<Vec<String>>) -> Vec<Vec<String>> {
     rows
 }
 
+/// The state, and for a ready endpoint with a message (one locked down) the message's first
+/// clause: a list shows who is locked down without `get`.
+fn state_text(v: &EndpointView) -> String {
+    match v.status_message.split(':').next() {
+        Some(why) if v.state == "ready" && !why.is_empty() => format!("{} ({why})", v.state),
+        _ => v.state.to_string(),
+    }
+}
+
 fn enforced(v: &EndpointView) -> String {
     match (v.ingress_enforced, v.egress_enforced) {
         (true, true) => "ingress, egress".into(),
@@ -255,6 +271,7 @@ fn view(ep: &Endpoint) -> EndpointView {
         policy_revision: ep.policy_revision,
         ingress_enforced: ep.ingress_enforced,
         egress_enforced: ep.egress_enforced,
+        status_message: ep.status_message.clone(),
         labels: ep.labels.clone().into_iter().collect(),
         drops: None,
         peers: ep
@@ -269,5 +286,32 @@ fn view(ep: &Endpoint) -> EndpointView {
             })
             .collect(),
         created: output::rfc3339_ms(ep.created_unix_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(state: EndpointState, message: &str) -> EndpointView {
+        view(&Endpoint {
+            state: state as i32,
+            status_message: message.into(),
+            ..Endpoint::default()
+        })
+    }
+
+    #[test]
+    fn a_list_shows_a_ready_endpoint_locked_down() {
+        let locked = with(
+            EndpointState::Ready,
+            "locked down: its policy needs 101 policy map entries, more than bpf-policy-map-max (64)",
+        );
+        assert_eq!(state_text(&locked), "ready (locked down)");
+        assert_eq!(state_text(&with(EndpointState::Ready, "")), "ready");
+        assert_eq!(
+            state_text(&with(EndpointState::Pending, "being created")),
+            "pending"
+        );
     }
 }

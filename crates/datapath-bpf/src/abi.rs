@@ -385,7 +385,8 @@ pub struct CtEntry {
     pub tcp_flags: [u8; 2],
     /// `CEL_CT_STATE_*`.
     pub state: u8,
-    /// Reserved.
+    /// `CEL_CT_F_SRC_LOCAL` / `CEL_CT_F_DST_LOCAL`: the ends delivered to a local endpoint
+    /// past its ingress policy (zero in entries of older builds: checked once more).
     pub flags: u8,
     /// A tuple clash's source port translation, network order (0: none): on a service entry
     /// the port the client's packets get, on the translated entry the client's own port.
@@ -687,6 +688,11 @@ impl DatapathConfig {
     /// Count every packet and byte of a connection in its conntrack entry; clear, an entry
     /// holds its first packet's only, and established traffic writes nothing to it.
     pub const CT_ACCOUNTING: u32 = 1 << 4;
+    /// Direct server return for TCP: a NodePort connection balanced to another node's backend
+    /// keeps the client's source (native routing only).
+    pub const DSR_TCP: u32 = 1 << 5;
+    /// Direct server return for UDP, as [`Self::DSR_TCP`].
+    pub const DSR_UDP: u32 = 1 << 6;
 }
 
 impl Default for DatapathConfig {
@@ -916,6 +922,8 @@ mod tests {
             u64::from(DatapathConfig::CT_ACCOUNTING),
             c::CEL_CFG_F_CT_ACCOUNTING
         );
+        assert_eq!(u64::from(DatapathConfig::DSR_TCP), c::CEL_CFG_F_DSR_TCP);
+        assert_eq!(u64::from(DatapathConfig::DSR_UDP), c::CEL_CFG_F_DSR_UDP);
         assert_eq!(c::CEL_EVENT_TRACE, 3);
         assert_eq!(
             u64::from(crate::maps::metrics::EVENTS_LOST_REASON),

@@ -249,6 +249,13 @@ impl Datapath {
         if dp.config.get()?.layout_version != LAYOUT_VERSION {
             dp.config.set(&DatapathConfig::default())?;
         }
+        let restored = dp.policy.reconcile_pins()?;
+        if restored > 0 {
+            tracing::info!(
+                maps = restored,
+                "endpoint policy maps put back into cel_policy"
+            );
+        }
         Ok(dp)
     }
 
@@ -262,7 +269,7 @@ impl Datapath {
         Ok(Self {
             endpoints: Endpoints::new(p.typed("cel_endpoints")?),
             ipcache: Ipcache::new(p.typed("cel_ipcache")?),
-            policy: PolicyMap::new(p.typed("cel_policy")?),
+            policy: PolicyMap::new(p.map("cel_policy")?, root.join("maps")),
             conntrack: Conntrack::new(p.typed("cel_ct4")?, p.typed("cel_ct6")?),
             fragments: Fragments::new(p.typed("cel_frag4")?, p.typed("cel_frag6")?),
             services: Services::new(
@@ -317,18 +324,6 @@ impl Datapath {
     /// Whether the programs were loaded at open or taken from an earlier open's pins.
     pub fn program_origin(&self) -> &ProgramOrigin {
         &self.program_origin
-    }
-
-    /// Returns once every program run that began before the call has finished, so that
-    /// none can still act on map contents read before a write made just before it.
-    ///
-    /// The programs run under RCU: `membarrier(MEMBARRIER_CMD_GLOBAL)` waits for a full RCU
-    /// grace period (`synchronize_rcu`), a few milliseconds. Without it a packet that read the
-    /// endpoint map just before an entry was written may record its connection after a flush
-    /// made right after the write.
-    pub fn wait_for_running_programs(&self) -> Result<()> {
-        rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)
-            .map_err(|e| Error::GracePeriod(e.into()))
     }
 
     /// Local endpoints.

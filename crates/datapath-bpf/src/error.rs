@@ -179,9 +179,6 @@ pub enum Error {
     /// Reading CLOCK_MONOTONIC (the clock of bpf_ktime_get_ns) failed.
     #[error("cannot read the monotonic clock")]
     Clock(#[source] nix::Error),
-    /// Waiting for the programs running on other CPUs to finish failed.
-    #[error("cannot wait for the datapath's running programs (membarrier)")]
-    GracePeriod(#[source] io::Error),
 }
 
 /// Result with this crate's [`Error`].

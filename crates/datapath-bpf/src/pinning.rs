@@ -5,7 +5,8 @@
 //! and the same layout version in `cel_config`, and libbpf reuses the pinned
 //! map (conntrack, policy and services survive). A map whose only change is
 //! its size limit or flags is recreated and its entries copied over
-//! (migrated); any other difference recreates it empty. Either is logged.
+//! (migrated); any other difference recreates it empty. Either is logged. Under another
+//! layout version the endpoints' policy map pins (`cel_policy_<id>`) go too.
 
 use std::fmt;
 use std::fs;
@@ -138,6 +139,9 @@ fn migratable(ty: MapType) -> bool {
 /// the pin paths libbpf loads with.
 pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> {
     let stale_version = stale_layout_version(maps_dir);
+    if stale_version.is_some() {
+        remove_endpoint_policy_pins(maps_dir)?;
+    }
     let mut plan = Plan {
         reports: Vec::new(),
         migrations: Vec::new(),
@@ -205,6 +209,24 @@ pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> 
         plan.reports.push(MapReport { name, origin });
     }
     Ok(plan)
+}
+
+/// Removes the pins of the endpoints' policy maps (`cel_policy_<id>`), which are no map of the
+/// object: under another layout version their entries are another layout's, and the
+/// endpoints' policies are written again at restore.
+fn remove_endpoint_policy_pins(maps_dir: &Path) -> Result<()> {
+    let prefix = format!("{}_", crate::maps::policy::NAME);
+    let Ok(dir) = fs::read_dir(maps_dir) else {
+        return Ok(());
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let path = entry.path();
+            tracing::warn!(path = %path.display(), "removing an endpoint policy map of another layout");
+            fs::remove_file(&path).map_err(|source| Error::Unpin { path, source })?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies every entry of `old` into `new`; returns how many were copied.

@@ -42,18 +42,22 @@ pub enum Reason {
     /// packet came out of the tunnel without one.
     EncapFailed,
     /// Tunnel mode: a VXLAN packet whose outer source is no node the agent knows; its VNI is
-    /// not believed (Cilium's `DROP_UNKNOWN_SENDER`).
+    /// not believed. Native routing: a DSR option from anything but another node (Cilium's
+    /// `DROP_UNKNOWN_SENDER`).
     UnknownSender,
     /// Tunnel mode: a VNI carrying an identity no node sends, a reserved one other than host,
     /// health and init (Cilium's `DROP_INVALID_IDENTITY`).
     InvalidIdentity,
+    /// An endpoint enforces the direction but has no policy map (not written yet, or
+    /// removed): nothing allows, so nothing passes.
+    NoPolicyMap,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 14] = [
+    pub const KNOWN: [Reason; 15] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
@@ -68,6 +72,7 @@ impl Reason {
         Reason::EncapFailed,
         Reason::UnknownSender,
         Reason::InvalidIdentity,
+        Reason::NoPolicyMap,
     ];
 
     /// The reason's number.
@@ -89,6 +94,7 @@ impl Reason {
             Reason::EncapFailed => 13,
             Reason::UnknownSender => 14,
             Reason::InvalidIdentity => 15,
+            Reason::NoPolicyMap => 16,
             Reason::Unknown(n) => n,
         }
     }
@@ -126,6 +132,7 @@ impl fmt::Display for Reason {
             Reason::EncapFailed => f.write_str("encapsulation failed"),
             Reason::UnknownSender => f.write_str("unknown sender"),
             Reason::InvalidIdentity => f.write_str("invalid identity"),
+            Reason::NoPolicyMap => f.write_str("no policy map"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -258,6 +265,7 @@ mod tests {
             (Reason::EncapFailed, c::CEL_REASON_ENCAP_FAILED),
             (Reason::UnknownSender, c::CEL_REASON_UNKNOWN_SENDER),
             (Reason::InvalidIdentity, c::CEL_REASON_INVALID_IDENTITY),
+            (Reason::NoPolicyMap, c::CEL_REASON_NO_POLICY_MAP),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");

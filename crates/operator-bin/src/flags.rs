@@ -75,3 +75,9 @@ impl ConfigArgs {
         sources
     }
 }
+
+impl cellium_hive::process::Flags for ConfigArgs {
+    fn sources(&self) -> ConfigSources {
+        ConfigArgs::sources(self)
+    }
+}

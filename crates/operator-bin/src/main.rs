@@ -4,9 +4,9 @@ mod flags;
 
 use std::process::ExitCode;
 
-use cellium_hive::process;
+use cellium_hive::process::{self, Command};
 use cellium_operator::cells;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use flags::ConfigArgs;
 
 /// The Cellium operator: cluster-pool IPAM and garbage collection, one leader at a time.
@@ -14,46 +14,9 @@ use flags::ConfigArgs;
 #[command(name = "cellium-operator", version, about)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run the operator until SIGINT or SIGTERM.
-    Run(ConfigArgs),
-    /// Describe the operator's cells (modules, config, providers, start order) without
-    /// starting them.
-    Hive {
-        #[command(flatten)]
-        config: ConfigArgs,
-        /// Print the dependency graph in Graphviz DOT instead.
-        #[arg(long)]
-        dot: bool,
-    },
+    command: Command<ConfigArgs>,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(config) => run(config),
-        Command::Hive { config, dot } => describe(config, dot),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cellium-operator: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(config: ConfigArgs) -> anyhow::Result<()> {
-    process::run("operator", cells(), config.sources()).map_err(anyhow::Error::from_boxed)
-}
-
-fn describe(config: ConfigArgs, dot: bool) -> anyhow::Result<()> {
-    let text =
-        process::describe(cells(), config.sources(), dot).map_err(anyhow::Error::from_boxed)?;
-    print!("{text}");
-    Ok(())
+    process::main("operator", Cli::parse().command, cells)
 }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod pods;
 pub mod services;
+pub mod start;
 pub mod workload;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,7 +4,7 @@
 //! `web-0` and `client` made through the plugin, and what `cellium service list` says.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -97,20 +97,8 @@ pub fn add_pod(agent: &Agent, name: &str, tag: &str) -> Result<(NetNs, Vec<IpAdd
     Ok((ns, vec![v4.into(), v6.into()]))
 }
 
-/// Polls `f` every 200 ms until it gives a value, for up to 20 s (the node's device program
+/// Polls `f` until it gives a value, for up to 20 s (the node's device program
 /// is put in place within 5 s of its address appearing).
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
-    let began = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Ok(v);
-        }
-        if began.elapsed() > Duration::from_secs(20) {
-            return Err(Error::Unexpected {
-                what: "wait",
-                detail: format!("never happened: {what}"),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> Result<T> {
+    crate::wait::poll_for(what, Duration::from_secs(20), f)
 }

@@ -2,9 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Cilium's default for `bpf-policy-map-max`.
+pub const DEFAULT_POLICY_MAP_MAX: usize = 16384;
+
 /// How pods' interfaces are set up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case", default)]
 pub struct EndpointConfig {
     /// The MTU of the node's network. Pods' interfaces get it, minus the encapsulation's
     /// headers in tunnel mode (50 bytes for VXLAN), unless the CNI configuration sets one.
@@ -13,6 +16,11 @@ pub struct EndpointConfig {
     /// cover (their pods lose their interfaces). Off, such endpoints stop the agent from
     /// starting, with a message naming them.
     pub remove_endpoints_outside_pod_cidr: bool,
+    /// The most policy map entries one endpoint may hold (Cilium's name and default). An
+    /// endpoint whose policy compiles to more is locked down: it enforces both directions
+    /// with no entry (everything denied) until its policy fits again, and no other endpoint's
+    /// entries are touched.
+    pub bpf_policy_map_max: usize,
 }
 
 impl Default for EndpointConfig {
@@ -20,6 +28,7 @@ impl Default for EndpointConfig {
         EndpointConfig {
             mtu: 1500,
             remove_endpoints_outside_pod_cidr: false,
+            bpf_policy_map_max: DEFAULT_POLICY_MAP_MAX,
         }
     }
 }

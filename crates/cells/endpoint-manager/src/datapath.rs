@@ -17,11 +17,6 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// enforced.
     fn write_endpoint(&self, ep: &Endpoint, enforcement: Enforcement) -> Result<()>;
 
-    /// Flushes the connections of a new endpoint's addresses again once no program run that
-    /// read the endpoint map before they were written can still record one. Blocks for an RCU
-    /// grace period.
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> Result<()>;
-
     /// What the endpoint map says the endpoint enforces (nothing if it has no entry).
     fn read_enforcement(&self, ep: &Endpoint) -> Enforcement;
 
@@ -55,7 +50,10 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// Every policy entry of every endpoint.
     fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>>;
 
-    /// Removes every policy entry of endpoint `id`; returns how many there were.
+    /// The endpoints that have a policy map, empty or not.
+    fn policy_endpoints(&self) -> Result<Vec<u16>>;
+
+    /// Removes endpoint `id`'s policy map; returns how many entries it held.
     fn clear_policy(&self, id: u16) -> Result<usize>;
 
     /// The interfaces (indexes) programs are attached to.
@@ -97,10 +95,6 @@ impl EndpointDatapath for Datapath {
         program::unprogram(self, ep)
     }
 
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> Result<()> {
-        program::flush_late_connections(self, addresses)
-    }
-
     fn endpoint_entry(&self, ip: IpAddr) -> Result<Option<EndpointInfo>> {
         self.endpoints().get(ip)
     }
@@ -117,6 +111,10 @@ impl EndpointDatapath for Datapath {
 
     fn policy_entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {
         self.policy().entries()
+    }
+
+    fn policy_endpoints(&self) -> Result<Vec<u16>> {
+        self.policy().endpoint_ids()
     }
 
     fn clear_policy(&self, id: u16) -> Result<usize> {

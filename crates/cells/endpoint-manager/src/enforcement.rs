@@ -8,10 +8,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cellium_datapath_bpf::{PolicyEntry, Verdict, compile_policy};
+use cellium_hive::Reporter;
 use cellium_ipcache::{Ipcache, Source};
 use cellium_policy_repo::{EndpointPolicy, PolicyRepository, Subject};
 use cellium_resources::{NamedPort, Resources};
 use ipnet::IpNet;
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::datapath::EndpointDatapath;
 use crate::endpoint::Endpoint;
@@ -33,6 +35,28 @@ pub struct Enforced {
     /// The named ports of the endpoint's pod it was resolved with: kept for a Pod object that
     /// is gone while its endpoint lives, as its labels are.
     pub ports: Vec<NamedPort>,
+    /// Set while the endpoint is locked down because its policy does not fit its share of the
+    /// policy map: it enforces both directions with no entry.
+    pub overflow: Option<Overflow>,
+}
+
+/// A policy that needs more policy map entries than one endpoint may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// The entries the policy compiles to.
+    pub needed: usize,
+    /// `bpf-policy-map-max`.
+    pub limit: usize,
+}
+
+impl std::fmt::Display for Overflow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "locked down: its policy needs {} policy map entries, more than bpf-policy-map-max ({}); all its traffic is denied both ways",
+            self.needed, self.limit
+        )
+    }
 }
 
 /// Every endpoint's [`Enforced`] state, kept in memory so that a regeneration writes only
@@ -49,6 +73,17 @@ impl EnforcedTable {
     pub fn get(&self, id: u16) -> Option<Enforced> {
         self.lock().get(&id).cloned()
     }
+
+    /// The endpoints locked down because their policy does not fit, by id.
+    pub fn overflowing(&self) -> Vec<(u16, Overflow)> {
+        let mut out: Vec<_> = self
+            .lock()
+            .iter()
+            .filter_map(|(id, e)| e.overflow.map(|o| (*id, o)))
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
 }
 
 /// The enforcement component: resolves endpoints' policies and writes what differs from what
@@ -62,6 +97,12 @@ pub(crate) struct Enforcement {
     /// Where the endpoint's named ports are published for other endpoints' egress rules.
     ipcache: Option<Arc<Ipcache>>,
     enforced: EnforcedTable,
+    /// `bpf-policy-map-max`: the most entries one endpoint's policy may write.
+    policy_map_max: usize,
+    /// Names the endpoints locked down for a policy that does not fit (`policy-maps`).
+    reporter: Reporter,
+    /// How many they are: `cellium_endpoint_policy_map_overflow`.
+    overflowing: Gauge,
     /// Endpoints whose policy entries are not known since a write failed half-way: their
     /// next enforcement reads the map rather than trusting what it last wrote.
     unknown: Mutex<HashSet<u16>>,
@@ -72,14 +113,51 @@ impl Enforcement {
         policy: Option<Arc<PolicyRepository>>,
         resources: Option<Arc<Resources>>,
         ipcache: Option<Arc<Ipcache>>,
+        policy_map_max: usize,
+        reporter: Reporter,
     ) -> Enforcement {
-        Enforcement {
+        let enforcement = Enforcement {
             policy,
             resources,
             ipcache,
             enforced: EnforcedTable::default(),
+            policy_map_max,
+            reporter,
+            overflowing: Gauge::default(),
             unknown: Mutex::default(),
+        };
+        enforcement.report();
+        enforcement
+    }
+
+    /// Reports the endpoints locked down for a policy that does not fit. OK, not Degraded:
+    /// each is held closed on its own, and a Degraded module would stop new pods' ADD on
+    /// the whole node.
+    fn report(&self) {
+        let locked = self.enforced.overflowing();
+        self.overflowing.set(locked.len() as i64);
+        if locked.is_empty() {
+            self.reporter.ok(format!(
+                "every endpoint's policy fits bpf-policy-map-max ({})",
+                self.policy_map_max
+            ));
+            return;
         }
+        let each: Vec<String> = locked
+            .iter()
+            .map(|(id, o)| format!("endpoint {id} needs {}", o.needed))
+            .collect();
+        self.reporter.ok(format!(
+            "{} endpoint(s) locked down (all traffic denied) for a policy over bpf-policy-map-max ({}): {}",
+            locked.len(),
+            self.policy_map_max,
+            each.join(", ")
+        ));
+    }
+
+    /// The gauge of the endpoints locked down for a policy that does not fit.
+    pub(crate) fn overflow_gauge(&self) -> Gauge {
+        self.overflowing.clone()
     }
 
     /// What every endpoint enforces.
@@ -124,7 +202,7 @@ impl Enforcement {
             held.retain(|(e, _)| e.endpoint_id == ep.id);
             before.entries = Arc::new(held);
         }
-        let after = Directions {
+        let mut after = Directions {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
         };
@@ -149,7 +227,23 @@ impl Enforcement {
             );
             return Ok(revision);
         }
-        let entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
+        let mut entries = compile_policy(ep.id, &policy.rules).map_err(datapath)?;
+        // A policy that does not fit this endpoint's share of the map locks this endpoint
+        // alone down, rather than filling the map for every other one: both directions
+        // enforced, no entry. Going there only removes entries, which a full map never
+        // refuses.
+        let overflow = (entries.len() > self.policy_map_max).then_some(Overflow {
+            needed: entries.len(),
+            limit: self.policy_map_max,
+        });
+        if let Some(o) = overflow {
+            tracing::warn!(endpoint = %ep.describe(), "{o}");
+            entries = Vec::new();
+            after = Directions {
+                ingress: true,
+                egress: true,
+            };
+        }
         // A new endpoint has allowed nothing yet: it is as strict as its policy from its first
         // entry on, so no connection gets into conntrack before that policy applies.
         let during = if new {
@@ -177,6 +271,10 @@ impl Enforcement {
         }
         self.unknown().remove(&ep.id);
         let revision = policy.revision;
+        let was_locked = self
+            .enforced
+            .get(ep.id)
+            .is_some_and(|e| e.overflow.is_some());
         self.enforced.lock().insert(
             ep.id,
             Enforced {
@@ -185,8 +283,12 @@ impl Enforcement {
                 identity: ep.identity,
                 policy: Some(policy),
                 ports,
+                overflow,
             },
         );
+        if was_locked != overflow.is_some() {
+            self.report();
+        }
         Ok(revision)
     }
 
@@ -235,14 +337,18 @@ impl Enforcement {
                 identity: 0,
                 policy: None,
                 ports: Vec::new(),
+                overflow: None,
             },
         );
     }
 
     /// Forgets endpoint `id` (its datapath state is gone).
     pub(crate) fn forget(&self, id: u16) {
-        self.enforced.lock().remove(&id);
+        let gone = self.enforced.lock().remove(&id);
         self.unknown().remove(&id);
+        if gone.is_some_and(|e| e.overflow.is_some()) {
+            self.report();
+        }
     }
 
     fn unknown(&self) -> MutexGuard<'_, HashSet<u16>> {

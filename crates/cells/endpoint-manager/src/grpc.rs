@@ -193,6 +193,9 @@ pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::E
     };
     out.ingress_enforced = enforced.enforcement.ingress;
     out.egress_enforced = enforced.enforcement.egress;
+    if let Some(overflow) = enforced.overflow {
+        out.status_message = overflow.to_string();
+    }
     let Some(policy) = &enforced.policy else {
         return out;
     };

@@ -23,8 +23,11 @@ pub struct Enforcement {
 /// address over) loses its conntrack entries right after its entry is written: connections
 /// recorded while the address was someone else's, or nobody's, would otherwise skip this
 /// endpoint's policy. The entry comes first so that no packet can record state for the address
-/// as a non-local destination once the flush ran; a packet that read the map just before the
-/// write is the business of [`flush_late_connections`].
+/// as a non-local destination once the flush ran. A packet that read the map just before the
+/// write may still record one after the flush: such an entry is marked as recorded towards a
+/// non-local destination, and the datapath checks this endpoint's ingress policy before it
+/// delivers a packet of it (`ct_unchecked` in `bpf/lib/conntrack.h`), so no grace period is
+/// waited for here.
 pub fn write_endpoint(
     dp: &Datapath,
     ep: &Endpoint,
@@ -55,30 +58,6 @@ pub fn write_endpoint(
     }
     if !taken.is_empty() {
         dp.conntrack().flush_addresses(&taken)?;
-    }
-    Ok(())
-}
-
-/// Flushes the conntrack and NAT state of a new endpoint's addresses once more, after every
-/// program run that may have read the endpoint map before [`write_endpoint`] has finished.
-///
-/// Such a run took the address for a non-local destination: it checked no ingress policy of
-/// the endpoint and may record its connection after the first flush, and that entry would let
-/// its flow past the endpoint's ingress policy for as long as the flow lasts. Waiting takes an
-/// RCU grace period (a few milliseconds); the caller does it before the pod is handed over,
-/// so nothing of the pod's own is flushed.
-pub fn flush_late_connections(
-    dp: &Datapath,
-    addresses: &[IpAddr],
-) -> cellium_datapath_bpf::Result<()> {
-    dp.wait_for_running_programs()?;
-    let late = dp.conntrack().flush_addresses(addresses)?;
-    if late > 0 {
-        tracing::debug!(
-            ?addresses,
-            late,
-            "connections recorded during the endpoint's creation flushed"
-        );
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ pub fn drop_reason(reason: Reason) -> v1::DropReason {
     match reason {
         Reason::InvalidSource => D::InvalidSourceIp,
         Reason::PolicyDeny => D::PolicyDeny,
-        Reason::PolicyDefaultDeny => D::PolicyDenied,
+        Reason::PolicyDefaultDeny | Reason::NoPolicyMap => D::PolicyDenied,
         Reason::NoServiceBackend => D::ServiceBackendNotFound,
         Reason::Malformed => D::InvalidPacketDropped,
         Reason::CtFull => D::CtMapInsertionFailed,

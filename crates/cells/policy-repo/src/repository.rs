@@ -601,10 +601,18 @@ impl PolicyRepository {
     fn report(&self, st: &State) {
         let Some(r) = &self.reporter else { return };
         let problems = problems(st);
+        // A lockdown is the repository doing its job for the objects it names (their own
+        // module reports why they are not in force): said, but not Degraded, which would stop
+        // every new pod of the node through CNI STATUS.
+        let lockdown = st
+            .lockdown
+            .describe()
+            .map(|text| format!("; {text}"))
+            .unwrap_or_default();
         if problems.is_empty() {
             let rules: usize = st.sets.values().map(|s| s.rules.len()).sum();
             r.ok(format!(
-                "{} rules from {} policies, {} selectors, {} CIDR identities",
+                "{} rules from {} policies, {} selectors, {} CIDR identities{lockdown}",
                 rules,
                 st.sets.len(),
                 st.cache.len(),
@@ -612,7 +620,7 @@ impl PolicyRepository {
             ));
         } else {
             r.degraded(format!(
-                "{} problem(s): {}",
+                "{} problem(s): {}{lockdown}",
                 problems.len(),
                 problems.join("; ")
             ));
@@ -627,10 +635,9 @@ impl PolicyRepository {
 }
 
 fn problems(st: &State) -> Vec<String> {
-    st.lockdown
-        .describe()
-        .into_iter()
-        .chain(st.problems.values().cloned())
+    st.problems
+        .values()
+        .cloned()
         .chain(st.cidr_problems.iter().cloned())
         .collect()
 }

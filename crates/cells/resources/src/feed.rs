@@ -8,8 +8,9 @@
 //! The feed converts each object as apply does (the same slim types, the same checks) but
 //! takes what the API server decided (a service's cluster IPs) as given. An object the agent
 //! cannot put in force (a CiliumNetworkPolicy using a feature this version does not enforce,
-//! say) is *rejected*: its previous version leaves the table, the module is Degraded naming
-//! it, and, for the kinds policy depends on, the policy repository locks down the endpoints it
+//! say) is *rejected*: its previous version leaves the table, the module's health names it
+//! (still OK: it is the object's problem, not the node's, and Degraded would stop every new pod
+//! of the node through CNI STATUS), and, for the kinds policy depends on, the policy repository locks down the endpoints it
 //! could have selected (`crate::gap`) until it is changed or deleted, as for a record that does
 //! not load ([`Resources::policy_gaps`]): a policy that is not enforced must not leave pods open.
 

@@ -617,18 +617,28 @@ impl State {
         }
         problems.extend(self.merge_error.clone());
         problems.extend(self.record_error.clone());
-        problems.extend(rejected.map(|(_, text, _)| format!("not in force: {text}")));
+        // An object the API server holds but the agent cannot put in force is that object's
+        // problem, not the node's: it is named here, and a policy's lockdown covers only what
+        // it selects. Degraded would make CNI STATUS fail and stop every new pod of the node,
+        // which would let one tenant's object take the node from all others.
+        let not_in_force: Vec<String> = rejected
+            .map(|(_, text, _)| format!("not in force: {text}"))
+            .collect();
+        let not_in_force = match not_in_force.is_empty() {
+            true => String::new(),
+            false => format!("; {}", not_in_force.join("; ")),
+        };
         let objects = self.writers.count();
         if problems.is_empty() {
             match &self.api_server {
                 Some(server) => reporter.ok(format!(
-                    "{objects} objects in force, from the API server {server}"
+                    "{objects} objects in force, from the API server {server}{not_in_force}"
                 )),
                 None => reporter.ok(format!("{objects} objects in force, all recorded")),
             }
         } else {
             reporter.degraded(format!(
-                "{objects} objects in force; {}",
+                "{objects} objects in force; {}{not_in_force}",
                 problems.join("; ")
             ));
         }

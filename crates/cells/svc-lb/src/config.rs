@@ -20,6 +20,35 @@ pub enum NoBackendResponse {
     Drop,
 }
 
+/// How a NodePort connection balanced to another node's backend reaches it (key
+/// `bpf-lb-mode`, Cilium's name and values; docs/services.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbMode {
+    /// The client's source becomes the frontend's address; replies come back through the
+    /// frontend's node.
+    #[default]
+    Snat,
+    /// Direct server return: the client keeps its source, the backend's node learns the
+    /// frontend from an IPv4 option and replies straight to the client (native routing,
+    /// IPv4; elsewhere as `snat`).
+    Dsr,
+    /// `dsr` for TCP, `snat` for UDP.
+    Hybrid,
+}
+
+impl LbMode {
+    /// Whether TCP connections are sent by DSR.
+    pub fn dsr_tcp(self) -> bool {
+        self != LbMode::Snat
+    }
+
+    /// Whether UDP connections are sent by DSR.
+    pub fn dsr_udp(self) -> bool {
+        self == LbMode::Dsr
+    }
+}
+
 /// `bpf-lb-maglev-table-size`: one of Cilium's primes ([`TABLE_SIZES`]); anything else is
 /// refused at start, naming the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +96,8 @@ pub struct SvcLbConfig {
     /// How frontends choose a new connection's backend: `random` (the default) or `maglev`;
     /// a service's annotation `service.cilium.io/lb-algorithm` overrides it.
     pub bpf_lb_algorithm: LbAlgorithm,
+    /// `snat` (the default), `dsr` or `hybrid` ([`LbMode`]).
+    pub bpf_lb_mode: LbMode,
     /// The entries of each maglev table (default 16381).
     pub bpf_lb_maglev_table_size: MaglevTableSize,
     /// Socket-level load balancing of the node's own processes (Cilium's `bpf-lb-sock`): off
@@ -83,6 +114,7 @@ impl Default for SvcLbConfig {
         SvcLbConfig {
             service_no_backend_response: NoBackendResponse::default(),
             bpf_lb_algorithm: LbAlgorithm::default(),
+            bpf_lb_mode: LbMode::default(),
             bpf_lb_maglev_table_size: MaglevTableSize::default(),
             bpf_lb_sock: false,
             cgroup_root: PathBuf::from("/run/cellium/cgroupv2"),
@@ -115,6 +147,20 @@ mod tests {
         );
         let err = parse("refuse").unwrap_err().to_string();
         assert!(err.contains("refuse") && err.contains("reject"), "{err}");
+    }
+
+    #[test]
+    fn bpf_lb_mode_takes_ciliums_values_and_refuses_others_naming_them() {
+        let parse = |v: &str| {
+            serde_json::from_value::<SvcLbConfig>(serde_json::json!({ "bpf-lb-mode": v }))
+        };
+        assert_eq!(SvcLbConfig::default().bpf_lb_mode, LbMode::Snat);
+        let modes = |m: LbMode| (m.dsr_tcp(), m.dsr_udp());
+        assert_eq!(modes(parse("snat").unwrap().bpf_lb_mode), (false, false));
+        assert_eq!(modes(parse("dsr").unwrap().bpf_lb_mode), (true, true));
+        assert_eq!(modes(parse("hybrid").unwrap().bpf_lb_mode), (true, false));
+        let err = parse("direct").unwrap_err().to_string();
+        assert!(err.contains("direct") && err.contains("hybrid"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //! - **Config keys:** `service-no-backend-response`: `reject` (the default: a new connection
 //!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`;
 //!   `bpf-lb-algorithm` (`random` or `maglev`, [`maglev`]) and `bpf-lb-maglev-table-size`;
+//!   `bpf-lb-mode` (`snat`, `dsr` or `hybrid`, [`LbMode`]: direct server return of a
+//!   connection from outside balanced to another node's backend);
 //!   `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own processes in that
 //!   cgroup get services translated at `connect()` and `sendmsg()` ([`SvcLbConfig`]). The
 //!   service range, `service-cidr`, belongs to resources.
@@ -43,7 +45,7 @@ pub mod sync;
 
 use cellium_hive::Module;
 
-pub use config::{MaglevTableSize, NoBackendResponse, SvcLbConfig};
+pub use config::{LbMode, MaglevTableSize, NoBackendResponse, SvcLbConfig};
 pub use error::{Error, Result};
 pub use external::FrontendKind;
 pub use grpc::{ServicesService, to_proto};

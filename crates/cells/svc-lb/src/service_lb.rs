@@ -44,7 +44,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
-use crate::config::{NoBackendResponse, SvcLbConfig};
+use crate::config::{LbMode, NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
 use crate::error::{Error, Result};
 use crate::health_check_node_ports::HealthCheckServers;
@@ -102,9 +102,11 @@ impl ServiceLb {
         });
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
+        let mode = cfg.bpf_lb_mode;
         let sock = (*cfg).clone();
         lc.append(Hook::new("restore-services").on_start(move |_| async move {
             this.set_no_backend_response(reject)?;
+            this.set_lb_mode(mode)?;
             let dp = this.loader.datapath()?;
             crate::sock_lb::apply(&dp, &sock)?;
             if !dp.services().holds_frontends() {
@@ -131,6 +133,19 @@ impl ServiceLb {
             response = if reject { "reject" } else { "drop" },
             "service-no-backend-response"
         );
+        Ok(())
+    }
+
+    /// Switches how a NodePort connection balanced to another node's backend reaches it: by
+    /// source translation, or by direct server return (`bpf-lb-mode`).
+    fn set_lb_mode(&self, mode: LbMode) -> Result<()> {
+        let dp = self.loader.datapath()?;
+        let config = dp.config();
+        config
+            .set_flag(DatapathConfig::DSR_TCP, mode.dsr_tcp())
+            .and_then(|()| config.set_flag(DatapathConfig::DSR_UDP, mode.dsr_udp()))
+            .map_err(|source| Error::Config { source })?;
+        tracing::info!(?mode, "bpf-lb-mode");
         Ok(())
     }
 

@@ -46,6 +46,10 @@ impl<K: Plain, V: Plain> TypedMap<K, V> {
         &self.handle
     }
 
+    pub(crate) fn handle_mut(&mut self) -> &mut MapHandle {
+        &mut self.handle
+    }
+
     pub(crate) fn get(&self, key: &K) -> Result<Option<V>> {
         let raw = self
             .handle

@@ -1,5 +1,7 @@
-//! `cel_policy`: per-endpoint allow/deny entries, an LPM trie over
-//! (endpoint, direction, identity, protocol, port prefix).
+//! `cel_policy`: endpoint id -> that endpoint's own allow/deny map, an LPM trie over
+//! (endpoint, direction, identity, protocol, port prefix) of `bpf-policy-map-max` entries.
+//! No endpoint's entries take room from another's, and one endpoint's writes never fail
+//! for another's.
 //!
 //! The entries are the policy model's ([`cellium_policy::PolicyEntry`]); this
 //! module encodes them as the map's keys. Trap: within one identity the
@@ -9,13 +11,25 @@
 
 use cellium_policy::{Decision, L4Match, PolicyEntry, PolicyRule, Verdict, block_mask};
 
-use crate::abi::{PolicyKey, PolicyValue};
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
+
+use crate::abi::{Plain, PolicyKey, PolicyValue};
 use crate::error::{Error, Result};
 use crate::maps::TypedMap;
 use crate::types::{Direction, Protocol};
 
-/// The map name.
+/// The map name: endpoint id -> the endpoint's own map.
 pub const NAME: &str = "cel_policy";
+
+/// The size of an endpoint's map until [`PolicyMap::set_endpoint_max`] says otherwise
+/// (Cilium's default `bpf-policy-map-max`).
+pub const DEFAULT_ENDPOINT_MAX: u32 = 16384;
 
 const PREFIX_ANY_PROTO: u32 = 64;
 const PREFIX_ANY_PORT: u32 = 80;
@@ -106,43 +120,234 @@ pub struct SyncStats {
     pub removed: usize,
 }
 
-/// The policy map.
+/// One endpoint's own policy map: an LPM trie of its entries.
+type EndpointMap = TypedMap<PolicyKey, PolicyValue>;
+
+impl PolicyWrites for EndpointMap {
+    fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
+        TypedMap::put(self, &key_of(entry), &value_of(verdict))
+    }
+
+    fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
+        TypedMap::delete(self, &key_of(entry))
+    }
+}
+
+/// The policy maps: `cel_policy`, endpoint id -> that endpoint's own map, each pinned as
+/// `cel_policy_<id>` beside it so that it outlives a replaced `cel_policy`.
 #[derive(Debug)]
 pub struct PolicyMap {
-    map: TypedMap<PolicyKey, PolicyValue>,
+    outer: MapHandle,
+    maps_dir: PathBuf,
+    endpoint_max: AtomicU32,
 }
 
 impl PolicyMap {
-    pub(crate) fn new(map: TypedMap<PolicyKey, PolicyValue>) -> Self {
-        Self { map }
+    pub(crate) fn new(outer: MapHandle, maps_dir: PathBuf) -> Self {
+        Self {
+            outer,
+            maps_dir,
+            endpoint_max: AtomicU32::new(DEFAULT_ENDPOINT_MAX),
+        }
     }
 
-    /// Writes one entry.
+    /// The size of the endpoint maps created from now on: the most entries one endpoint's
+    /// policy may have (`bpf-policy-map-max`).
+    pub fn set_endpoint_max(&self, max: u32) {
+        self.endpoint_max.store(max.max(1), Ordering::Relaxed);
+    }
+
+    fn pin_path(&self, id: u16) -> PathBuf {
+        self.maps_dir.join(format!("{NAME}_{id}"))
+    }
+
+    /// Endpoint `id`'s map, if it has one.
+    fn endpoint_map(&self, id: u16) -> Result<Option<EndpointMap>> {
+        let Some(value) = self
+            .outer
+            .lookup(&u32::from(id).to_ne_bytes(), MapFlags::ANY)
+            .map_err(Error::map_op(NAME, "lookup"))?
+        else {
+            return Ok(None);
+        };
+        let map_id = value
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+            .ok_or(Error::Layout {
+                map: NAME,
+                len: value.len(),
+                expected: 4,
+            })?;
+        match MapHandle::from_map_id(map_id) {
+            Ok(handle) => Ok(Some(TypedMap::new(NAME, handle))),
+            // Removed between the two reads.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::map_op(NAME, "open endpoint map")(e)),
+        }
+    }
+
+    /// A new, empty map for endpoint `id`, not yet in `cel_policy`.
+    fn new_endpoint_map(&self, id: u16) -> Result<EndpointMap> {
+        let opts = libbpf_sys::bpf_map_create_opts {
+            sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
+            map_flags: libbpf_sys::BPF_F_NO_PREALLOC,
+            ..Default::default()
+        };
+        let handle = MapHandle::create(
+            MapType::LpmTrie,
+            Some(format!("cel_pol_{id}")),
+            PolicyKey::SIZE as u32,
+            PolicyValue::SIZE as u32,
+            self.endpoint_max.load(Ordering::Relaxed),
+            &opts,
+        )
+        .map_err(Error::map_op(NAME, "create endpoint map"))?;
+        Ok(TypedMap::new(NAME, handle))
+    }
+
+    /// Pins endpoint `id`'s `map` and makes it the endpoint's in `cel_policy`; on failure
+    /// neither remains.
+    fn install(&self, id: u16, map: &mut EndpointMap) -> Result<()> {
+        let path = self.pin_path(id);
+        // A pin without an entry is a leftover of an interrupted install.
+        let _ = fs::remove_file(&path);
+        map.handle_mut()
+            .pin(&path)
+            .map_err(Error::map_op(NAME, "pin endpoint map"))?;
+        let fd = map.handle().as_fd().as_raw_fd() as u32;
+        let inserted = self
+            .outer
+            .update(
+                &u32::from(id).to_ne_bytes(),
+                &fd.to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .map_err(Error::map_op(NAME, "insert endpoint map"));
+        if inserted.is_err() {
+            let _ = fs::remove_file(&path);
+        }
+        inserted
+    }
+
+    /// The endpoints that have a map.
+    pub fn endpoint_ids(&self) -> Result<Vec<u16>> {
+        Ok(self
+            .outer
+            .keys()
+            .filter_map(|k| Some(u32::from_ne_bytes(k.get(..4)?.try_into().ok()?)))
+            .filter_map(|id| u16::try_from(id).ok())
+            .collect())
+    }
+
+    /// Puts the pinned endpoint maps that `cel_policy` lacks back into it (after it was
+    /// recreated, say for a changed definition) and pins those it holds without a pin (an
+    /// interrupted removal: the restore's sweep removes the maps of endpoints gone). Returns
+    /// how many were put back.
+    pub(crate) fn reconcile_pins(&self) -> Result<usize> {
+        let held: BTreeSet<u16> = self.endpoint_ids()?.into_iter().collect();
+        let mut restored = 0;
+        let prefix = format!("{NAME}_");
+        let dir = fs::read_dir(&self.maps_dir).map_err(|source| Error::CreateDir {
+            path: self.maps_dir.clone(),
+            source,
+        })?;
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|n| n.parse::<u16>().ok())
+            else {
+                continue;
+            };
+            if held.contains(&id) {
+                continue;
+            }
+            let pinned = match MapHandle::from_pinned_path(entry.path()) {
+                Ok(h)
+                    if h.map_type() == MapType::LpmTrie
+                        && h.key_size() as usize == PolicyKey::SIZE
+                        && h.value_size() as usize == PolicyValue::SIZE =>
+                {
+                    h
+                }
+                _ => {
+                    tracing::warn!(path = %entry.path().display(), "removing an unusable endpoint policy map pin");
+                    let _ = fs::remove_file(entry.path());
+                    continue;
+                }
+            };
+            let fd = pinned.as_fd().as_raw_fd() as u32;
+            self.outer
+                .update(
+                    &u32::from(id).to_ne_bytes(),
+                    &fd.to_ne_bytes(),
+                    MapFlags::ANY,
+                )
+                .map_err(Error::map_op(NAME, "insert endpoint map"))?;
+            restored += 1;
+        }
+        for id in held {
+            if !self.pin_path(id).exists()
+                && let Some(mut map) = self.endpoint_map(id)?
+            {
+                map.handle_mut()
+                    .pin(self.pin_path(id))
+                    .map_err(Error::map_op(NAME, "pin endpoint map"))?;
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Writes one entry into its endpoint's map, creating that map (empty, so denying
+    /// everything) if the endpoint has none.
     pub fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
-        self.map.put(&key_of(entry), &value_of(verdict))
+        let map = match self.endpoint_map(entry.endpoint_id)? {
+            Some(map) => map,
+            None => {
+                let mut map = self.new_endpoint_map(entry.endpoint_id)?;
+                self.install(entry.endpoint_id, &mut map)?;
+                map
+            }
+        };
+        PolicyWrites::put(&map, entry, verdict)
     }
 
     /// Removes one entry; returns whether it existed.
     pub fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
-        self.map.delete(&key_of(entry))
+        match self.endpoint_map(entry.endpoint_id)? {
+            Some(map) => PolicyWrites::delete(&map, entry),
+            None => Ok(false),
+        }
     }
 
-    /// Every entry of the map.
+    /// Every entry of every endpoint's map.
     pub fn entries(&self) -> Result<Vec<(PolicyEntry, Verdict)>> {
-        self.map
-            .entries()?
-            .iter()
-            .map(|(k, v)| Ok((entry_of(k)?, verdict_of(v))))
-            .collect()
+        let mut out = Vec::new();
+        for id in self.endpoint_ids()? {
+            out.extend(self.endpoint_entries(id)?);
+        }
+        Ok(out)
     }
 
     /// The entries of one endpoint.
     pub fn endpoint_entries(&self, endpoint_id: u16) -> Result<Vec<(PolicyEntry, Verdict)>> {
+        let Some(map) = self.endpoint_map(endpoint_id)? else {
+            return Ok(Vec::new());
+        };
+        map.entries()?
+            .iter()
+            .map(|(k, v)| Ok((entry_of(k)?, verdict_of(v))))
+            .filter(|e| !matches!(e, Ok((e, _)) if e.endpoint_id != endpoint_id))
+            .collect()
+    }
+
+    /// The number of entries endpoint `id`'s map holds at most, if it has a map.
+    pub fn endpoint_map_max(&self, endpoint_id: u16) -> Result<Option<u32>> {
         Ok(self
-            .entries()?
-            .into_iter()
-            .filter(|(e, _)| e.endpoint_id == endpoint_id)
-            .collect())
+            .endpoint_map(endpoint_id)?
+            .map(|m| m.handle().max_entries()))
     }
 
     /// Makes the endpoint's entries exactly `desired`, reading its current entries from the
@@ -156,16 +361,22 @@ impl PolicyMap {
         self.apply_diff(endpoint_id, &current, desired)
     }
 
-    /// Turns the endpoint's entries from `current` (what the caller knows the map holds)
+    /// Turns the endpoint's entries from `current` (what the caller knows its map holds)
     /// into `desired`, writing only the differences: no read of the map, so an agent that
     /// remembers what it wrote regenerates thousands of endpoints in milliseconds.
     ///
-    /// Revocations come first: allows the new set denies are turned into denies and allows it
-    /// drops are removed; then new denies are written, then new allows, and revoked denies are
-    /// removed last. So no state on the way, and none a failure stops at (the first failing
-    /// write or removal ends the call), allows what the new set does not: a map too full for
-    /// the new entries has already lost the revoked ones. A caller that sees the error knows
-    /// the map holds neither set exactly and syncs again.
+    /// An endpoint without a map gets a new one, filled before it is put in `cel_policy`:
+    /// until then the datapath drops what the endpoint enforces (`NO_POLICY_MAP`), after it
+    /// the whole policy applies at once. So does an endpoint whose map was sized for another
+    /// limit (`bpf-policy-map-max` changed across a restart): the new map replaces the old
+    /// one in a single update of `cel_policy`.
+    ///
+    /// In an existing map revocations come first: allows the new set denies are turned into
+    /// denies and allows it drops are removed; then new denies are written, then new allows,
+    /// and revoked denies are removed last. So no state on the way, and none a failure stops
+    /// at (the first failing write or removal ends the call), allows what the new set does
+    /// not: a map too full for the new entries has already lost the revoked ones. A caller
+    /// that sees the error knows the map holds neither set exactly and syncs again.
     pub fn apply_diff(
         &self,
         endpoint_id: u16,
@@ -178,18 +389,42 @@ impl PolicyMap {
                 format!("belongs to endpoint {}, not {endpoint_id}", e.endpoint_id),
             ));
         }
-        diff_into(self, current, desired)
+        if let Some(map) = self.endpoint_map(endpoint_id)?
+            && map.handle().max_entries() == self.endpoint_max.load(Ordering::Relaxed)
+        {
+            return diff_into(&map, current, desired);
+        }
+        // No map, or one sized for another limit: a new one takes its place whole.
+        let mut map = self.new_endpoint_map(endpoint_id)?;
+        let stats = diff_into(&map, &[], desired)?;
+        self.install(endpoint_id, &mut map)?;
+        Ok(stats)
     }
 
-    /// Removes every entry of the endpoint; returns how many.
+    /// Removes the endpoint's map; returns how many entries it held. The pin goes first, so
+    /// that no open of the datapath meanwhile puts the map back (see `reconcile_pins`); then
+    /// the entry in `cel_policy`, after which the datapath drops what the endpoint enforces.
     pub fn clear_endpoint(&self, endpoint_id: u16) -> Result<usize> {
-        Ok(self.sync_endpoint(endpoint_id, &[])?.removed)
+        let held = self.endpoint_entries(endpoint_id)?.len();
+        let path = self.pin_path(endpoint_id);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::Unpin { path, source }),
+        }
+        match self.outer.delete(&u32::from(endpoint_id).to_ne_bytes()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::map_op(NAME, "delete")(e)),
+        }
+        Ok(held)
     }
 
     /// What the map decides for a new connection of `endpoint_id` in
     /// `direction` with a peer of `identity`: the kernel's two longest-prefix
     /// lookups, combined as the model combines them
-    /// ([`Decision::of_lookups`]; the enforcement flag is not consulted).
+    /// ([`Decision::of_lookups`]; the enforcement flag is not consulted). An endpoint
+    /// without a map decides as one with an empty map.
     pub fn decide(
         &self,
         endpoint_id: u16,
@@ -199,6 +434,9 @@ impl PolicyMap {
         dport: u16,
     ) -> Result<Decision> {
         let dport = if protocol.has_ports() { dport } else { 0 };
+        let Some(map) = self.endpoint_map(endpoint_id)? else {
+            return Ok(Decision::of_lookups(None, None));
+        };
         let lookup = |id: u32| -> Result<Option<Verdict>> {
             let key = key_of(&PolicyEntry {
                 endpoint_id,
@@ -210,28 +448,16 @@ impl PolicyMap {
                     prefix_bits: 16,
                 },
             });
-            Ok(self.map.get(&key)?.map(|v| verdict_of(&v)))
+            Ok(map.get(&key)?.map(|v| verdict_of(&v)))
         };
         Ok(Decision::of_lookups(lookup(identity)?, lookup(0)?))
     }
 }
 
-/// `entries` sorted by key, for [`lookup`]. Keys are unique in what `compile_policy`
-/// produces and in what the map holds for an endpoint.
 /// The two writes a diff makes, apart from the map so that their order is tested without one.
 trait PolicyWrites {
     fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()>;
     fn delete(&self, entry: &PolicyEntry) -> Result<bool>;
-}
-
-impl PolicyWrites for PolicyMap {
-    fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
-        PolicyMap::put(self, entry, verdict)
-    }
-
-    fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
-        PolicyMap::delete(self, entry)
-    }
 }
 
 /// [`PolicyMap::apply_diff`]'s steps, in its order.

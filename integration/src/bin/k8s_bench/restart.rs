@@ -1,24 +1,16 @@
-//! One start of the stopped agent, timed from outside: the process is executed and its API
-//! polled until every kind is synced and every endpoint of the node is restored and
-//! enforcing.
+//! One start of the stopped agent in Kubernetes mode, timed from outside as
+//! [`cellium_integration::bench::start`] says, and when every kind was synced.
 //!
-//! **Synced and enforcing**, as counted here: the API answers and one `Endpoints.List`
-//! reports every endpoint the node had, each in state ready and each at the policy revision
-//! the repository reports (`Policy.Get`, read once the endpoints agree). The endpoints are
+//! **Synced and enforcing**: the endpoints are
 //! restored only after the `sync-from-api-server` hook, which returns once every kind holds
 //! the API server's complete list, so this moment is after both. When every kind was synced
 //! is read from the agent's log (the timestamp of its `every kind synced from the API server`
 //! line against the wall clock at the exec).
 
-use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, bail};
-use cellium_integration::Agent;
-use cellium_integration::bench::{Api, interrupted};
-
-/// How long a start may take before the benchmark gives up.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
+use cellium_integration::{Agent, bench};
 
 /// What one start took, from the exec.
 #[derive(Debug, Clone)]
@@ -45,82 +37,27 @@ pub fn start(
     endpoints: usize,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Timeline> {
-    let log_before = agent.log().len();
-    let wall = SystemTime::now();
-    let launched = Instant::now();
-    agent.launch()?;
-    let (api, ready) = runtime.block_on(wait_restored(agent, launched, endpoints))?;
-    let log = agent.log();
-    let log = log.get(log_before..).unwrap_or_default();
-    let synced = log
+    let started = bench::start::start(agent, endpoints, runtime)?;
+    let synced = started
+        .log
         .lines()
         .find(|l| l.contains("every kind synced from the API server"))
         .and_then(|l| timestamp(l.split_whitespace().next()?))
-        .and_then(|at| at.duration_since(wall).ok());
+        .and_then(|at| at.duration_since(started.launched).ok());
     let Some(synced) = synced else {
-        bail!("no `every kind synced` line in the agent's log:\n{log}");
+        bail!(
+            "no `every kind synced` line in the agent's log:\n{}",
+            started.log
+        );
     };
     Ok(Timeline {
-        api: api - launched,
+        api: started.api,
         synced,
-        ready: ready - launched,
-        hooks: start_hooks(log),
-        phases: restore_phases(log),
-        objects: synced_objects(log),
+        ready: started.ready,
+        objects: synced_objects(&started.log),
+        hooks: started.hooks,
+        phases: started.phases,
     })
-}
-
-/// Polls the API until every endpoint is restored and enforcing; returns when the API first
-/// answered and when the endpoints were first seen so.
-async fn wait_restored(
-    agent: &mut Agent,
-    launched: Instant,
-    endpoints: usize,
-) -> Result<(Instant, Instant)> {
-    let socket = agent.socket();
-    let mut first_answer = None;
-    loop {
-        interrupted()?;
-        if launched.elapsed() > START_TIMEOUT {
-            bail!(
-                "the endpoints were not restored within {START_TIMEOUT:?}; the agent's log:\n{}",
-                agent.log()
-            );
-        }
-        if !agent.is_running() {
-            bail!("the agent exited while starting; its log:\n{}", agent.log());
-        }
-        if let Some(ready) = poll(&socket, endpoints, &mut first_answer).await? {
-            return Ok((first_answer.unwrap_or(ready), ready));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// One connection: `Endpoints.List` until every endpoint is restored and enforcing, or the
-/// connection fails (`None`: connect again).
-async fn poll(
-    socket: &Path,
-    endpoints: usize,
-    first_answer: &mut Option<Instant>,
-) -> Result<Option<Instant>> {
-    let Ok(mut api) = Api::connect(socket).await else {
-        return Ok(None);
-    };
-    loop {
-        interrupted()?;
-        let Ok(seen) = api.enforced().await else {
-            return Ok(None);
-        };
-        let at = Instant::now();
-        first_answer.get_or_insert(at);
-        let agreed =
-            seen.endpoints == endpoints && seen.ready == endpoints && seen.lowest == seen.highest;
-        if agreed && (endpoints == 0 || api.revision().await? == seen.lowest) {
-            return Ok(Some(at));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// A log line's RFC 3339 UTC timestamp (`2026-01-02T03:04:05.678901Z`).
@@ -144,32 +81,6 @@ fn timestamp(text: &str) -> Option<SystemTime> {
     let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
     let whole = days * 86_400 + h * 3600 + min * 60;
     Some(SystemTime::UNIX_EPOCH + Duration::from_secs(whole) + Duration::from_secs_f64(secs))
-}
-
-/// The `start hook done` lines of an agent's log: (module, hook, elapsed), in order.
-fn start_hooks(log: &str) -> Vec<(String, String, Duration)> {
-    log.lines()
-        .filter(|l| l.contains("start hook done"))
-        .filter_map(|l| {
-            let field = |name: &str| {
-                let at = l.find(&format!("{name}="))? + name.len() + 1;
-                let rest = &l[at..];
-                let end = rest.find([' ', '}', ':']).unwrap_or(rest.len());
-                Some(rest[..end].trim_matches('"').to_string())
-            };
-            let elapsed = parse_debug_duration(&field("elapsed")?)?;
-            Some((field("module")?, field("hook")?, elapsed))
-        })
-        .collect()
-}
-
-/// The `took` field of the endpoint manager's `endpoints restored` line (empty without one).
-fn restore_phases(log: &str) -> String {
-    log.lines()
-        .filter(|l| l.contains("endpoints restored"))
-        .find_map(|l| l.split_once(" took="))
-        .map(|(_, rest)| rest.trim().to_string())
-        .unwrap_or_default()
 }
 
 /// The `synced from the API server kind="K" objects=N` lines, as `K=N ...` in the order of
@@ -208,21 +119,6 @@ const KINDS: [&str; 8] = [
     "CiliumNetworkPolicy",
     "CiliumClusterwideNetworkPolicy",
 ];
-
-/// Parses a `Duration`'s `Debug` text (`1.234ms`, `56.7µs`, `2.1s`, `890ns`).
-fn parse_debug_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let secs = match unit {
-        "s" => value,
-        "ms" => value / 1e3,
-        "µs" | "us" => value / 1e6,
-        "ns" => value / 1e9,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(secs))
-}
 
 #[cfg(test)]
 mod tests {

@@ -156,7 +156,6 @@ impl EndpointManager {
         // that identity back, and must find the endpoint's current state there.
         self.endpoints.insert(ep.clone());
         self.enforcement.enforce(&*b.datapath, ep)?;
-        flush_late_connections(b, ep).await?;
         b.datapath
             .attach(ep.host_ifindex)
             .map_err(|source| Error::Datapath {
@@ -223,23 +222,6 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// See [`crate::program::flush_late_connections`]: off the runtime's threads, as it waits for
-/// a grace period.
-async fn flush_late_connections(b: &Backends, ep: &Endpoint) -> Result<()> {
-    let datapath = b.datapath.clone();
-    let addresses: Vec<IpAddr> = ep.addresses.iter().map(|a| a.ip).collect();
-    let datapath_error = |source| Error::Datapath {
-        endpoint: ep.describe(),
-        source,
-    };
-    match tokio::task::spawn_blocking(move || datapath.flush_late_connections(&addresses)).await {
-        Ok(result) => result.map_err(datapath_error),
-        Err(join) => Err(datapath_error(cellium_datapath_bpf::Error::GracePeriod(
-            std::io::Error::other(join.to_string()),
-        ))),
-    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_ipcache::Ipcache;
 use cellium_loader::Loader;
+use cellium_metrics::Metrics;
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::Resources;
 use cellium_statedir::StateDir;
@@ -145,6 +146,7 @@ impl EndpointManager {
         identities: Option<Arc<Identities>>,
         ipcache: Option<Arc<Ipcache>>,
         policy: Option<Arc<PolicyRepository>>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Arc<EndpointManager> {
         let manager = Arc::new(EndpointManager::with_parts(Parts {
             cfg,
@@ -156,6 +158,13 @@ impl EndpointManager {
             policy: policy.clone(),
             reporter,
         }));
+        if let Some(metrics) = metrics {
+            metrics.register(
+                "endpoint_policy_map_overflow",
+                "Endpoints locked down because their policy needs more entries than bpf-policy-map-max",
+                manager.enforcement.overflow_gauge(),
+            );
+        }
         let this = manager.clone();
         // Restored endpoints re-reserve their addresses here, before the API serves any CNI ADD
         // (the API server starts after every cell whose service it mounts): that order is what
@@ -179,6 +188,7 @@ impl EndpointManager {
     }
 
     pub(crate) fn with_parts(parts: Parts) -> EndpointManager {
+        let policy_map_max = parts.cfg.bpf_policy_map_max;
         EndpointManager {
             scope: parts.missing(),
             cfg: parts.cfg,
@@ -191,7 +201,13 @@ impl EndpointManager {
                 parts.identities,
                 parts.ipcache.clone(),
             ),
-            enforcement: Enforcement::new(parts.policy, parts.resources.clone(), parts.ipcache),
+            enforcement: Enforcement::new(
+                parts.policy,
+                parts.resources.clone(),
+                parts.ipcache,
+                policy_map_max,
+                parts.reporter.child("policy-maps"),
+            ),
             regeneration: Regeneration::default(),
             removals: Removals::new(parts.reporter.child("removals")),
             reporter: parts.reporter,
@@ -348,6 +364,93 @@ spec: {podSelector: {}}
             "its old entries removed"
         );
         assert_eq!(h.record_state(ep.id).as_deref(), Some("ready"));
+    }
+
+    /// A NetworkPolicy letting `app` in on `ports` separate ports (one entry each).
+    fn ports_policy(app: &str, ports: u16) -> String {
+        let list: Vec<String> = (0..ports)
+            .map(|i| format!("{{port: {}}}", 1000 + 2 * i))
+            .collect();
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {app}, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: {app}}}}}\n  ingress: [{{ports: [{}]}}]\n",
+            list.join(", ")
+        )
+    }
+
+    #[tokio::test]
+    async fn a_policy_over_the_limit_locks_its_endpoint_alone_down_until_it_fits() {
+        let cfg = crate::config::EndpointConfig {
+            bpf_policy_map_max: 4,
+            ..Default::default()
+        };
+        let h = Harness::with(cfg, &["10.244.0.0/24"]);
+        h.resources
+            .apply("web.yaml", &ports_policy("web", 10))
+            .unwrap();
+        h.resources
+            .apply("db.yaml", &ports_policy("db", 2))
+            .unwrap();
+        h.policy.sync_resources(&h.resources);
+        h.start().await.unwrap();
+        let web = h
+            .manager
+            .create(h.pod_request("w", "w", "web"))
+            .await
+            .unwrap();
+        let db = h
+            .manager
+            .create(h.pod_request("d", "d", "db"))
+            .await
+            .unwrap();
+
+        let locked = h.manager.enforced_of(web.id).unwrap();
+        assert!(
+            locked.enforcement.ingress && locked.enforcement.egress,
+            "both ways closed"
+        );
+        assert!(locked.entries.is_empty());
+        assert!(
+            !h.datapath.policy_ids().contains(&web.id),
+            "no entry written"
+        );
+        let view = crate::grpc::view(&h.manager, &h.manager.get(web.id).unwrap(), false);
+        assert!(
+            view.status_message.starts_with("locked down: its policy needs 11 policy map entries, more than bpf-policy-map-max (4)"),
+            "{}",
+            view.status_message
+        );
+        let (level, message) = h.health("policy-maps").unwrap();
+        assert_eq!(level, Level::Ok, "new pods' ADD goes on");
+        assert!(
+            message.contains(&format!("endpoint {} needs 11", web.id)),
+            "{message}"
+        );
+        // The other endpoint enforces its own policy.
+        let other = h.manager.enforced_of(db.id).unwrap();
+        // Its two ports and the node's access.
+        assert_eq!(other.entries.len(), 3);
+        assert!(other.overflow.is_none());
+        assert_eq!(h.datapath.policy_ids(), [db.id].into());
+
+        // The policy shrinks: the endpoint enforces it again.
+        h.resources
+            .apply("web.yaml", &ports_policy("web", 3))
+            .unwrap();
+        h.policy.sync_resources(&h.resources);
+        let pass = h.manager.regenerate_all().await;
+        assert!(pass.failed.is_empty(), "{:?}", pass.failed);
+        let freed = h.manager.enforced_of(web.id).unwrap();
+        assert!(freed.overflow.is_none());
+        assert_eq!(freed.entries.len(), 4, "exactly the limit fits");
+        assert!(freed.enforcement.ingress && !freed.enforcement.egress);
+        assert_eq!(h.datapath.policy_ids(), [web.id, db.id].into());
+        let view = crate::grpc::view(&h.manager, &h.manager.get(web.id).unwrap(), false);
+        assert_eq!(view.status_message, "");
+        let (_, message) = h.health("policy-maps").unwrap();
+        assert!(
+            message.starts_with("every endpoint's policy fits"),
+            "{message}"
+        );
     }
 
     #[tokio::test]

@@ -102,10 +102,6 @@ impl FakeDatapath {
 }
 
 impl EndpointDatapath for FakeDatapath {
-    fn flush_late_connections(&self, addresses: &[IpAddr]) -> cellium_datapath_bpf::Result<()> {
-        self.fault("flush_late_connections", format!("{addresses:?}"))
-    }
-
     fn write_endpoint(
         &self,
         ep: &Endpoint,
@@ -222,6 +218,17 @@ impl EndpointDatapath for FakeDatapath {
             .iter()
             .map(|(e, v)| (*e, *v))
             .collect())
+    }
+
+    fn policy_endpoints(&self) -> cellium_datapath_bpf::Result<Vec<u16>> {
+        self.fault("policy_endpoints", String::new())?;
+        let mut ids: Vec<u16> = lock(&self.state)
+            .policy
+            .keys()
+            .map(|e| e.endpoint_id)
+            .collect();
+        ids.dedup();
+        Ok(ids)
     }
 
     fn clear_policy(&self, id: u16) -> cellium_datapath_bpf::Result<usize> {

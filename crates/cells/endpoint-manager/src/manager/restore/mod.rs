@@ -39,6 +39,10 @@ impl EndpointManager {
         datapath
             .config()
             .set_flag(DatapathConfig::WORLD_PER_FAMILY, dual_stack)?;
+        // Each endpoint's policy map holds its limit: one fits whatever is not locked down.
+        datapath
+            .policy()
+            .set_endpoint_max(u32::try_from(self.cfg.bpf_policy_map_max).unwrap_or(u32::MAX));
         let backends = Backends {
             interfaces: Arc::new(node.clone()),
             datapath,
@@ -458,7 +462,7 @@ mod tests {
         let (level, message) = h.health("restore").unwrap();
         assert_eq!(level, Level::Degraded);
         assert!(
-            message.contains("leftover not removed: policy entries of endpoint id 2: "),
+            message.contains("leftover not removed: policy map of endpoint id 2: "),
             "{message}"
         );
         let first = h.manager.create(h.request("a")).await.unwrap();

@@ -171,21 +171,15 @@ impl EndpointManager {
             fail("endpoint-map entries", &e);
             Vec::new()
         });
-        let policy = b.datapath.policy_entries().unwrap_or_else(|e| {
-            fail("policy entries", &e);
+        let policy = b.datapath.policy_endpoints().unwrap_or_else(|e| {
+            fail("policy maps", &e);
             Vec::new()
         });
         let attached = b.datapath.attached().unwrap_or_else(|e| {
             fail("attachments", &e);
             Vec::new()
         });
-        let found = Leftovers::find(
-            &self.snapshot(),
-            links,
-            entries,
-            policy.iter().map(|(e, _)| e.endpoint_id),
-            attached,
-        );
+        let found = Leftovers::find(&self.snapshot(), links, entries, policy, attached);
         (found, failures)
     }
 
@@ -224,7 +218,7 @@ impl EndpointManager {
                     swept.held_ids.insert(*id);
                     swept
                         .failures
-                        .push(format!("policy entries of endpoint id {id}: {}", chain(&e)));
+                        .push(format!("policy map of endpoint id {id}: {}", chain(&e)));
                 }
             }
         }
