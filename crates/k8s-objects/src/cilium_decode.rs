@@ -362,10 +362,7 @@ fn rule_labels(field: &str, labels: Vec<WireLabel>) -> Result<Vec<RuleLabel>, Fi
                 .filter(|k| !k.is_empty())
                 .ok_or_else(|| FieldError::new(format!("{field}[{i}].key"), "is required"))?;
             Ok(RuleLabel {
-                source: l
-                    .source
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| "unspec".to_string()),
+                source: l.source.unwrap_or_default(),
                 key,
                 value: l.value.unwrap_or_default(),
             })
@@ -873,7 +870,7 @@ mod tests {
         .unwrap();
         let r = &p.rules[0];
         let labels: Vec<String> = r.labels.iter().map(ToString::to_string).collect();
-        assert_eq!(labels, ["k8s:team=shop", "unspec:audited"]);
+        assert_eq!(labels, ["k8s:team=shop", ":audited"]);
         assert_eq!(
             r.egress[0].services.as_ref().unwrap()[1],
             ServiceRef::Name {

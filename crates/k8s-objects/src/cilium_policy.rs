@@ -172,7 +172,7 @@ pub enum ServiceRef {
 /// A rule label (`spec.labels` item): names the rule, changes nothing it does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RuleLabel {
-    /// `source`; `unspec` when not given, as Cilium writes it.
+    /// `source`; empty when not given (Cilium keeps it so, and prints `:key=value`).
     pub source: String,
     /// `key`.
     pub key: String,

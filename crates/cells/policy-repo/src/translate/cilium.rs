@@ -11,12 +11,14 @@
 //!   (`world-ipv4` and `world-ipv6` carry `reserved:world`), each of those its own half;
 //!   `cluster` is every identity that is not world, `all` every peer.
 //! - `cidrGroupRef` / `cidrGroupSelector` select the prefixes of the groups named, as
-//!   `toCIDRSet` items with those prefixes would (each `except` applies to the group prefixes
-//!   that contain it); a group that does not exist selects nothing.
+//!   `toCIDRSet` items with those prefixes would (each `except` takes its addresses out of
+//!   every group prefix: a prefix inside an exception is left out whole); a group that does
+//!   not exist selects nothing.
 //! - `toServices` selects the backends of the services named: for a service with a selector,
 //!   the pods of its namespace that the selector matches (as `toEndpoints` would); for one
-//!   without, the addresses of its EndpointSlices (as `toCIDR` would, so external ones). A
-//!   service that does not exist selects nothing.
+//!   without, the addresses of its EndpointSlices (as `toCIDR` would, so external ones). An
+//!   item without a namespace names services of every namespace, as in Cilium. A service that
+//!   does not exist selects nothing.
 //! - A rule with ports but no peer field selects every peer; an empty rule (`{}`) none; a
 //!   direction with rules (or `enableDefaultDeny`) is default deny; deny rules win.
 
@@ -137,6 +139,11 @@ fn peers(
     let Some(deps) = deps else { return Ok(out) };
     for g in r.cidr_groups.iter().flatten() {
         for cidr in deps.group_prefixes(&g.groups) {
+            // Cilium excepts every prefix inside an `except` (`!cidr:<except>`): a group
+            // prefix within one is left out whole, one around it loses that part.
+            if g.except.iter().any(|e| e.contains(&cidr)) {
+                continue;
+            }
             let except = g.except.iter().filter(|e| cidr.contains(*e)).copied();
             let block = CidrBlock {
                 cidr,
@@ -147,7 +154,7 @@ fn peers(
         }
     }
     for svc in r.services.iter().flatten() {
-        for backends in deps.service_backends(ns, svc) {
+        for backends in deps.service_backends(svc) {
             match backends {
                 Backends::Pods {
                     namespace,
@@ -418,7 +425,7 @@ spec:
         let deps = Deps::of(&r);
         let set = translate(PolicyKind::CiliumNetworkPolicy, &p[0], Some(&deps)).unwrap();
         let rules = &set.rules;
-        assert_eq!(rules[0].labels, ["unspec:owner=shop"]);
+        assert_eq!(rules[0].labels, [":owner=shop"]);
         // A service with a selector: its pods, in its namespace.
         assert_eq!(rules[0].peers.len(), 1);
         let db = sel(&rules[0].peers[0]);
@@ -472,6 +479,52 @@ spec:
         // Without the tables, groups and services select nothing.
         let set = translate(PolicyKind::CiliumNetworkPolicy, &p[0], None).unwrap();
         assert!(set.rules.iter().all(|r| r.peers.is_empty()));
+    }
+
+    /// Cilium 1.18's matching: a `toServices` item without a namespace names services of
+    /// every namespace; an `except` around a group prefix leaves that prefix out whole.
+    #[test]
+    fn service_items_without_a_namespace_and_excepts_around_group_prefixes() {
+        let sets = policies(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: dev}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: dev, labels: {tier: data}}
+spec: {selector: {app: db}, ports: [{port: 5432}]}
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumCIDRGroup
+metadata: {name: vpn}
+spec: {externalCIDRs: [10.48.0.0/24, 10.16.0.0/24]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: shop}
+spec:
+  endpointSelector: {}
+  egress:
+  - toServices: [{k8sService: {serviceName: db}}]
+  - toServices: [{k8sServiceSelector: {selector: {matchLabels: {tier: data}}}}]
+  - toServices: [{k8sService: {serviceName: db, namespace: shop}}]
+  - toCIDRSet: [{cidrGroupRef: vpn, except: [10.48.0.0/16]}]
+"#,
+        );
+        let rules = &sets[0].rules;
+        let db_in_dev = l("k8s:app=db,k8s:io.kubernetes.pod.namespace=dev");
+        for r in &rules[..2] {
+            assert_eq!(r.peers.len(), 1, "{:?}", r.peers);
+            assert!(sel(&r.peers[0]).matches(&db_in_dev));
+        }
+        assert!(rules[2].peers.is_empty(), "no service db in shop");
+        let peers = &rules[3].peers;
+        assert_eq!(peers.len(), 1, "{peers:?}");
+        let in_prefix = |p: &str| sel(&peers[0]).matches(&Labels::for_cidr(p.parse().unwrap()));
+        assert!(in_prefix("10.16.0.0/24"));
+        assert!(!in_prefix("10.48.0.0/24"), "inside the except");
     }
 
     #[test]

@@ -67,39 +67,20 @@ impl Deps {
         out
     }
 
-    /// The backends of the services `svc` names, for a rule of a policy in `policy_ns` (empty
-    /// for the cluster-wide kind): a service name without a namespace is in the policy's
-    /// (none for the cluster-wide kind), a service selector without one selects in the
-    /// policy's, or in every namespace for the cluster-wide kind.
-    pub fn service_backends(&self, policy_ns: &str, svc: &ServiceRef) -> Vec<Backends> {
-        let services: Vec<Arc<Service>> = match svc {
-            ServiceRef::Name { namespace, name } => {
-                let ns = namespace.as_deref().unwrap_or(policy_ns);
-                if ns.is_empty() {
-                    return Vec::new();
-                }
-                self.services
-                    .get(&ObjectKey::namespaced(ns, name))
-                    .into_iter()
-                    .collect()
-            }
-            ServiceRef::Selector {
-                namespace,
-                selector,
-            } => {
-                let ns = namespace.as_deref().unwrap_or(policy_ns);
-                let candidates = if ns.is_empty() {
-                    self.services.list()
-                } else {
-                    self.services.list_namespace(ns)
-                };
-                candidates
-                    .into_iter()
-                    .filter(|s| selects(selector, &s.labels))
-                    .collect()
-            }
+    /// The backends of the services `svc` names. As in Cilium, an item without a namespace
+    /// names services of every namespace, whatever the policy's (Cilium copies `toServices`
+    /// as written and matches an empty namespace against any).
+    pub fn service_backends(&self, svc: &ServiceRef) -> Vec<Backends> {
+        let (ServiceRef::Name { namespace, .. } | ServiceRef::Selector { namespace, .. }) = svc;
+        let candidates = match namespace {
+            Some(ns) => self.services.list_namespace(ns),
+            None => self.services.list(),
         };
-        services.iter().map(|s| self.backends(s)).collect()
+        candidates
+            .iter()
+            .filter(|s| names(svc, s))
+            .map(|s| self.backends(s))
+            .collect()
     }
 
     fn backends(&self, svc: &Service) -> Backends {
@@ -131,6 +112,14 @@ pub fn depends(policy: &CiliumPolicy) -> bool {
             .flatten()
             .any(|p| p.cidr_groups.is_some() || p.services.is_some())
     })
+}
+
+/// Whether a `toServices` item names the service `s` (its namespace aside).
+fn names(svc: &ServiceRef, s: &Service) -> bool {
+    match svc {
+        ServiceRef::Name { name, .. } => s.name == *name,
+        ServiceRef::Selector { selector, .. } => selects(selector, &s.labels),
+    }
 }
 
 fn host(ip: IpAddr) -> IpNet {
