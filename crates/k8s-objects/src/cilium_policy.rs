@@ -153,16 +153,16 @@ pub enum CidrGroupMatch {
 /// A `toServices` item: the services whose backends a rule selects.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ServiceRef {
-    /// `k8sService`: one service by name.
+    /// `k8sService`: services by name.
     Name {
-        /// `namespace`; `None`: the policy's own.
+        /// `namespace`; `None`: every namespace, as in Cilium (not the policy's own).
         namespace: Option<String>,
         /// `serviceName`.
         name: String,
     },
     /// `k8sServiceSelector`: the services whose labels the selector matches.
     Selector {
-        /// `namespace`; `None`: the policy's own (every namespace for the cluster-wide kind).
+        /// `namespace`; `None`: every namespace, as in Cilium (not the policy's own).
         namespace: Option<String>,
         /// `selector`, on the services' own labels.
         selector: LabelSelector,
