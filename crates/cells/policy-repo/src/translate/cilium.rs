@@ -396,7 +396,7 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: ext-1, namespace: shop, labels: {kubernetes.io/service-name: ext}}
 addressType: IPv4
-endpoints: [{addresses: [192.0.2.10]}, {addresses: [192.0.2.11]}]
+endpoints: [{addresses: [192.0.2.10]}, {addresses: [192.0.2.11]}, {addresses: [192.0.2.12], conditions: {ready: false}}]
 ports: [{port: 443}]
 ---
 apiVersion: cilium.io/v2alpha1
@@ -432,7 +432,7 @@ spec:
         assert!(db.matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=shop")));
         assert!(!db.matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=dev")));
         assert_eq!(rules[0].ports.len(), 1);
-        // Without one: the addresses of its slices, as external prefixes.
+        // Without one: the addresses of its slices' ready endpoints, as external prefixes.
         assert_eq!(rules[1].peers.len(), 2);
         let ext = sel(&rules[1].peers[0]);
         assert!(ext.matches(&Labels::for_cidr("192.0.2.10/32".parse().unwrap())));

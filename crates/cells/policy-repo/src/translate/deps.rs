@@ -95,7 +95,9 @@ impl Deps {
             .list_namespace(&svc.namespace)
             .iter()
             .filter(|s| s.service.as_deref() == Some(svc.name.as_str()))
-            .flat_map(|s| s.endpoints.iter().map(|e| host(e.address())))
+            // The endpoints Cilium takes as backends: ready, or serving while terminating.
+            .flat_map(|s| s.endpoints.iter().filter(|e| e.ready || e.serving))
+            .map(|e| host(e.address()))
             .collect();
         out.sort();
         out.dedup();
