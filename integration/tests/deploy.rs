@@ -79,6 +79,7 @@ fn the_manifests_apply_with_kubectl_and_the_config_names_every_key() {
         "customresourcedefinition.apiextensions.k8s.io/ciliumnodes.cilium.io created",
         "customresourcedefinition.apiextensions.k8s.io/ciliumidentities.cilium.io created",
         "customresourcedefinition.apiextensions.k8s.io/ciliumendpoints.cilium.io created",
+        "customresourcedefinition.apiextensions.k8s.io/ciliumcidrgroups.cilium.io created",
         "serviceaccount/cellium created",
         "clusterrole.rbac.authorization.k8s.io/cellium created",
         "clusterrolebinding.rbac.authorization.k8s.io/cellium created",
@@ -93,10 +94,10 @@ fn the_manifests_apply_with_kubectl_and_the_config_names_every_key() {
     ] {
         assert!(out.contains(object), "{object} missing from:\n{out}");
     }
-    assert_eq!(out.lines().count(), 16, "{out}");
+    assert_eq!(out.lines().count(), 17, "{out}");
     // Applying again changes nothing.
     let again = kubectl_apply_deploy(&api);
-    assert_eq!(again.matches(" unchanged").count(), 16, "{again}");
+    assert_eq!(again.matches(" unchanged").count(), 17, "{again}");
 
     // The DaemonSet: host network, privileged, the node's bpffs shared both ways, the CNI
     // directories for the init container, the ServiceAccount the RBAC rules are bound to.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use cellium_integration::cluster::{Cluster as Nodes, ClusterOptions};
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
+use cellium_integration::wait::eventually_or;
 use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs, serial};
 
 const NODE: &str = "n1";
@@ -138,11 +139,7 @@ impl Cluster {
 
     /// Whether `from` reaches `ip:port` over TCP.
     fn reaches(&self, from: &str, ip: Ipv4Addr, port: u16) -> bool {
-        match probe(self.netns(from), None, ip, Probe::Tcp(port), PROBE_TIMEOUT) {
-            Ok(Outcome::Answered) => true,
-            Ok(_) => false,
-            Err(e) => panic!("probe from {from}: {e}"),
-        }
+        self.answered(self.netns(from), None, ip, port)
     }
 
     /// Waits until `from` reaching web is `want`; panics with the agent's log otherwise.
@@ -159,6 +156,39 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether a TCP connection from `ns` (from `src` when given) to `dst:port` is answered.
+    fn answered(&self, ns: &NetNs, src: Option<Ipv4Addr>, dst: Ipv4Addr, port: u16) -> bool {
+        match probe(
+            ns,
+            src.map(IpAddr::V4),
+            dst,
+            Probe::Tcp(port),
+            PROBE_TIMEOUT,
+        ) {
+            Ok(Outcome::Answered) => true,
+            Ok(_) => false,
+            Err(e) => panic!("probe {src:?} -> {dst}:{port}: {e}"),
+        }
+    }
+
+    /// Waits until a TCP connection from `ns` (from `src`) to `dst:port` is answered as `want`.
+    fn expect_tcp(
+        &self,
+        ns: &NetNs,
+        src: Option<Ipv4Addr>,
+        dst: Ipv4Addr,
+        port: u16,
+        want: bool,
+        why: &str,
+    ) {
+        let verdict = if want { "allowed" } else { "denied" };
+        eventually_or(
+            &format!("{why}: {src:?} -> {dst}:{port} {verdict}"),
+            || self.agent.log(),
+            || self.answered(ns, src, dst, port) == want,
+        );
     }
 
     /// `kubectl apply` of policies; waits until the agent's repository has taken them in and
@@ -781,4 +811,212 @@ fn a_recreated_service_ignores_the_slices_of_its_predecessor_and_refuses_until_i
         .apply(&owned_slice("owned-b", &second, web))
         .expect("the new service's slice");
     expect_connect(&c, "client", vip, None);
+}
+
+/// Addresses outside the cluster, on a namespace of their own routed through the node.
+const OUTSIDE: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 99, 0, 10), Ipv4Addr::new(10, 99, 0, 20)];
+
+/// The network of [`OUTSIDE`]: a namespace linked to the node by a veth (`10.98.0.1/30` on
+/// the node's end), with a route each way. Dropping it removes the namespace and the link.
+struct Outside {
+    ns: NetNs,
+}
+
+impl Outside {
+    fn attach(node: &NetNs) -> Outside {
+        let ns = NetNs::new().expect("outside netns");
+        node.ip(&[
+            "link",
+            "add",
+            "celout",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ])
+        .expect("veth");
+        node.ip(&["addr", "add", "10.98.0.1/30", "dev", "celout"])
+            .expect("addr");
+        ns.ip(&["addr", "add", "10.98.0.2/30", "dev", "eth0"])
+            .expect("addr");
+        for ip in OUTSIDE {
+            ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])
+                .expect("addr");
+        }
+        node.ip(&["link", "set", "celout", "up"]).expect("up");
+        ns.ip(&["link", "set", "eth0", "up"]).expect("up");
+        node.ip(&["route", "add", "10.99.0.0/24", "via", "10.98.0.2"])
+            .expect("route");
+        ns.ip(&["route", "add", "10.245.7.0/24", "via", "10.98.0.1"])
+            .expect("route");
+        Outside { ns }
+    }
+}
+
+/// Service `ext` without a selector and its EndpointSlice, pointing at `backend`.
+fn selectorless_service(backend: Ipv4Addr) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: ext, namespace: shop }}
+spec: {{ ports: [ {{ name: http, port: 81, targetPort: 8080 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: ext-1, namespace: shop, labels: {{ kubernetes.io/service-name: ext }} }}
+addressType: IPv4
+ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
+endpoints: [ {{ addresses: [ "{backend}" ], conditions: {{ ready: true }} }} ]
+"#
+    )
+}
+
+/// client may reach service `ext` only.
+const CLIENT_TO_EXT: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: client-to-ext, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: client } }
+  egress: [ { toServices: [ { k8sService: { serviceName: ext, namespace: shop } } ] } ]
+"#;
+
+/// `toServices` naming a Service without a selector allows the addresses of its
+/// EndpointSlices, at the address and through the ClusterIP, follows the slices as they
+/// change, and allows nothing else.
+#[test]
+fn to_services_allows_the_endpoints_of_a_service_without_selector_and_nothing_else() {
+    let _serial = serial();
+    let c = Cluster::start();
+    let outside = Outside::attach(c.agent.node());
+    let [near, far] = OUTSIDE;
+    let _servers: Vec<TcpServer> = OUTSIDE
+        .iter()
+        .map(|ip| {
+            TcpServer::start(&outside.ns, SocketAddr::new((*ip).into(), PORT), "outside")
+                .expect("server")
+        })
+        .collect();
+    let client = c.netns("client");
+    c.expect_tcp(client, None, near, PORT, true, "no policy yet");
+    assert!(
+        c.reaches("client", far, PORT),
+        "client -> far, no policy yet"
+    );
+
+    c.api
+        .apply(&selectorless_service(near))
+        .expect("service and slice");
+    c.apply_policy(CLIENT_TO_EXT);
+    c.expect_tcp(client, None, near, PORT, true, "the slice's address");
+    assert!(
+        !c.reaches("client", far, PORT),
+        "client -> far: no service's"
+    );
+    assert!(
+        !c.reaches("client", c.ip("web"), PORT),
+        "client -> web: no service's"
+    );
+    assert!(c.reaches("other", far, PORT), "other is not selected");
+    let svc = c
+        .api
+        .api()
+        .get("v1", "Service", Some("shop"), "ext")
+        .expect("stored service");
+    let vip: Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    c.expect_tcp(client, None, vip, 81, true, "through the ClusterIP");
+
+    // The slice now points elsewhere: the policy follows it.
+    c.api
+        .apply(&selectorless_service(far))
+        .expect("the slice moved");
+    c.expect_tcp(client, None, far, PORT, true, "the slice's new address");
+    c.expect_tcp(client, None, near, PORT, false, "no longer the slice's");
+}
+
+/// web admits client, and the addresses of CIDR group `office`.
+const WEB_FROM_OFFICE: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web-from-office, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  ingress:
+  - fromCIDRSet: [ { cidrGroupRef: office } ]
+  - fromEndpoints: [ { matchLabels: { app: client } } ]
+"#;
+
+fn office(cidr: Ipv4Addr) -> String {
+    format!(
+        "apiVersion: cilium.io/v2alpha1\nkind: CiliumCIDRGroup\nmetadata: {{ name: office }}\nspec: {{ externalCIDRs: [ \"{cidr}/32\" ] }}\n"
+    )
+}
+
+/// A policy naming a CIDR group that does not exist is in force (the agent stays ready, the
+/// group admits no one: fail closed); the group, once created, admits its addresses only;
+/// an address taken out of it, or the group deleted, is denied again.
+#[test]
+fn a_cidr_group_admits_its_addresses_and_fails_closed_when_missing_or_deleted() {
+    let _serial = serial();
+    let c = Cluster::start();
+    let outside = Outside::attach(c.agent.node());
+    let [near, far] = OUTSIDE;
+    let web = c.ip("web");
+    c.expect_tcp(&outside.ns, Some(near), web, PORT, true, "no policy yet");
+    assert!(
+        c.answered(&outside.ns, Some(far), web, PORT),
+        "far, no policy yet"
+    );
+
+    c.apply_policy(WEB_FROM_OFFICE);
+    c.expect_tcp(
+        &outside.ns,
+        Some(near),
+        web,
+        PORT,
+        false,
+        "no group: no one",
+    );
+    // In force, not locked down: its other rule holds, and nothing is reported.
+    assert!(c.reaches("client", web, PORT), "client -> web");
+    assert!(!c.reaches("other", web, PORT), "other -> web");
+    let status = c.agent.cli(&["status", "--verbose"]).expect("status");
+    assert!(!status.contains("web-from-office"), "{status}");
+    let status_call = CniCall::new("STATUS", "-")
+        .unset("CNI_CONTAINERID")
+        .unset("CNI_IFNAME")
+        .conf(&c.agent.net_conf("1.1.0"));
+    let (exit, out) = c.agent.cni(&status_call).expect("CNI STATUS");
+    assert!(exit.success(), "CNI STATUS with a group missing: {out}");
+
+    c.api.apply(&office(near)).expect("the group");
+    c.expect_tcp(&outside.ns, Some(near), web, PORT, true, "in the group");
+    assert!(
+        !c.answered(&outside.ns, Some(far), web, PORT),
+        "far: not in it"
+    );
+
+    c.api.apply(&office(far)).expect("the group changed");
+    c.expect_tcp(&outside.ns, Some(far), web, PORT, true, "now in the group");
+    c.expect_tcp(&outside.ns, Some(near), web, PORT, false, "taken out of it");
+
+    c.api
+        .kubectl(&["delete", "ciliumcidrgroup", "office"], "")
+        .expect("kubectl delete");
+    c.expect_tcp(
+        &outside.ns,
+        Some(far),
+        web,
+        PORT,
+        false,
+        "the group deleted",
+    );
+    assert!(
+        c.reaches("client", web, PORT),
+        "client -> web, group deleted"
+    );
 }

@@ -39,6 +39,7 @@ struct RuleView {
     verdict: String,
     peers: Vec<PeerView>,
     ports: Vec<String>,
+    labels: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -87,6 +88,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                             })
                             .collect(),
                         ports: r.ports,
+                        labels: r.labels,
                     })
                     .collect(),
             };
@@ -109,6 +111,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                                 r.subject.clone(),
                                 peers(&r.peers),
                                 r.ports.join(","),
+                                r.labels.join(","),
                             ]
                         })
                         .collect();
@@ -120,6 +123,7 @@ pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
                             "SUBJECT",
                             "PEERS",
                             "PORTS",
+                            "LABELS",
                         ],
                         &rows,
                     );

@@ -2,7 +2,7 @@
 //! sanitizer make.
 //!
 //! Only the L3/L4 part of the language is enforced. The other fields Cilium defines (L7
-//! `rules`, `toFQDNs`, `toServices`, `nodeSelector`, ...) are decoded so that using one is a
+//! `rules`, `toFQDNs`, `nodeSelector`, ...) are decoded so that using one is a
 //! clear "not supported" naming the field, never a rule silently applied without it: a policy
 //! that meant "allow only GET /health" must not become "allow everything on port 80".
 
@@ -11,7 +11,10 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 use crate::Protocol;
-use crate::cilium_policy::{CiliumPeerRule, CiliumPolicy, CiliumRule, Entity};
+use crate::cilium_policy::{
+    CidrGroupMatch, CidrGroupRef, CiliumPeerRule, CiliumPolicy, CiliumRule, Entity, RuleLabel,
+    ServiceRef,
+};
 use crate::policy_port::{CidrBlock, PolicyPort, PortRef, number, parse_cidr, port_from_text};
 use crate::selector::{LabelSelector, RawSelector, SelectorFlavor};
 use crate::validate::{self, FieldError};
@@ -60,9 +63,53 @@ pub struct WireRule {
     #[serde(default)]
     pub description: Option<String>,
     #[serde(default)]
-    pub labels: Option<Value>,
+    pub labels: Option<Vec<WireLabel>>,
     #[serde(default)]
     pub log: Option<Value>,
+}
+
+/// A rule label.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct WireLabel {
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+/// A `toServices` item.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct WireService {
+    #[serde(default)]
+    pub k8s_service: Option<WireServiceName>,
+    #[serde(default)]
+    pub k8s_service_selector: Option<WireServiceSelector>,
+}
+
+/// `k8sService`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct WireServiceName {
+    #[serde(default)]
+    pub service_name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+/// `k8sServiceSelector`.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct WireServiceSelector {
+    #[serde(default)]
+    pub selector: Option<RawSelector>,
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 /// `enableDefaultDeny`.
@@ -124,7 +171,7 @@ pub struct WireEgress {
     #[serde(default)]
     pub to_nodes: Option<Value>,
     #[serde(default)]
-    pub to_services: Option<Value>,
+    pub to_services: Option<Vec<WireService>>,
     #[serde(default, rename = "toFQDNs")]
     pub to_fqdns: Option<Value>,
     #[serde(default)]
@@ -143,9 +190,9 @@ pub struct WireCidrRule {
     #[serde(default)]
     pub except: Option<Vec<String>>,
     #[serde(default)]
-    pub cidr_group_ref: Option<Value>,
+    pub cidr_group_ref: Option<String>,
     #[serde(default)]
-    pub cidr_group_selector: Option<Value>,
+    pub cidr_group_selector: Option<RawSelector>,
 }
 
 /// A `toPorts` item.
@@ -244,7 +291,6 @@ fn rule(field: &str, r: WireRule) -> Result<CiliumRule, FieldError> {
         r.node_selector.is_some(),
         "host policies (nodeSelector)",
     )?;
-    unsupported(format!("{field}.labels"), r.labels.is_some(), "rule labels")?;
     unsupported(format!("{field}.log"), r.log.is_some(), "policy logging")?;
     let endpoint_selector = r.endpoint_selector.ok_or_else(|| {
         FieldError::new(
@@ -263,6 +309,13 @@ fn rule(field: &str, r: WireRule) -> Result<CiliumRule, FieldError> {
     let egress_deny = list(field, "egressDeny", r.egress_deny, egress_rule)?;
     for (name, rules) in [("ingressDeny", &ingress_deny), ("egressDeny", &egress_deny)] {
         for (i, rule) in rules.iter().enumerate() {
+            // A service's backends are only known once it and its slices are read: a deny
+            // rule on them would let through, while they are not, what it means to deny.
+            unsupported(
+                format!("{field}.{name}[{i}].toServices"),
+                rule.services.is_some(),
+                "toServices in a deny rule (a service not read yet would deny nothing)",
+            )?;
             // Cilium's deny port rules have no names: a named port cannot be denied.
             if let Some(p) = rule
                 .ports
@@ -295,7 +348,26 @@ fn rule(field: &str, r: WireRule) -> Result<CiliumRule, FieldError> {
         default_deny_ingress,
         default_deny_egress,
         description: r.description.unwrap_or_default(),
+        labels: rule_labels(&format!("{field}.labels"), r.labels.unwrap_or_default())?,
     })
+}
+
+fn rule_labels(field: &str, labels: Vec<WireLabel>) -> Result<Vec<RuleLabel>, FieldError> {
+    labels
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let key = l
+                .key
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| FieldError::new(format!("{field}[{i}].key"), "is required"))?;
+            Ok(RuleLabel {
+                source: l.source.unwrap_or_default(),
+                key,
+                value: l.value.unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 fn list<W>(
@@ -318,6 +390,7 @@ struct Parts {
     cidr: (&'static str, Option<Vec<String>>),
     cidr_set: (&'static str, Option<Vec<WireCidrRule>>),
     entities: (&'static str, Option<Vec<String>>),
+    services: Option<Vec<WireService>>,
     to_ports: Option<Vec<WirePortRule>>,
 }
 
@@ -347,6 +420,7 @@ fn ingress_rule(field: &str, r: WireIngress) -> Result<CiliumPeerRule, FieldErro
             cidr: ("fromCIDR", r.from_cidr),
             cidr_set: ("fromCIDRSet", r.from_cidr_set),
             entities: ("fromEntities", r.from_entities),
+            services: None,
             to_ports: r.to_ports,
         },
     )
@@ -366,11 +440,6 @@ fn egress_rule(field: &str, r: WireEgress) -> Result<CiliumPeerRule, FieldError>
         "node selectors (toNodes)",
     )?;
     unsupported(
-        f("toServices"),
-        r.to_services.is_some(),
-        "service selectors (toServices)",
-    )?;
-    unsupported(
         f("toFQDNs"),
         r.to_fqdns.is_some(),
         "DNS-based policy (toFQDNs)",
@@ -388,6 +457,7 @@ fn egress_rule(field: &str, r: WireEgress) -> Result<CiliumPeerRule, FieldError>
             cidr: ("toCIDR", r.to_cidr),
             cidr_set: ("toCIDRSet", r.to_cidr_set),
             entities: ("toEntities", r.to_entities),
+            services: r.to_services,
             to_ports: r.to_ports,
         },
     )
@@ -411,6 +481,10 @@ fn peer_rule(field: &str, parts: Parts) -> Result<CiliumPeerRule, FieldError> {
         (
             parts.entities.0,
             parts.entities.1.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "toServices",
+            parts.services.as_ref().is_some_and(|v| !v.is_empty()),
         ),
     ]
     .into_iter()
@@ -450,11 +524,27 @@ fn peer_rule(field: &str, parts: Parts) -> Result<CiliumPeerRule, FieldError> {
         })
         .transpose()?;
     let (set_name, sets) = parts.cidr_set;
-    let cidr_sets = sets
+    let (cidr_sets, cidr_groups) = match sets {
+        None => (None, None),
+        Some(list) => {
+            let (mut blocks, mut groups) = (Vec::new(), Vec::new());
+            for (i, s) in list.into_iter().enumerate() {
+                match cidr_rule(&format!("{field}.{set_name}[{i}]"), s)? {
+                    CidrItem::Block(b) => blocks.push(b),
+                    CidrItem::Group(g) => groups.push(g),
+                }
+            }
+            // An empty list still names peers (none); a list of groups only has no blocks.
+            let blocks = (groups.is_empty() || !blocks.is_empty()).then_some(blocks);
+            (blocks, (!groups.is_empty()).then_some(groups))
+        }
+    };
+    let services = parts
+        .services
         .map(|list| {
             list.into_iter()
                 .enumerate()
-                .map(|(i, s)| cidr_rule(&format!("{field}.{set_name}[{i}]"), s))
+                .map(|(i, s)| service_ref(&format!("{field}.toServices[{i}]"), s))
                 .collect::<Result<Vec<_>, _>>()
         })
         .transpose()?;
@@ -484,26 +574,93 @@ fn peer_rule(field: &str, parts: Parts) -> Result<CiliumPeerRule, FieldError> {
         endpoints,
         cidrs,
         cidr_sets,
+        cidr_groups,
         entities,
+        services,
         ports,
     })
 }
 
-fn cidr_rule(field: &str, s: WireCidrRule) -> Result<CidrBlock, FieldError> {
-    unsupported(
-        format!("{field}.cidrGroupRef"),
-        s.cidr_group_ref.is_some(),
-        "CIDR groups (cidrGroupRef)",
-    )?;
-    unsupported(
-        format!("{field}.cidrGroupSelector"),
-        s.cidr_group_selector.is_some(),
-        "CIDR groups (cidrGroupSelector)",
-    )?;
-    let cidr = s
-        .cidr
-        .ok_or_else(|| FieldError::new(format!("{field}.cidr"), "is required"))?;
-    CidrBlock::new(field, &cidr, &s.except.unwrap_or_default(), false)
+/// A `toServices` item: exactly one of `k8sService` and `k8sServiceSelector`.
+fn service_ref(field: &str, s: WireService) -> Result<ServiceRef, FieldError> {
+    let namespace = |f: String, ns: Option<String>| -> Result<Option<String>, FieldError> {
+        let ns = ns.filter(|n| !n.is_empty());
+        if let Some(n) = &ns {
+            validate::dns1123_label(&f, n)?;
+        }
+        Ok(ns)
+    };
+    match (s.k8s_service, s.k8s_service_selector) {
+        (Some(svc), None) => {
+            let f = format!("{field}.k8sService");
+            let name = svc
+                .service_name
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| FieldError::new(format!("{f}.serviceName"), "is required"))?;
+            validate::dns1123_label(&format!("{f}.serviceName"), &name)?;
+            Ok(ServiceRef::Name {
+                namespace: namespace(format!("{f}.namespace"), svc.namespace)?,
+                name,
+            })
+        }
+        (None, Some(sel)) => {
+            let f = format!("{field}.k8sServiceSelector");
+            let raw = sel
+                .selector
+                .ok_or_else(|| FieldError::new(format!("{f}.selector"), "is required"))?;
+            Ok(ServiceRef::Selector {
+                namespace: namespace(format!("{f}.namespace"), sel.namespace)?,
+                selector: LabelSelector::from_raw(
+                    &format!("{f}.selector"),
+                    raw,
+                    SelectorFlavor::Kubernetes,
+                )?,
+            })
+        }
+        _ => Err(FieldError::new(
+            field,
+            "exactly one of k8sService and k8sServiceSelector is required",
+        )),
+    }
+}
+
+/// A `fromCIDRSet` / `toCIDRSet` item, with a prefix or naming CIDR groups.
+enum CidrItem {
+    Block(CidrBlock),
+    Group(CidrGroupRef),
+}
+
+/// Exactly one of `cidr`, `cidrGroupRef` and `cidrGroupSelector`, as Cilium's CRD requires.
+/// A group's exceptions are checked against its prefixes only when the group is read (it may
+/// not exist yet): each applies to the group prefixes that contain it.
+fn cidr_rule(field: &str, s: WireCidrRule) -> Result<CidrItem, FieldError> {
+    let except = s.except.unwrap_or_default();
+    let groups = match (s.cidr, s.cidr_group_ref, s.cidr_group_selector) {
+        (Some(cidr), None, None) => {
+            return CidrBlock::new(field, &cidr, &except, false).map(CidrItem::Block);
+        }
+        (None, Some(name), None) => {
+            validate::dns1123_subdomain(&format!("{field}.cidrGroupRef"), &name)?;
+            CidrGroupMatch::Name(name)
+        }
+        (None, None, Some(raw)) => CidrGroupMatch::Selector(LabelSelector::from_raw(
+            &format!("{field}.cidrGroupSelector"),
+            raw,
+            SelectorFlavor::Kubernetes,
+        )?),
+        _ => {
+            return Err(FieldError::new(
+                field,
+                "exactly one of cidr, cidrGroupRef and cidrGroupSelector is required",
+            ));
+        }
+    };
+    let except = except
+        .iter()
+        .enumerate()
+        .map(|(i, e)| parse_cidr(&format!("{field}.except[{i}]"), e, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(CidrItem::Group(CidrGroupRef { groups, except }))
 }
 
 fn port_rule(field: &str, r: WirePortRule) -> Result<Vec<PolicyPort>, FieldError> {
@@ -636,10 +793,12 @@ mod tests {
         let err =
             cnp("{endpointSelector: {}, egress: [{toFQDNs: [{matchName: a.com}]}]}").unwrap_err();
         assert_eq!(err.field, "spec.egress[0].toFQDNs");
-        let err =
-            cnp("{endpointSelector: {}, egress: [{toServices: [{k8sService: {serviceName: a}}]}]}")
-                .unwrap_err();
-        assert_eq!(err.field, "spec.egress[0].toServices");
+        let err = cnp(
+            "{endpointSelector: {}, egressDeny: [{toServices: [{k8sService: {serviceName: a}}]}]}",
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "spec.egressDeny[0].toServices");
+        assert!(err.reason.starts_with("not supported: "), "{}", err.reason);
         let err = cnp("{nodeSelector: {}}").unwrap_err();
         assert_eq!(err.field, "spec.nodeSelector");
         let err = cnp("{endpointSelector: {}, ingress: [{fromEndpoint: [{}]}]}").unwrap_err();
@@ -689,6 +848,89 @@ mod tests {
                 "spec.ingressDeny[0].toPorts",
             ),
             ("{ingress: [{}]}", "spec.endpointSelector"),
+        ];
+        for (spec, field) in cases {
+            let err = cnp(spec).unwrap_err();
+            assert_eq!(err.field, field, "{spec}: {}", err.reason);
+        }
+    }
+
+    #[test]
+    fn services_cidr_groups_and_labels_decode() {
+        let p = cnp(r#"
+  endpointSelector: {}
+  labels: [{key: team, value: shop, source: k8s}, {key: audited}]
+  egress:
+  - toServices: [{k8sService: {serviceName: db}}, {k8sService: {serviceName: api, namespace: dev}}]
+    toPorts: [{ports: [{port: "5432", protocol: TCP}]}]
+  - toServices: [{k8sServiceSelector: {selector: {matchLabels: {tier: db}}}}]
+  - toCIDRSet: [{cidrGroupRef: vpn, except: [10.48.0.0/28]}, {cidr: 192.0.2.0/24}, {cidrGroupSelector: {matchLabels: {role: vpn}}}]
+  - toCIDRSet: [{cidrGroupRef: only-groups}]
+"#)
+        .unwrap();
+        let r = &p.rules[0];
+        let labels: Vec<String> = r.labels.iter().map(ToString::to_string).collect();
+        assert_eq!(labels, ["k8s:team=shop", ":audited"]);
+        assert_eq!(
+            r.egress[0].services.as_ref().unwrap()[1],
+            ServiceRef::Name {
+                namespace: Some("dev".into()),
+                name: "api".into()
+            }
+        );
+        assert_eq!(r.egress[0].ports.as_ref().unwrap().len(), 1);
+        assert!(matches!(
+            &r.egress[1].services.as_ref().unwrap()[0],
+            ServiceRef::Selector { namespace: None, selector } if selector.match_labels["tier"] == "db"
+        ));
+        let groups = r.egress[2].cidr_groups.as_ref().unwrap();
+        assert_eq!(groups[0].groups, CidrGroupMatch::Name("vpn".into()));
+        assert_eq!(groups[0].except[0].to_string(), "10.48.0.0/28");
+        assert!(matches!(groups[1].groups, CidrGroupMatch::Selector(_)));
+        assert_eq!(r.egress[2].cidr_sets.as_ref().unwrap().len(), 1);
+        // Groups alone: no literal blocks, and the rule still names peers.
+        assert!(r.egress[3].cidr_sets.is_none() && r.egress[3].has_peer_fields());
+    }
+
+    #[test]
+    fn services_cidr_groups_and_labels_errors_name_their_field() {
+        let cases = [
+            (
+                "{endpointSelector: {}, egress: [{toServices: [{}]}]}",
+                "spec.egress[0].toServices[0]",
+            ),
+            (
+                "{endpointSelector: {}, egress: [{toServices: [{k8sService: {namespace: a}}]}]}",
+                "spec.egress[0].toServices[0].k8sService.serviceName",
+            ),
+            (
+                "{endpointSelector: {}, egress: [{toServices: [{k8sServiceSelector: {namespace: a}}]}]}",
+                "spec.egress[0].toServices[0].k8sServiceSelector.selector",
+            ),
+            (
+                "{endpointSelector: {}, egress: [{toServices: [{k8sService: {serviceName: a}}], toEndpoints: [{}]}]}",
+                "spec.egress[0]",
+            ),
+            (
+                "{endpointSelector: {}, egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, cidrGroupRef: a}]}]}",
+                "spec.egress[0].toCIDRSet[0]",
+            ),
+            (
+                "{endpointSelector: {}, ingress: [{fromCIDRSet: [{cidrGroupRef: a, except: [10.0.0.0/40]}]}]}",
+                "spec.ingress[0].fromCIDRSet[0].except[0]",
+            ),
+            (
+                "{endpointSelector: {}, ingress: [{fromCIDRSet: [{cidrGroupRef: Bad_Name}]}]}",
+                "spec.ingress[0].fromCIDRSet[0].cidrGroupRef",
+            ),
+            (
+                "{endpointSelector: {}, labels: [{value: x}]}",
+                "spec.labels[0].key",
+            ),
+            (
+                "{endpointSelector: {}, ingress: [{toServices: []}]}",
+                "spec.ingress[0].toServices",
+            ),
         ];
         for (spec, field) in cases {
             let err = cnp(spec).unwrap_err();

@@ -106,10 +106,15 @@ pub struct CiliumPeerRule {
     pub endpoints: Option<Vec<LabelSelector>>,
     /// `fromCIDR` / `toCIDR`.
     pub cidrs: Option<Vec<IpNet>>,
-    /// `fromCIDRSet` / `toCIDRSet`.
+    /// `fromCIDRSet` / `toCIDRSet` items with a `cidr`.
     pub cidr_sets: Option<Vec<CidrBlock>>,
+    /// `fromCIDRSet` / `toCIDRSet` items naming CIDR groups (`cidrGroupRef`,
+    /// `cidrGroupSelector`); `None` when the rule has none.
+    pub cidr_groups: Option<Vec<CidrGroupRef>>,
     /// `fromEntities` / `toEntities`.
     pub entities: Option<Vec<Entity>>,
+    /// `toServices` (egress only).
+    pub services: Option<Vec<ServiceRef>>,
     /// The ports of every `toPorts` entry; `None` (or empty) = every port and protocol.
     pub ports: Option<Vec<PolicyPort>>,
 }
@@ -120,7 +125,69 @@ impl CiliumPeerRule {
         self.endpoints.is_some()
             || self.cidrs.is_some()
             || self.cidr_sets.is_some()
+            || self.cidr_groups.is_some()
             || self.entities.is_some()
+            || self.services.is_some()
+    }
+}
+
+/// A `fromCIDRSet` / `toCIDRSet` item naming CIDR groups: every prefix of the groups, less
+/// the exceptions inside it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CidrGroupRef {
+    /// Which groups.
+    pub groups: CidrGroupMatch,
+    /// `except`: prefixes left out of every group prefix that contains them.
+    pub except: Vec<IpNet>,
+}
+
+/// How a CIDR set item names its groups.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CidrGroupMatch {
+    /// `cidrGroupRef`: one group by name.
+    Name(String),
+    /// `cidrGroupSelector`: the groups whose labels the selector matches.
+    Selector(LabelSelector),
+}
+
+/// A `toServices` item: the services whose backends a rule selects.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ServiceRef {
+    /// `k8sService`: services by name.
+    Name {
+        /// `namespace`; `None`: every namespace, as in Cilium (not the policy's own).
+        namespace: Option<String>,
+        /// `serviceName`.
+        name: String,
+    },
+    /// `k8sServiceSelector`: the services whose labels the selector matches.
+    Selector {
+        /// `namespace`; `None`: every namespace, as in Cilium (not the policy's own).
+        namespace: Option<String>,
+        /// `selector`, on the services' own labels.
+        selector: LabelSelector,
+    },
+}
+
+/// A rule label (`spec.labels` item): names the rule, changes nothing it does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RuleLabel {
+    /// `source`; empty when not given (Cilium keeps it so, and prints `:key=value`).
+    pub source: String,
+    /// `key`.
+    pub key: String,
+    /// `value`; may be empty.
+    pub value: String,
+}
+
+impl fmt::Display for RuleLabel {
+    /// `source:key=value`, or `source:key` without a value, as Cilium prints labels.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.source, self.key)?;
+        if !self.value.is_empty() {
+            write!(f, "={}", self.value)?;
+        }
+        Ok(())
     }
 }
 
@@ -144,6 +211,8 @@ pub struct CiliumRule {
     pub default_deny_egress: bool,
     /// `description`.
     pub description: String,
+    /// `labels`: what names the rule.
+    pub labels: Vec<RuleLabel>,
 }
 
 /// The content shared by both Cilium kinds.

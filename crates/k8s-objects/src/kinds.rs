@@ -6,8 +6,8 @@ use crate::key::{Object, ObjectKey};
 use crate::service::ServiceDraft;
 use crate::validate::FieldError;
 use crate::{
-    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
+    CiliumCidrGroup, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity,
+    CiliumNetworkPolicy, CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
 };
 
 /// A decoded, checked object of a supported kind.
@@ -23,6 +23,8 @@ pub enum Parsed {
     CiliumNetworkPolicy(CiliumNetworkPolicy),
     /// `cilium.io/v2/CiliumClusterwideNetworkPolicy`.
     CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy),
+    /// `cilium.io/v2/CiliumCIDRGroup` (or `v2alpha1`).
+    CiliumCidrGroup(CiliumCidrGroup),
     /// `v1/Service`, its cluster IP not decided yet.
     Service(Box<ServiceDraft>),
     /// `discovery.k8s.io/v1/EndpointSlice`.
@@ -46,6 +48,7 @@ impl Parsed {
             Parsed::NetworkPolicy(_) => NetworkPolicy::KIND,
             Parsed::CiliumNetworkPolicy(_) => CiliumNetworkPolicy::KIND,
             Parsed::CiliumClusterwideNetworkPolicy(_) => CiliumClusterwideNetworkPolicy::KIND,
+            Parsed::CiliumCidrGroup(_) => CiliumCidrGroup::KIND,
             Parsed::Service(_) => Service::KIND,
             Parsed::EndpointSlice(_) => EndpointSlice::KIND,
             Parsed::Node(_) => Node::KIND,
@@ -63,6 +66,7 @@ impl Parsed {
             Parsed::NetworkPolicy(o) => o.key(),
             Parsed::CiliumNetworkPolicy(o) => o.key(),
             Parsed::CiliumClusterwideNetworkPolicy(o) => o.key(),
+            Parsed::CiliumCidrGroup(o) => o.key(),
             Parsed::Service(d) => d.service.key(),
             Parsed::EndpointSlice(o) => o.key(),
             Parsed::Node(o) => o.key(),
@@ -77,6 +81,7 @@ impl Parsed {
         match self {
             Parsed::Namespace(_)
             | Parsed::CiliumClusterwideNetworkPolicy(_)
+            | Parsed::CiliumCidrGroup(_)
             | Parsed::Node(_)
             | Parsed::CiliumNode(_)
             | Parsed::CiliumIdentity(_) => None,
@@ -97,6 +102,8 @@ pub const SUPPORTED: &[&str] = &[
     "networking.k8s.io/v1/NetworkPolicy",
     "cilium.io/v2/CiliumNetworkPolicy",
     "cilium.io/v2/CiliumClusterwideNetworkPolicy",
+    "cilium.io/v2/CiliumCIDRGroup",
+    "cilium.io/v2alpha1/CiliumCIDRGroup",
     "v1/Service",
     "discovery.k8s.io/v1/EndpointSlice",
 ];
@@ -118,6 +125,9 @@ pub fn parse(doc: &Document) -> Result<Parsed, FieldError> {
             decode::<CiliumPolicyDoc>(doc.value.clone())?
                 .into_policy(true)
                 .map(|p| Parsed::CiliumClusterwideNetworkPolicy(CiliumClusterwideNetworkPolicy(p)))
+        }
+        (version, "CiliumCIDRGroup") if crate::CIDR_GROUP_VERSIONS.contains(&version) => {
+            CiliumCidrGroup::from_doc(doc.value.clone()).map(Parsed::CiliumCidrGroup)
         }
         ("v1", "Service") => {
             Service::from_k8s(decode(doc.value.clone())?).map(|d| Parsed::Service(Box::new(d)))
@@ -144,7 +154,7 @@ pub fn check_kind(doc: &Document) -> Result<&'static str, FieldError> {
 pub fn namespaced(doc: &Document) -> bool {
     !matches!(
         doc.kind.as_str(),
-        "Namespace" | "CiliumClusterwideNetworkPolicy"
+        "Namespace" | "CiliumClusterwideNetworkPolicy" | "CiliumCIDRGroup"
     )
 }
 

@@ -17,6 +17,7 @@ mod key;
 pub mod kinds;
 pub mod validate;
 
+mod cidr_group;
 mod cilium_cluster;
 pub mod cilium_decode;
 mod cilium_policy;
@@ -31,10 +32,11 @@ mod selector;
 pub mod service;
 pub mod service_exposure;
 
+pub use cidr_group::{CIDR_GROUP_VERSIONS, CiliumCidrGroup};
 pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPeerRule, CiliumPolicy, CiliumRule,
-    Entity,
+    CidrGroupMatch, CidrGroupRef, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy,
+    CiliumPeerRule, CiliumPolicy, CiliumRule, Entity, RuleLabel, ServiceRef,
 };
 pub use endpoint_slice::{
     CONTROLLER_MANAGED_BY, EndpointSlice, SERVICE_NAME_LABEL, ServiceOwner, SliceEndpoint,

@@ -206,6 +206,8 @@ pub struct Service {
     /// The labels of the pods (of its namespace) that back it; empty = no selector, so its
     /// backends come from EndpointSlices alone.
     pub selector: BTreeMap<String, String>,
+    /// `metadata.labels` (what a policy's `toServices.k8sServiceSelector` selects by).
+    pub labels: BTreeMap<String, String>,
     /// `spec.internalTrafficPolicy`: which endpoints serve connections from this node's pods
     /// (`Local`: only this node's; none there, no backend: refused, never sent elsewhere).
     pub internal_traffic_policy: TrafficPolicy,
@@ -261,7 +263,8 @@ impl Service {
         dns1035_label("metadata.name", &name)?;
         let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
         validate::dns1123_label("metadata.namespace", &namespace)?;
-        validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let labels = meta.labels.clone().unwrap_or_default();
+        validate::labels("metadata.labels", &labels)?;
         let lb_algorithm = lb_algorithm(meta.annotations.as_ref())?;
         let uid = meta.uid.filter(|u| !u.is_empty());
         let spec = svc.spec.unwrap_or_default();
@@ -299,6 +302,7 @@ impl Service {
                 ip_family_policy: IpFamilyPolicy::SingleStack,
                 ports,
                 selector,
+                labels,
                 internal_traffic_policy,
                 lb_algorithm,
                 session_affinity,

@@ -235,6 +235,16 @@ pub const KINDS: &[Kind] = &[
     ),
     row(
         "cilium.io",
+        "v2alpha1",
+        "ciliumcidrgroups",
+        "ciliumcidrgroup",
+        "CiliumCIDRGroup",
+        false,
+        true,
+        &["ccg"],
+    ),
+    row(
+        "cilium.io",
         "v2",
         "ciliumnodes",
         "ciliumnode",

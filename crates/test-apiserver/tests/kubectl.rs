@@ -48,6 +48,12 @@ kind: CiliumNetworkPolicy
 metadata: {name: cnp, namespace: team}
 spec:
   endpointSelector: {matchLabels: {app: web}}
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumCIDRGroup
+metadata: {name: office, labels: {site: hq}}
+spec:
+  externalCIDRs: [192.0.2.0/24]
 "#;
 
 const MULTI_BEFORE: &str = r#"
@@ -146,7 +152,8 @@ async fn kubectl_commands() {
     let out = k.ok(&["apply", "-f", file]).await;
     assert!(
         out.contains("pod/web created")
-            && out.contains("ciliumnetworkpolicy.cilium.io/cnp created"),
+            && out.contains("ciliumnetworkpolicy.cilium.io/cnp created")
+            && out.contains("ciliumcidrgroup.cilium.io/office created"),
         "{out}"
     );
     let svc = server.get("v1", "Service", Some("team"), "web").unwrap();
@@ -180,6 +187,10 @@ async fn kubectl_commands() {
     );
     let by_short_name = k.ok(&["get", "cnp", "-n", "team", "-o", "name"]).await;
     assert_eq!(by_short_name.trim(), "ciliumnetworkpolicy.cilium.io/cnp");
+    let group: Value =
+        serde_json::from_str(&k.ok(&["get", "ccg", "office", "-o", "json"]).await).unwrap();
+    assert_eq!(group["apiVersion"], "cilium.io/v2alpha1");
+    assert_eq!(group["spec"]["externalCIDRs"][0], "192.0.2.0/24");
     let resources = k.ok(&["api-resources"]).await;
     for kind in [
         "CiliumNetworkPolicy",
@@ -187,6 +198,7 @@ async fn kubectl_commands() {
         "CiliumNode",
         "CiliumIdentity",
         "CiliumEndpoint",
+        "CiliumCIDRGroup",
     ] {
         assert!(resources.contains(kind), "{resources}");
     }
@@ -327,7 +339,16 @@ async fn kubectl_commands() {
     // delete -f: the namespace takes its objects at once, so the rest are already gone.
     let out = k.ok(&["delete", "--ignore-not-found", "-f", file]).await;
     assert!(out.contains("namespace \"team\" deleted"), "{out}");
+    assert!(
+        out.contains("ciliumcidrgroup.cilium.io \"office\" deleted"),
+        "{out}"
+    );
     assert!(server.get("v1", "Pod", Some("team"), "web").is_none());
+    assert!(
+        server
+            .get("cilium.io/v2alpha1", "CiliumCIDRGroup", None, "office")
+            .is_none()
+    );
     assert!(
         server
             .list("networking.k8s.io/v1", "NetworkPolicy")

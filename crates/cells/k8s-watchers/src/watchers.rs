@@ -376,6 +376,7 @@ mod tests {
                 "networkpolicies",
                 "ciliumnetworkpolicies",
                 "ciliumclusterwidenetworkpolicies",
+                "ciliumcidrgroups",
                 "ciliumnodes",
                 "ciliumidentities",
                 "ciliumendpoints"

@@ -87,6 +87,10 @@ struct Sources {
     named_ports: watch::Receiver<u64>,
     gaps: watch::Receiver<Vec<PolicyGap>>,
     id_events: broadcast::Receiver<IdentityEvent>,
+    /// The revisions of the CIDR groups, services and EndpointSlices Cilium rules name.
+    cidr_groups: watch::Receiver<u64>,
+    services: watch::Receiver<u64>,
+    slices: watch::Receiver<u64>,
 }
 
 impl Sources {
@@ -103,6 +107,9 @@ impl Sources {
             .cilium_clusterwide_network_policies
             .snapshot_and_subscribe();
         let named_ports = ipcache.named_port_changes();
+        let cidr_groups = res.cilium_cidr_groups.revision();
+        let services = res.services.revision();
+        let slices = res.endpoint_slices.revision();
         let mut gaps = res.policy_gaps();
         let (snapshot, id_events) = ids.snapshot_and_subscribe();
         // Identities before rules, so the first revision already resolves selectors fully.
@@ -117,6 +124,9 @@ impl Sources {
             named_ports,
             gaps,
             id_events,
+            cidr_groups,
+            services,
+            slices,
         }
     }
 }
@@ -160,12 +170,25 @@ async fn feed(
                 Ok(()) => repo.sync_named_ports(),
                 Err(_) => return Err("the ipcache's named port changes ended".into()),
             },
+            changed = s.cidr_groups.changed() => dependency(&repo, changed)?,
+            changed = s.services.changed() => dependency(&repo, changed)?,
+            changed = s.slices.changed() => dependency(&repo, changed)?,
             changed = s.gaps.changed() => match changed {
                 Ok(()) => repo.set_policy_gaps(s.gaps.borrow_and_update().clone()),
                 Err(_) => return Err("the records' policy gaps ended".into()),
             },
         }
     }
+}
+
+/// A CIDR group, service or EndpointSlice changed: the Cilium rules naming them follow.
+fn dependency(
+    repo: &PolicyRepository,
+    changed: Result<(), watch::error::RecvError>,
+) -> Result<(), BoxError> {
+    changed.map_err(|_| "the CIDR group, service or EndpointSlice revisions ended")?;
+    repo.follow_dependencies();
+    Ok(())
 }
 
 fn table_event<T: Object>(
@@ -241,6 +264,87 @@ mod tests {
         let repo = slot.lock().unwrap().clone().unwrap();
         assert_eq!(resources.network_policies.len(), 1);
         eventually("the policy is applied", || repo.rules().len() == 2).await;
+        hive.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn cilium_rules_follow_their_cidr_groups_and_services() {
+        let resources = Resources::new();
+        let ipcache = Ipcache::in_memory();
+        let slot: Arc<Mutex<Option<Arc<PolicyRepository>>>> = Arc::default();
+        let (r, c, s) = (resources.clone(), ipcache.clone(), slot.clone());
+        let mut hive = Hive::new([
+            Module::new("tables", "The resources, identities and ipcache, in memory")
+                .provide(move || r.clone())
+                .provide(Identities::in_memory)
+                .provide(move || c.clone())
+                .into(),
+            crate::cell()
+                .invoke(move |repo: Arc<PolicyRepository>| {
+                    *s.lock().unwrap() = Some(repo);
+                })
+                .into(),
+        ])
+        .with_config(ConfigSources::new());
+        hive.start().await.unwrap();
+        let repo = slot.lock().unwrap().clone().unwrap();
+        resources
+            .apply(
+                "p.yaml",
+                "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: out}\nspec:\n  endpointSelector: {}\n  labels: [{key: name, value: out, source: k8s}]\n  egress:\n  - toCIDRSet: [{cidrGroupRef: vpn}]\n  - toServices: [{k8sService: {serviceName: ext}}]\n",
+            )
+            .unwrap();
+        eventually("the policy is taken in", || {
+            repo.rules().iter().any(|r| r.labels == ["k8s:name=out"])
+        })
+        .await;
+        let peers = |repo: &PolicyRepository| -> Vec<String> {
+            repo.rules()
+                .into_iter()
+                .flat_map(|r| r.peers.into_iter().map(|(s, _)| s))
+                .collect()
+        };
+        assert!(peers(&repo).is_empty(), "{:?}", peers(&repo));
+        let group = |cidrs: &str| {
+            format!(
+                "apiVersion: cilium.io/v2\nkind: CiliumCIDRGroup\nmetadata: {{name: vpn}}\nspec: {{externalCIDRs: [{cidrs}]}}\n"
+            )
+        };
+        let in_ipcache = |ip: &str| ipcache.lookup(ip.parse().unwrap()).is_some();
+        // The group comes: its prefix gets a CIDR identity, in the ipcache.
+        resources
+            .apply("g.yaml", &group("198.51.100.0/24"))
+            .unwrap();
+        eventually("the group's prefix is a peer", || {
+            in_ipcache("198.51.100.7")
+        })
+        .await;
+        // It changes: the old prefix goes, the new one comes.
+        resources.apply("g.yaml", &group("203.0.113.0/24")).unwrap();
+        eventually("the new prefix replaces the old", || {
+            in_ipcache("203.0.113.7") && !in_ipcache("198.51.100.7")
+        })
+        .await;
+        // A service without a selector: the addresses of its slices, as they come.
+        resources
+            .apply(
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {ports: [{port: 443}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ext-1, labels: {kubernetes.io/service-name: ext}}\naddressType: IPv4\nendpoints: [{addresses: [192.0.2.10]}]\n",
+            )
+            .unwrap();
+        eventually("the backend is a peer", || in_ipcache("192.0.2.10")).await;
+        resources
+            .apply(
+                "slice.yaml",
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ext-1, labels: {kubernetes.io/service-name: ext}}\naddressType: IPv4\nendpoints: [{addresses: [192.0.2.10]}, {addresses: [192.0.2.11]}]\n",
+            )
+            .unwrap();
+        eventually("the new backend is a peer", || in_ipcache("192.0.2.11")).await;
+        // The group goes: its prefix too.
+        resources
+            .delete("g.yaml", &group("203.0.113.0/24"))
+            .unwrap();
+        eventually("the group's prefix is gone", || !in_ipcache("203.0.113.7")).await;
         hive.stop().await.unwrap();
     }
 

@@ -55,6 +55,7 @@ impl PolicyApi for PolicyService {
                     })
                     .collect(),
                 ports: r.ports,
+                labels: r.labels,
             })
             .collect();
         Ok(Response::new(GetPolicyResponse {

@@ -11,8 +11,8 @@ use cellium_ipcache::Ipcache;
 use cellium_labels::{Label, Labels, POD_NAMESPACE_LABEL, source};
 use cellium_policy::{Direction, Verdict};
 use cellium_resources::{
-    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, NetworkPolicy, Object, ObjectKey,
-    PolicyGap, Resources,
+    CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy, CiliumPolicy, NetworkPolicy, Object,
+    ObjectKey, PolicyGap, Resources,
 };
 use ipnet::IpNet;
 use tokio::sync::watch;
@@ -23,6 +23,7 @@ use crate::resolve::{self, EndpointPolicy, PeerPorts, Subject};
 use crate::rule::{Origin, Peer, PolicyKind, RuleSet};
 use crate::selector_cache::SelectorCache;
 use crate::translate;
+use crate::translate::deps::{self, Deps};
 
 type SourceKey = (PolicyKind, ObjectKey);
 
@@ -45,6 +46,8 @@ pub struct RuleInfo {
     pub peers: Vec<(String, Vec<u32>)>,
     /// The ports (`80/tcp`, `http/tcp`, `*` for everything).
     pub ports: Vec<String>,
+    /// The labels that name the rule (`source:key=value`).
+    pub labels: Vec<String>,
 }
 
 /// A cached selector as `cellium policy selectors` shows it.
@@ -76,6 +79,12 @@ struct State {
     lockdown: Lockdown,
     revision: u64,
     resolved: HashMap<ResolveKey, Arc<EndpointPolicy>>,
+    /// The tables Cilium rules name CIDR groups and services from; `None` until the first
+    /// [`PolicyRepository::sync_resources`] (groups and services then select nothing).
+    deps: Option<Deps>,
+    /// The Cilium policies whose translation reads `deps`, translated again when those
+    /// tables change ([`PolicyRepository::follow_dependencies`]).
+    dependents: BTreeMap<SourceKey, CiliumPolicy>,
 }
 
 /// The node's policy repository (see the crate docs).
@@ -181,20 +190,60 @@ impl PolicyRepository {
 
     /// Adds or replaces a CiliumNetworkPolicy.
     pub fn upsert_cilium_network_policy(&self, p: &CiliumNetworkPolicy) {
-        let kind = PolicyKind::CiliumNetworkPolicy;
-        self.set_source((kind, p.key()), translate::cilium::translate(kind, p));
+        self.set_cilium((PolicyKind::CiliumNetworkPolicy, p.key()), p);
     }
 
     /// Adds or replaces a CiliumClusterwideNetworkPolicy.
     pub fn upsert_cilium_clusterwide_network_policy(&self, p: &CiliumClusterwideNetworkPolicy) {
-        let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
-        self.set_source((kind, p.key()), translate::cilium::translate(kind, p));
+        self.set_cilium((PolicyKind::CiliumClusterwideNetworkPolicy, p.key()), p);
+    }
+
+    /// Translates a Cilium policy against the current CIDR groups and services, remembering
+    /// it when it names any, so that it follows them.
+    fn set_cilium(&self, key: SourceKey, p: &CiliumPolicy) {
+        let mut st = self.lock();
+        let translated = translate::cilium::translate(key.0, p, st.deps.as_ref());
+        if deps::depends(p) {
+            st.dependents.insert(key.clone(), p.clone());
+        } else {
+            st.dependents.remove(&key);
+        }
+        if self.take_source(&mut st, key, translated) {
+            self.changed(&mut st);
+        }
+        self.report(&st);
+    }
+
+    /// Translates again the Cilium policies that name CIDR groups or services (level-triggered:
+    /// the `feed` job calls it at every change of the CIDR groups, services and EndpointSlices).
+    pub fn follow_dependencies(&self) {
+        let mut st = self.lock();
+        if st.dependents.is_empty() {
+            return;
+        }
+        let translated: Vec<(SourceKey, Result<RuleSet, String>)> = st
+            .dependents
+            .iter()
+            .map(|(key, p)| {
+                let t = translate::cilium::translate(key.0, p, st.deps.as_ref());
+                (key.clone(), t)
+            })
+            .collect();
+        let mut changed = false;
+        for (key, t) in translated {
+            changed |= self.take_source(&mut st, key, t);
+        }
+        if changed {
+            self.changed(&mut st);
+        }
+        self.report(&st);
     }
 
     /// Removes the rules of one object.
     pub fn remove(&self, kind: PolicyKind, key: &ObjectKey) {
         let mut st = self.lock();
         st.problems.remove(&(kind, key.clone()));
+        st.dependents.remove(&(kind, key.clone()));
         if self.replace(&mut st, (kind, key.clone()), None) {
             self.changed(&mut st);
         }
@@ -211,18 +260,38 @@ impl PolicyRepository {
                 let translated = translate::network_policy::translate(p);
                 ((PolicyKind::NetworkPolicy, p.key()), translated)
             });
+        let deps = Deps::of(resources);
         let kind = PolicyKind::CiliumNetworkPolicy;
-        sources.extend(translate::all(
-            &resources.cilium_network_policies.list(),
-            |p| ((kind, p.key()), translate::cilium::translate(kind, p)),
-        ));
+        let cnps = resources.cilium_network_policies.list();
+        sources.extend(translate::all(&cnps, |p| {
+            (
+                (kind, p.key()),
+                translate::cilium::translate(kind, p, Some(&deps)),
+            )
+        }));
         let kind = PolicyKind::CiliumClusterwideNetworkPolicy;
         let ccnps = resources.cilium_clusterwide_network_policies.list();
         sources.extend(translate::all(&ccnps, |p| {
-            ((kind, p.key()), translate::cilium::translate(kind, p))
+            (
+                (kind, p.key()),
+                translate::cilium::translate(kind, p, Some(&deps)),
+            )
         }));
+        let dependents: BTreeMap<SourceKey, CiliumPolicy> = cnps
+            .iter()
+            .map(|p| ((PolicyKind::CiliumNetworkPolicy, p.key()), &p.0))
+            .chain(
+                ccnps
+                    .iter()
+                    .map(|p| ((PolicyKind::CiliumClusterwideNetworkPolicy, p.key()), &p.0)),
+            )
+            .filter(|(_, p)| deps::depends(p))
+            .map(|(k, p)| (k, p.clone()))
+            .collect();
         let present: BTreeSet<SourceKey> = sources.iter().map(|(k, _)| k.clone()).collect();
         let mut st = self.lock();
+        st.deps = Some(deps);
+        st.dependents = dependents;
         let mut changed = false;
         for (key, translated) in sources {
             changed |= self.take_source(&mut st, key, translated);
@@ -337,6 +406,7 @@ impl PolicyRepository {
                     verdict: None,
                     peers: Vec::new(),
                     ports: Vec::new(),
+                    labels: e.labels.clone(),
                 });
             }
             for r in &set.rules {
@@ -368,6 +438,7 @@ impl PolicyRepository {
                     verdict: Some(r.verdict),
                     peers,
                     ports,
+                    labels: r.labels.clone(),
                 });
             }
         }

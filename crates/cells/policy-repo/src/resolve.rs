@@ -286,6 +286,7 @@ mod tests {
             enforce: vec![Enforcement {
                 subject: db.clone(),
                 direction: Direction::Ingress,
+                labels: Vec::new(),
             }],
             rules: vec![Rule {
                 origin,
@@ -297,6 +298,7 @@ mod tests {
                     protocol: Some(Protocol::Tcp),
                     ports: PortMatch::Named("sql".into()),
                 }],
+                labels: Vec::new(),
             }],
             ..RuleSet::default()
         };

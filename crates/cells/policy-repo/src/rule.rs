@@ -133,6 +133,8 @@ pub struct Rule {
     pub peers: Vec<Peer>,
     /// The ports; empty = every port and protocol.
     pub ports: Vec<PortSpec>,
+    /// The labels that name the rule (a Cilium rule's `labels`, as `source:key=value`).
+    pub labels: Vec<String>,
 }
 
 /// A subject put into default deny in one direction.
@@ -142,6 +144,8 @@ pub struct Enforcement {
     pub subject: Selector,
     /// The direction.
     pub direction: Direction,
+    /// The labels that name the rule that switched it on.
+    pub labels: Vec<String>,
 }
 
 /// Everything one policy object says.
@@ -239,6 +243,7 @@ mod tests {
         let enforce = |subject: &str| Enforcement {
             subject: subject.parse().unwrap(),
             direction: Direction::Ingress,
+            labels: Vec::new(),
         };
         let set = |subjects: &[&str]| RuleSet {
             enforce: subjects.iter().map(|s| enforce(s)).collect(),

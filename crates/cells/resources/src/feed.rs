@@ -33,14 +33,14 @@ use cellium_k8s_objects::kinds::Parsed;
 use cellium_k8s_objects::service::{RequestedIp, ServiceDraft};
 use cellium_k8s_objects::validate::FieldError;
 use cellium_k8s_objects::{
-    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, ClusterIp, EndpointSlice, IpFamily, IpFamilyPolicy, Namespace, NetworkPolicy, Node,
-    Pod, Service,
+    CiliumCidrGroup, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity,
+    CiliumNetworkPolicy, CiliumNode, ClusterIp, EndpointSlice, IpFamily, IpFamilyPolicy, Namespace,
+    NetworkPolicy, Node, Pod, Service,
 };
 use cellium_k8s_objects::{Object, ObjectKey};
 
 /// The kinds the API server feeds, as `(apiVersion, kind)`.
-pub const API_KINDS: [(&str, &str); 11] = [
+pub const API_KINDS: [(&str, &str); 12] = [
     ("v1", Namespace::KIND),
     ("v1", Pod::KIND),
     ("v1", Node::KIND),
@@ -49,6 +49,8 @@ pub const API_KINDS: [(&str, &str); 11] = [
     ("networking.k8s.io/v1", NetworkPolicy::KIND),
     ("cilium.io/v2", CiliumNetworkPolicy::KIND),
     ("cilium.io/v2", CiliumClusterwideNetworkPolicy::KIND),
+    // The version Cilium 1.17 and 1.18 both serve.
+    ("cilium.io/v2alpha1", CiliumCidrGroup::KIND),
     ("cilium.io/v2", CiliumNode::KIND),
     ("cilium.io/v2", CiliumIdentity::KIND),
     ("cilium.io/v2", CiliumEndpoint::KIND),
@@ -248,7 +250,12 @@ pub(crate) fn key_of(kind: &str, value: &Value) -> Option<ObjectKey> {
 pub(crate) fn key_from(kind: &str, name: &str, namespace: Option<&str>) -> Option<ObjectKey> {
     let clusterwide = matches!(
         kind,
-        "Namespace" | "Node" | "CiliumClusterwideNetworkPolicy" | "CiliumNode" | "CiliumIdentity"
+        "Namespace"
+            | "Node"
+            | "CiliumClusterwideNetworkPolicy"
+            | "CiliumCIDRGroup"
+            | "CiliumNode"
+            | "CiliumIdentity"
     );
     Some(if clusterwide {
         ObjectKey::cluster(name)
@@ -275,6 +282,16 @@ pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldErro
             let mut draft = Service::from_k8s(lenient(value)?)?;
             as_decided(&mut draft)?;
             Ok(Parsed::Service(Box::new(draft)))
+        }
+        "CiliumCIDRGroup" => {
+            // Strictly, as the policies that name it: list items come without their type.
+            if let Some(obj) = value.as_object_mut() {
+                obj.insert("apiVersion".into(), "cilium.io/v2alpha1".into());
+                obj.insert("kind".into(), kind.into());
+            }
+            let yaml = serde_yaml::to_value(&value)
+                .map_err(|e| FieldError::new("", format!("not a valid object: {e}")))?;
+            CiliumCidrGroup::from_doc(yaml).map(Parsed::CiliumCidrGroup)
         }
         "CiliumNetworkPolicy" | "CiliumClusterwideNetworkPolicy" => {
             // List items come without their type; the decoder wants it.

@@ -21,8 +21,8 @@ use crate::table::Table;
 use crate::writers::Writers;
 use cellium_k8s_objects::gap::{self, GapScope, PolicyGap};
 use cellium_k8s_objects::{
-    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
+    CiliumCidrGroup, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity,
+    CiliumNetworkPolicy, CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service,
 };
 use cellium_k8s_objects::{Object, ObjectKey};
 
@@ -82,6 +82,8 @@ pub struct Resources {
     pub cilium_network_policies: Table<CiliumNetworkPolicy>,
     /// `cilium.io/v2` CiliumClusterwideNetworkPolicies (keys without a namespace).
     pub cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
+    /// `cilium.io/v2` CiliumCIDRGroups (keys without a namespace).
+    pub cilium_cidr_groups: Table<CiliumCidrGroup>,
     /// `v1` Services, their cluster IPs decided (allocated from `service-cidr` when not
     /// given).
     pub services: Table<Service>,
@@ -135,11 +137,14 @@ pub(crate) struct State {
 
 /// The kinds whose records, when not in force, can leave an endpoint less restricted than the
 /// policy recorded for it: the policies themselves, and the pods' and namespaces' labels they
-/// select by. (A Service or an EndpointSlice not in force closes something, never opens.)
-const POLICY_KINDS: [&str; 5] = [
+/// select by, and the CIDR groups their CIDR rules name (a deny rule's group that is not in
+/// force denies nothing). (A Service or an EndpointSlice not in force closes something, never
+/// opens: `toServices` is taken in allow rules only.)
+const POLICY_KINDS: [&str; 6] = [
     "NetworkPolicy",
     "CiliumNetworkPolicy",
     "CiliumClusterwideNetworkPolicy",
+    "CiliumCIDRGroup",
     "Pod",
     "Namespace",
 ];
@@ -252,6 +257,7 @@ impl Resources {
             network_policies: readers.network_policies,
             cilium_network_policies: readers.cilium_network_policies,
             cilium_clusterwide_network_policies: readers.cilium_clusterwide_network_policies,
+            cilium_cidr_groups: readers.cilium_cidr_groups,
             services: readers.services,
             endpoint_slices: readers.endpoint_slices,
             nodes: readers.nodes,
@@ -434,6 +440,7 @@ impl Resources {
             self.network_policies.revision(),
             self.cilium_network_policies.revision(),
             self.cilium_clusterwide_network_policies.revision(),
+            self.cilium_cidr_groups.revision(),
             self.services.revision(),
             self.endpoint_slices.revision(),
             self.nodes.revision(),

@@ -6,8 +6,9 @@ use crate::resources::{Action, Outcome};
 use crate::table::{Change, Table, Writer};
 use cellium_k8s_objects::kinds::Parsed;
 use cellium_k8s_objects::{
-    CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
-    CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod, SYSTEM_NAMESPACES, Service,
+    CiliumCidrGroup, CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity,
+    CiliumNetworkPolicy, CiliumNode, EndpointSlice, Namespace, NetworkPolicy, Node, Pod,
+    SYSTEM_NAMESPACES, Service,
 };
 use cellium_k8s_objects::{Object, ObjectKey};
 
@@ -19,6 +20,7 @@ pub(crate) struct Writers {
     network_policies: Writer<NetworkPolicy>,
     cilium_network_policies: Writer<CiliumNetworkPolicy>,
     cilium_clusterwide_network_policies: Writer<CiliumClusterwideNetworkPolicy>,
+    cilium_cidr_groups: Writer<CiliumCidrGroup>,
     services: Writer<Service>,
     endpoint_slices: Writer<EndpointSlice>,
     nodes: Writer<Node>,
@@ -34,6 +36,7 @@ pub(crate) struct Readers {
     pub(crate) network_policies: Table<NetworkPolicy>,
     pub(crate) cilium_network_policies: Table<CiliumNetworkPolicy>,
     pub(crate) cilium_clusterwide_network_policies: Table<CiliumClusterwideNetworkPolicy>,
+    pub(crate) cilium_cidr_groups: Table<CiliumCidrGroup>,
     pub(crate) services: Table<Service>,
     pub(crate) endpoint_slices: Table<EndpointSlice>,
     pub(crate) nodes: Table<Node>,
@@ -43,12 +46,13 @@ pub(crate) struct Readers {
 }
 
 /// Every kind the tables hold.
-pub(crate) const KINDS: [&str; 11] = [
+pub(crate) const KINDS: [&str; 12] = [
     Namespace::KIND,
     Pod::KIND,
     NetworkPolicy::KIND,
     CiliumNetworkPolicy::KIND,
     CiliumClusterwideNetworkPolicy::KIND,
+    CiliumCidrGroup::KIND,
     Service::KIND,
     EndpointSlice::KIND,
     Node::KIND,
@@ -75,6 +79,7 @@ impl Writers {
             network_policies: Writer::default(),
             cilium_network_policies: Writer::default(),
             cilium_clusterwide_network_policies: Writer::default(),
+            cilium_cidr_groups: Writer::default(),
             services: Writer::default(),
             endpoint_slices: Writer::default(),
             nodes: Writer::default(),
@@ -99,6 +104,7 @@ impl Writers {
         self.network_policies.publish();
         self.cilium_network_policies.publish();
         self.cilium_clusterwide_network_policies.publish();
+        self.cilium_cidr_groups.publish();
         self.services.publish();
         self.endpoint_slices.publish();
         self.nodes.publish();
@@ -121,6 +127,7 @@ impl Writers {
             Pod::KIND => self.pods.mark_synced(),
             NetworkPolicy::KIND => self.network_policies.mark_synced(),
             CiliumNetworkPolicy::KIND => self.cilium_network_policies.mark_synced(),
+            CiliumCidrGroup::KIND => self.cilium_cidr_groups.mark_synced(),
             CiliumClusterwideNetworkPolicy::KIND => {
                 self.cilium_clusterwide_network_policies.mark_synced()
             }
@@ -149,6 +156,7 @@ impl Writers {
             NetworkPolicy::KIND => r.network_policies.synced(),
             CiliumNetworkPolicy::KIND => r.cilium_network_policies.synced(),
             CiliumClusterwideNetworkPolicy::KIND => r.cilium_clusterwide_network_policies.synced(),
+            CiliumCidrGroup::KIND => r.cilium_cidr_groups.synced(),
             Service::KIND => r.services.synced(),
             EndpointSlice::KIND => r.endpoint_slices.synced(),
             Node::KIND => r.nodes.synced(),
@@ -167,6 +175,7 @@ impl Writers {
             NetworkPolicy::KIND => self.network_policies.keys(),
             CiliumNetworkPolicy::KIND => self.cilium_network_policies.keys(),
             CiliumClusterwideNetworkPolicy::KIND => self.cilium_clusterwide_network_policies.keys(),
+            CiliumCidrGroup::KIND => self.cilium_cidr_groups.keys(),
             Service::KIND => self.services.keys(),
             EndpointSlice::KIND => self.endpoint_slices.keys(),
             Node::KIND => self.nodes.keys(),
@@ -186,6 +195,7 @@ impl Writers {
             cilium_clusterwide_network_policies: self
                 .cilium_clusterwide_network_policies
                 .as_reader(),
+            cilium_cidr_groups: self.cilium_cidr_groups.as_reader(),
             services: self.services.as_reader(),
             endpoint_slices: self.endpoint_slices.as_reader(),
             nodes: self.nodes.as_reader(),
@@ -214,6 +224,11 @@ impl Writers {
                 CiliumClusterwideNetworkPolicy::KIND,
                 p.key(),
                 self.cilium_clusterwide_network_policies.upsert(p),
+            ),
+            Parsed::CiliumCidrGroup(g) => (
+                CiliumCidrGroup::KIND,
+                g.key(),
+                self.cilium_cidr_groups.upsert(g),
             ),
             Parsed::Service(d) => (
                 Service::KIND,
@@ -255,6 +270,7 @@ impl Writers {
                 .cilium_clusterwide_network_policies
                 .delete(key)
                 .is_some(),
+            CiliumCidrGroup::KIND => self.cilium_cidr_groups.delete(key).is_some(),
             Service::KIND => self.services.delete(key).is_some(),
             EndpointSlice::KIND => self.endpoint_slices.delete(key).is_some(),
             Node::KIND => self.nodes.delete(key).is_some(),
@@ -273,6 +289,7 @@ impl Writers {
             + r.network_policies.len()
             + r.cilium_network_policies.len()
             + r.cilium_clusterwide_network_policies.len()
+            + r.cilium_cidr_groups.len()
             + r.services.len()
             + r.endpoint_slices.len()
             + r.nodes.len()

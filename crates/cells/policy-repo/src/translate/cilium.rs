@@ -10,20 +10,36 @@
 //! - Entities map to reserved identities; `world` selects the world of both families
 //!   (`world-ipv4` and `world-ipv6` carry `reserved:world`), each of those its own half;
 //!   `cluster` is every identity that is not world, `all` every peer.
+//! - `cidrGroupRef` / `cidrGroupSelector` select the prefixes of the groups named, as
+//!   `toCIDRSet` items with those prefixes would (each `except` takes its addresses out of
+//!   every group prefix: a prefix inside an exception is left out whole); a group that does
+//!   not exist selects nothing.
+//! - `toServices` selects the backends of the services named: for a service with a selector,
+//!   the pods of its namespace that the selector matches (as `toEndpoints` would); for one
+//!   without, the addresses of its EndpointSlices (as `toCIDR` would, so external ones). An
+//!   item without a namespace names services of every namespace, as in Cilium. A service that
+//!   does not exist selects nothing.
 //! - A rule with ports but no peer field selects every peer; an empty rule (`{}`) none; a
 //!   direction with rules (or `enableDefaultDeny`) is default deny; deny rules win.
 
 use std::sync::Arc;
 
+use cellium_labels::Requirement;
 use cellium_labels::{NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, Selector};
 use cellium_policy::{Direction, Verdict};
-use cellium_resources::{CiliumPeerRule, CiliumPolicy, Entity, LabelSelector};
+use cellium_resources::{CidrBlock, CiliumPeerRule, CiliumPolicy, Entity, LabelSelector};
 
 use crate::rule::{Enforcement, Origin, Peer, PolicyKind, Rule, RuleSet};
+use crate::translate::deps::{Backends, Deps};
 use crate::translate::{absent, block_prefixes, cidr_block, ports, present, selector};
 
-/// Translates one Cilium policy; `namespace` is empty for the cluster-wide kind.
-pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, String> {
+/// Translates one Cilium policy; `namespace` is empty for the cluster-wide kind. The CIDR
+/// groups and services its rules name are read from `deps` (none without).
+pub fn translate(
+    kind: PolicyKind,
+    policy: &CiliumPolicy,
+    deps: Option<&Deps>,
+) -> Result<RuleSet, String> {
     let origin = Arc::new(Origin {
         kind,
         namespace: policy.namespace.clone(),
@@ -42,6 +58,7 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
         if !ns.is_empty() {
             subject = subject.and(Selector::namespace(ns));
         }
+        let labels: Vec<String> = rule.labels.iter().map(ToString::to_string).collect();
         for (direction, on) in [
             (Direction::Ingress, rule.default_deny_ingress),
             (Direction::Egress, rule.default_deny_egress),
@@ -50,6 +67,7 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
                 set.enforce.push(Enforcement {
                     subject: subject.clone(),
                     direction,
+                    labels: labels.clone(),
                 });
             }
         }
@@ -70,8 +88,8 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
             ),
         ] {
             for (j, r) in rules.iter().enumerate() {
-                let peers =
-                    peers(ns, r, &mut set).map_err(|e| format!("{field}.{name}[{j}]: {e}"))?;
+                let peers = peers(ns, r, deps, &mut set)
+                    .map_err(|e| format!("{field}.{name}[{j}]: {e}"))?;
                 set.rules.push(Rule {
                     origin: origin.clone(),
                     subject: subject.clone(),
@@ -79,6 +97,7 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
                     verdict,
                     peers,
                     ports: ports(r.ports.as_deref().unwrap_or_default()),
+                    labels: labels.clone(),
                 });
             }
         }
@@ -88,7 +107,12 @@ pub fn translate(kind: PolicyKind, policy: &CiliumPolicy) -> Result<RuleSet, Str
     Ok(set)
 }
 
-fn peers(ns: &str, r: &CiliumPeerRule, set: &mut RuleSet) -> Result<Vec<Peer>, String> {
+fn peers(
+    ns: &str,
+    r: &CiliumPeerRule,
+    deps: Option<&Deps>,
+    set: &mut RuleSet,
+) -> Result<Vec<Peer>, String> {
     if !r.has_peer_fields() {
         // Ports alone apply to every peer; an empty rule only switches default deny on.
         let has_ports = r.ports.as_ref().is_some_and(|p| !p.is_empty());
@@ -110,6 +134,49 @@ fn peers(ns: &str, r: &CiliumPeerRule, set: &mut RuleSet) -> Result<Vec<Peer>, S
     for e in r.entities.iter().flatten() {
         if let Some(p) = entity(*e)? {
             out.push(p);
+        }
+    }
+    let Some(deps) = deps else { return Ok(out) };
+    for g in r.cidr_groups.iter().flatten() {
+        for cidr in deps.group_prefixes(&g.groups) {
+            // Cilium excepts every prefix inside an `except` (`!cidr:<except>`): a group
+            // prefix within one is left out whole, one around it loses that part.
+            if g.except.iter().any(|e| e.contains(&cidr)) {
+                continue;
+            }
+            let except = g.except.iter().filter(|e| cidr.contains(*e)).copied();
+            let block = CidrBlock {
+                cidr,
+                except: except.collect(),
+            };
+            set.prefixes.extend(block_prefixes(&block));
+            out.push(Peer::Selector(cidr_block(&block)?.and(world.clone())));
+        }
+    }
+    for svc in r.services.iter().flatten() {
+        for backends in deps.service_backends(svc) {
+            match backends {
+                Backends::Pods {
+                    namespace,
+                    selector,
+                } => {
+                    let mut reqs = Vec::new();
+                    for (k, v) in &selector {
+                        reqs.push(
+                            Requirement::equals(&format!("k8s:{k}"), v)
+                                .map_err(|e| e.to_string())?,
+                        );
+                    }
+                    let pods = Selector::new(reqs).and(Selector::namespace(&namespace));
+                    out.push(Peer::Selector(pods));
+                }
+                Backends::Addresses(addresses) => {
+                    for a in addresses {
+                        set.prefixes.push(a);
+                        out.push(Peer::Selector(Selector::cidr(a).and(world.clone())));
+                    }
+                }
+            }
         }
     }
     Ok(out)
@@ -199,12 +266,17 @@ mod tests {
             .list()
             .iter()
             .map(|p: &Arc<CiliumNetworkPolicy>| {
-                translate(PolicyKind::CiliumNetworkPolicy, p).unwrap()
+                translate(PolicyKind::CiliumNetworkPolicy, p, Some(&Deps::of(&r))).unwrap()
             })
             .collect();
         out.extend(r.cilium_clusterwide_network_policies.list().iter().map(
             |p: &Arc<CiliumClusterwideNetworkPolicy>| {
-                translate(PolicyKind::CiliumClusterwideNetworkPolicy, p).unwrap()
+                translate(
+                    PolicyKind::CiliumClusterwideNetworkPolicy,
+                    p,
+                    Some(&Deps::of(&r)),
+                )
+                .unwrap()
             },
         ));
         out
@@ -298,6 +370,161 @@ mod tests {
         assert!(v4.matches(&w4) && v4.matches(&c4) && !v4.matches(&w6) && !v4.matches(&c6));
         assert!(v6.matches(&w6) && v6.matches(&c6) && !v6.matches(&w4) && !v6.matches(&c4));
         assert!(!v6.matches(&w), "world (2) is no family's half");
+    }
+
+    #[test]
+    fn services_and_cidr_groups_resolve_from_the_tables() {
+        let r = Resources::new();
+        r.apply(
+            "objs.yaml",
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop, labels: {tier: data}}
+spec: {selector: {app: db}, ports: [{port: 5432}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop, labels: {tier: data}}
+spec: {ports: [{port: 443}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-1, namespace: shop, labels: {kubernetes.io/service-name: ext}}
+addressType: IPv4
+endpoints: [{addresses: [192.0.2.10]}, {addresses: [192.0.2.11]}, {addresses: [192.0.2.12], conditions: {ready: false}}]
+ports: [{port: 443}]
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumCIDRGroup
+metadata: {name: vpn, labels: {role: vpn}}
+spec: {externalCIDRs: [10.48.0.0/24, 10.16.0.0/24]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: shop}
+spec:
+  endpointSelector: {}
+  labels: [{key: owner, value: shop}]
+  egress:
+  - toServices: [{k8sService: {serviceName: db}}]
+    toPorts: [{ports: [{port: "5432", protocol: TCP}]}]
+  - toServices: [{k8sService: {serviceName: ext}}]
+  - toServices: [{k8sServiceSelector: {selector: {matchLabels: {tier: data}}}}]
+  - toServices: [{k8sService: {serviceName: missing}}]
+  - toCIDRSet: [{cidrGroupRef: vpn, except: [10.48.0.128/25]}]
+  - toCIDRSet: [{cidrGroupSelector: {matchLabels: {role: vpn}}}, {cidrGroupRef: later}]
+"#,
+        )
+        .unwrap();
+        let p = r.cilium_network_policies.list();
+        let deps = Deps::of(&r);
+        let set = translate(PolicyKind::CiliumNetworkPolicy, &p[0], Some(&deps)).unwrap();
+        let rules = &set.rules;
+        assert_eq!(rules[0].labels, [":owner=shop"]);
+        // A service with a selector: its pods, in its namespace.
+        assert_eq!(rules[0].peers.len(), 1);
+        let db = sel(&rules[0].peers[0]);
+        assert!(db.matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=shop")));
+        assert!(!db.matches(&l("k8s:app=db,k8s:io.kubernetes.pod.namespace=dev")));
+        assert_eq!(rules[0].ports.len(), 1);
+        // Without one: the addresses of its slices' ready endpoints, as external prefixes.
+        assert_eq!(rules[1].peers.len(), 2);
+        let ext = sel(&rules[1].peers[0]);
+        assert!(ext.matches(&Labels::for_cidr("192.0.2.10/32".parse().unwrap())));
+        assert!(!ext.matches(&l(
+            "k8s:io.kubernetes.pod.namespace=shop,cidr:192.0.2.10/32"
+        )));
+        // By label: both services.
+        assert_eq!(rules[2].peers.len(), 3);
+        // A service that does not exist: nothing.
+        assert!(rules[3].peers.is_empty());
+        // A group: its prefixes less the exception inside one of them.
+        assert_eq!(rules[4].peers.len(), 2);
+        let in_group = |peers: &[Peer], prefix: &str| {
+            let labels = Labels::for_cidr(prefix.parse().unwrap());
+            let with_outer = {
+                let mut l = labels.clone();
+                for outer in ["10.48.0.0/24", "10.16.0.0/24"] {
+                    let outer: ipnet::IpNet = outer.parse().unwrap();
+                    if outer.contains(&prefix.parse::<ipnet::IpNet>().unwrap()) {
+                        l.insert(cellium_labels::Label::cidr(outer));
+                    }
+                }
+                l
+            };
+            peers.iter().any(|p| sel(p).matches(&with_outer))
+        };
+        assert!(in_group(&rules[4].peers, "10.48.0.0/24"));
+        assert!(in_group(&rules[4].peers, "10.16.0.0/24"));
+        assert!(!in_group(&rules[4].peers, "10.48.0.128/25"));
+        // By label, and a group that does not exist yet (nothing).
+        assert_eq!(rules[5].peers.len(), 2);
+        for prefix in [
+            "10.48.0.0/24",
+            "10.16.0.0/24",
+            "10.48.0.128/25",
+            "192.0.2.10/32",
+        ] {
+            assert!(
+                set.prefixes.contains(&prefix.parse().unwrap()),
+                "{prefix}: {:?}",
+                set.prefixes
+            );
+        }
+        // Without the tables, groups and services select nothing.
+        let set = translate(PolicyKind::CiliumNetworkPolicy, &p[0], None).unwrap();
+        assert!(set.rules.iter().all(|r| r.peers.is_empty()));
+    }
+
+    /// Cilium 1.18's matching: a `toServices` item without a namespace names services of
+    /// every namespace; an `except` around a group prefix leaves that prefix out whole.
+    #[test]
+    fn service_items_without_a_namespace_and_excepts_around_group_prefixes() {
+        let sets = policies(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: dev}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: dev, labels: {tier: data}}
+spec: {selector: {app: db}, ports: [{port: 5432}]}
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumCIDRGroup
+metadata: {name: vpn}
+spec: {externalCIDRs: [10.48.0.0/24, 10.16.0.0/24]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: shop}
+spec:
+  endpointSelector: {}
+  egress:
+  - toServices: [{k8sService: {serviceName: db}}]
+  - toServices: [{k8sServiceSelector: {selector: {matchLabels: {tier: data}}}}]
+  - toServices: [{k8sService: {serviceName: db, namespace: shop}}]
+  - toCIDRSet: [{cidrGroupRef: vpn, except: [10.48.0.0/16]}]
+"#,
+        );
+        let rules = &sets[0].rules;
+        let db_in_dev = l("k8s:app=db,k8s:io.kubernetes.pod.namespace=dev");
+        for r in &rules[..2] {
+            assert_eq!(r.peers.len(), 1, "{:?}", r.peers);
+            assert!(sel(&r.peers[0]).matches(&db_in_dev));
+        }
+        assert!(rules[2].peers.is_empty(), "no service db in shop");
+        let peers = &rules[3].peers;
+        assert_eq!(peers.len(), 1, "{peers:?}");
+        let in_prefix = |p: &str| sel(&peers[0]).matches(&Labels::for_cidr(p.parse().unwrap()));
+        assert!(in_prefix("10.16.0.0/24"));
+        assert!(!in_prefix("10.48.0.0/24"), "inside the except");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Such a policy is refused as a whole and reported on the cell's health.
 
 pub mod cilium;
+pub mod deps;
 pub mod network_policy;
 
 use cellium_labels::{Label, Operator, Requirement, Selector};

@@ -50,6 +50,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
         set.enforce.push(Enforcement {
             subject: subject.clone(),
             direction,
+            labels: Vec::new(),
         });
         for (i, r) in rules.iter().enumerate() {
             let peers = peers(np, r, &mut set).map_err(|e| format!("spec.{field}[{i}]: {e}"))?;
@@ -60,6 +61,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
                 verdict: Verdict::Allow,
                 peers,
                 ports: ports(&r.ports),
+                labels: Vec::new(),
             });
         }
     }
