@@ -15,6 +15,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use cellium_datapath_bpf::abi::{EndpointInfo, EndpointKey, Plain};
 use cellium_integration::NetNs;
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode, UNDERLAY_IF};
 use cellium_integration::frame::{self, Ipv4Packet};
@@ -23,6 +24,7 @@ use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 use cellium_integration::reach::{Outcome, probe};
 use cellium_integration::serial;
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 const PORT: u16 = 8080;
 
@@ -1645,6 +1647,79 @@ fn a_pod_inside_an_ipblock_keeps_its_labels_on_the_other_node(mode: RoutingMode)
             );
         }
     }
+}
+
+/// Tunnel mode: packets the datapath drops as `Encapsulation failed` show in the node's
+/// health. The fault is injected as another process could: the client's endpoint entry given
+/// a cluster identity beyond the VNI's 24 bits, so that its packets to the other node cannot
+/// be encapsulated. `node-discovery.encapsulation` goes Degraded with the count, and OK again
+/// at the first look after the entry is put back.
+#[test]
+fn tunnel_encapsulation_failures_show_in_health() {
+    let _serial = serial();
+    let mut cluster = Cluster::start(ClusterOptions {
+        routing_mode: RoutingMode::Tunnel,
+        ..ClusterOptions::default()
+    })
+    .expect("cluster");
+    shop(&mut cluster);
+    let (client, web) = (
+        cluster.pod("shop/client").unwrap().ip,
+        cluster.pod("shop/web").unwrap().ip,
+    );
+    let _server = TcpServer::start(
+        &cluster.pod("shop/web").unwrap().netns,
+        SocketAddr::new(IpAddr::V4(web), PORT),
+        "web",
+    )
+    .expect("server");
+    eventually(&cluster, "client reaches web", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    let status = || cluster.agent(0).cli(&["status", "-v"]).unwrap_or_default();
+    const OK: &str = "no packets dropped as Encapsulation failed";
+    eventually(&cluster, "the first look is taken", || {
+        status().contains(OK)
+    });
+
+    let endpoints =
+        MapHandle::from_pinned_path(cluster.agent(0).bpf_root().join("maps/cel_endpoints"))
+            .expect("the pinned endpoints map");
+    let key = EndpointKey::new(IpAddr::V4(client)).encode();
+    let raw = endpoints
+        .lookup(&key, MapFlags::ANY)
+        .expect("lookup")
+        .expect("client's entry");
+    let mut info = EndpointInfo::decode(&raw).expect("an endpoint_info");
+    let good = info;
+    info.cluster_identity = cellium_identity::LOCAL_IDENTITY_FLAG;
+    endpoints
+        .update(&key, &info.encode(), MapFlags::EXIST)
+        .expect("entry forged");
+    assert!(!cluster.reaches("shop/client", "shop/web", Tcp(PORT)));
+    let degraded = cellium_integration::wait::poll_for(
+        "node-discovery.encapsulation Degraded",
+        Duration::from_secs(90),
+        || {
+            let s = status();
+            s.contains("dropped as Encapsulation failed")
+                .then_some(s)
+                .filter(|s| !s.contains(OK))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", status()));
+    assert!(degraded.contains("encapsulation"), "{degraded}");
+
+    endpoints
+        .update(&key, &good.encode(), MapFlags::EXIST)
+        .expect("entry put back");
+    eventually(&cluster, "client reaches web again", || {
+        cluster.reaches("shop/client", "shop/web", Tcp(PORT))
+    });
+    cellium_integration::wait::poll_for("OK again", Duration::from_secs(90), || {
+        status().contains(OK).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", status()));
 }
 
 /// The identity of `ip`'s entry in node `i`'s ipcache, if it has one from another node.
