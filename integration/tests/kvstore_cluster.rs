@@ -235,21 +235,12 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
         pods.push_str(&pod(name, node, app));
     }
     api.apply(&pods).expect("pods");
+    let timeouts = [
+        ("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL),
+        ("CELLIUM_KVSTORE_ALLOCATION_TIMEOUT", ALLOCATION_TIMEOUT),
+    ];
     for (agent, name) in [(&mut one, "n1"), (&mut two, "n2"), (&mut three, "n3")] {
-        let mut env = api.agent_env(name);
-        env.retain(|(k, _)| k != "CELLIUM_IDENTITY_ALLOCATION_MODE");
-        env.extend([
-            ("CELLIUM_IDENTITY_ALLOCATION_MODE".into(), "kvstore".into()),
-            ("CELLIUM_KVSTORE".into(), "etcd".into()),
-            ("CELLIUM_KVSTORE_ENDPOINTS".into(), etcd.url()),
-            ("CELLIUM_KVSTORE_LEASE_TTL".into(), LEASE_TTL.into()),
-            (
-                "CELLIUM_KVSTORE_ALLOCATION_TIMEOUT".into(),
-                ALLOCATION_TIMEOUT.into(),
-            ),
-        ]);
-        agent.options_mut().env = env;
-        agent.start().expect("agent");
+        start_in_kvstore_mode(agent, name, &api, &etcd, &timeouts);
     }
 
     let (client_ns, other_ns, web_ns, client3_ns) = (
