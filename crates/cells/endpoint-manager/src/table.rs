@@ -198,7 +198,11 @@ mod tests {
         let c = eps.reserve(|id| endpoint(id, "c")).unwrap();
         assert_eq!(c.id, 4, "a freed id is not reused at once");
         eps.hold_ids([6]);
-        assert_eq!(eps.upcoming_ids(3), [5, 7, 8], "what the next reservations get");
+        assert_eq!(
+            eps.upcoming_ids(3),
+            [5, 7, 8],
+            "what the next reservations get"
+        );
         assert_eq!(eps.reserve(|id| endpoint(id, "d")).unwrap().id, 5);
         assert_eq!(eps.find("a", "eth0"), None);
         assert_eq!(eps.find("c", "eth0").map(|e| e.id), Some(4));

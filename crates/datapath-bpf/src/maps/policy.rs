@@ -288,13 +288,9 @@ impl PolicyMap {
         if maps.is_empty() {
             return Ok(0);
         }
-        let batch = self.outer.update_batch(
-            &keys,
-            &fds,
-            maps.len() as u32,
-            MapFlags::ANY,
-            MapFlags::ANY,
-        );
+        let batch =
+            self.outer
+                .update_batch(&keys, &fds, maps.len() as u32, MapFlags::ANY, MapFlags::ANY);
         if batch.is_err() {
             // One by one then: any that fails loses its pin.
             let mut failed = None;
@@ -325,9 +321,16 @@ impl PolicyMap {
     pub fn maintain(&self, spares: &[u16]) -> Result<usize> {
         let added = {
             let _changes = lock(&self.changes);
+            // One lookup per id, no map opened: this runs after every ADD and DEL. (A spare
+            // of another size, from an agent with another limit, is replaced at its write.)
+            let retired = lock(&self.retired).clone();
             let mut missing = Vec::new();
             for &id in spares {
-                if self.writable_map(id)?.is_none() {
+                let held = self
+                    .outer
+                    .lookup(&u32::from(id).to_ne_bytes(), MapFlags::ANY)
+                    .map_err(Error::map_op(NAME, "lookup"))?;
+                if held.is_none() || retired.contains(&id) {
                     missing.push(id);
                 }
             }

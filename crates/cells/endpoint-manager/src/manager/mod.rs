@@ -74,7 +74,7 @@ pub struct EndpointManager {
     removals: Removals,
     reporter: Reporter,
     backends: OnceLock<Backends>,
-    /// Pulled when an endpoint comes or goes: the `policy-maps` job keeps spare policy maps
+    /// Pulled when an endpoint comes or goes: the `spare-policy-maps` job keeps spare policy maps
     /// for the next ids and takes retired ones out (see `spares`).
     policy_maps: Trigger,
     /// The tables pods' labels come from, when the agent has them.

@@ -20,12 +20,12 @@ use crate::error::chain;
 /// once, for little (an empty map is a few hundred bytes of kernel memory).
 pub(crate) const SPARE_POLICY_MAPS: usize = 64;
 
-/// Adds the `policy-maps` job: at start, after the restore (which retires the maps of
+/// Adds the `spare-policy-maps` job: at start, after the restore (which retires the maps of
 /// endpoints gone), and whenever an endpoint comes or goes.
 pub(crate) fn start(jobs: &Jobs, manager: Arc<EndpointManager>) {
     let trigger = manager.policy_maps.clone();
     trigger.trigger();
-    jobs.timer("policy-maps", Duration::ZERO, move |_ctx| {
+    jobs.timer("spare-policy-maps", Duration::ZERO, move |_ctx| {
         let manager = manager.clone();
         async move {
             manager.keep_policy_maps().await;
