@@ -13,6 +13,7 @@
 #
 # Usage (root): integration/bench/cni.sh
 #   PODS=100 BURST=50 ROUNDS=10 WARMUP=5 integration/bench/cni.sh
+#   BIN_DIR=/some/release integration/bench/cni.sh   (cellium-agent, cellium, cellium-cni from there)
 # Last line: RESULT cni add_del_p50_ratio=<cellium/bridge> add_del_p99_ratio=<...> concurrent50_s=<...>
 set -euo pipefail
 
@@ -73,8 +74,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --quiet --release -p cellium-cni -p cellium-agent -p cellium-cli --manifest-path "$root/Cargo.toml"
-bin="$root/target/release"
+# BIN_DIR: binaries built elsewhere (another revision, to compare with), not built here.
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$BIN_DIR
+else
+  cargo build --quiet --release -p cellium-cni -p cellium-agent -p cellium-cli --manifest-path "$root/Cargo.toml"
+  bin="${CARGO_TARGET_DIR:-$root/target}/release"
+fi
 
 for ns in "$node_c" "$node_b"; do ip netns add "$ns"; ip -n "$ns" link set lo up; done
 for ((i = 0; i < npods + WARMUP; i++)); do ip netns add "$tag-p$i"; done

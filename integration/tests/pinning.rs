@@ -392,3 +392,50 @@ fn an_endpoint_map_sized_for_another_limit_is_replaced_whole_at_its_next_write()
     let dp = open(&bpf);
     assert_eq!(dp.policy().endpoint_map_max(4).unwrap(), Some(128));
 }
+
+/// The kernel id of the map `cel_policy` holds for `endpoint`: what the datapath looks up.
+fn inner_map_id(bpf: &BpffsMount, endpoint: u16) -> Option<u32> {
+    let outer = MapHandle::from_pinned_path(bpf.path().join("maps/cel_policy")).unwrap();
+    outer
+        .lookup(&u32::from(endpoint).to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap()))
+}
+
+#[test]
+fn spare_endpoint_maps_serve_the_next_endpoints_and_retired_maps_allow_nothing() {
+    let bpf = BpffsMount::new().unwrap();
+    let dp = open(&bpf);
+    // Spares for the next ids: empty, pinned, in cel_policy.
+    assert_eq!(dp.policy().maintain(&[5, 6]).unwrap(), 2);
+    let spare = inner_map_id(&bpf, 5).expect("a spare for 5");
+    assert!(bpf.path().join("maps/cel_policy_5").exists());
+    assert_eq!(decides(&dp, 5), Decision::NoMatch);
+    assert_eq!(dp.policy().maintain(&[5, 6]).unwrap(), 0, "already there");
+    // The endpoint that gets id 5 writes into its spare: cel_policy does not change.
+    dp.policy().apply_diff(5, &[], &[allow_42(5)]).unwrap();
+    assert_eq!(inner_map_id(&bpf, 5), Some(spare));
+    assert_eq!(decides(&dp, 5), Decision::Allowed);
+
+    // Retired: emptied and unpinned at once, read as gone, still in cel_policy.
+    dp.policy().retire_endpoint(5).unwrap();
+    assert!(!bpf.path().join("maps/cel_policy_5").exists());
+    assert!(!dp.policy().endpoint_ids().unwrap().contains(&5));
+    assert_eq!(inner_map_id(&bpf, 5), Some(spare));
+    let held = MapHandle::from_map_id(spare).unwrap();
+    assert_eq!(held.keys().count(), 0, "the retired map allows nothing");
+    // A new endpoint with that id before the map is out gets a map of its own.
+    dp.policy().apply_diff(5, &[], &[]).unwrap();
+    assert_ne!(inner_map_id(&bpf, 5), Some(spare));
+    assert!(dp.policy().endpoint_ids().unwrap().contains(&5));
+    assert!(bpf.path().join("maps/cel_policy_5").exists());
+
+    // The next pass takes retired maps out of cel_policy.
+    dp.policy().retire_endpoint(5).unwrap();
+    dp.policy().retire_endpoint(6).unwrap();
+    assert_eq!(dp.policy().maintain(&[]).unwrap(), 0);
+    assert_eq!(inner_map_id(&bpf, 5), None);
+    assert_eq!(inner_map_id(&bpf, 6), None);
+    drop(dp);
+    assert!(open(&bpf).policy().endpoint_ids().unwrap().is_empty());
+}

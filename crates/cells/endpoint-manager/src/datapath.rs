@@ -53,8 +53,16 @@ pub(crate) trait EndpointDatapath: Send + Sync {
     /// The endpoints that have a policy map, empty or not.
     fn policy_endpoints(&self) -> Result<Vec<u16>>;
 
-    /// Removes endpoint `id`'s policy map; returns how many entries it held.
+    /// Removes endpoint `id`'s policy map (for an id the endpoint map does not name); returns
+    /// how many entries it held.
     fn clear_policy(&self, id: u16) -> Result<usize>;
+
+    /// Gives each of `spares` (the ids the next endpoints get) an empty policy map in
+    /// advance and finishes the removal of retired ones: the map changes that wait for an
+    /// RCU grace period, done off the ADD and DEL paths.
+    fn keep_policy_maps(&self, _spares: &[u16]) -> Result<()> {
+        Ok(())
+    }
 
     /// The interfaces (indexes) programs are attached to.
     fn attached(&self) -> Result<Vec<u32>>;
@@ -118,7 +126,17 @@ impl EndpointDatapath for Datapath {
     }
 
     fn clear_policy(&self, id: u16) -> Result<usize> {
-        self.policy().clear_endpoint(id)
+        // Retired rather than removed: a restart that sweeps many maps does not wait for a
+        // grace period for each.
+        let held = self.policy().endpoint_entries(id)?.len();
+        self.policy().retire_endpoint(id)?;
+        Ok(held)
+    }
+
+    fn keep_policy_maps(&self, spares: &[u16]) -> Result<()> {
+        let added = self.policy().maintain(spares)?;
+        tracing::debug!(added, "spare endpoint policy maps");
+        Ok(())
     }
 
     fn attached(&self) -> Result<Vec<u32>> {

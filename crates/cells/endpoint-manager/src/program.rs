@@ -78,7 +78,8 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
 }
 
 /// Removes the endpoint's entries (both families), the conntrack and NAT state of its
-/// addresses, its policy and its programs. What is already gone is fine.
+/// addresses, its policy map (retired: out of `cel_policy` in the background) and its
+/// programs. What is already gone is fine.
 ///
 /// Every removal path (CNI DEL, a failed create, a leftover found at restart) comes here, so
 /// no connection recorded for a removed endpoint can be found by the next holder of its
@@ -98,7 +99,9 @@ pub fn unprogram(dp: &Datapath, ep: &Endpoint) -> cellium_datapath_bpf::Result<(
         released.push(addr.ip);
     }
     dp.conntrack().flush_addresses(&released)?;
-    dp.policy().clear_endpoint(ep.id)?;
+    // Its entries are gone from the endpoint map: the policy map can leave `cel_policy` later,
+    // off the DEL's path (that removal waits for a grace period).
+    dp.policy().retire_endpoint(ep.id)?;
     if ep.host_ifindex != 0 {
         dp.detach(ep.host_ifindex)?;
     }

@@ -79,6 +79,11 @@ impl Endpoints {
         }
     }
 
+    /// The `n` ids the next reservations will get, if no endpoint comes or goes meanwhile.
+    pub(crate) fn upcoming_ids(&self, n: usize) -> Vec<u16> {
+        self.table().upcoming(n)
+    }
+
     /// Keeps `ids` from being handed out (see `Table::held`).
     pub(crate) fn hold_ids(&self, ids: impl IntoIterator<Item = u16>) {
         self.table().held.extend(ids);
@@ -149,12 +154,31 @@ impl Table {
         if self.by_id.len() + self.held.len() >= capacity {
             return Err(Error::IdsExhausted(capacity));
         }
+        let id = self.free_after(self.next_id);
+        self.next_id = id;
+        Ok(id)
+    }
+
+    /// The first free id after `id`, round-robin; there is one (see `take_id`).
+    fn free_after(&self, mut id: u16) -> u16 {
         loop {
-            self.next_id = self.next_id.checked_add(1).unwrap_or(1);
-            if !self.by_id.contains_key(&self.next_id) && !self.held.contains(&self.next_id) {
-                return Ok(self.next_id);
+            id = id.checked_add(1).unwrap_or(1);
+            if !self.by_id.contains_key(&id) && !self.held.contains(&id) {
+                return id;
             }
         }
+    }
+
+    /// The ids `take_id` would hand out next, at most `n` (fewer when fewer are free).
+    fn upcoming(&self, n: usize) -> Vec<u16> {
+        let free = usize::from(u16::MAX).saturating_sub(self.by_id.len() + self.held.len());
+        let mut out = Vec::with_capacity(n.min(free));
+        let mut id = self.next_id;
+        while out.len() < n.min(free) {
+            id = self.free_after(id);
+            out.push(id);
+        }
+        out
     }
 }
 
@@ -173,6 +197,13 @@ mod tests {
         eps.forget(&a);
         let c = eps.reserve(|id| endpoint(id, "c")).unwrap();
         assert_eq!(c.id, 4, "a freed id is not reused at once");
+        eps.hold_ids([6]);
+        assert_eq!(
+            eps.upcoming_ids(3),
+            [5, 7, 8],
+            "what the next reservations get"
+        );
+        assert_eq!(eps.reserve(|id| endpoint(id, "d")).unwrap().id, 5);
         assert_eq!(eps.find("a", "eth0"), None);
         assert_eq!(eps.find("c", "eth0").map(|e| e.id), Some(4));
     }

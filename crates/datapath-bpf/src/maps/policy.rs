@@ -16,6 +16,7 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
@@ -135,11 +136,29 @@ impl PolicyWrites for EndpointMap {
 
 /// The policy maps: `cel_policy`, endpoint id -> that endpoint's own map, each pinned as
 /// `cel_policy_<id>` beside it so that it outlives a replaced `cel_policy`.
+///
+/// Every update or removal of a `cel_policy` entry waits for an RCU grace period (the kernel
+/// makes sure no program still runs with the inner map it replaced), 8 to 16 ms on a busy
+/// node. So a new endpoint's id has an empty map waiting for it, put in beforehand with
+/// others in one batch ([`maintain`](PolicyMap::maintain)), and a removed endpoint's map is
+/// retired ([`retire_endpoint`](PolicyMap::retire_endpoint)) and taken out later: neither
+/// an ADD nor a DEL waits for a grace period.
 #[derive(Debug)]
 pub struct PolicyMap {
     outer: MapHandle,
     maps_dir: PathBuf,
     endpoint_max: AtomicU32,
+    /// Held by whatever changes `cel_policy`, across the grace period: two changes of one id
+    /// never interleave.
+    changes: Mutex<()>,
+    /// Endpoints whose map is retired: unpinned, read as absent, still in `cel_policy` until
+    /// [`maintain`](PolicyMap::maintain) takes it out. A new endpoint with such an id gets a
+    /// new map.
+    retired: Mutex<BTreeSet<u16>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PolicyMap {
@@ -148,6 +167,8 @@ impl PolicyMap {
             outer,
             maps_dir,
             endpoint_max: AtomicU32::new(DEFAULT_ENDPOINT_MAX),
+            changes: Mutex::default(),
+            retired: Mutex::default(),
         }
     }
 
@@ -187,6 +208,22 @@ impl PolicyMap {
         }
     }
 
+    /// Endpoint `id`'s map, unless it has none or it is retired.
+    fn live_map(&self, id: u16) -> Result<Option<EndpointMap>> {
+        if lock(&self.retired).contains(&id) {
+            return Ok(None);
+        }
+        self.endpoint_map(id)
+    }
+
+    /// Endpoint `id`'s live map if it is sized for the current limit: a diff can go into it.
+    fn writable_map(&self, id: u16) -> Result<Option<EndpointMap>> {
+        let max = self.endpoint_max.load(Ordering::Relaxed);
+        Ok(self
+            .live_map(id)?
+            .filter(|m| m.handle().max_entries() == max))
+    }
+
     /// A new, empty map for endpoint `id`, not yet in `cel_policy`.
     fn new_endpoint_map(&self, id: u16) -> Result<EndpointMap> {
         let opts = libbpf_sys::bpf_map_create_opts {
@@ -207,7 +244,7 @@ impl PolicyMap {
     }
 
     /// Pins endpoint `id`'s `map` and makes it the endpoint's in `cel_policy`; on failure
-    /// neither remains.
+    /// neither remains. The caller holds `changes`.
     fn install(&self, id: u16, map: &mut EndpointMap) -> Result<()> {
         let path = self.pin_path(id);
         // A pin without an entry is a leftover of an interrupted install.
@@ -226,17 +263,109 @@ impl PolicyMap {
             .map_err(Error::map_op(NAME, "insert endpoint map"));
         if inserted.is_err() {
             let _ = fs::remove_file(&path);
+        } else {
+            lock(&self.retired).remove(&id);
         }
         inserted
     }
 
-    /// The endpoints that have a map.
+    /// Pins a new empty map for each of `ids` and puts them all into `cel_policy` with one
+    /// batch update, so one grace period for all. The caller holds `changes`.
+    fn install_spares(&self, ids: &[u16]) -> Result<usize> {
+        let mut maps = Vec::with_capacity(ids.len());
+        let (mut keys, mut fds) = (Vec::new(), Vec::new());
+        for &id in ids {
+            let mut map = self.new_endpoint_map(id)?;
+            let path = self.pin_path(id);
+            let _ = fs::remove_file(&path);
+            map.handle_mut()
+                .pin(&path)
+                .map_err(Error::map_op(NAME, "pin endpoint map"))?;
+            keys.extend_from_slice(&u32::from(id).to_ne_bytes());
+            fds.extend_from_slice(&(map.handle().as_fd().as_raw_fd() as u32).to_ne_bytes());
+            maps.push((id, map));
+        }
+        if maps.is_empty() {
+            return Ok(0);
+        }
+        let batch =
+            self.outer
+                .update_batch(&keys, &fds, maps.len() as u32, MapFlags::ANY, MapFlags::ANY);
+        if batch.is_err() {
+            // One by one then: any that fails loses its pin.
+            let mut failed = None;
+            for (id, map) in &maps {
+                let fd = map.handle().as_fd().as_raw_fd() as u32;
+                let key = u32::from(*id).to_ne_bytes();
+                if let Err(e) = self.outer.update(&key, &fd.to_ne_bytes(), MapFlags::ANY) {
+                    let _ = fs::remove_file(self.pin_path(*id));
+                    failed.get_or_insert(e);
+                }
+            }
+            if let Some(e) = failed {
+                return Err(Error::map_op(NAME, "insert endpoint map")(e));
+            }
+        }
+        let mut retired = lock(&self.retired);
+        for (id, _) in &maps {
+            retired.remove(id);
+        }
+        Ok(maps.len())
+    }
+
+    /// Pays, off the ADD and DEL paths, the grace periods they skip: gives each of `spares`
+    /// (the ids the next endpoints will get) that has no live map a new empty one, pinned
+    /// and in `cel_policy` (one batch update for all; an empty map allows nothing, and no
+    /// packet looks it up before an endpoint with that id exists), then takes the retired
+    /// maps out of `cel_policy` (one grace period each). Returns how many spares were added.
+    pub fn maintain(&self, spares: &[u16]) -> Result<usize> {
+        let added = {
+            let _changes = lock(&self.changes);
+            // One lookup per id, no map opened: this runs after every ADD and DEL. (A spare
+            // of another size, from an agent with another limit, is replaced at its write.)
+            let retired = lock(&self.retired).clone();
+            let mut missing = Vec::new();
+            for &id in spares {
+                let held = self
+                    .outer
+                    .lookup(&u32::from(id).to_ne_bytes(), MapFlags::ANY)
+                    .map_err(Error::map_op(NAME, "lookup"))?;
+                if held.is_none() || retired.contains(&id) {
+                    missing.push(id);
+                }
+            }
+            self.install_spares(&missing)?
+        };
+        self.reap()?;
+        Ok(added)
+    }
+
+    /// Takes the retired maps out of `cel_policy`, one at a time so that an ADD waiting for
+    /// `changes` waits for one grace period at most.
+    fn reap(&self) -> Result<()> {
+        loop {
+            let _changes = lock(&self.changes);
+            let Some(id) = lock(&self.retired).first().copied() else {
+                return Ok(());
+            };
+            match self.outer.delete(&u32::from(id).to_ne_bytes()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::map_op(NAME, "delete")(e)),
+            }
+            lock(&self.retired).remove(&id);
+        }
+    }
+
+    /// The endpoints that have a map (retired ones do not).
     pub fn endpoint_ids(&self) -> Result<Vec<u16>> {
+        let retired = lock(&self.retired).clone();
         Ok(self
             .outer
             .keys()
             .filter_map(|k| Some(u32::from_ne_bytes(k.get(..4)?.try_into().ok()?)))
             .filter_map(|id| u16::try_from(id).ok())
+            .filter(|id| !retired.contains(id))
             .collect())
     }
 
@@ -303,12 +432,19 @@ impl PolicyMap {
     /// Writes one entry into its endpoint's map, creating that map (empty, so denying
     /// everything) if the endpoint has none.
     pub fn put(&self, entry: &PolicyEntry, verdict: Verdict) -> Result<()> {
-        let map = match self.endpoint_map(entry.endpoint_id)? {
+        let id = entry.endpoint_id;
+        let map = match self.live_map(id)? {
             Some(map) => map,
             None => {
-                let mut map = self.new_endpoint_map(entry.endpoint_id)?;
-                self.install(entry.endpoint_id, &mut map)?;
-                map
+                let _changes = lock(&self.changes);
+                match self.live_map(id)? {
+                    Some(map) => map,
+                    None => {
+                        let mut map = self.new_endpoint_map(id)?;
+                        self.install(id, &mut map)?;
+                        map
+                    }
+                }
             }
         };
         PolicyWrites::put(&map, entry, verdict)
@@ -316,7 +452,7 @@ impl PolicyMap {
 
     /// Removes one entry; returns whether it existed.
     pub fn delete(&self, entry: &PolicyEntry) -> Result<bool> {
-        match self.endpoint_map(entry.endpoint_id)? {
+        match self.live_map(entry.endpoint_id)? {
             Some(map) => PolicyWrites::delete(&map, entry),
             None => Ok(false),
         }
@@ -333,7 +469,7 @@ impl PolicyMap {
 
     /// The entries of one endpoint.
     pub fn endpoint_entries(&self, endpoint_id: u16) -> Result<Vec<(PolicyEntry, Verdict)>> {
-        let Some(map) = self.endpoint_map(endpoint_id)? else {
+        let Some(map) = self.live_map(endpoint_id)? else {
             return Ok(Vec::new());
         };
         map.entries()?
@@ -346,7 +482,7 @@ impl PolicyMap {
     /// The number of entries endpoint `id`'s map holds at most, if it has a map.
     pub fn endpoint_map_max(&self, endpoint_id: u16) -> Result<Option<u32>> {
         Ok(self
-            .endpoint_map(endpoint_id)?
+            .live_map(endpoint_id)?
             .map(|m| m.handle().max_entries()))
     }
 
@@ -389,12 +525,16 @@ impl PolicyMap {
                 format!("belongs to endpoint {}, not {endpoint_id}", e.endpoint_id),
             ));
         }
-        if let Some(map) = self.endpoint_map(endpoint_id)?
-            && map.handle().max_entries() == self.endpoint_max.load(Ordering::Relaxed)
-        {
+        // A new endpoint's id usually has a spare map waiting (see `maintain`).
+        if let Some(map) = self.writable_map(endpoint_id)? {
             return diff_into(&map, current, desired);
         }
-        // No map, or one sized for another limit: a new one takes its place whole.
+        let _changes = lock(&self.changes);
+        if let Some(map) = self.writable_map(endpoint_id)? {
+            return diff_into(&map, current, desired);
+        }
+        // No map, a retired one, or one sized for another limit: a new one takes its place
+        // whole.
         let mut map = self.new_endpoint_map(endpoint_id)?;
         let stats = diff_into(&map, &[], desired)?;
         self.install(endpoint_id, &mut map)?;
@@ -405,6 +545,7 @@ impl PolicyMap {
     /// that no open of the datapath meanwhile puts the map back (see `reconcile_pins`); then
     /// the entry in `cel_policy`, after which the datapath drops what the endpoint enforces.
     pub fn clear_endpoint(&self, endpoint_id: u16) -> Result<usize> {
+        let _changes = lock(&self.changes);
         let held = self.endpoint_entries(endpoint_id)?.len();
         let path = self.pin_path(endpoint_id);
         match fs::remove_file(&path) {
@@ -417,7 +558,32 @@ impl PolicyMap {
             Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::map_op(NAME, "delete")(e)),
         }
+        lock(&self.retired).remove(&endpoint_id);
         Ok(held)
+    }
+
+    /// Removes the endpoint's map as [`clear_endpoint`](PolicyMap::clear_endpoint) does, but
+    /// without waiting for the grace period: the map is emptied (so it allows nothing, even to
+    /// a later endpoint of the same id whose endpoint-map entry came first), its pin goes and
+    /// it reads as absent at once, and [`maintain`](PolicyMap::maintain) takes it out of
+    /// `cel_policy` later. (An agent that stops before then finds the map unpinned in
+    /// `cel_policy`, pins it again and its restore sweeps it.)
+    pub fn retire_endpoint(&self, endpoint_id: u16) -> Result<()> {
+        // Not under `changes`, which a reap holds across a grace period: no other change
+        // concerns this id while its endpoint goes.
+        if let Some(map) = self.endpoint_map(endpoint_id)? {
+            for key in map.keys()? {
+                map.delete(&key)?;
+            }
+        }
+        let path = self.pin_path(endpoint_id);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::Unpin { path, source }),
+        }
+        lock(&self.retired).insert(endpoint_id);
+        Ok(())
     }
 
     /// What the map decides for a new connection of `endpoint_id` in
@@ -434,7 +600,7 @@ impl PolicyMap {
         dport: u16,
     ) -> Result<Decision> {
         let dport = if protocol.has_ports() { dport } else { 0 };
-        let Some(map) = self.endpoint_map(endpoint_id)? else {
+        let Some(map) = self.live_map(endpoint_id)? else {
             return Ok(Decision::of_lookups(None, None));
         };
         let lookup = |id: u32| -> Result<Option<Verdict>> {

@@ -58,6 +58,7 @@ impl EndpointManager {
             Ok(()) => {
                 tracing::info!(endpoint = %ep.describe(), ips = ?ep.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(), "endpoint ready");
                 self.endpoints.changed();
+                self.policy_maps.trigger();
                 Ok(ep)
             }
             Err(e) => {

@@ -30,6 +30,7 @@ impl EndpointManager {
             return Ok(false);
         };
         self.remove(&backends, &ep).await?;
+        self.policy_maps.trigger();
         tracing::info!(endpoint = %ep.describe(), "endpoint deleted");
         Ok(true)
     }

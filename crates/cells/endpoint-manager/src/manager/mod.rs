@@ -12,11 +12,12 @@ mod create;
 mod delete;
 pub(crate) mod regenerate;
 mod restore;
+mod spares;
 mod teardown;
 
 use std::sync::{Arc, OnceLock};
 
-use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter};
+use cellium_hive::{Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_identity::Identities;
 use cellium_ipam::Ipam;
 use cellium_ipcache::Ipcache;
@@ -73,6 +74,9 @@ pub struct EndpointManager {
     removals: Removals,
     reporter: Reporter,
     backends: OnceLock<Backends>,
+    /// Pulled when an endpoint comes or goes: the `spare-policy-maps` job keeps spare policy maps
+    /// for the next ids and takes retired ones out (see `spares`).
+    policy_maps: Trigger,
     /// The tables pods' labels come from, when the agent has them.
     resources: Option<Arc<Resources>>,
     /// What the manager does without the optional collaborators it lacks (`None`: it has
@@ -185,6 +189,7 @@ impl EndpointManager {
             resources.as_deref(),
             identities.as_deref(),
         );
+        spares::start(&jobs, manager.clone());
         manager
     }
 
@@ -213,6 +218,7 @@ impl EndpointManager {
             removals: Removals::new(parts.reporter.child("removals")),
             reporter: parts.reporter,
             backends: OnceLock::new(),
+            policy_maps: Trigger::new(),
             resources: parts.resources,
         }
     }
