@@ -388,7 +388,11 @@ fn external_name(spec: &k8s::ServiceSpec) -> Result<Option<String>, FieldError> 
 
 /// The fields this node does not implement.
 fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
-    if spec.load_balancer_ip.as_deref().is_some_and(|ip| !ip.is_empty()) {
+    if spec
+        .load_balancer_ip
+        .as_deref()
+        .is_some_and(|ip| !ip.is_empty())
+    {
         return Err(not_supported(
             "spec.loadBalancerIP",
             "the node serves a load balancer's ingress IPs, but does not choose them",
