@@ -8,13 +8,14 @@
 //! Every test makes its own namespaces, agent and API server and removes them through guards;
 //! traffic goes only to addresses inside the namespaces it made.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cellium_integration::cluster::{Cluster as Nodes, ClusterOptions};
-use cellium_integration::probe::TcpServer;
+use cellium_integration::probe::{TcpServer, tcp_request};
 use cellium_integration::reach::{Outcome, Probe, probe};
-use cellium_integration::wait::eventually_or;
+use cellium_integration::wait::{eventually_or, wait_for};
 use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs, serial};
 
 const NODE: &str = "n1";
@@ -1018,5 +1019,123 @@ fn a_cidr_group_admits_its_addresses_and_fails_closed_when_missing_or_deleted() 
     assert!(
         c.reaches("client", web, PORT),
         "client -> web, group deleted"
+    );
+}
+
+/// The cluster IP and port `port` of service `name` of namespace shop, as the API server
+/// stored it.
+fn cluster_ip(c: &Cluster, name: &str, port: u16) -> SocketAddr {
+    let svc = c
+        .api
+        .api()
+        .get("v1", "Service", Some("shop"), name)
+        .expect("stored service");
+    let vip: IpAddr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+    SocketAddr::new(vip, port)
+}
+
+/// A LoadBalancer service of another implementation, with source ranges, a traffic
+/// distribution and an SCTP port, and an ExternalName service: fields real clusters hold.
+const REAL_CLUSTER_SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: lb, namespace: shop }
+spec:
+  type: LoadBalancer
+  loadBalancerClass: example.com/other-lb
+  loadBalancerSourceRanges: [ 192.0.2.0/24 ]
+  trafficDistribution: PreferClose
+  selector: { app: web }
+  ports:
+  - { name: http, port: 84, targetPort: http, nodePort: 30084 }
+  - { name: sig, port: 3868, protocol: SCTP, nodePort: 30086 }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: alias, namespace: shop }
+spec: { type: ExternalName, externalName: db.example.com }
+"#;
+
+#[test]
+fn a_service_with_the_fields_real_clusters_hold_keeps_its_cluster_ip() {
+    let _serial = serial();
+    let c = Cluster::start();
+    c.api.apply(REAL_CLUSTER_SERVICES).expect("services");
+    let vip = cluster_ip(&c, "lb", 84);
+    expect_connect(&c, "client", vip, None);
+    // Only the SCTP port is left out, and said so; nothing is refused whole, and the
+    // ExternalName service has no frontend.
+    let status = wait_for("the SCTP frontends reported", || {
+        c.agent
+            .cli(&["status"])
+            .ok()
+            .filter(|s| s.contains("SCTP ports are not balanced"))
+    });
+    assert!(!status.contains("not supported"), "{status}");
+    let list = c.agent.cli(&["service", "list"]).expect("service list");
+    assert!(!list.contains("shop/alias"), "{list}");
+    assert!(list.contains(&format!("{vip}/TCP")), "{list}");
+}
+
+#[test]
+fn prefer_close_sends_new_connections_to_the_backend_of_the_nodes_zone() {
+    let _serial = serial();
+    let mut c = Cluster::start();
+    let other = c.ip("other");
+    let server = TcpServer::start(
+        c.netns("other"),
+        SocketAddr::new(IpAddr::V4(other), PORT),
+        "other",
+    )
+    .expect("server");
+    c._servers.push(server);
+    c.api
+        .apply(&NODE_YAML.replace(
+            "name: n1 }",
+            "name: n1, labels: { topology.kubernetes.io/zone: a } }",
+        ))
+        .expect("the node's zone");
+    let service = |distribution: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: near, namespace: shop }}
+spec: {{ {distribution} ports: [ {{ name: http, port: 85, targetPort: 8080 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: near-1, namespace: shop, labels: {{ kubernetes.io/service-name: near }} }}
+addressType: IPv4
+ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
+endpoints:
+- {{ addresses: [ "{}" ], zone: a }}
+- {{ addresses: [ "{other}" ], zone: b }}
+"#,
+            c.ip("web")
+        )
+    };
+    let answers = |vip: SocketAddr| -> BTreeSet<String> {
+        (0..30)
+            .filter_map(|_| tcp_request(c.netns("client"), vip, PROBE_TIMEOUT).ok())
+            .map(|r| r.banner)
+            .collect()
+    };
+    // Without the preference, both zones serve.
+    c.api.apply(&service("")).expect("service");
+    let vip = cluster_ip(&c, "near", 85);
+    eventually_or(
+        "both backends answer",
+        || c.agent.log(),
+        || answers(vip).len() == 2,
+    );
+    // With it, only the node's zone takes new connections.
+    c.api
+        .apply(&service("trafficDistribution: PreferClose,"))
+        .expect("service");
+    eventually_or(
+        "only the same-zone backend answers",
+        || c.agent.log(),
+        || answers(vip) == BTreeSet::from(["web".to_string()]),
     );
 }

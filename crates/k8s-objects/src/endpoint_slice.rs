@@ -3,9 +3,10 @@
 //! A slice belongs to the service of its namespace named by its `kubernetes.io/service-name`
 //! label, and serves that service's frontends of its family (`addressType: IPv4` or `IPv6`,
 //! as kube-proxy reads slices); FQDN slices are refused as not supported. Topology fields
-//! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted; of them only
-//! `nodeName` changes what is balanced: a service with `internalTrafficPolicy: Local` takes
-//! only the endpoints of this node.
+//! (`nodeName`, `zone`, `hints`) and `targetRef` are checked and accepted: a service with
+//! `internalTrafficPolicy: Local` takes only the endpoints of this node (`nodeName`), and
+//! the zone hints (or, with `trafficDistribution: PreferClose`, the zones) make the
+//! endpoints of the node's zone preferred.
 //!
 //! A slice also keeps the Services it names as owners (`metadata.ownerReferences` of kind
 //! `Service`, apiVersion `v1`, with their uids): the endpointslice controller makes the
@@ -56,6 +57,11 @@ pub struct SliceEndpoint {
     /// `nodeName`: the node it runs on, if the slice says (what `internalTrafficPolicy:
     /// Local` selects by).
     pub node_name: Option<String>,
+    /// `zone`: the zone it runs in, if the slice says.
+    pub zone: Option<String>,
+    /// `hints.forZones[].name`: the zones whose nodes should send it traffic (set by the
+    /// endpointslice controller for topology-aware routing); empty without hints.
+    pub for_zones: Vec<String>,
 }
 
 impl SliceEndpoint {
@@ -249,6 +255,14 @@ fn endpoint(field: &str, family: IpFamily, e: k8s::Endpoint) -> Result<SliceEndp
         serving: conditions.serving.unwrap_or(ready),
         terminating: conditions.terminating.unwrap_or(false),
         node_name: e.node_name,
+        zone: e.zone.filter(|z| !z.is_empty()),
+        for_zones: e
+            .hints
+            .and_then(|h| h.for_zones)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|z| z.name)
+            .collect(),
     })
 }
 
@@ -343,7 +357,7 @@ mod tests {
     #[test]
     fn endpoints_ports_and_readiness() {
         let s = parse(
-            "addressType: IPv4\nendpoints:\n- addresses: [10.244.0.5]\n- addresses: [10.244.0.6]\n  conditions: {ready: false}\n- addresses: [10.244.0.7]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-1\n  zone: a\nports: [{name: http, port: 8080}, {name: dns, port: 53, protocol: UDP}]\n",
+            "addressType: IPv4\nendpoints:\n- addresses: [10.244.0.5]\n- addresses: [10.244.0.6]\n  conditions: {ready: false}\n- addresses: [10.244.0.7]\n  conditions: {ready: true, serving: true, terminating: false}\n  nodeName: node-1\n  zone: a\n  hints: {forZones: [{name: a}, {name: b}]}\nports: [{name: http, port: 8080}, {name: dns, port: 53, protocol: UDP}]\n",
         )
         .unwrap();
         assert_eq!(s.namespace, "default");
@@ -363,6 +377,9 @@ mod tests {
         );
         let ports: Vec<String> = s.ports.iter().map(ToString::to_string).collect();
         assert_eq!(ports, vec!["http 8080/TCP", "dns 53/UDP"]);
+        assert_eq!(s.endpoints[2].zone.as_deref(), Some("a"));
+        assert_eq!(s.endpoints[2].for_zones, ["a", "b"]);
+        assert!(s.endpoints[0].zone.is_none() && s.endpoints[0].for_zones.is_empty());
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! dual-stack, checked and defaulted as the API server does.
 //!
 //! NodePort and LoadBalancer services, external IPs and the external traffic policy are read
-//! by [`service_exposure`](crate::service_exposure). What the node cannot do is refused with
-//! "not supported" naming the field, never stored and silently left out: ExternalName
-//! services, load balancer source ranges, IPs and classes, SCTP ports and traffic
-//! distribution preferences. The cluster IPs and the families (`ipFamilies`,
+//! by [`service_exposure`](crate::service_exposure). Fields a cluster commonly holds never
+//! refuse the whole service: an ExternalName service is stored and not load-balanced (as
+//! kube-proxy), and `loadBalancerClass`, `loadBalancerSourceRanges`, `trafficDistribution`
+//! and SCTP ports are stored for the load balancer to honour, or to leave out and report,
+//! frontend by frontend. `spec.loadBalancerIP` is still refused. The cluster IPs and the families (`ipFamilies`,
 //! `ipFamilyPolicy`) are decided by `cellium_resources::Resources` (allocated from the
 //! `service-cidr` ranges, or checked there, and defaulted from what the cluster has), since
 //! they depend on the configuration and on the other services.
@@ -220,6 +221,16 @@ pub struct Service {
     pub session_affinity: Option<u32>,
     /// Its type, external IPs and external traffic policy.
     pub exposure: Exposure,
+    /// `spec.externalName` of a `type: ExternalName` service: a DNS alias, which has no
+    /// address and is not load-balanced (as kube-proxy).
+    pub external_name: Option<String>,
+    /// `spec.loadBalancerClass`: another load balancer implementation's service, whose
+    /// ingress IPs are left to it.
+    pub load_balancer_class: Option<String>,
+    /// `spec.loadBalancerSourceRanges`: the clients its load balancer IPs admit.
+    pub load_balancer_source_ranges: Vec<ipnet::IpNet>,
+    /// `spec.trafficDistribution` (`PreferClose`: endpoints of the node's zone first).
+    pub traffic_distribution: Option<String>,
 }
 
 impl Object for Service {
@@ -268,12 +279,18 @@ impl Service {
         let lb_algorithm = lb_algorithm(meta.annotations.as_ref())?;
         let uid = meta.uid.filter(|u| !u.is_empty());
         let spec = svc.spec.unwrap_or_default();
+        let external_name = external_name(&spec)?;
         let exposure = exposure(&spec, svc.status.as_ref())?;
         check_type_dependent_fields(&spec)?;
+        let load_balancer_source_ranges = source_ranges(&spec, exposure.type_)?;
         let internal_traffic_policy = internal_traffic_policy(&spec)?;
         let session_affinity = session_affinity(&spec)?;
         let (families, policy) = families(&spec)?;
-        let requested = requested_ips(&spec)?;
+        let requested = match external_name {
+            // The API server gives an ExternalName service no cluster IP.
+            Some(_) => RequestedIp::Headless,
+            None => requested_ips(&spec)?,
+        };
         if requested == RequestedIp::Headless && exposure.type_ != ServiceType::ClusterIp {
             return Err(FieldError::new(
                 "spec.clusterIP",
@@ -307,6 +324,10 @@ impl Service {
                 lb_algorithm,
                 session_affinity,
                 exposure,
+                external_name,
+                load_balancer_class: spec.load_balancer_class.filter(|c| !c.is_empty()),
+                load_balancer_source_ranges,
+                traffic_distribution: spec.traffic_distribution.filter(|t| !t.is_empty()),
             },
             requested,
             families,
@@ -345,35 +366,59 @@ fn not_supported(field: &str, what: &str) -> FieldError {
     FieldError::new(field, format!("not supported: {what}"))
 }
 
-/// The fields that belong to the service types, affinities and traffic policies this node
-/// does not implement.
+/// `spec.externalName`: required for, and only for, `type: ExternalName`.
+fn external_name(spec: &k8s::ServiceSpec) -> Result<Option<String>, FieldError> {
+    let name = spec.external_name.clone().filter(|n| !n.is_empty());
+    match (spec.type_.as_deref() == Some("ExternalName"), name) {
+        (true, Some(name)) => {
+            validate::dns1123_subdomain("spec.externalName", name.trim_end_matches('.'))?;
+            Ok(Some(name))
+        }
+        (true, None) => Err(FieldError::new(
+            "spec.externalName",
+            "is required for ExternalName services",
+        )),
+        (false, Some(_)) => Err(FieldError::new(
+            "spec.externalName",
+            "may only be set when `type` is 'ExternalName'",
+        )),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The fields this node does not implement.
 fn check_type_dependent_fields(spec: &k8s::ServiceSpec) -> Result<(), FieldError> {
-    if spec.external_name.as_deref().is_some_and(|n| !n.is_empty()) {
-        return Err(not_supported("spec.externalName", "ExternalName services"));
-    }
-    let load_balancer_only = [
-        ("spec.loadBalancerIP", spec.load_balancer_ip.is_some()),
-        (
-            "spec.loadBalancerSourceRanges",
-            spec.load_balancer_source_ranges
-                .as_ref()
-                .is_some_and(|r| !r.is_empty()),
-        ),
-        ("spec.loadBalancerClass", spec.load_balancer_class.is_some()),
-    ];
-    if let Some((field, _)) = load_balancer_only.iter().find(|(_, set)| *set) {
+    if spec
+        .load_balancer_ip
+        .as_deref()
+        .is_some_and(|ip| !ip.is_empty())
+    {
         return Err(not_supported(
-            field,
-            "the node serves a load balancer's ingress IPs, but does not choose or filter them",
-        ));
-    }
-    if spec.traffic_distribution.is_some() {
-        return Err(not_supported(
-            "spec.trafficDistribution",
-            "traffic distribution preferences (every ready endpoint is equally likely)",
+            "spec.loadBalancerIP",
+            "the node serves a load balancer's ingress IPs, but does not choose them",
         ));
     }
     Ok(())
+}
+
+/// `spec.loadBalancerSourceRanges`, each a CIDR (spaces trimmed, as the API server does).
+fn source_ranges(
+    spec: &k8s::ServiceSpec,
+    type_: ServiceType,
+) -> Result<Vec<ipnet::IpNet>, FieldError> {
+    let ranges = spec.load_balancer_source_ranges.clone().unwrap_or_default();
+    if !ranges.is_empty() && type_ != ServiceType::LoadBalancer {
+        return Err(FieldError::new(
+            "spec.loadBalancerSourceRanges",
+            "may only be used when `type` is 'LoadBalancer'",
+        ));
+    }
+    let mut out = Vec::with_capacity(ranges.len());
+    for (i, range) in ranges.iter().enumerate() {
+        let field = format!("spec.loadBalancerSourceRanges[{i}]");
+        out.push(crate::policy_port::parse_cidr(&field, range.trim(), false)?);
+    }
+    Ok(out)
 }
 
 /// The longest `sessionAffinityConfig.clientIP.timeoutSeconds` the API server accepts (a day).
@@ -572,12 +617,6 @@ fn ports(list: Vec<k8s::ServicePort>) -> Result<Vec<ServicePort>, FieldError> {
                 .parse()
                 .map_err(|e| FieldError::new(format!("{field}.protocol"), e))?,
         };
-        if protocol == Protocol::Sctp {
-            return Err(not_supported(
-                &format!("{field}.protocol"),
-                "SCTP services (the datapath balances TCP and UDP)",
-            ));
-        }
         if !numbers.insert((port, protocol)) {
             return Err(FieldError::new(
                 field,
@@ -884,32 +923,65 @@ mod tests {
 
     #[test]
     fn what_the_node_cannot_do_is_not_supported_and_named() {
+        let e = err("{loadBalancerIP: 192.0.2.1, ports: [{port: 80}]}");
+        assert_eq!(e.field, "spec.loadBalancerIP", "{e:?}");
+        assert!(e.reason.starts_with("not supported: "), "{e:?}");
+        // What is merely the default is accepted.
+        parse("{type: ClusterIP, sessionAffinity: None, ipFamilies: [IPv4], ipFamilyPolicy: PreferDualStack, internalTrafficPolicy: Cluster, publishNotReadyAddresses: true, ports: [{port: 80, appProtocol: http}]}").unwrap();
+    }
+
+    #[test]
+    fn fields_real_clusters_hold_keep_the_service() {
+        let svc = parse(
+            "{type: LoadBalancer, loadBalancerClass: example.com/lb, loadBalancerSourceRanges: [' 192.0.2.0/24', '2001:db8::/32'], trafficDistribution: PreferClose, ports: [{name: a, port: 80}, {name: b, port: 9000, protocol: SCTP}]}",
+        )
+        .unwrap()
+        .service;
+        assert_eq!(svc.load_balancer_class.as_deref(), Some("example.com/lb"));
+        let ranges: Vec<String> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert_eq!(ranges, ["192.0.2.0/24", "2001:db8::/32"]);
+        assert_eq!(svc.traffic_distribution.as_deref(), Some("PreferClose"));
+        assert_eq!(svc.ports[1].protocol, Protocol::Sctp);
+
+        let draft = parse("{type: ExternalName, externalName: db.example.com.}").unwrap();
+        assert_eq!(draft.requested, RequestedIp::Headless);
+        assert_eq!(
+            draft.service.external_name.as_deref(),
+            Some("db.example.com.")
+        );
+
         let cases = [
-            ("{type: ExternalName, externalName: a.example}", "spec.type"),
+            ("{type: ExternalName}", "spec.externalName", "required"),
             (
                 "{externalName: a.example, ports: [{port: 80}]}",
                 "spec.externalName",
+                "ExternalName",
             ),
             (
-                "{ports: [{port: 80, protocol: SCTP}]}",
-                "spec.ports[0].protocol",
+                "{type: ExternalName, externalName: 'not a name'}",
+                "spec.externalName",
+                "",
             ),
             (
-                "{loadBalancerIP: 192.0.2.1, ports: [{port: 80}]}",
-                "spec.loadBalancerIP",
+                "{loadBalancerSourceRanges: [10.0.0.0/8], ports: [{port: 80}]}",
+                "spec.loadBalancerSourceRanges",
+                "LoadBalancer",
             ),
             (
-                "{trafficDistribution: PreferClose, ports: [{port: 80}]}",
-                "spec.trafficDistribution",
+                "{type: LoadBalancer, loadBalancerSourceRanges: [nowhere], ports: [{port: 80}]}",
+                "spec.loadBalancerSourceRanges[0]",
+                "CIDR",
             ),
         ];
-        for (spec, field) in cases {
+        for (spec, field, reason) in cases {
             let e = err(spec);
             assert_eq!(e.field, field, "{spec}: {e:?}");
-            assert!(e.reason.starts_with("not supported: "), "{spec}: {e:?}");
+            assert!(e.reason.contains(reason), "{spec}: {e:?}");
         }
-        // What is merely the default is accepted.
-        parse("{type: ClusterIP, sessionAffinity: None, ipFamilies: [IPv4], ipFamilyPolicy: PreferDualStack, internalTrafficPolicy: Cluster, publishNotReadyAddresses: true, ports: [{port: 80, appProtocol: http}]}").unwrap();
     }
 
     #[test]

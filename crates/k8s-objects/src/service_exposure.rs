@@ -97,22 +97,17 @@ impl Exposure {
 }
 
 /// Reads and checks the fields of `spec` (and `status`) that make a service reachable from
-/// outside. ExternalName services and the load balancer fields the node cannot honour are
-/// the caller's to refuse.
+/// outside. The load balancer fields the node cannot honour are the caller's to refuse.
 pub fn exposure(
     spec: &k8s::ServiceSpec,
     status: Option<&k8s::ServiceStatus>,
 ) -> Result<Exposure, FieldError> {
     let type_ = match spec.type_.as_deref() {
-        None | Some("ClusterIP") => ServiceType::ClusterIp,
+        // An ExternalName service is reached by its DNS alias only: headless, as the caller
+        // decodes it.
+        None | Some("ClusterIP") | Some("ExternalName") => ServiceType::ClusterIp,
         Some("NodePort") => ServiceType::NodePort,
         Some("LoadBalancer") => ServiceType::LoadBalancer,
-        Some("ExternalName") => {
-            return Err(FieldError::new(
-                "spec.type",
-                "not supported: type ExternalName (ClusterIP, NodePort and LoadBalancer services are served)",
-            ));
-        }
         Some(other) => {
             return Err(FieldError::new(
                 "spec.type",

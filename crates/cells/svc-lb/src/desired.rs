@@ -30,11 +30,22 @@
 //!   already). None here: no backends, so new connections are refused, never sent to
 //!   another node.
 //!
+//! - Topology, as kube-proxy: when every ready endpoint of the slices has zone hints
+//!   (`hints.forZones`), those hinted for this node's zone (its `topology.kubernetes.io/zone`
+//!   label) take the new connections; otherwise, with `trafficDistribution: PreferClose`,
+//!   those whose `zone` is the node's. None there, or the node's zone unknown: all of them.
+//!   The others are draining. Not with a `Local` traffic policy, which is narrower already.
+//!
 //! NodePort, external IP and load balancer ingress frontends ([`crate::external`]) take the
 //! backends of the cluster IP frontend of their family, only this node's with
 //! `externalTrafficPolicy: Local`.
 //!
-//! Headless services have no frontend. Everything here is a pure function of its inputs.
+//! What the datapath cannot do is left out frontend by frontend, with an error that reports
+//! it, and the rest of the service is served: an SCTP port (the datapath balances TCP and
+//! UDP), and the load balancer ingress frontends of a service with `loadBalancerSourceRanges`
+//! (fail closed: the ranges are not enforced, so those frontends admit no one).
+//!
+//! Headless and ExternalName services have no frontend. Everything here is a pure function of its inputs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -189,7 +200,12 @@ pub struct Inputs {
     pub lb_algorithm: LbAlgorithm,
     /// This node's addresses: NodePort frontends listen on each.
     pub node_addresses: Vec<IpAddr>,
+    /// This node's `topology.kubernetes.io/zone` label, if its Node object has one.
+    pub node_zone: Option<String>,
 }
+
+/// The label that names a node's zone, which topology-aware routing prefers.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 impl Inputs {
     /// Reads the tables and the endpoints.
@@ -207,6 +223,9 @@ impl Inputs {
             node_name: node_name.map(str::to_string),
             lb_algorithm: LbAlgorithm::default(),
             node_addresses: Vec::new(),
+            node_zone: node_name
+                .and_then(|n| resources.nodes.get(&ObjectKey::cluster(n)))
+                .and_then(|node| node.labels.get(ZONE_LABEL).cloned()),
         }
     }
 }
@@ -270,10 +289,15 @@ fn plan(
     let internal_local = (kind == FrontendKind::ClusterIp
         && svc.internal_traffic_policy == TrafficPolicy::Local)
         .then_some(inputs.node_name.as_deref());
+    let local = kind != FrontendKind::ClusterIp
+        && svc.exposure.external_traffic_policy == TrafficPolicy::Local;
+    let zone = (internal_local.is_none() && !local)
+        .then(|| topology(svc, slices, inputs.node_zone.as_deref()))
+        .flatten();
     let (from, (backends, draining)) = if !slices.is_empty() {
         (
             BackendsFrom::EndpointSlices,
-            from_slices(slices, family, port, internal_local),
+            from_slices(slices, family, port, internal_local, zone.as_ref()),
         )
     } else if !svc.selector.is_empty() {
         (
@@ -285,8 +309,6 @@ fn plan(
     };
     let mut backends = dedup_sorted(backends);
     let mut draining = dedup_sorted(draining);
-    let local = kind != FrontendKind::ClusterIp
-        && svc.exposure.external_traffic_policy == TrafficPolicy::Local;
     if local {
         let here = |b: &PlannedBackend| {
             inputs
@@ -298,11 +320,13 @@ fn plan(
         draining.retain(here);
     }
     draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
-    let error = (backends.len() > MAX_BACKENDS).then(|| {
-        format!(
-            "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
-            backends.len()
-        )
+    let error = unservable(svc, port, kind).or_else(|| {
+        (backends.len() > MAX_BACKENDS).then(|| {
+            format!(
+                "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
+                backends.len()
+            )
+        })
     });
     Plan {
         service: svc.key(),
@@ -316,6 +340,49 @@ fn plan(
         algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
         session_affinity: svc.session_affinity,
         error,
+    }
+}
+
+/// Why the datapath cannot serve this frontend of `svc`, if it cannot (see the module).
+fn unservable(svc: &Service, port: &ServicePort, kind: FrontendKind) -> Option<String> {
+    if port.protocol == Protocol::Sctp {
+        return Some("SCTP ports are not balanced (the datapath balances TCP and UDP)".into());
+    }
+    (kind == FrontendKind::LoadBalancer && !svc.load_balancer_source_ranges.is_empty()).then(|| {
+        "loadBalancerSourceRanges are not enforced: the load balancer IP is not served".into()
+    })
+}
+
+/// Which endpoints topology-aware routing prefers, for a node of a known zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Topology {
+    /// Those whose hints name this zone.
+    Hints(String),
+    /// Those in this zone (`trafficDistribution: PreferClose` without hints).
+    Zone(String),
+}
+
+impl Topology {
+    fn prefers(&self, ep: &SliceEndpoint) -> bool {
+        match self {
+            Topology::Hints(zone) => ep.for_zones.contains(zone),
+            Topology::Zone(zone) => ep.zone.as_ref() == Some(zone),
+        }
+    }
+}
+
+/// Whether and how `svc` prefers endpoints of `zone`: by hints when every ready endpoint of
+/// its slices has some (as kube-proxy), by zone with `trafficDistribution: PreferClose`.
+fn topology(svc: &Service, slices: &[&EndpointSlice], zone: Option<&str>) -> Option<Topology> {
+    let zone = zone?.to_string();
+    let mut ready = slices.iter().flat_map(|s| &s.endpoints).filter(|e| e.ready);
+    let hinted = ready.clone().next().is_some() && ready.all(|e| !e.for_zones.is_empty());
+    if hinted {
+        Some(Topology::Hints(zone))
+    } else if svc.traffic_distribution.as_deref() == Some("PreferClose") {
+        Some(Topology::Zone(zone))
+    } else {
+        None
     }
 }
 
@@ -343,12 +410,14 @@ fn from_slices(
     family: IpFamily,
     port: &ServicePort,
     local: Option<Option<&str>>,
+    zone: Option<&Topology>,
 ) -> (Vec<PlannedBackend>, Vec<PlannedBackend>) {
     let here = |ep: &SliceEndpoint| match local {
         None => true,
         Some(node) => node.is_some() && ep.node_name.as_deref() == node,
     };
-    let (mut ready, mut terminating, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut near, mut ready, mut terminating, mut rest) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let source = format!("EndpointSlice {}", slice.key());
         let numbers = slice
@@ -366,7 +435,9 @@ fn from_slices(
                     },
                     source: source.clone(),
                 };
-                if ep.ready {
+                if ep.ready && zone.is_some_and(|z| z.prefers(ep)) {
+                    near.push(planned);
+                } else if ep.ready {
                     ready.push(planned);
                 } else if ep.serving && ep.terminating {
                     terminating.push(planned);
@@ -376,7 +447,11 @@ fn from_slices(
             }
         }
     }
-    if ready.is_empty() {
+    if !near.is_empty() {
+        rest.extend(ready);
+        rest.extend(terminating);
+        (near, rest)
+    } else if ready.is_empty() {
         (terminating, rest)
     } else {
         rest.extend(terminating);
@@ -1004,5 +1079,142 @@ ports: [ { name: http, port: 8080 } ]
                 )
             ]
         );
+    }
+
+    const LB_WITH_FIELDS: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: shop }
+spec: { type: LoadBalancer, clusterIP: 10.96.0.20, SPEC ports: [ { name: http, port: 80, nodePort: 30080 }, { name: sig, port: 3868, protocol: SCTP, nodePort: 30086 } ] }
+status: { loadBalancer: { ingress: [ { ip: 192.0.2.9 } ] } }
+"#;
+
+    fn described(plans: &[Plan]) -> Vec<(String, Option<String>)> {
+        plans
+            .iter()
+            .map(|p| (p.describe(), p.error.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn sctp_ports_and_source_ranges_leave_out_only_their_frontends() {
+        let mut inputs = setup(&LB_WITH_FIELDS.replace(
+            "SPEC",
+            "loadBalancerSourceRanges: [ 198.51.100.0/24 ], trafficDistribution: PreferClose,",
+        ));
+        inputs.node_addresses = vec!["10.98.0.1".parse().unwrap()];
+        let plans = plans(&inputs);
+        let sctp = Some("SCTP ports are not balanced (the datapath balances TCP and UDP)".into());
+        let ranges = Some(
+            "loadBalancerSourceRanges are not enforced: the load balancer IP is not served".into(),
+        );
+        assert_eq!(
+            described(&plans),
+            vec![
+                ("shop/web http (10.96.0.20:80/TCP)".into(), None),
+                ("shop/web sig (10.96.0.20:3868/SCTP)".into(), sctp.clone()),
+                ("shop/web http (10.98.0.1:30080/TCP)".into(), None),
+                ("shop/web http (192.0.2.9:80/TCP)".into(), ranges),
+                ("shop/web sig (10.98.0.1:30086/SCTP)".into(), sctp.clone()),
+                ("shop/web sig (192.0.2.9:3868/SCTP)".into(), sctp),
+            ]
+        );
+    }
+
+    #[test]
+    fn another_load_balancer_class_keeps_its_ingress_ips_and_external_names_have_no_frontend() {
+        let mut inputs = setup(&format!(
+            "{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\nspec: {{type: ExternalName, externalName: db.example.com, ports: [{{port: 5432}}]}}\n",
+            LB_WITH_FIELDS.replace("SPEC", "loadBalancerClass: example.com/lb,")
+        ));
+        inputs.node_addresses = vec!["10.98.0.1".parse().unwrap()];
+        let plans = plans(&inputs);
+        let frontends: Vec<String> = plans
+            .iter()
+            .filter(|p| p.frontend.protocol == cellium_datapath_bpf::Protocol::Tcp)
+            .map(Plan::describe)
+            .collect();
+        assert_eq!(
+            frontends,
+            [
+                "shop/web http (10.96.0.20:80/TCP)",
+                "shop/web http (10.98.0.1:30080/TCP)"
+            ]
+        );
+    }
+
+    fn zoned(distribution: &str, hints: [&str; 3]) -> String {
+        let hint = |zone: &str| {
+            if zone.is_empty() {
+                String::new()
+            } else {
+                format!(", hints: {{ forZones: [ {{ name: {zone} }} ] }}")
+            }
+        };
+        format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: shop }}
+spec: {{ clusterIP: 10.96.0.20, {distribution} ports: [ {{ name: http, port: 80 }} ] }}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{ name: web-a, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
+addressType: IPv4
+endpoints:
+- {{ addresses: [ 10.1.0.1 ], zone: a{} }}
+- {{ addresses: [ 10.1.0.2 ], zone: b{} }}
+- {{ addresses: [ 10.1.0.3 ], zone: b{} }}
+ports: [ {{ name: http, port: 8080 }} ]
+"#,
+            hint(hints[0]),
+            hint(hints[1]),
+            hint(hints[2]),
+        )
+    }
+
+    #[test]
+    fn prefer_close_and_zone_hints_prefer_the_nodes_zone_and_fall_back_to_all() {
+        let addrs = |inputs: &Inputs| -> Vec<String> {
+            plans(inputs)[0]
+                .backends
+                .iter()
+                .map(|b| b.backend.addr.to_string())
+                .collect()
+        };
+        let all = ["10.1.0.1", "10.1.0.2", "10.1.0.3"];
+        let in_zone = |doc: String, zone: Option<&str>| {
+            let mut inputs = setup(&doc);
+            inputs.node_zone = zone.map(str::to_string);
+            addrs(&inputs)
+        };
+        let close = "trafficDistribution: PreferClose,";
+        assert_eq!(
+            in_zone(zoned(close, ["", "", ""]), Some("b")),
+            ["10.1.0.2", "10.1.0.3"]
+        );
+        assert_eq!(in_zone(zoned(close, ["", "", ""]), Some("a")), ["10.1.0.1"]);
+        // No endpoint in the zone, or the zone unknown: all of them.
+        assert_eq!(in_zone(zoned(close, ["", "", ""]), Some("c")), all);
+        assert_eq!(in_zone(zoned(close, ["", "", ""]), None), all);
+        // Without the preference nor hints, zones do not matter.
+        assert_eq!(in_zone(zoned("", ["", "", ""]), Some("a")), all);
+        // Hints on every endpoint win, with or without the field.
+        assert_eq!(
+            in_zone(zoned("", ["a", "a", "b"]), Some("a")),
+            ["10.1.0.1", "10.1.0.2"]
+        );
+        // Hints on some only are ignored (as kube-proxy).
+        assert_eq!(in_zone(zoned("", ["a", "", "b"]), Some("a")), all);
+        // The others keep their connections.
+        let mut inputs = setup(&zoned(close, ["", "", ""]));
+        inputs.node_zone = Some("a".into());
+        let draining: Vec<String> = plans(&inputs)[0]
+            .draining
+            .iter()
+            .map(|b| b.backend.addr.to_string())
+            .collect();
+        assert_eq!(draining, ["10.1.0.2", "10.1.0.3"]);
     }
 }

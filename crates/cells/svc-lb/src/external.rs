@@ -71,7 +71,9 @@ pub fn frontends<'a>(
         for ip in svc.exposure.external_ips.iter().filter(served) {
             out.push(at(FrontendKind::ExternalIp, *ip, port.port, port));
         }
-        if svc.exposure.type_ == ServiceType::LoadBalancer {
+        // A service of another load balancer implementation (`loadBalancerClass`) leaves
+        // its ingress IPs to it.
+        if svc.exposure.type_ == ServiceType::LoadBalancer && svc.load_balancer_class.is_none() {
             for ip in svc.exposure.load_balancer_ingress.iter().filter(served) {
                 out.push(at(FrontendKind::LoadBalancer, *ip, port.port, port));
             }
