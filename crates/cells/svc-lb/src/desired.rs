@@ -136,6 +136,9 @@ pub struct Plan {
     pub session_affinity: Option<u32>,
     /// Why it cannot be programmed, if it cannot.
     pub error: Option<String>,
+    /// Whether `error` says what the datapath does not do (an SCTP port, source ranges): the
+    /// frontend is left out by design, which is reported but is no fault of the node's.
+    pub unsupported: bool,
 }
 
 impl Plan {
@@ -320,7 +323,9 @@ fn plan(
         draining.retain(here);
     }
     draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
-    let error = unservable(svc, port, kind).or_else(|| {
+    let unsupported = unservable(svc, port, kind);
+    let is_unsupported = unsupported.is_some();
+    let error = unsupported.or_else(|| {
         (backends.len() > MAX_BACKENDS).then(|| {
             format!(
                 "{} backends, more than the {MAX_BACKENDS} a frontend can hold",
@@ -340,6 +345,7 @@ fn plan(
         algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
         session_affinity: svc.session_affinity,
         error,
+        unsupported: is_unsupported,
     }
 }
 

@@ -24,6 +24,9 @@
 //!   service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
+//!   Frontends left out because the datapath does not serve what they ask (an SCTP port, a
+//!   LoadBalancer IP with `loadBalancerSourceRanges`) are named in the OK message and in
+//!   `cellium service list`, not Degraded: that would fail CNI STATUS on every node.
 //!
 //! Backends come from the service's EndpointSlices, or, when none names it, from this node's
 //! endpoints whose pods match its selector ([`desired`] has the rules). At start the pinned

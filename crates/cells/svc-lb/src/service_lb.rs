@@ -193,8 +193,11 @@ impl ServiceLb {
         Ok(report)
     }
 
+    /// Degraded for what should have been programmed and was not; frontends left out by
+    /// design (`SyncReport::unsupported`) are named in the OK message only: a Degraded module
+    /// fails CNI STATUS, and one Service's SCTP port must not keep every new pod off the node.
     fn report(&self, report: &SyncReport, unserved_health_checks: &[String]) {
-        let total = report.programmed + report.failed.len();
+        let total = report.programmed + report.failed.len() + report.unsupported.len();
         if let Some(first) = unserved_health_checks.first() {
             self.reporter.degraded(format!(
                 "{} health check node ports not served: {first}",
@@ -209,6 +212,12 @@ impl ServiceLb {
             self.reporter.degraded(format!(
                 "{} stale entries not removed: {first}",
                 report.removal_errors.len()
+            ));
+        } else if let Some(first) = report.unsupported.first() {
+            self.reporter.ok(format!(
+                "{} frontends programmed; {} left out as the datapath does not serve them: {first}",
+                report.programmed,
+                report.unsupported.len()
             ));
         } else {
             self.reporter.ok(format!("{total} frontends programmed"));

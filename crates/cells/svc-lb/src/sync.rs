@@ -53,6 +53,9 @@ pub struct SyncReport {
     pub programmed: usize,
     /// Frontends that could not be, with why.
     pub failed: Vec<String>,
+    /// Frontends left out because the datapath does not do what they ask (`Plan::unsupported`),
+    /// with why: reported, not a fault.
+    pub unsupported: Vec<String>,
     /// Frontends written (new or changed).
     pub written: usize,
     /// Stale frontends removed.
@@ -199,7 +202,11 @@ impl Programmer {
                     self.keep_matches(&plan.frontend);
                     let message = error_chain(&e);
                     tracing::warn!(frontend = %plan.describe(), error = %message, "frontend not programmed");
-                    report.failed.push(message.clone());
+                    if plan.unsupported {
+                        report.unsupported.push(message.clone());
+                    } else {
+                        report.failed.push(message.clone());
+                    }
                     status.push(FrontendStatus {
                         rev_nat_id: self.ids.rev_nat(&plan.frontend).unwrap_or(0),
                         plan,
