@@ -45,7 +45,7 @@ spec: { nodeName: n1, containers: [ { name: c, image: web, ports: [ { name: http
 apiVersion: v1
 kind: Pod
 metadata: { name: client, namespace: shop, labels: { app: client } }
-spec: { nodeName: n1, containers: [ { name: c, image: client } ] }
+spec: { nodeName: n1, serviceAccountName: shopper, containers: [ { name: c, image: client } ] }
 ---
 apiVersion: v1
 kind: Pod
@@ -71,6 +71,16 @@ metadata: { name: deny-banned, namespace: shop }
 spec:
   endpointSelector: { matchLabels: { app: web } }
   ingressDeny: [ { fromEndpoints: [ { matchLabels: { role: banned } } ] } ]
+"#;
+
+/// Only pods of the ServiceAccount `shopper` may reach web.
+const WEB_FROM_SHOPPER: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: web-from-shopper, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: web } }
+  ingress: [ { fromEndpoints: [ { matchLabels: { io.cilium.k8s.policy.serviceaccount: shopper } } ] } ]
 "#;
 
 const WEB_SERVICE: &str = r#"
@@ -347,6 +357,27 @@ endpoints: [ {{ addresses: [ "{}" ], conditions: {{ ready: true }} }} ]
         .expect("late pod");
     c.add("late");
     assert!(c.labels("late").contains(&"k8s:app=late".to_string()));
+}
+
+#[test]
+fn a_policy_selects_pods_by_their_service_account() {
+    let _serial = serial();
+    let c = Cluster::start();
+    assert!(
+        c.labels("client")
+            .contains(&"k8s:io.cilium.k8s.policy.serviceaccount=shopper".to_string()),
+        "{:?}",
+        c.labels("client")
+    );
+    assert!(
+        c.labels("other")
+            .contains(&"k8s:io.cilium.k8s.policy.cluster=default".to_string()),
+        "{:?}",
+        c.labels("other")
+    );
+    c.apply_policy(WEB_FROM_SHOPPER);
+    c.expect_web("client", true, "client runs as the ServiceAccount shopper");
+    c.expect_web("other", false, "other runs as the ServiceAccount default");
 }
 
 #[test]

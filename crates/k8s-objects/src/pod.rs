@@ -1,4 +1,4 @@
-//! Pods: the labels and named ports policies need.
+//! Pods: the labels, named ports and ServiceAccount policies need.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +17,7 @@ pub struct NamedPort {
     pub protocol: Protocol,
 }
 
-/// A pod: its name, labels and named container ports.
+/// A pod: its name, labels, named container ports and ServiceAccount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pod {
     /// The namespace.
@@ -28,6 +28,9 @@ pub struct Pod {
     pub labels: BTreeMap<String, String>,
     /// Its named container ports.
     pub ports: Vec<NamedPort>,
+    /// Its ServiceAccount (`spec.serviceAccountName`, `default` when unset, as the API server
+    /// defaults it): policies select on it as `io.cilium.k8s.policy.serviceaccount`.
+    pub service_account: String,
 }
 
 impl Pod {
@@ -55,6 +58,11 @@ impl Pod {
                 "at least one container is required",
             ));
         }
+        let service_account = spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        validate::dns1123_subdomain("spec.serviceAccountName", &service_account)?;
         let mut ports = Vec::new();
         for (c, container) in spec.containers.iter().enumerate() {
             for (p, port) in container.ports.iter().flatten().enumerate() {
@@ -89,6 +97,7 @@ impl Pod {
             name,
             labels,
             ports,
+            service_account,
         })
     }
 }
@@ -148,6 +157,7 @@ spec:
         .unwrap();
         assert_eq!(pod.namespace, "default");
         assert_eq!(pod.labels["app"], "web");
+        assert_eq!(pod.service_account, "default");
         assert_eq!(
             pod.ports,
             vec![
@@ -163,6 +173,20 @@ spec:
                 },
             ]
         );
+    }
+
+    #[test]
+    fn service_account_name() {
+        let pod = parse(
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: web }\nspec: { serviceAccountName: builder, containers: [ { name: c } ] }",
+        )
+        .unwrap();
+        assert_eq!(pod.service_account, "builder");
+        let err = parse(
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: web }\nspec: { serviceAccountName: Bad_Name, containers: [ { name: c } ] }",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("spec.serviceAccountName"), "{err}");
     }
 
     #[test]

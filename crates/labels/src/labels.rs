@@ -20,6 +20,15 @@ pub const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
 /// (`k8s:io.cilium.k8s.namespace.labels.team=a`).
 pub const NAMESPACE_LABELS_PREFIX: &str = "io.cilium.k8s.namespace.labels.";
 
+/// The key of the label that carries a pod's ServiceAccount
+/// (`k8s:io.cilium.k8s.policy.serviceaccount=<name>`), as Cilium derives it from
+/// `spec.serviceAccountName`.
+pub const POLICY_SERVICE_ACCOUNT_LABEL: &str = "io.cilium.k8s.policy.serviceaccount";
+
+/// The key of the label that carries a pod's cluster (`k8s:io.cilium.k8s.policy.cluster=<name>`,
+/// the agent's `cluster-name`), as Cilium derives it.
+pub const POLICY_CLUSTER_LABEL: &str = "io.cilium.k8s.policy.cluster";
+
 /// Pod label keys under Cilium's own prefix: a pod may not set them, or it could claim
 /// another namespace's labels or a policy's and be selected as if it had them.
 const POD_FORBIDDEN_PREFIX: &str = "io.cilium.k8s.";

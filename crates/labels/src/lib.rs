@@ -23,5 +23,8 @@ mod selector;
 pub use error::{Error, Result};
 pub use filter::is_relevant as is_relevant_pod_label;
 pub use label::{Label, source};
-pub use labels::{Labels, NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL};
+pub use labels::{
+    Labels, NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, POLICY_CLUSTER_LABEL,
+    POLICY_SERVICE_ACCOUNT_LABEL,
+};
 pub use selector::{Key, Operator, Requirement, Selector};

@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 /// Cilium's default for `bpf-policy-map-max`.
 pub const DEFAULT_POLICY_MAP_MAX: usize = 16384;
 
+/// Cilium's default for `cluster-name`.
+pub const DEFAULT_CLUSTER_NAME: &str = "default";
+
 /// How pods' interfaces are set up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", default)]
@@ -21,6 +24,9 @@ pub struct EndpointConfig {
     /// with no entry (everything denied) until its policy fits again, and no other endpoint's
     /// entries are touched.
     pub bpf_policy_map_max: usize,
+    /// The cluster's name (Cilium's `cluster-name`): every pod's identity carries it as
+    /// `k8s:io.cilium.k8s.policy.cluster`, so policies may select on it.
+    pub cluster_name: String,
 }
 
 impl Default for EndpointConfig {
@@ -29,6 +35,7 @@ impl Default for EndpointConfig {
             mtu: 1500,
             remove_endpoints_outside_pod_cidr: false,
             bpf_policy_map_max: DEFAULT_POLICY_MAP_MAX,
+            cluster_name: DEFAULT_CLUSTER_NAME.to_string(),
         }
     }
 }

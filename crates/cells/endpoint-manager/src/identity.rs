@@ -33,6 +33,8 @@ pub(crate) struct Identifier {
     policy: Option<Arc<PolicyRepository>>,
     identities: Option<Arc<Identities>>,
     ipcache: Option<Arc<Ipcache>>,
+    /// The `cluster-name` every pod's labels carry.
+    cluster: String,
 }
 
 impl Identifier {
@@ -41,18 +43,25 @@ impl Identifier {
         policy: Option<Arc<PolicyRepository>>,
         identities: Option<Arc<Identities>>,
         ipcache: Option<Arc<Ipcache>>,
+        cluster: String,
     ) -> Identifier {
         Identifier {
             resources,
             policy,
             identities,
             ipcache,
+            cluster,
         }
     }
 
     /// The labels the endpoint's identity derives from now.
     pub(crate) fn labels(&self, ep: &Endpoint) -> Labels {
-        labels::of(ep, self.resources.as_deref(), self.policy.as_deref())
+        labels::of(
+            ep,
+            self.resources.as_deref(),
+            self.policy.as_deref(),
+            &self.cluster,
+        )
     }
 
     /// Whether the endpoint's identity is that of `fresh`, its labels now: it has one, of

@@ -2,14 +2,18 @@
 
 use std::collections::BTreeMap;
 
-use cellium_labels::{Label, Labels, NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, source};
+use cellium_labels::{
+    Label, Labels, NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, POLICY_CLUSTER_LABEL,
+    POLICY_SERVICE_ACCOUNT_LABEL, source,
+};
 use cellium_policy_repo::PolicyRepository;
 use cellium_resources::{NamedPort, ObjectKey, Resources};
 
 use crate::endpoint::Endpoint;
 
 /// The labels an endpoint's identity derives from: its pod's labels and its namespace's (in
-/// Cilium's form, see [`Labels::for_pod`]) and the `cidr:` labels of the NetworkPolicy ipBlocks
+/// Cilium's form, see [`Labels::for_pod`]), its ServiceAccount's and `cluster`'s
+/// (`io.cilium.k8s.policy.serviceaccount` and `io.cilium.k8s.policy.cluster`, as Cilium), and the `cidr:` labels of the NetworkPolicy ipBlocks
 /// covering its addresses, so that ipBlock peers select pods inside them as upstream
 /// Kubernetes does. An endpoint the runtime did not name a pod for is `reserved:init`, as
 /// Cilium's endpoints are until their pod is known.
@@ -17,7 +21,12 @@ use crate::endpoint::Endpoint;
 /// Without `resources` (an agent without the cell) the pod's and namespace's labels are
 /// unknown: the endpoint has only what the runtime named, its namespace. Without `repo` there
 /// are no ipBlocks, so no `cidr:` labels.
-pub fn of(ep: &Endpoint, resources: Option<&Resources>, repo: Option<&PolicyRepository>) -> Labels {
+pub fn of(
+    ep: &Endpoint,
+    resources: Option<&Resources>,
+    repo: Option<&PolicyRepository>,
+    cluster: &str,
+) -> Labels {
     let Some(pod) = &ep.pod else {
         let mut init = Labels::new();
         init.insert(Label::reserved("init"));
@@ -43,6 +52,19 @@ pub fn of(ep: &Endpoint, resources: Option<&Resources>, repo: Option<&PolicyRepo
             .unwrap_or(&empty),
         ns_obj.as_ref().map_or(&empty, |n| &n.labels),
     );
+    // A gone Pod keeps its ServiceAccount as it keeps its labels.
+    let service_account = match &pod_obj {
+        Some(p) => Some(p.service_account.clone()),
+        None => ep
+            .labels
+            .iter()
+            .find(|l| l.source == source::K8S && l.key == POLICY_SERVICE_ACCOUNT_LABEL)
+            .map(|l| l.value.clone()),
+    };
+    if let Some(sa) = service_account {
+        labels.insert(Label::k8s(POLICY_SERVICE_ACCOUNT_LABEL, sa));
+    }
+    labels.insert(Label::k8s(POLICY_CLUSTER_LABEL, cluster));
     if let Some(repo) = repo {
         for addr in &ep.addresses {
             for label in repo.cidr_labels_for(addr.ip) {
@@ -100,19 +122,19 @@ spec: { containers: [ { name: c, image: web } ] }\n";
             name: "web".into(),
         });
         // Never seen: the namespace's labels only.
-        let unseen = of(&ep, Some(&resources), None);
+        let unseen = of(&ep, Some(&resources), None, "c1");
         assert!(unseen.get(source::K8S, "app").is_none(), "{unseen}");
         resources.apply("test", WEB).unwrap();
-        ep.labels = of(&ep, Some(&resources), None);
+        ep.labels = of(&ep, Some(&resources), None, "c1");
         assert!(ep.labels.get(source::K8S, "app").is_some(), "{}", ep.labels);
         // Force-deleted: the pod's labels stay; its namespace's still follow the Namespace.
         resources.delete("test", WEB).unwrap();
-        let kept = of(&ep, Some(&resources), None);
+        let kept = of(&ep, Some(&resources), None, "c1");
         assert_eq!(kept, ep.labels);
         resources
             .apply("test", &SHOP.replace("team: a", "team: b"))
             .unwrap();
-        let relabelled = of(&ep, Some(&resources), None);
+        let relabelled = of(&ep, Some(&resources), None, "c1");
         assert!(relabelled.get(source::K8S, "app").is_some(), "{relabelled}");
         assert_eq!(
             relabelled
@@ -120,5 +142,35 @@ spec: { containers: [ { name: c, image: web } ] }\n";
                 .map(|l| l.value.as_str()),
             Some("b")
         );
+    }
+
+    #[test]
+    fn service_account_and_cluster_are_labels() {
+        let resources = Resources::new();
+        resources.apply("test", SHOP).unwrap();
+        resources
+            .apply(
+                "test",
+                &WEB.replace("spec: {", "spec: { serviceAccountName: builder,"),
+            )
+            .unwrap();
+        let mut ep = crate::testing::endpoint(3, "c3");
+        ep.pod = Some(PodRef {
+            namespace: "shop".into(),
+            name: "web".into(),
+        });
+        ep.labels = of(&ep, Some(&resources), None, "east");
+        let value = |l: &Labels, key| l.get(source::K8S, key).map(|l| l.value.clone());
+        assert_eq!(
+            value(&ep.labels, POLICY_SERVICE_ACCOUNT_LABEL).as_deref(),
+            Some("builder")
+        );
+        assert_eq!(
+            value(&ep.labels, POLICY_CLUSTER_LABEL).as_deref(),
+            Some("east")
+        );
+        // A force-deleted Pod keeps its ServiceAccount with its other labels.
+        resources.delete("test", WEB).unwrap();
+        assert_eq!(of(&ep, Some(&resources), None, "east"), ep.labels);
     }
 }

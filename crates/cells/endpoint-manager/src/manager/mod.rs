@@ -195,6 +195,7 @@ impl EndpointManager {
 
     pub(crate) fn with_parts(parts: Parts) -> EndpointManager {
         let policy_map_max = parts.cfg.bpf_policy_map_max;
+        let cluster = parts.cfg.cluster_name.clone();
         EndpointManager {
             scope: parts.missing(),
             cfg: parts.cfg,
@@ -206,6 +207,7 @@ impl EndpointManager {
                 parts.policy.clone(),
                 parts.identities,
                 parts.ipcache.clone(),
+                cluster,
             ),
             enforcement: Enforcement::new(
                 parts.policy,
@@ -286,7 +288,7 @@ impl EndpointManager {
 #[cfg(test)]
 mod tests {
     use cellium_hive::Level;
-    use cellium_labels::Labels;
+    use cellium_labels::{Label, Labels, POLICY_CLUSTER_LABEL};
 
     use crate::testing::Harness;
 
@@ -307,10 +309,11 @@ spec: {podSelector: {}}
             .await
             .unwrap();
         assert_eq!(ep.identity, 5, "reserved:init");
+        let mut expected = Labels::for_pod("default", &Default::default(), &Default::default());
+        expected.insert(Label::k8s(POLICY_CLUSTER_LABEL, "default"));
         assert_eq!(
-            ep.labels,
-            Labels::for_pod("default", &Default::default(), &Default::default()),
-            "only the namespace the runtime named"
+            ep.labels, expected,
+            "only the namespace the runtime named, and the cluster"
         );
         assert_eq!(
             h.journal
