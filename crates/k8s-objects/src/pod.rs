@@ -186,7 +186,7 @@ spec:
             "apiVersion: v1\nkind: Pod\nmetadata: { name: web }\nspec: { serviceAccountName: Bad_Name, containers: [ { name: c } ] }",
         )
         .unwrap_err();
-        assert!(err.to_string().contains("spec.serviceAccountName"), "{err}");
+        assert_eq!(err.field, "spec.serviceAccountName", "{err:?}");
     }
 
     #[test]
