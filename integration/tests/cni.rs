@@ -83,11 +83,13 @@ fn has_eth0(pod: &NetNs) -> bool {
     pod.ip(&["link", "show", "eth0"]).is_ok()
 }
 
-/// Links and addresses of a namespace, to compare before and after a call.
+/// The links and addresses of `ns`, without IPv6 duplicate address detection's passing
+/// `tentative` flag: a link-local address of the node's own devices turns from tentative to
+/// valid by itself, about a second after the device came up.
 fn snapshot(ns: &NetNs) -> String {
     let links = ns.ip(&["-o", "link", "show"]).expect("ip link");
     let addrs = ns.ip(&["-o", "addr", "show"]).expect("ip addr");
-    format!("{links}{addrs}")
+    format!("{links}{}", addrs.replace(" tentative", ""))
 }
 
 /// The CNI error object's code and message.

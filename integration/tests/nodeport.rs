@@ -846,3 +846,84 @@ fn a_packet_from_outside_with_the_nodes_own_address_is_the_world_not_the_host() 
         "a packet with the node's address from outside reached the pod"
     );
 }
+
+/// web-0 publishing its port 8080 as host port 8081 on every node address, and as 9090 on
+/// an address that is not the node's (the external namespace's), which must not be served.
+const HOST_PORT_PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: web-0, labels: { app: web } }
+spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080, hostPort: 8081 }, { containerPort: 8080, hostPort: 9090, hostIP: 10.98.0.2 } ] } ] }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: client, labels: { app: client } }
+spec: { containers: [ { name: c } ] }
+"#;
+
+#[test]
+fn a_pods_host_port_is_served_on_the_nodes_addresses_from_outside_pods_and_the_node() {
+    let _serial = serial();
+    let cgroup = cellium_integration::TestCgroup::new().expect("a cgroup");
+    let bed = ServiceBed::start_with(
+        HOST_PORT_PODS,
+        "hp",
+        vec![
+            ("CELLIUM_BPF_LB_SOCK".into(), "true".into()),
+            (
+                "CELLIUM_CGROUP_ROOT".into(),
+                cgroup.path().display().to_string(),
+            ),
+        ],
+    )
+    .expect("the service bed");
+    let _servers: Vec<PeerServer> = bed
+        .web_ips
+        .iter()
+        .map(|ip| PeerServer::start(&bed.web, SocketAddr::new(*ip, 8080)).expect("server"))
+        .collect();
+    let fronts = wait_for("web-0's host port frontends on the link", || {
+        let found: Vec<Value> = frontends(&bed.agent)
+            .into_iter()
+            .filter(|f| f["service"] == "default/web-0" && f["kind"] == "HostPort")
+            .collect();
+        let on = |ip: &str| found.iter().any(|f| f["vip"] == ip && f["port"] == 8081);
+        (on(&NODE_LINK_IP.to_string()) && on(NODE6)).then_some(found)
+    });
+    let foreign = fronts
+        .iter()
+        .find(|f| f["port"] == 9090)
+        .expect("the host port on a foreign address is listed");
+    let error = foreign["error"].as_str().unwrap_or_default();
+    assert!(error.contains("not an address of this node"), "{foreign}");
+
+    // From outside, on both families: the client keeps its address. The link came after the
+    // agent: its device takes the program a moment later.
+    let outside = bed.external.netns();
+    wait_for("the host port answering from outside", || {
+        seen_from(outside, SocketAddr::new(NODE_LINK_IP.into(), 8081)).ok()
+    });
+    for (node, client) in [
+        (IpAddr::from(NODE_LINK_IP), IpAddr::from(EXT_LINK_IP)),
+        (NODE6.parse().unwrap(), EXT6.parse().unwrap()),
+    ] {
+        let seen = seen_from(outside, SocketAddr::new(node, 8081))
+            .unwrap_or_else(|e| panic!("{node}:8081 from outside: {e}"));
+        assert_eq!(seen, client);
+    }
+    // From a pod of the node.
+    let seen = seen_from(&bed.client, SocketAddr::new(NODE_LINK_IP.into(), 8081))
+        .expect("the host port from a pod");
+    assert_eq!(seen, bed.client_ips[0]);
+    // From the node's own processes (socket-level balancing).
+    {
+        let _inside = cgroup.enter().expect("enter the cgroup");
+        seen_from(bed.agent.node(), SocketAddr::new(NODE_LINK_IP.into(), 8081))
+            .expect("the host port from the node");
+    }
+    // The foreign address stays the other host's: the pod's connection is not taken to web-0.
+    assert!(
+        seen_from(&bed.client, SocketAddr::new(EXT_LINK_IP.into(), 9090)).is_err(),
+        "a pod's hostIP captured another host's address"
+    );
+}

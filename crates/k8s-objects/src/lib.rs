@@ -45,7 +45,7 @@ pub use endpoint_slice::{
 pub use namespace::{NAME_LABEL, Namespace, SYSTEM_NAMESPACES};
 pub use network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
 pub use node::Node;
-pub use pod::{NamedPort, Pod};
+pub use pod::{HostPort, NamedPort, Pod};
 pub use policy_port::{CidrBlock, PolicyPort, PortRef};
 pub use protocol::Protocol;
 pub use selector::{LabelRequirement, LabelSelector, SELECTOR_SOURCES, SelectorOperator};

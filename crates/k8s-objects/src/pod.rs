@@ -1,6 +1,7 @@
 //! Pods: the labels, named ports and ServiceAccount policies need.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use crate::Protocol;
 use crate::key::{Object, ObjectKey};
@@ -17,7 +18,22 @@ pub struct NamedPort {
     pub protocol: Protocol,
 }
 
-/// A pod: its name, labels, named container ports and ServiceAccount.
+/// A container port published on the node (`hostPort`): the agent serves it as Cilium's
+/// HostPort service, so that no `portmap` plugin is needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    /// `hostIP`: the node address it is published on; `None` (absent, `0.0.0.0` or `::`)
+    /// for every node address.
+    pub host_ip: Option<IpAddr>,
+    /// `hostPort`.
+    pub host_port: u16,
+    /// `containerPort`: where the pod listens.
+    pub container_port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+/// A pod: its name, labels, named container ports, host ports and ServiceAccount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pod {
     /// The namespace.
@@ -28,6 +44,8 @@ pub struct Pod {
     pub labels: BTreeMap<String, String>,
     /// Its named container ports.
     pub ports: Vec<NamedPort>,
+    /// Its container ports published on the node (`hostPort`).
+    pub host_ports: Vec<HostPort>,
     /// Its ServiceAccount (`spec.serviceAccountName`, `default` when unset, as the API server
     /// defaults it): policies select on it as `io.cilium.k8s.policy.serviceaccount`.
     pub service_account: String,
@@ -64,6 +82,7 @@ impl Pod {
             .unwrap_or_else(|| "default".to_string());
         validate::dns1123_subdomain("spec.serviceAccountName", &service_account)?;
         let mut ports = Vec::new();
+        let mut host_ports = Vec::new();
         for (c, container) in spec.containers.iter().enumerate() {
             for (p, port) in container.ports.iter().flatten().enumerate() {
                 let field = format!("spec.containers[{c}].ports[{p}]");
@@ -90,6 +109,9 @@ impl Pod {
                         protocol,
                     });
                 }
+                if let Some(host) = host_port(&field, port, number, protocol)? {
+                    host_ports.push(host);
+                }
             }
         }
         Ok(Pod {
@@ -97,9 +119,50 @@ impl Pod {
             name,
             labels,
             ports,
+            host_ports,
             service_account,
         })
     }
+}
+
+/// The container port's `hostPort` and `hostIP`, checked as the API server does; `None`
+/// without a `hostPort` (a `hostIP` alone publishes nothing).
+fn host_port(
+    field: &str,
+    port: &k8s_openapi::api::core::v1::ContainerPort,
+    container_port: u16,
+    protocol: Protocol,
+) -> Result<Option<HostPort>, FieldError> {
+    let Some(number) = port.host_port else {
+        return Ok(None);
+    };
+    let host_port = u16::try_from(number)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            FieldError::new(
+                format!("{field}.hostPort"),
+                format!("{number} is not a port number (1-65535)"),
+            )
+        })?;
+    let host_ip = match port.host_ip.as_deref() {
+        None | Some("") => None,
+        Some(ip) => {
+            let ip: IpAddr = ip.parse().map_err(|_| {
+                FieldError::new(
+                    format!("{field}.hostIP"),
+                    format!("{ip:?} is not an IP address"),
+                )
+            })?;
+            (!ip.is_unspecified()).then_some(ip)
+        }
+    };
+    Ok(Some(HostPort {
+        host_ip,
+        host_port,
+        container_port,
+        protocol,
+    }))
 }
 
 /// An IANA service name: at most 15 characters, lower-case alphanumerics and '-', at least one

@@ -42,13 +42,21 @@ impl ServiceBed {
     /// include `default/web-0` and `default/client`) and adds both pods; `tag` keeps the
     /// container ids of one test file apart from another's.
     pub fn start(pods: &str, tag: &str) -> Result<ServiceBed> {
+        ServiceBed::start_with(pods, tag, Vec::new())
+    }
+
+    /// [`ServiceBed::start`] with the agent's environment extended by `env` (config keys).
+    pub fn start_with(pods: &str, tag: &str, env: Vec<(String, String)>) -> Result<ServiceBed> {
         let pod_cidrs = vec!["10.244.0.0/24".to_string(), "fd00:10:244::/112".to_string()];
         let agent = Agent::start_new(AgentOptions {
             pod_cidrs: pod_cidrs.clone(),
-            env: vec![(
-                "CELLIUM_SERVICE_CIDR".into(),
-                "10.96.0.0/16,fd00:10:96::/108".into(),
-            )],
+            env: [(
+                "CELLIUM_SERVICE_CIDR".to_string(),
+                "10.96.0.0/16,fd00:10:96::/108".to_string(),
+            )]
+            .into_iter()
+            .chain(env)
+            .collect(),
             ..AgentOptions::default()
         })?;
         let external = External::attach(agent.node(), &pod_cidrs)?;

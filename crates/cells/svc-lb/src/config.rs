@@ -107,6 +107,9 @@ pub struct SvcLbConfig {
     /// `cgroup-root`): every process in it and below is served. A path that is no cgroup v2
     /// directory gets a hierarchy mounted.
     pub cgroup_root: PathBuf,
+    /// Pods' `hostPort`s served by the datapath (Cilium's `enable-host-port`; on by default):
+    /// no `portmap` plugin needed ([`crate::host_ports`]).
+    pub enable_host_port: bool,
 }
 
 impl Default for SvcLbConfig {
@@ -118,6 +121,7 @@ impl Default for SvcLbConfig {
             bpf_lb_maglev_table_size: MaglevTableSize::default(),
             bpf_lb_sock: false,
             cgroup_root: PathBuf::from("/run/cellium/cgroupv2"),
+            enable_host_port: true,
         }
     }
 }

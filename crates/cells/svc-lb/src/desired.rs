@@ -87,6 +87,8 @@ pub enum BackendsFrom {
     Selector,
     /// Nowhere: no slice names the service and it has no selector.
     None,
+    /// The pod that publishes a host port ([`crate::host_ports`]).
+    Pod,
 }
 
 impl fmt::Display for BackendsFrom {
@@ -95,6 +97,7 @@ impl fmt::Display for BackendsFrom {
             BackendsFrom::EndpointSlices => "endpoint-slices",
             BackendsFrom::Selector => "selector",
             BackendsFrom::None => "none",
+            BackendsFrom::Pod => "pod",
         })
     }
 }
@@ -205,6 +208,8 @@ pub struct Inputs {
     pub node_addresses: Vec<IpAddr>,
     /// This node's `topology.kubernetes.io/zone` label, if its Node object has one.
     pub node_zone: Option<String>,
+    /// `enable-host-port`: pods' host ports get frontends ([`crate::host_ports`]).
+    pub host_ports: bool,
 }
 
 /// The label that names a node's zone, which topology-aware routing prefers.
@@ -229,12 +234,13 @@ impl Inputs {
             node_zone: node_name
                 .and_then(|n| resources.nodes.get(&ObjectKey::cluster(n)))
                 .and_then(|node| node.labels.get(ZONE_LABEL).cloned()),
+            host_ports: false,
         }
     }
 }
 
 /// The frontends every ClusterIP service should have, ordered by service, cluster IP (the
-/// first family's first) and port.
+/// first family's first) and port, then those of pods' host ports.
 pub fn plans(inputs: &Inputs) -> Vec<Plan> {
     let mut slices_of: BTreeMap<ObjectKey, Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in &inputs.slices {
@@ -273,6 +279,7 @@ pub fn plans(inputs: &Inputs) -> Vec<Plan> {
             out.push(plan(svc, slices, port, frontend, kind, inputs));
         }
     }
+    out.extend(crate::host_ports::plans(inputs));
     crate::external::refuse_shared(&mut out);
     out
 }

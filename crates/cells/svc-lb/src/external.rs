@@ -29,6 +29,8 @@ pub enum FrontendKind {
     ExternalIp,
     /// An ingress IP of a LoadBalancer service.
     LoadBalancer,
+    /// A node address and a pod's host port ([`crate::host_ports`]).
+    HostPort,
 }
 
 impl fmt::Display for FrontendKind {
@@ -38,6 +40,7 @@ impl fmt::Display for FrontendKind {
             FrontendKind::NodePort => "NodePort",
             FrontendKind::ExternalIp => "ExternalIP",
             FrontendKind::LoadBalancer => "LoadBalancer",
+            FrontendKind::HostPort => "HostPort",
         })
     }
 }

@@ -4,7 +4,8 @@
 //!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one
 //!   frontend per port and cluster IP of every service (a dual-stack service has one cluster
 //!   IP per family), and per node address and node port, external IP and load balancer
-//!   ingress IP of those reached from outside ([`external`]), its backends (of its family),
+//!   ingress IP of those reached from outside ([`external`]), and per pod host port
+//!   ([`host_ports`]), its backends (of its family),
 //!   stable backend ids shared by frontends, and one rev-NAT id per frontend, ids being one
 //!   space over both families. Headless services have no frontend. Also the health check
 //!   node port servers of LoadBalancer services with `externalTrafficPolicy: Local`
@@ -20,7 +21,8 @@
 //!   `bpf-lb-mode` (`snat`, `dsr` or `hybrid`, [`LbMode`]: direct server return of a
 //!   connection from outside balanced to another node's backend);
 //!   `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own processes in that
-//!   cgroup get services translated at `connect()` and `sendmsg()` ([`SvcLbConfig`]). The
+//!   cgroup get services translated at `connect()` and `sendmsg()`; `enable-host-port` (on
+//!   by default): pods' host ports ([`SvcLbConfig`]). The
 //!   service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
@@ -40,6 +42,7 @@ mod error;
 pub mod external;
 mod grpc;
 pub mod health_check_node_ports;
+pub mod host_ports;
 mod ids;
 pub mod maglev;
 mod service_lb;

@@ -67,6 +67,8 @@ pub struct ServiceLb {
     node_name: Option<String>,
     /// `bpf-lb-algorithm`.
     lb_algorithm: LbAlgorithm,
+    /// `enable-host-port`.
+    host_ports: bool,
     state: Mutex<Programmer>,
     health_checks: HealthCheckServers,
     /// Whether the first pass has run (succeeded or not): `Services.List` waits for it.
@@ -94,6 +96,7 @@ impl ServiceLb {
             reporter,
             node_name: source.map(|s| s.node_name()),
             lb_algorithm: cfg.bpf_lb_algorithm,
+            host_ports: cfg.enable_host_port,
             state: Mutex::new(Programmer::with_maglev_table_size(
                 cfg.bpf_lb_maglev_table_size,
             )),
@@ -176,6 +179,7 @@ impl ServiceLb {
             this.take_over(&dp)?;
             let mut inputs = Inputs {
                 lb_algorithm: this.lb_algorithm,
+                host_ports: this.host_ports,
                 ..Inputs::read(
                     &this.resources,
                     &this.endpoints.list(),
