@@ -181,6 +181,43 @@ fn the_manifests_apply_with_kubectl_and_the_config_names_every_key() {
             .get("api-socket")
             .and_then(serde_yaml::Value::as_str)
     );
+    // Without kube-proxy: the node's processes balanced at connect(), on the host's cgroup v2
+    // root mounted where cgroup-root says.
+    let key = |k: &str| {
+        agent_config
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    assert_eq!(key("bpf-lb-sock"), serde_yaml::Value::Bool(true));
+    let cgroup_root = key("cgroup-root");
+    let cgroup = mount(agent, cgroup_root.as_str().expect("a path"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == cgroup["name"])
+        .expect("the cgroup volume");
+    assert_eq!(volume["hostPath"]["path"], "/sys/fs/cgroup");
+    // The API server's own address, for both programs, from an optional ConfigMap.
+    for (what, container) in [
+        ("agent", agent),
+        (
+            "operator",
+            &operator["spec"]["template"]["spec"]["containers"][0],
+        ),
+    ] {
+        let env = container["env"].as_array().expect("env");
+        for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+            let from = env
+                .iter()
+                .find(|e| e["name"] == var)
+                .unwrap_or_else(|| panic!("{what} lacks {var}"));
+            let reference = &from["valueFrom"]["configMapKeyRef"];
+            assert_eq!(reference["name"], "cellium-k8s-service-host", "{what}");
+            assert_eq!(reference["optional"], true, "{what}");
+        }
+    }
 }
 
 /// The (verb, group, resource) triples the rules of the ClusterRole or Role `name` grant.

@@ -144,6 +144,12 @@ fn a_node_port_is_reached_from_outside_and_from_pods_with_each_traffic_policy() 
         fronts.iter().all(|f| f["traffic_policy"] == "Local"),
         "{fronts:?}"
     );
+    // Without bpf-lb-sock the node's own processes still need kube-proxy, and status says so.
+    let status = agent.cli(&["status", "--verbose"]).expect("cellium status");
+    assert!(
+        status.contains("KubeProxyReplacement: False (bpf-lb-sock off"),
+        "{status}"
+    );
 
     let outside = env.external.netns();
     // From outside, Cluster: the backend sees the node's address.
@@ -921,6 +927,14 @@ fn a_pods_host_port_is_served_on_the_nodes_addresses_from_outside_pods_and_the_n
         seen_from(bed.agent.node(), SocketAddr::new(NODE_LINK_IP.into(), 8081))
             .expect("the host port from the node");
     }
+    let status = bed
+        .agent
+        .cli(&["status", "--verbose"])
+        .expect("cellium status");
+    assert!(
+        status.contains("KubeProxyReplacement: True") && status.contains("host ports served"),
+        "{status}"
+    );
     // The foreign address stays the other host's: the pod's connection is not taken to web-0.
     assert!(
         seen_from(&bed.client, SocketAddr::new(EXT_LINK_IP.into(), 9090)).is_err(),

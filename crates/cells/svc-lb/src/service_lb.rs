@@ -69,6 +69,8 @@ pub struct ServiceLb {
     lb_algorithm: LbAlgorithm,
     /// `enable-host-port`.
     host_ports: bool,
+    /// `bpf-lb-sock`.
+    sock: bool,
     state: Mutex<Programmer>,
     health_checks: HealthCheckServers,
     /// Whether the first pass has run (succeeded or not): `Services.List` waits for it.
@@ -97,6 +99,7 @@ impl ServiceLb {
             node_name: source.map(|s| s.node_name()),
             lb_algorithm: cfg.bpf_lb_algorithm,
             host_ports: cfg.enable_host_port,
+            sock: cfg.bpf_lb_sock,
             state: Mutex::new(Programmer::with_maglev_table_size(
                 cfg.bpf_lb_maglev_table_size,
             )),
@@ -150,6 +153,13 @@ impl ServiceLb {
             .map_err(|source| Error::Config { source })?;
         tracing::info!(?mode, "bpf-lb-mode");
         Ok(())
+    }
+
+    /// What of kube-proxy's job this node does, as Cilium's `KubeProxyReplacement`, at the end
+    /// of the module's OK message in `cellium status`: `True` when kube-proxy can go (services for pods, outside
+    /// clients and the node's own processes), else `False` with what still needs it.
+    pub fn kube_proxy_replacement(&self) -> String {
+        kube_proxy_replacement(self.sock, self.host_ports)
     }
 
     /// The frontends as the last pass left them, ordered by service and port; empty before
@@ -219,12 +229,16 @@ impl ServiceLb {
             ));
         } else if let Some(first) = report.unsupported.first() {
             self.reporter.ok(format!(
-                "{} frontends programmed; {} left out as the datapath does not serve them: {first}",
+                "{} frontends programmed; {} left out as the datapath does not serve them: {first}; {}",
                 report.programmed,
-                report.unsupported.len()
+                report.unsupported.len(),
+                self.kube_proxy_replacement()
             ));
         } else {
-            self.reporter.ok(format!("{total} frontends programmed"));
+            self.reporter.ok(format!(
+                "{total} frontends programmed; {}",
+                self.kube_proxy_replacement()
+            ));
         }
         if report.written + report.removed_frontends + report.removed_backends > 0 {
             tracing::info!(
@@ -329,5 +343,39 @@ impl ServiceLb {
     fn state(&self) -> MutexGuard<'_, Programmer> {
         // Every pass rewrites the state from the maps, so a poisoned one is still usable.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn kube_proxy_replacement(sock: bool, host_ports: bool) -> String {
+    let host = if host_ports {
+        "host ports served"
+    } else {
+        "host ports need the portmap plugin (enable-host-port off)"
+    };
+    if sock {
+        format!(
+            "KubeProxyReplacement: True (ClusterIP, NodePort, ExternalIP and LoadBalancer for pods, outside clients and the node's processes; {host})"
+        )
+    } else {
+        format!(
+            "KubeProxyReplacement: False (bpf-lb-sock off: the node's own processes reach services only through kube-proxy; {host})"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kube_proxy_replacement;
+
+    #[test]
+    fn kube_proxy_can_go_only_with_socket_lb() {
+        assert!(kube_proxy_replacement(true, true).starts_with("KubeProxyReplacement: True"));
+        let without = kube_proxy_replacement(false, true);
+        assert!(
+            without.starts_with("KubeProxyReplacement: False"),
+            "{without}"
+        );
+        assert!(without.contains("bpf-lb-sock"), "{without}");
+        assert!(kube_proxy_replacement(true, false).contains("portmap"));
     }
 }
