@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use cellium_api::v1::{
-    GetIdentityRequest, IdentityScope, ListIdentitiesRequest, SecurityIdentity,
-    identity_client::IdentityClient,
+    GetIdentityRequest, IdentityScope, LabelKey, LabelKeysRequest, ListIdentitiesRequest,
+    SecurityIdentity, identity_client::IdentityClient, policy_client::PolicyClient,
 };
 use serde::Serialize;
 
@@ -15,6 +15,11 @@ use crate::output::{self, Format};
 pub enum Command {
     /// List every identity (reserved ones included) with its labels and references.
     List {
+        /// List the keys of the identities' `k8s:` labels instead, each with why identities
+        /// keep it: `derived`, `filter` (the label filter keeps it), `policy` (the filter
+        /// drops it but the named policies select on it) or `-`.
+        #[arg(long)]
+        keys: bool,
         /// Output format.
         #[arg(long, short, value_enum, default_value_t)]
         output: Format,
@@ -41,9 +46,23 @@ struct IdentityView {
 
 /// Runs a `cellium identity` verb.
 pub async fn exec(socket: &Path, command: Command) -> anyhow::Result<()> {
-    let mut client = IdentityClient::new(cellium_api::connect(socket).await?);
+    let channel = cellium_api::connect(socket).await?;
+    let mut client = IdentityClient::new(channel.clone());
     match command {
-        Command::List { output } => {
+        Command::List { keys: true, output } => {
+            let keys = output::answer(
+                PolicyClient::new(channel)
+                    .label_keys(LabelKeysRequest {})
+                    .await,
+                "Policy.LabelKeys",
+            )?
+            .keys;
+            print_keys(keys.into_iter().map(key_view).collect(), output)
+        }
+        Command::List {
+            keys: false,
+            output,
+        } => {
             let identities =
                 output::answer(client.list(ListIdentitiesRequest {}).await, "Identity.List")?
                     .identities;
@@ -70,6 +89,60 @@ fn view(i: SecurityIdentity) -> IdentityView {
         restored: i.restored,
         labels: i.labels,
     }
+}
+
+/// What `--keys -o json` prints for one key.
+#[derive(Debug, Serialize)]
+struct KeyView {
+    key: String,
+    kept_by: String,
+    /// Empty: every namespace (when policies read it).
+    namespaces: Vec<String>,
+    policies: Vec<String>,
+    identities: u32,
+}
+
+fn key_view(k: LabelKey) -> KeyView {
+    KeyView {
+        key: k.key,
+        kept_by: k.kept_by,
+        namespaces: k.namespaces,
+        policies: k.policies,
+        identities: k.identities,
+    }
+}
+
+fn print_keys(views: Vec<KeyView>, format: Format) -> anyhow::Result<()> {
+    if format == Format::Json {
+        return output::print_json(&views);
+    }
+    let rows: Vec<Vec<String>> = views
+        .into_iter()
+        .map(|v| {
+            let namespaces = match (v.policies.is_empty(), v.namespaces.is_empty()) {
+                (true, _) => "-".to_string(),
+                (false, true) => "*".to_string(),
+                (false, false) => v.namespaces.join(","),
+            };
+            let policies = if v.policies.is_empty() {
+                "-".to_string()
+            } else {
+                v.policies.join(", ")
+            };
+            vec![
+                v.key,
+                v.kept_by,
+                v.identities.to_string(),
+                namespaces,
+                policies,
+            ]
+        })
+        .collect();
+    output::print_table(
+        &["KEY", "KEPT BY", "IDENTITIES", "NAMESPACES", "SELECTED BY"],
+        &rows,
+    );
+    Ok(())
 }
 
 fn scope_name(scope: IdentityScope) -> &'static str {

@@ -11,6 +11,12 @@
 //!
 //! `job-name` is kept, as in Cilium: it names the Job, so all pods of one Job share it, and
 //! policies may select on it.
+//!
+//! Unlike Cilium, whose users add include patterns by hand and restart the agent, a key the
+//! filter ignores is kept after all while some policy selects on it (see
+//! [`Labels::for_pod_keeping`](crate::Labels::for_pod_keeping) and
+//! [`Selector::k8s_keys`](crate::Selector::k8s_keys)): a `podSelector` on
+//! `statefulset.kubernetes.io/pod-name` then selects the pod it names rather than nothing.
 
 /// Key prefixes that are ignored.
 const IGNORED_PREFIXES: &[&str] = &[
@@ -39,7 +45,8 @@ const INCLUDED_PREFIXES: &[&str] = &[
     "app.kubernetes.io",
 ];
 
-/// Whether the pod label `key` takes part in the pod's security identity.
+/// Whether the label filter keeps the pod label `key` in the pod's security identity (a
+/// key it drops may still be kept because a policy selects on it).
 pub fn is_relevant(key: &str) -> bool {
     let included = INCLUDED_PREFIXES
         .iter()

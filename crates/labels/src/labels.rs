@@ -79,9 +79,21 @@ impl Labels {
         pod_labels: &BTreeMap<String, String>,
         namespace_labels: &BTreeMap<String, String>,
     ) -> Labels {
+        Labels::for_pod_keeping(namespace, pod_labels, namespace_labels, |_| false)
+    }
+
+    /// [`Labels::for_pod`], also keeping each pod label whose key the label filter ignores but
+    /// `selected` names: the keys some policy selects on, which would otherwise select
+    /// nothing. Labels under `io.cilium.k8s.` stay dropped whatever `selected` says.
+    pub fn for_pod_keeping(
+        namespace: &str,
+        pod_labels: &BTreeMap<String, String>,
+        namespace_labels: &BTreeMap<String, String>,
+        selected: impl Fn(&str) -> bool,
+    ) -> Labels {
         let mut labels = Labels::new();
         for (key, value) in pod_labels {
-            if filter::is_relevant(key)
+            if (filter::is_relevant(key) || selected(key))
                 && key != POD_NAMESPACE_LABEL
                 && !key.starts_with(POD_FORBIDDEN_PREFIX)
             {
@@ -280,6 +292,33 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_key_the_filter_ignores_is_kept_while_selected() {
+        let pod = map(&[
+            ("app", "db"),
+            ("statefulset.kubernetes.io/pod-name", "db-0"),
+            ("pod-template-hash", "5d8f7"),
+            ("io.cilium.k8s.namespace.labels.team", "forged"),
+        ]);
+        let ns = map(&[("team", "a")]);
+        let plain = Labels::for_pod("shop", &pod, &ns);
+        assert_eq!(plain, Labels::for_pod_keeping("shop", &pod, &ns, |_| false));
+        assert!(
+            plain
+                .get(source::K8S, "statefulset.kubernetes.io/pod-name")
+                .is_none()
+        );
+        let kept = Labels::for_pod_keeping("shop", &pod, &ns, |k| {
+            k == "statefulset.kubernetes.io/pod-name" || k.starts_with("io.cilium.k8s.")
+        });
+        assert_eq!(
+            kept.to_string(),
+            "k8s:app=db,k8s:io.cilium.k8s.namespace.labels.team=a,\
+k8s:io.kubernetes.pod.namespace=shop,k8s:statefulset.kubernetes.io/pod-name=db-0",
+            "the selected key is kept, the unselected hash is not, Cilium's prefix never is"
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ use cellium_resources::{NamedPort, ObjectKey, Resources};
 use crate::endpoint::Endpoint;
 
 /// The labels an endpoint's identity derives from: its pod's labels and its namespace's (in
-/// Cilium's form, see [`Labels::for_pod`]), its ServiceAccount's and `cluster`'s
+/// Cilium's form, see [`Labels::for_pod`], plus the pod labels the filter drops but a policy
+/// of `repo` selects on), its ServiceAccount's and `cluster`'s
 /// (`io.cilium.k8s.policy.serviceaccount` and `io.cilium.k8s.policy.cluster`, as Cilium), and the `cidr:` labels of the NetworkPolicy ipBlocks
 /// covering its addresses, so that ipBlock peers select pods inside them as upstream
 /// Kubernetes does. An endpoint the runtime did not name a pod for is `reserved:init`, as
@@ -43,7 +44,12 @@ pub fn of(
     // DEL. A pod never seen has none to keep.
     let kept = pod_obj.is_none().then(|| pod_part(&ep.labels));
     let ns_obj = resources.and_then(|r| r.namespaces.get(&ObjectKey::cluster(&pod.namespace)));
-    let mut labels = Labels::for_pod(
+    // The keys policies select on are kept although the label filter drops them (see
+    // `cellium_policy_repo::SelectedKeys`); the pod's raw labels are read from its Pod object
+    // at every derivation, so a policy that starts or stops selecting on a key changes the
+    // labels (and identity) of exactly the endpoints whose pods carry it.
+    let selected = repo.map(PolicyRepository::selected_keys);
+    let mut labels = Labels::for_pod_keeping(
         &pod.namespace,
         pod_obj
             .as_ref()
@@ -51,6 +57,11 @@ pub fn of(
             .or(kept.as_ref())
             .unwrap_or(&empty),
         ns_obj.as_ref().map_or(&empty, |n| &n.labels),
+        |key| {
+            selected
+                .as_ref()
+                .is_some_and(|s| s.selects(key, &pod.namespace))
+        },
     );
     // A gone Pod keeps its ServiceAccount as it keeps its labels.
     let service_account = match &pod_obj {
@@ -142,6 +153,55 @@ spec: { containers: [ { name: c, image: web } ] }\n";
                 .map(|l| l.value.as_str()),
             Some("b")
         );
+    }
+
+    #[test]
+    fn a_pod_label_the_filter_drops_is_kept_while_a_policy_of_its_namespace_selects_on_it() {
+        const NP: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+metadata: { name: db, namespace: shop }\n\
+spec: { podSelector: { matchLabels: { statefulset.kubernetes.io/pod-name: web-0 } } }\n";
+        let resources = Resources::new();
+        resources.apply("test", SHOP).unwrap();
+        resources
+            .apply(
+                "test",
+                &WEB.replace(
+                    "app: web",
+                    "app: web, statefulset.kubernetes.io/pod-name: web-0",
+                ),
+            )
+            .unwrap();
+        let repo =
+            PolicyRepository::with_parts(cellium_identity::Identities::in_memory(), None, None);
+        let mut ep = crate::testing::endpoint(3, "c3");
+        ep.pod = Some(PodRef {
+            namespace: "shop".into(),
+            name: "web".into(),
+        });
+        let key = "statefulset.kubernetes.io/pod-name";
+        let has_key = |repo: &PolicyRepository| {
+            of(&ep, Some(&resources), Some(repo), "c1")
+                .get(source::K8S, key)
+                .is_some()
+        };
+        assert!(!has_key(&repo), "the filter drops it");
+        resources.apply("test", NP).unwrap();
+        repo.sync_resources(&resources);
+        assert!(has_key(&repo), "a policy selects on it");
+        // A policy of another namespace does not make it relevant here.
+        resources.delete("test", NP).unwrap();
+        resources
+            .apply(
+                "test",
+                &format!(
+                    "{}---\n{}",
+                    SHOP.replace("shop", "dev"),
+                    NP.replace("namespace: shop", "namespace: dev")
+                ),
+            )
+            .unwrap();
+        repo.sync_resources(&resources);
+        assert!(!has_key(&repo), "selected in dev only");
     }
 
     #[test]

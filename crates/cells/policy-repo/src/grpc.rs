@@ -5,8 +5,8 @@ use std::sync::Arc;
 use cellium_api::ApiService;
 use cellium_api::v1::policy_server::{Policy as PolicyApi, PolicyServer};
 use cellium_api::v1::{
-    GetPolicyRequest, GetPolicyResponse, PolicyPeer, PolicyRuleInfo, PolicySelector,
-    PolicySelectorsRequest, PolicySelectorsResponse,
+    GetPolicyRequest, GetPolicyResponse, LabelKey, LabelKeysRequest, LabelKeysResponse, PolicyPeer,
+    PolicyRuleInfo, PolicySelector, PolicySelectorsRequest, PolicySelectorsResponse,
 };
 use cellium_policy::Verdict;
 use tonic::{Request, Response, Status};
@@ -84,6 +84,31 @@ impl PolicyApi for PolicyService {
             selectors,
         }))
     }
+
+    async fn label_keys(
+        &self,
+        _: Request<LabelKeysRequest>,
+    ) -> Result<Response<LabelKeysResponse>, Status> {
+        let keys = self
+            .0
+            .label_keys()
+            .into_iter()
+            .map(|k| {
+                let used = k.used.unwrap_or_default();
+                LabelKey {
+                    key: k.key,
+                    kept_by: k.kept_by.to_string(),
+                    namespaces: used.namespaces.into_iter().flatten().collect(),
+                    policies: used.policies.iter().map(ToString::to_string).collect(),
+                    identities: u32::try_from(k.identities).unwrap_or(u32::MAX),
+                }
+            })
+            .collect();
+        Ok(Response::new(LabelKeysResponse {
+            revision: self.0.revision(),
+            keys,
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +162,16 @@ mod tests {
             .unwrap()
             .into_inner();
         assert_eq!(sels.selectors.len(), 1);
+        let keys = svc
+            .label_keys(Request::new(LabelKeysRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .keys;
+        let app = keys.iter().find(|k| k.key == "app").unwrap();
+        assert_eq!(app.kept_by, "filter");
+        assert!(app.namespaces.is_empty(), "cluster-wide: every namespace");
+        assert_eq!(app.policies, ["CiliumClusterwideNetworkPolicy c"]);
         assert_eq!(
             (
                 sels.selectors[0].users,

@@ -9,7 +9,9 @@
 //!   rules, exactly what `cellium_policy::compile` takes, cached per identity),
 //!   [`PolicyRepository::changes`] (the revision, to regenerate endpoints),
 //!   [`PolicyRepository::cidr_labels_for`] (the `cidr:` labels of the NetworkPolicy
-//!   ipBlocks covering an endpoint's address, which its identity must carry); and the
+//!   ipBlocks covering an endpoint's address, which its identity must carry),
+//!   [`PolicyRepository::selected_keys`] (the pod label keys its selectors read, which
+//!   identities keep although the label filter drops them); and the
 //!   `cellium.v1.Policy` gRPC service (`cellium policy get|selectors`).
 //! - **Depends on** `Arc<Resources>` (the policy tables), `Arc<Identities>` and `Arc<Ipcache>`
 //!   (where it puts its CIDR prefixes, and whose named ports per identity, which endpoints'
@@ -54,6 +56,7 @@ mod lockdown;
 mod repository;
 mod resolve;
 pub mod rule;
+mod selected_keys;
 mod selector_cache;
 pub mod translate;
 
@@ -63,6 +66,7 @@ pub use error::{Error, Result};
 pub use grpc::PolicyService;
 pub use repository::{PolicyRepository, RuleInfo, SelectorInfo};
 pub use resolve::{EndpointPolicy, PeerPolicy, Subject};
+pub use selected_keys::{KeyUse, LabelKeyInfo, SelectedKeys, kept_by};
 pub use selector_cache::{CachedSelector, SelectorCache};
 
 /// The `policy-repo` module.

@@ -21,6 +21,7 @@ use crate::cidr::{self, CidrIdentities};
 use crate::lockdown::Lockdown;
 use crate::resolve::{self, EndpointPolicy, PeerPorts, Subject};
 use crate::rule::{Origin, Peer, PolicyKind, RuleSet};
+use crate::selected_keys::{self, LabelKeyInfo, SelectedKeys};
 use crate::selector_cache::SelectorCache;
 use crate::translate;
 use crate::translate::deps::{self, Deps};
@@ -85,6 +86,9 @@ struct State {
     /// The Cilium policies whose translation reads `deps`, translated again when those
     /// tables change ([`PolicyRepository::follow_dependencies`]).
     dependents: BTreeMap<SourceKey, CiliumPolicy>,
+    /// The pod label keys the rules' selectors read (shared: every endpoint's labels are
+    /// derived with it).
+    selected_keys: Arc<SelectedKeys>,
 }
 
 /// The node's policy repository (see the crate docs).
@@ -139,6 +143,23 @@ impl PolicyRepository {
     /// selects the pods inside it as the upstream e2e suite expects.
     pub fn cidr_labels_for(&self, ip: IpAddr) -> Vec<Label> {
         cidr::labels_containing(ip, &self.lock().pod_prefixes)
+    }
+
+    /// The pod label keys the rules' selectors read, with the namespaces they matter in and
+    /// the policies that read them: the endpoint manager keeps such labels in its endpoints'
+    /// identities although the label filter drops them. Changes only with the rules, and
+    /// before the revision of that change is published, so an endpoint regenerated at that
+    /// revision is labelled for it.
+    pub fn selected_keys(&self) -> Arc<SelectedKeys> {
+        self.lock().selected_keys.clone()
+    }
+
+    /// The keys of the `k8s:` labels of every identity and of those the selectors read, each
+    /// with why identities keep it (`cellium identity list --keys`).
+    pub fn label_keys(&self) -> Vec<LabelKeyInfo> {
+        let identities = self.identities.list();
+        let selected = self.selected_keys();
+        selected_keys::label_keys(identities.iter().map(|i| &i.identity.labels), &selected)
     }
 
     /// A receiver whose value changes when the set of prefixes behind
@@ -508,9 +529,21 @@ impl PolicyRepository {
         }
     }
 
-    /// After rules changed: the CIDR identities their prefixes need, and a new revision.
+    /// After rules changed: the CIDR identities their prefixes need, the keys their selectors
+    /// read, and a new revision.
     fn changed(&self, st: &mut State) {
         self.reconcile_cidrs(st);
+        let keys = SelectedKeys::of(st.sets.iter().map(|((kind, key), set)| {
+            let origin = Origin {
+                kind: *kind,
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            };
+            (origin, set.as_ref())
+        }));
+        if keys != *st.selected_keys {
+            st.selected_keys = Arc::new(keys);
+        }
         Self::bump(st, &self.revision);
     }
 

@@ -194,7 +194,7 @@ impl RuleSet {
 
 /// The namespace a selector requires of every label set it matches, if it requires exactly
 /// one with a `k8s:` key (the only source a pod's namespace label has).
-fn namespace_of(selector: &Selector) -> Option<&str> {
+pub(crate) fn namespace_of(selector: &Selector) -> Option<&str> {
     selector.requirements().iter().find_map(|r| {
         let key = r.key();
         let one = (key.source() == source::K8S

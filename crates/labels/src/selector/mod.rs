@@ -9,7 +9,7 @@ use std::fmt;
 use ipnet::IpNet;
 
 use crate::error::Result;
-use crate::label::Label;
+use crate::label::{Label, source};
 use crate::labels::{Labels, POD_NAMESPACE_LABEL};
 
 pub use requirement::{Key, Operator, Requirement};
@@ -118,6 +118,17 @@ impl Selector {
     pub fn requirements(&self) -> &[Requirement] {
         &self.requirements
     }
+
+    /// The keys of `k8s:` labels the selector reads (those of its `k8s:` and `any:`
+    /// requirements, whatever the operator): a pod label with such a key must be in the
+    /// pod's identity for the selector to see it.
+    pub fn k8s_keys(&self) -> impl Iterator<Item = &str> {
+        self.requirements
+            .iter()
+            .map(Requirement::key)
+            .filter(|k| k.source() == source::K8S || k.source() == source::ANY)
+            .map(Key::name)
+    }
 }
 
 impl fmt::Display for Selector {
@@ -147,6 +158,19 @@ mod tests {
 
     fn labels(s: &str) -> Labels {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn k8s_keys_are_those_of_k8s_and_any_requirements_whatever_the_operator() {
+        let sel: Selector = "k8s:statefulset.kubernetes.io/pod-name=db-0,app!=web,!tier,reserved:host,cidr:10.0.0.0/8"
+            .parse()
+            .unwrap();
+        let keys: Vec<&str> = sel.k8s_keys().collect();
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        for key in ["statefulset.kubernetes.io/pod-name", "app", "tier"] {
+            assert!(keys.contains(&key), "{key} in {keys:?}");
+        }
+        assert_eq!(Selector::all().k8s_keys().count(), 0);
     }
 
     #[test]
