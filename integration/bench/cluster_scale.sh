@@ -19,26 +19,16 @@ NODES=${NODES:-1000}
 PODS=${PODS:-30}
 IDENTITIES=${IDENTITIES:-300}
 PROPAGATE=${PROPAGATE:-100}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+. "$(dirname "$0")/common.sh"
 # The cargo profile of the binaries run: release unless told (PROFILE=dev for a quick try).
 profile=${PROFILE:-release}
 profile_dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "cluster_scale.sh: run as root (it creates network namespaces and runs the agent)" >&2
-  exit 1
-fi
+require_root cluster_scale.sh "it creates network namespaces and runs the agent"
 
-cargo build --quiet --profile "$profile" --manifest-path "$root/Cargo.toml" \
-  -p cellium-agent -p cellium-cli -p cellium-cni
-cargo build --quiet --profile "$profile" --manifest-path "$root/Cargo.toml" \
-  -p cellium-integration --bin cellium-cluster-bench
+build_bench "$profile" cellium-cluster-bench
 
 # The benchmark removes everything it created when it ends, also when it is told to stop
 # (SIGINT or SIGTERM, which this script passes on).
-"$target/$profile_dir/cellium-cluster-bench" scale \
-  --nodes "$NODES" --pods "$PODS" --identities "$IDENTITIES" --propagate "$PROPAGATE" &
-pid=$!
-trap 'kill -TERM "$pid" 2>/dev/null || true' INT TERM
-wait "$pid"
+run_bench "$target/$profile_dir/cellium-cluster-bench" scale \
+  --nodes "$NODES" --pods "$PODS" --identities "$IDENTITIES" --propagate "$PROPAGATE"

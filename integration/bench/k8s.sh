@@ -29,29 +29,14 @@ POLICIES=${POLICIES:-2000}
 SERVICES=${SERVICES:-2000}
 ROUNDS=${ROUNDS:-5}
 FLOOR_RUNS=${FLOOR_RUNS:-3}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+. "$(dirname "$0")/common.sh"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "k8s.sh: run as root (it creates network namespaces and runs the agent)" >&2
-  exit 1
-fi
+require_root k8s.sh "it creates network namespaces and runs the agent"
 
-# The agent, CLI and plugin the benchmark runs, and the floor, are found next to it.
-cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
-  -p cellium-agent -p cellium-cli -p cellium-cni
-cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
-  -p cellium-integration --bin cellium-k8s-bench --bin cellium-k8s-reflector-floor
+build_bench release cellium-k8s-bench cellium-k8s-reflector-floor
 
 # The benchmark removes everything it created when it ends, also when it is told to stop
 # (SIGINT or SIGTERM, which this script passes on).
-"$target/release/cellium-k8s-bench" \
+run_bench "$target/release/cellium-k8s-bench" \
   --namespaces "$NAMESPACES" --pods "$PODS" --nodes "$NODES" \
-  --policies "$POLICIES" --services "$SERVICES" --rounds "$ROUNDS" --floor-runs "$FLOOR_RUNS" &
-bench_pid=$!
-trap 'kill -TERM "$bench_pid" 2>/dev/null || true' INT TERM
-status=0
-wait "$bench_pid" || status=$?
-# A trapped signal ends the first wait early: wait for the clean-up too.
-if kill -0 "$bench_pid" 2>/dev/null; then wait "$bench_pid" || status=$?; fi
-exit "$status"
+  --policies "$POLICIES" --services "$SERVICES" --rounds "$ROUNDS" --floor-runs "$FLOOR_RUNS"

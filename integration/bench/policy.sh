@@ -22,28 +22,13 @@ PODS=${PODS:-1000}
 POLICIES=${POLICIES:-250}
 ROUNDS=${ROUNDS:-5}
 SAMPLES=${SAMPLES:-50}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+. "$(dirname "$0")/common.sh"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "policy.sh: run as root (it creates network namespaces and runs the agent)" >&2
-  exit 1
-fi
+require_root policy.sh "it creates network namespaces and runs the agent"
 
-# The agent, CLI and plugin the benchmark runs are found next to it.
-cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
-  -p cellium-agent -p cellium-cli -p cellium-cni
-cargo build --quiet --release --manifest-path "$root/Cargo.toml" \
-  -p cellium-integration --bin cellium-policy-bench
+build_bench release cellium-policy-bench
 
 # The benchmark removes everything it created when it ends, also when it is told to stop
 # (SIGINT or SIGTERM, which this script passes on).
-"$target/release/cellium-policy-bench" \
-  --pods "$PODS" --policies "$POLICIES" --rounds "$ROUNDS" --samples "$SAMPLES" &
-bench_pid=$!
-trap 'kill -TERM "$bench_pid" 2>/dev/null || true' INT TERM
-status=0
-wait "$bench_pid" || status=$?
-# A trapped signal ends the first wait early: wait for the clean-up too.
-if kill -0 "$bench_pid" 2>/dev/null; then wait "$bench_pid" || status=$?; fi
-exit "$status"
+run_bench "$target/release/cellium-policy-bench" \
+  --pods "$PODS" --policies "$POLICIES" --rounds "$ROUNDS" --samples "$SAMPLES"

@@ -19,6 +19,7 @@
 //! and node namespace (and so every host-side veth), also when a test fails; a failing test
 //! gets the agent's log on stderr. Pods are further [`NetNs`] guards of the test's own.
 
+use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -169,14 +170,7 @@ impl Agent {
     pub fn prepare(opts: AgentOptions) -> Result<Agent> {
         let bins = Binaries::find()?;
         let node = NetNs::new()?;
-        let dir = tempfile::Builder::new()
-            .prefix("cel-agent-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "create",
-                path: "a temporary directory".into(),
-                source,
-            })?;
+        let dir = crate::temp_dir("cel-agent-")?;
         Ok(Agent {
             child: None,
             bins,
@@ -355,6 +349,18 @@ impl Agent {
         &self.node
     }
 
+    /// The host ends of veth pairs in the node namespace (`lxc...`).
+    pub fn lxc_links(&self) -> Result<BTreeSet<String>> {
+        Ok(self
+            .node
+            .ip(&["-o", "link", "show"])?
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .filter(|n| n.starts_with("lxc"))
+            .collect())
+    }
+
     /// The built binaries.
     pub fn binaries(&self) -> &Binaries {
         &self.bins
@@ -488,6 +494,16 @@ impl Agent {
         self.objects("apply", yaml)?;
         self.wait_policy_revision_after(before)?;
         self.settle()
+    }
+
+    /// The flows the agent reports dropped, as Hubble's JSON objects (none while the agent
+    /// does not answer).
+    pub fn dropped_flows(&self) -> Vec<Value> {
+        self.cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect()
     }
 
     /// Runs a listing command with `-o json` and parses its output.
@@ -787,4 +803,17 @@ fn mac(text: &str) -> [u8; 6] {
         *b = u8::from_str_radix(part, 16).expect("mac");
     }
     out
+}
+
+/// The Pod objects `default/<name>` with the label `app: <name>`, one per name, for
+/// [`Agent::objects`].
+pub fn pod_objects(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {n}, labels: {{ app: {n} }} }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\n"
+            )
+        })
+        .collect()
 }

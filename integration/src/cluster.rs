@@ -33,6 +33,7 @@ use crate::k8s::K8sApi;
 use crate::lab::{Place, PlaceKind};
 use crate::netns::NetNs;
 use crate::reach::{Outcome, Probe, probe};
+use crate::veth;
 
 /// How long a cluster may take to converge on a change (routes, ipcache, policy) before a wait
 /// is an error.
@@ -209,7 +210,13 @@ impl Cluster {
                 pod_cidrs: Vec::new(),
                 ..AgentOptions::default()
             })?;
-            join_underlay(&underlay, agent.node(), i)?;
+            join_underlay(
+                &underlay,
+                &format!("und-n{}", i + 1),
+                agent.node(),
+                UNDERLAY_IF,
+                &format!("{}/24", Cluster::node_ip(i)),
+            )?;
             agents.push(agent);
         }
         let first = agents.first().ok_or_else(|| Error::Unexpected {
@@ -220,14 +227,7 @@ impl Cluster {
         for agent in &agents[1..] {
             api.serve_on(agent.node())?;
         }
-        let files = tempfile::Builder::new()
-            .prefix("cel-cluster-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "create",
-                path: "a temporary directory".into(),
-                source,
-            })?;
+        let files = crate::temp_dir("cel-cluster-")?;
         let mut cluster = Cluster {
             pods: Vec::new(),
             operators: Vec::new(),
@@ -478,6 +478,15 @@ impl Cluster {
         &self.underlay
     }
 
+    /// A host on the underlay that is no node: a new namespace whose `eth0` has `cidr` (an
+    /// address of the underlay's `192.0.2.0/24`), its veth's other end `port` on the bridge.
+    /// Dropping it removes the namespace and the link.
+    pub fn underlay_host(&self, port: &str, cidr: &str) -> Result<NetNs> {
+        let ns = NetNs::new()?;
+        join_underlay(&self.underlay, port, &ns, "eth0", cidr)?;
+        Ok(ns)
+    }
+
     /// The pod `namespace/name`.
     pub fn pod(&self, key: &str) -> Result<&ClusterPod> {
         self.pods
@@ -640,32 +649,14 @@ impl Cluster {
     }
 }
 
-/// Puts node `i` on the underlay: a veth pair, `und0` in the node with its address, the other
-/// end on the bridge.
-fn join_underlay(underlay: &NetNs, node: &NetNs, i: usize) -> Result<()> {
-    let port = format!("und-n{}", i + 1);
-    underlay.ip(&[
-        "link",
-        "add",
-        &port,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        UNDERLAY_IF,
-        "netns",
-        node.name(),
-    ])?;
-    underlay.ip(&["link", "set", &port, "master", BRIDGE])?;
-    underlay.ip(&["link", "set", &port, "up"])?;
-    node.ip(&[
-        "addr",
-        "add",
-        &format!("{}/24", Cluster::node_ip(i)),
-        "dev",
-        UNDERLAY_IF,
-    ])?;
-    node.ip(&["link", "set", UNDERLAY_IF, "up"])?;
+/// Puts `ns` on the underlay: a veth pair, `ifname` in `ns` with the address `cidr`, the other
+/// end `port` on the bridge.
+fn join_underlay(underlay: &NetNs, port: &str, ns: &NetNs, ifname: &str, cidr: &str) -> Result<()> {
+    veth::pair(underlay, port, ns, ifname)?;
+    underlay.ip(&["link", "set", port, "master", BRIDGE])?;
+    underlay.ip(&["link", "set", port, "up"])?;
+    ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+    ns.ip(&["link", "set", ifname, "up"])?;
     Ok(())
 }
 

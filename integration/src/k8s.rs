@@ -162,12 +162,37 @@ impl K8sApi {
     pub fn apply(&self, yaml: &str) -> Result<String> {
         self.kubectl(&["apply", "-f", "-"], yaml)
     }
+
+    /// `kubectl label pod <pod> -n <namespace> <label> --overwrite`: sets (or replaces) one
+    /// label of a pod.
+    pub fn label_pod(&self, namespace: &str, pod: &str, label: &str) -> Result<String> {
+        self.kubectl(
+            &["label", "pod", pod, "-n", namespace, label, "--overwrite"],
+            "",
+        )
+    }
 }
 
 impl Drop for K8sApi {
     fn drop(&mut self) {
         self.api.stop();
     }
+}
+
+/// The Node object `name` with the pod CIDR the controller manager would have given it and, when
+/// there are any, its `addresses` (type, address), as the kubelet reports them.
+pub fn node_yaml(name: &str, pod_cidr: &str, addresses: &[(&str, &str)]) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{ name: {name} }}\nspec: {{ podCIDRs: [ {pod_cidr} ] }}\n"
+    );
+    if !addresses.is_empty() {
+        let addresses: Vec<String> = addresses
+            .iter()
+            .map(|(kind, address)| format!("{{ type: {kind}, address: {address} }}"))
+            .collect();
+        yaml += &format!("status: {{ addresses: [ {} ] }}\n", addresses.join(", "));
+    }
+    yaml
 }
 
 /// A listener on `addr` inside `node`.

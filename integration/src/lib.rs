@@ -32,6 +32,7 @@ pub mod pingpong;
 pub mod probe;
 pub mod reach;
 pub mod readonly;
+pub mod shop;
 pub mod topology;
 pub mod veth;
 pub mod wait;
@@ -47,6 +48,18 @@ pub use k8s::K8sApi;
 pub use netns::NetNs;
 pub use readonly::ReadOnlyDir;
 pub use topology::{Pod, Topology};
+
+/// A new temporary directory `/tmp/<prefix>XXXXXX`, removed with the guard.
+pub(crate) fn temp_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| Error::Io {
+            op: "create",
+            path: "a temporary directory".into(),
+            source,
+        })
+}
 
 /// One privileged test of a test binary at a time: the tests share two cores, run agents
 /// and wait on time-sensitive events. Hold the guard for the whole test; a test that failed

@@ -476,6 +476,16 @@ pub struct EchoStream {
 /// Bytes sent (and echoed) per round of an [`EchoStream`].
 pub const ECHO_ROUND_BYTES: usize = 16 * 1024;
 
+/// The longest time between two successive rounds of `rounds` (those [`EchoStream::stop`]
+/// returns): how long the stream stalled at most.
+pub fn max_gap(rounds: &[std::time::Instant]) -> Duration {
+    rounds
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default()
+}
+
 impl EchoStream {
     /// Starts the rounds on `stream`, a connection to a [`TcpServer`] (its banner is read first).
     pub fn start(stream: TcpStream) -> EchoStream {

@@ -35,3 +35,22 @@ pub fn create(
     peer.ip(&["link", "set", peer_if, "up"])?;
     Ok(())
 }
+
+/// Creates a veth pair, `host_if` in `host` and `peer_if` in `peer`, with the kernel's MACs and
+/// both ends down: the caller addresses them, puts them on a bridge and brings them up.
+/// Removing either namespace removes the pair.
+pub fn pair(host: &NetNs, host_if: &str, peer: &NetNs, peer_if: &str) -> Result<()> {
+    host.ip(&[
+        "link",
+        "add",
+        host_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        peer_if,
+        "netns",
+        peer.name(),
+    ])?;
+    Ok(())
+}

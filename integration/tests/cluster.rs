@@ -19,14 +19,13 @@ use cellium_datapath_bpf::abi::{EndpointInfo, EndpointKey, Plain};
 use cellium_integration::NetNs;
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode, UNDERLAY_IF};
 use cellium_integration::frame::{self, Ipv4Packet};
-use cellium_integration::lab::{OpenFlow, Stream, table};
+use cellium_integration::lab::{OpenFlow, Stream, fixture, table};
 use cellium_integration::probe::{PeerServer, TcpServer, UdpServer, seen_from};
 use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 use cellium_integration::reach::{Outcome, probe};
 use cellium_integration::serial;
+use cellium_integration::shop::{self, PORT};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
-
-const PORT: u16 = 8080;
 
 /// The tests that run in every routing mode, one module per mode.
 macro_rules! every_mode {
@@ -67,10 +66,8 @@ every_mode!(
 fn native_traffic_between_nodes_passes_past_both_nodes_stacks() {
     let _serial = serial();
     let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
-    shop(&mut cluster);
-    let web = cluster.pod_addr("shop/web", PORT).unwrap();
-    let _server =
-        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    shop::add_to(&mut cluster).expect("the shop pods");
+    let _server = shop::serve_web(&cluster).expect("server");
     let n2_pods = Cluster::node_pod_cidr(1);
     let refuse_on_n2 = ["iif", "und0", "to", n2_pods.as_str(), "prohibit"];
     let rule = |verb: &'static str| [&["rule", verb][..], &refuse_on_n2[..]].concat();
@@ -130,37 +127,28 @@ fn eventually(cluster: &Cluster, what: &str, ok: impl FnMut() -> bool) -> Durati
     }
 }
 
-/// The namespace `shop`, `client` and `other` on node 0, `web` (port `http` 8080) on node 1.
-fn shop(cluster: &mut Cluster) {
-    cluster.namespace("shop", "").expect("namespace");
-    cluster
-        .add_pod(0, "shop/client", "app=client", &[])
-        .expect("client");
-    cluster
-        .add_pod(0, "shop/other", "app=other", &[])
-        .expect("other");
-    cluster
-        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
-        .expect("web");
-}
-
-fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity(mode: RoutingMode) {
-    let _serial = serial();
+/// A cluster routed as `mode` with the [`shop`] pods: `client` and `other` on node 0, `web`
+/// (port `http` 8080) on node 1.
+fn shop_cluster(mode: RoutingMode) -> Cluster {
     let mut cluster = Cluster::start(ClusterOptions {
         routing_mode: mode,
         ..ClusterOptions::default()
     })
     .expect("cluster");
-    shop(&mut cluster);
+    shop::add_to(&mut cluster).expect("the shop pods");
+    cluster
+}
+
+fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity(mode: RoutingMode) {
+    let _serial = serial();
+    let cluster = shop_cluster(mode);
     let (client, web) = (
         cluster.pod("shop/client").unwrap().ip,
         cluster.pod("shop/web").unwrap().ip,
     );
     assert_eq!(client.octets()[..3], [10, 245, 11]);
     assert_eq!(web.octets()[..3], [10, 245, 12]);
-    let web_ns = &cluster.pod("shop/web").unwrap().netns;
-    let _server =
-        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
 
     if mode == RoutingMode::Native {
         eventually(&cluster, "node 1 routes to node 2's pods", || {
@@ -181,18 +169,7 @@ fn pods_reach_pods_of_another_node_and_policy_selects_them_by_identity(mode: Rou
     });
 
     // A policy on node 2 selects node 1's pods by their labels.
-    cluster
-        .apply_policy(
-            r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-client, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
-"#,
-        )
-        .expect("policy");
+    cluster.apply_policy(shop::WEB_FROM_CLIENT).expect("policy");
     eventually(&cluster, "other is denied", || {
         !cluster.reaches("shop/other", "shop/web", Tcp(PORT))
     });
@@ -204,17 +181,7 @@ spec:
     // An egress rule of node 1's client naming a port: the number is the remote web pod's,
     // from its CiliumEndpoint's named ports (no pod on node 1 has them).
     cluster
-        .apply_policy(
-            r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: client-to-web-http, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: client } }
-  policyTypes: [ Egress ]
-  egress: [ { to: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: http } ] } ]
-"#,
-        )
+        .apply_policy(shop::CLIENT_TO_WEB_HTTP)
         .expect("egress policy");
     eventually(&cluster, "client reaches web by its port's name", || {
         cluster.reaches("shop/client", "shop/web", Tcp(PORT))
@@ -223,18 +190,7 @@ spec:
     // A remote pod relabelled: its identity changes on its node, the other node follows.
     cluster
         .api()
-        .kubectl(
-            &[
-                "label",
-                "pod",
-                "other",
-                "-n",
-                "shop",
-                "app=client",
-                "--overwrite",
-            ],
-            "",
-        )
+        .label_pod("shop", "other", "app=client")
         .expect("kubectl label");
     eventually(&cluster, "relabelled other is allowed", || {
         cluster.reaches("shop/other", "shop/web", Tcp(PORT))
@@ -453,12 +409,7 @@ fn the_operator_gives_each_node_its_pod_cidr_and_pods_reach_across(mode: Routing
         "each node has its own /24 of the pool"
     );
     assert_no_cidr_twice(&cluster);
-    let _server = TcpServer::start(
-        &cluster.pod("shop/web").unwrap().netns,
-        SocketAddr::new(IpAddr::V4(web), PORT),
-        "web",
-    )
-    .expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     eventually(
         &cluster,
         "client reaches web over the operator's CIDRs",
@@ -565,19 +516,7 @@ fn policy_truth_tables_hold_with_client_and_server_on_different_nodes(mode: Rout
     // external places: the same verdicts, now decided on identities learnt from the other
     // node.
     cluster
-        .apply_policy(
-            r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: db-no-ingress, namespace: shop }
-spec: { podSelector: { matchLabels: { app: db } }, policyTypes: [ Ingress ] }
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: tool-no-egress, namespace: dev }
-spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
-"#,
-        )
+        .apply_policy(fixture::DEFAULT_DENY_PER_DIRECTION)
         .expect("policy");
     check(&cluster, "default deny per direction", |f| {
         !f.to.is("shop/db") && !f.from.is("dev/tool")
@@ -592,24 +531,7 @@ spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
         .expect("delete");
 
     cluster
-        .apply_policy(
-            r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: isolate, namespace: shop }
-spec:
-  podSelector: {}
-  ingress: [ { from: [ { podSelector: {} } ] } ]
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: isolate, namespace: dev }
-spec:
-  podSelector: {}
-  ingress: [ { from: [ { podSelector: {} } ] } ]
-  egress: [ { to: [ { podSelector: {} } ] } ]
-"#,
-        )
+        .apply_policy(fixture::NAMESPACE_ISOLATION)
         .expect("policy");
     check(&cluster, "namespace isolation", |f| {
         if f.from.in_ns("dev") && !f.to.in_ns("dev") {
@@ -657,15 +579,9 @@ spec:
 
 fn an_agent_restarted_keeps_its_cross_node_flows(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
+    let mut cluster = shop_cluster(mode);
     let web = cluster.pod_addr("shop/web", PORT).unwrap();
-    let _server =
-        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     // A policy, so that the flow is one policy allowed, not one no policy touches.
     cluster
         .apply_policy(
@@ -729,10 +645,8 @@ fn a_node_removed_and_re_added_takes_its_routes_and_entries_with_it(mode: Routin
         ..ClusterOptions::default()
     })
     .expect("cluster");
-    shop(&mut cluster);
-    let web = cluster.pod_addr("shop/web", PORT).unwrap();
-    let _server =
-        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    shop::add_to(&mut cluster).expect("the shop pods");
+    let _server = shop::serve_web(&cluster).expect("server");
     let n2_ip: IpAddr = Cluster::node_ip(1).into();
     let n2_cidr = Cluster::node_pod_cidr(1);
     // What node i knows of n2: its route (native routing) and its address's ipcache entry.
@@ -850,9 +764,7 @@ fn the_leader_operator_killed_the_other_takes_over_and_no_cidr_is_handed_out_twi
     cluster
         .add_pod(0, "shop/web", "app=web", &[("http", PORT, "TCP")])
         .expect("web on n1");
-    let web = cluster.pod_addr("shop/web", PORT).unwrap();
-    let _server =
-        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     eventually(&cluster, "n3's client reaches n1's web", || {
         cluster.reaches("shop/client", "shop/web", Tcp(PORT))
     });
@@ -917,27 +829,9 @@ fn an_exhausted_pool_is_reported_on_the_cilium_node_and_by_its_agent() {
 /// A client outside the cluster on the underlay: a namespace with `192.0.2.100/24` on the
 /// underlay bridge (removed with the namespace).
 fn outside_client(cluster: &Cluster) -> NetNs {
-    let ns = NetNs::new().expect("client netns");
-    let und = cluster.underlay();
-    und.ip(&[
-        "link",
-        "add",
-        "ext0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        ns.name(),
-    ])
-    .expect("veth");
-    und.ip(&["link", "set", "ext0", "master", "cel-und", "up"])
-        .expect("on the bridge");
-    ns.ip(&["addr", "add", "192.0.2.100/24", "dev", "eth0"])
-        .expect("address");
-    ns.ip(&["link", "set", "eth0", "up"]).expect("up");
-    ns
+    cluster
+        .underlay_host("ext0", "192.0.2.100/24")
+        .expect("the client on the underlay")
 }
 
 /// A NodePort service (externalTrafficPolicy Cluster) whose only backend runs on node 2,
@@ -947,62 +841,16 @@ fn outside_client(cluster: &Cluster) -> NetNs {
 /// translated packet crosses in the tunnel, and so does the reply.
 fn a_node_port_reached_on_one_node_serves_a_backend_on_the_other(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
-    let web = cluster.pod("shop/web").unwrap().ip;
-    let web_ns = &cluster.pod("shop/web").unwrap().netns;
-    let _server =
-        PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
-    let _udp = UdpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), 5353), "web")
-        .expect("udp server");
-    cluster
-        .apply(&format!(
-            r#"
-apiVersion: v1
-kind: Service
-metadata: {{ name: web, namespace: shop }}
-spec:
-  type: NodePort
-  ports:
-  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
-  - {{ name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP }}
-  - {{ name: closed, port: 54, targetPort: 5354, nodePort: 30054, protocol: UDP }}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
-addressType: IPv4
-ports:
-- {{ name: http, port: {PORT}, protocol: TCP }}
-- {{ name: dns, port: 5353, protocol: UDP }}
-- {{ name: closed, port: 5354, protocol: UDP }}
-endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
-"#
-        ))
-        .expect("NodePort service with a remote backend");
-    let client = outside_client(&cluster);
-    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
-    let mut seen = None;
-    eventually(
-        &cluster,
-        "the outside client reaches node 1's node port",
-        || {
-            seen = seen_from(&client, node1).ok();
-            seen.is_some()
-        },
-    );
-    assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
+    let np = NodePortServed::start(None, mode, &[HTTP, DNS, CLOSED]);
+    let seen = np.seen_over_tcp("the outside client reaches node 1's node port");
+    assert_eq!(seen, IpAddr::V4(Cluster::node_ip(0)));
     // Datagrams of several fragments, both ways: node 1 translates the later fragments as
     // their first, and the backend's fragmented answer back.
-    let dns = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053);
+    let dns = NodePortServed::udp_port();
     for size in [1000, 3000, 8000] {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         let reply = cellium_integration::probe::udp_exchange(
-            &client,
+            &np.client,
             dns,
             &payload,
             Duration::from_secs(3),
@@ -1012,9 +860,9 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
     }
     // The backend's port unreachable, about a datagram node 1 translated both ways, comes
     // back to the client as from node 1's node port: its connected socket is refused.
-    let closed = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30054);
+    let closed = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), CLOSED.node_port);
     assert_eq!(
-        cellium_integration::probe::udp_error(&client, closed, Duration::from_secs(3))
+        cellium_integration::probe::udp_error(&np.client, closed, Duration::from_secs(3))
             .expect("run in the client"),
         Some(std::io::ErrorKind::ConnectionRefused)
     );
@@ -1027,82 +875,96 @@ endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName:
 /// denies it (counted as a policy drop on node 2).
 fn a_node_port_client_is_judged_as_remote_node_by_another_nodes_backend(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
-    let web = cluster.pod("shop/web").unwrap().ip;
-    let web_ns = &cluster.pod("shop/web").unwrap().netns;
-    let _server =
-        PeerServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT)).expect("server");
-    cluster
-        .apply(&format!(
-            r#"
-apiVersion: v1
-kind: Service
-metadata: {{ name: web, namespace: shop }}
-spec:
-  type: NodePort
-  ports:
-  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
-addressType: IPv4
-ports:
-- {{ name: http, port: {PORT}, protocol: TCP }}
-endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
-"#
-        ))
-        .expect("NodePort service with a remote backend");
-    cluster
+    let np = NodePortServed::start(None, mode, &[HTTP]);
+    np.cluster
         .apply_policy(&web_policy(&["fromEntities: [ remote-node ]"]))
         .expect("web admits remote-node only");
-    let client = outside_client(&cluster);
-    let node1 = SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080);
-    let mut seen = None;
-    eventually(
-        &cluster,
-        "the outside client passes web's remote-node-only policy",
-        || {
-            seen = seen_from(&client, node1).ok();
-            seen.is_some()
-        },
-    );
-    assert_eq!(seen, Some(IpAddr::V4(Cluster::node_ip(0))));
+    let seen = np.seen_over_tcp("the outside client passes web's remote-node-only policy");
+    assert_eq!(seen, IpAddr::V4(Cluster::node_ip(0)));
 
-    cluster
+    np.cluster
         .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
-    let denied = || {
-        cluster
-            .agent(1)
-            .datapath_packets("ingress", "policy default deny")
-            .expect("node 2's metrics")
-    };
-    let before = denied();
+    let before = np.node_2_drops("policy default deny");
     eventually(
-        &cluster,
+        &np.cluster,
         "web's policy for the client's own address denies it through node 1",
-        || seen_from(&client, node1).is_err() && denied() > before,
+        || {
+            seen_from(&np.client, NodePortServed::tcp_port()).is_err()
+                && np.node_2_drops("policy default deny") > before
+        },
     );
 }
 
-/// The cluster of the node-port tests in `bpf-lb-mode` `mode`, routed as `routing`, with the
-/// `shop` pods and NodePort 30080 (TCP to `PORT`) and 30053 (UDP to 5353), whose only backend is
-/// web on node 2.
-fn node_port_to_node_2(mode: &str, routing: RoutingMode) -> Cluster {
+/// A port of web's NodePort service: its service port, web's port and the node port.
+struct NodePortSpec {
+    name: &'static str,
+    port: u16,
+    target: u16,
+    node_port: u16,
+    protocol: &'static str,
+}
+
+const HTTP: NodePortSpec = NodePortSpec {
+    name: "http",
+    port: 80,
+    target: PORT,
+    node_port: 30080,
+    protocol: "TCP",
+};
+const DNS: NodePortSpec = NodePortSpec {
+    name: "dns",
+    port: 53,
+    target: 5353,
+    node_port: 30053,
+    protocol: "UDP",
+};
+/// A UDP port nothing in web listens on.
+const CLOSED: NodePortSpec = NodePortSpec {
+    name: "closed",
+    port: 54,
+    target: 5354,
+    node_port: 30054,
+    protocol: "UDP",
+};
+
+/// The cluster of the node-port tests, in `bpf-lb-mode` `mode` (the default where `None`),
+/// routed as `routing`, with the `shop` pods and a NodePort service (externalTrafficPolicy
+/// Cluster) of `ports`, whose only backend is web on node 2.
+fn node_port_to_node_2(
+    mode: Option<&str>,
+    routing: RoutingMode,
+    ports: &[NodePortSpec],
+) -> Cluster {
     let mut cluster = Cluster::start(ClusterOptions {
         routing_mode: routing,
-        agent_env: vec![("CELLIUM_BPF_LB_MODE".into(), mode.into())],
+        agent_env: mode
+            .map(|m| ("CELLIUM_BPF_LB_MODE".into(), m.into()))
+            .into_iter()
+            .collect(),
         ..ClusterOptions::default()
     })
     .expect("cluster");
-    shop(&mut cluster);
+    shop::add_to(&mut cluster).expect("the shop pods");
     let web = cluster.pod("shop/web").unwrap().ip;
+    let service_ports: String = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "  - {{ name: {}, port: {}, targetPort: {}, nodePort: {}, protocol: {} }}\n",
+                p.name, p.port, p.target, p.node_port, p.protocol
+            )
+        })
+        .collect();
+    let slice_ports: String = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "- {{ name: {}, port: {}, protocol: {} }}\n",
+                p.name, p.target, p.protocol
+            )
+        })
+        .collect();
     cluster
         .apply(&format!(
             r#"
@@ -1112,17 +974,13 @@ metadata: {{ name: web, namespace: shop }}
 spec:
   type: NodePort
   ports:
-  - {{ name: http, port: 80, targetPort: {PORT}, nodePort: 30080 }}
-  - {{ name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP }}
----
+{service_ports}---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {{ name: web-1, namespace: shop, labels: {{ kubernetes.io/service-name: web }} }}
 addressType: IPv4
 ports:
-- {{ name: http, port: {PORT}, protocol: TCP }}
-- {{ name: dns, port: 5353, protocol: UDP }}
-endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
+{slice_ports}endpoints: [ {{ addresses: [ "{web}" ], conditions: {{ ready: true }}, nodeName: n2 }} ]
 "#
         ))
         .expect("NodePort service with a remote backend");
@@ -1150,8 +1008,8 @@ struct NodePortServed {
 }
 
 impl NodePortServed {
-    fn start(mode: &str, routing: RoutingMode) -> Self {
-        let cluster = node_port_to_node_2(mode, routing);
+    fn start(mode: Option<&str>, routing: RoutingMode, ports: &[NodePortSpec]) -> Self {
+        let cluster = node_port_to_node_2(mode, routing, ports);
         let web = cluster.pod("shop/web").unwrap();
         let _tcp = PeerServer::start(&web.netns, SocketAddr::new(IpAddr::V4(web.ip), PORT))
             .expect("server");
@@ -1168,12 +1026,12 @@ impl NodePortServed {
 
     /// Where the client reaches the TCP node port: node 1's.
     fn tcp_port() -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30080)
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), HTTP.node_port)
     }
 
     /// Where the client reaches the UDP node port: node 1's.
     fn udp_port() -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), 30053)
+        SocketAddr::new(IpAddr::V4(Cluster::node_ip(0)), DNS.node_port)
     }
 
     /// The address web sees the client's TCP connection from, once one passes.
@@ -1210,7 +1068,7 @@ impl NodePortServed {
 /// routing the client's packets cross in the tunnel, the replies do not.
 fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend(routing: RoutingMode) {
     let _serial = serial();
-    let np = NodePortServed::start("dsr", routing);
+    let np = NodePortServed::start(Some("dsr"), routing, &[HTTP, DNS]);
     np.cluster
         .apply_policy(&web_policy(&["fromCIDR: [ 192.0.2.100/32 ]"]))
         .expect("web admits the outside client's address only");
@@ -1240,7 +1098,7 @@ fn dsr_a_node_port_client_keeps_its_address_at_another_nodes_backend(routing: Ro
 /// and both answers come back from node 1's node ports.
 fn hybrid_tcp_keeps_the_client_address_and_udp_is_source_translated(routing: RoutingMode) {
     let _serial = serial();
-    let np = NodePortServed::start("hybrid", routing);
+    let np = NodePortServed::start(Some("hybrid"), routing, &[HTTP, DNS]);
     np.cluster
         .apply_policy(&web_policy(&[
             &format!(
@@ -1320,7 +1178,7 @@ fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
 #[test]
 fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr", RoutingMode::Native);
+    let cluster = node_port_to_node_2(Some("dsr"), RoutingMode::Native, &[HTTP, DNS]);
     let client = outside_client(&cluster);
     let forged = forged_dsr_datagram(
         &cluster,
@@ -1340,7 +1198,7 @@ fn dsr_an_option_forged_off_the_underlay_is_dropped_and_counted() {
 #[test]
 fn dsr_tunnel_an_option_is_believed_only_out_of_the_tunnel_from_a_node() {
     let _serial = serial();
-    let cluster = node_port_to_node_2("dsr", RoutingMode::Tunnel);
+    let cluster = node_port_to_node_2(Some("dsr"), RoutingMode::Tunnel, &[HTTP, DNS]);
     let client = outside_client(&cluster);
     let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
     let two_mac = mac_of(two, UNDERLAY_IF);
@@ -1384,12 +1242,7 @@ fn an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denie
     mode: RoutingMode,
 ) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
+    let mut cluster = shop_cluster(mode);
     cluster
         .add_pod(1, "shop/intruder", "app=intruder", &[])
         .expect("intruder");
@@ -1460,16 +1313,10 @@ fn an_error_from_another_nodes_pod_about_a_connection_it_is_no_party_of_is_denie
 /// reach web.
 fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
+    let cluster = shop_cluster(mode);
     let web = cluster.pod("shop/web").unwrap().ip;
     let web_ns = &cluster.pod("shop/web").unwrap().netns;
-    let _server =
-        TcpServer::start(web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     let to_web = SocketAddr::new(IpAddr::V4(web), 5353);
     let sink = web_ns
         .run(move || std::net::UdpSocket::bind(to_web))
@@ -1539,17 +1386,11 @@ fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: Ro
         "a packet with node 2's address from the underlay reached web"
     );
     eventually(&cluster, "its flow, from the world", || {
-        cluster
-            .agent(1)
-            .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .any(|f| {
-                f["flow"]["IP"]["source"] == Cluster::node_ip(1).to_string().as_str()
-                    && f["flow"]["source"]["identity"] == 2
-                    && f["flow"]["drop_reason_desc"] == "POLICY_DENIED"
-            })
+        cluster.agent(1).dropped_flows().iter().any(|f| {
+            f["flow"]["IP"]["source"] == Cluster::node_ip(1).to_string().as_str()
+                && f["flow"]["source"]["identity"] == 2
+                && f["flow"]["drop_reason_desc"] == "POLICY_DENIED"
+        })
     });
 }
 
@@ -1563,24 +1404,13 @@ fn a_packet_off_the_underlay_with_the_nodes_own_address_is_not_the_host(mode: Ro
 /// it), and nothing is dropped as `Encapsulation failed`.
 fn a_pod_inside_an_ipblock_keeps_its_labels_on_the_other_node(mode: RoutingMode) {
     let _serial = serial();
-    let mut cluster = Cluster::start(ClusterOptions {
-        routing_mode: mode,
-        ..ClusterOptions::default()
-    })
-    .expect("cluster");
-    shop(&mut cluster);
+    let cluster = shop_cluster(mode);
     cluster.namespace("elsewhere", "").expect("namespace");
-    let (client, other, web) = (
+    let (client, other) = (
         cluster.pod("shop/client").unwrap().ip,
         cluster.pod("shop/other").unwrap().ip,
-        cluster.pod("shop/web").unwrap().ip,
     );
-    let _server = TcpServer::start(
-        &cluster.pod("shop/web").unwrap().netns,
-        SocketAddr::new(IpAddr::V4(web), PORT),
-        "web",
-    )
-    .expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     cluster
         .apply_policy(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: wide, namespace: elsewhere }\n\
@@ -1662,17 +1492,9 @@ fn tunnel_encapsulation_failures_show_in_health() {
         ..ClusterOptions::default()
     })
     .expect("cluster");
-    shop(&mut cluster);
-    let (client, web) = (
-        cluster.pod("shop/client").unwrap().ip,
-        cluster.pod("shop/web").unwrap().ip,
-    );
-    let _server = TcpServer::start(
-        &cluster.pod("shop/web").unwrap().netns,
-        SocketAddr::new(IpAddr::V4(web), PORT),
-        "web",
-    )
-    .expect("server");
+    shop::add_to(&mut cluster).expect("the shop pods");
+    let client = cluster.pod("shop/client").unwrap().ip;
+    let _server = shop::serve_web(&cluster).expect("server");
     eventually(&cluster, "client reaches web", || {
         cluster.reaches("shop/client", "shop/web", Tcp(PORT))
     });
@@ -1759,7 +1581,7 @@ fn cilium_endpoint(ns: &str, name: &str, ip: Ipv4Addr, identity: u64, node: &str
 fn forged_cilium_endpoints_change_no_pods_identity() {
     let _serial = serial();
     let mut cluster = Cluster::start(ClusterOptions::default()).expect("cluster");
-    shop(&mut cluster);
+    shop::add_to(&mut cluster).expect("the shop pods");
     cluster.namespace("evil", "").expect("namespace");
     // n9: a node with no agent, its pod CIDR 10.245.19.0/24.
     cluster
@@ -1773,12 +1595,7 @@ fn forged_cilium_endpoints_change_no_pods_identity() {
         cluster.pod("shop/other").unwrap().ip,
         cluster.pod("shop/web").unwrap().ip,
     );
-    let _server = TcpServer::start(
-        &cluster.pod("shop/web").unwrap().netns,
-        SocketAddr::new(IpAddr::V4(web), PORT),
-        "web",
-    )
-    .expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     eventually(&cluster, "each node knows the other's pods", || {
         [client, other]
             .iter()

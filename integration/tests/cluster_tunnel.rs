@@ -19,17 +19,9 @@ use cellium_integration::cluster::{Cluster, ClusterOptions, RoutingMode, UNDERLA
 use cellium_integration::frame::{self, Ipv4Packet, udp};
 use cellium_integration::probe::{TcpServer, tcp_connect};
 use cellium_integration::reach::{Outcome, Probe, probe};
+use cellium_integration::shop::{self, WEB_FROM_CLIENT};
 
 const PORT: u16 = 8080;
-
-const WEB_FROM_CLIENT: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-client, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
-"#;
 
 /// Other nodes themselves may reach web.
 const WEB_FROM_REMOTE_NODES: &str = r#"
@@ -135,24 +127,10 @@ fn pods_reach_across_nodes_only_through_the_tunnel_with_their_identity() {
         assert!(link.contains("vxlan external"), "{link}");
         assert!(link.contains("dstport 8472"), "{link}");
     }
-    cluster.namespace("shop", "").expect("namespace");
-    cluster
-        .add_pod(0, "shop/client", "app=client", &[])
-        .expect("client");
-    cluster
-        .add_pod(0, "shop/other", "app=other", &[])
-        .expect("other");
-    let web = cluster
-        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
-        .expect("web")
-        .ip;
+    shop::add_to(&mut cluster).expect("the shop pods");
+    let web = cluster.pod("shop/web").expect("web").ip;
     let pod = |key: &str| &cluster.pod(key).expect("pod").netns;
-    let _server = TcpServer::start(
-        pod("shop/web"),
-        SocketAddr::new(IpAddr::V4(web), PORT),
-        "web",
-    )
-    .expect("server");
+    let _server = shop::serve_web(&cluster).expect("server");
     let (one, two) = (cluster.agent(0).node(), cluster.agent(1).node());
 
     // Pods' MTU leaves room for VXLAN's 50 bytes.
@@ -488,26 +466,9 @@ fn hostile_vxlan_frames_reach_no_pod() {
 /// A host on the underlay that is no node: a namespace with `192.0.2.66/24` on the underlay's
 /// bridge (removed with the namespace), and the MAC it sends from.
 fn stranger(cluster: &Cluster) -> (NetNs, [u8; 6]) {
-    let ns = NetNs::new().expect("the stranger's netns");
-    let und = cluster.underlay();
-    und.ip(&[
-        "link",
-        "add",
-        "strange0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        ns.name(),
-    ])
-    .expect("veth");
-    und.ip(&["link", "set", "strange0", "master", "cel-und", "up"])
-        .expect("on the bridge");
-    ns.ip(&["addr", "add", &format!("{STRANGER}/24"), "dev", "eth0"])
-        .expect("address");
-    ns.ip(&["link", "set", "eth0", "up"]).expect("up");
+    let ns = cluster
+        .underlay_host("strange0", &format!("{STRANGER}/24"))
+        .expect("the stranger on the underlay");
     let mac = mac_of(&ns, "eth0");
     (ns, mac)
 }
@@ -527,10 +488,8 @@ fn drops(cluster: &Cluster, reason: &str) -> u64 {
 fn drop_flows(cluster: &Cluster, reason: &str, src: Ipv4Addr) -> usize {
     cluster
         .agent(1)
-        .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .dropped_flows()
+        .iter()
         .filter(|f| {
             f["flow"]["drop_reason_desc"] == reason
                 && f["flow"]["IP"]["source"] == src.to_string().as_str()

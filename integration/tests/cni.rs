@@ -66,17 +66,9 @@ fn router(agent: &Agent) -> Ipv4Addr {
         .expect("router address")
 }
 
-/// The host ends of veth pairs in the node namespace (`lxc...`).
+/// The host ends of veth pairs in the node namespace ([`Agent::lxc_links`]).
 fn lxc_links(agent: &Agent) -> BTreeSet<String> {
-    agent
-        .node()
-        .ip(&["-o", "link", "show"])
-        .expect("ip link")
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .filter(|n| n.starts_with("lxc"))
-        .collect()
+    agent.lxc_links().expect("ip link")
 }
 
 fn has_eth0(pod: &NetNs) -> bool {
@@ -499,11 +491,7 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
         "nothing while the agent was down"
     );
     assert!(rounds.iter().any(|t| *t > up_at), "nothing after");
-    let max_gap = rounds
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let max_gap = probe::max_gap(&rounds);
     assert!(
         max_gap < Duration::from_millis(200),
         "stream stalled for {max_gap:?}"

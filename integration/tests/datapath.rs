@@ -854,11 +854,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         "{} rounds",
         rounds.len()
     );
-    let max_gap = rounds
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let max_gap = probe::max_gap(&rounds);
     assert!(
         max_gap < Duration::from_millis(150),
         "stream stalled for {max_gap:?}"

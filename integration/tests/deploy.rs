@@ -12,13 +12,12 @@ use std::process::Command;
 
 use cellium_integration::agent::Binaries;
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam};
-use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::Probe::Tcp;
+use cellium_integration::shop::{self, PORT};
 use cellium_integration::{K8sApi, NetNs, serial};
 use cellium_test_apiserver::rbac::AuditEntry;
 use serde_json::Value;
 
-const PORT: u16 = 8080;
 const AGENT: &str = "system:serviceaccount:kube-system:cellium";
 const OPERATOR: &str = "system:serviceaccount:kube-system:cellium-operator";
 
@@ -323,17 +322,8 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
     // A cluster's life: pods on both nodes, a policy, a label changed, a service, the pool
     // exhausted, a pod removed, a pod object
     // deleted behind its node's back, a node leaving, the leading operator killed.
-    cluster.namespace("shop", "").unwrap();
-    cluster
-        .add_pod(0, "shop/client", "app=client", &[])
-        .unwrap();
-    cluster.add_pod(0, "shop/other", "app=other", &[]).unwrap();
-    cluster
-        .add_pod(1, "shop/web", "app=web", &[("http", PORT, "TCP")])
-        .unwrap();
-    let web = cluster.pod_addr("shop/web", PORT).unwrap();
-    let _server =
-        TcpServer::start(&cluster.pod("shop/web").unwrap().netns, web, "web").expect("server");
+    shop::add_to(&mut cluster).unwrap();
+    let _server = shop::serve_web(&cluster).expect("server");
     cluster
         .apply_policy(
             "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: web, namespace: shop}\n\

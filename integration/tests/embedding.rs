@@ -60,17 +60,9 @@ fn held(agent: &Agent) -> BTreeSet<String> {
         .collect()
 }
 
-/// The host ends of veth pairs in the node namespace (`lxc...`).
-fn lxc_links(agent: &Agent) -> Vec<String> {
-    agent
-        .node()
-        .ip(&["-o", "link", "show"])
-        .expect("ip link")
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .filter(|n| n.starts_with("lxc"))
-        .collect()
+/// The host ends of veth pairs in the node namespace ([`Agent::lxc_links`]).
+fn lxc_links(agent: &Agent) -> BTreeSet<String> {
+    agent.lxc_links().expect("ip link")
 }
 
 /// Packets the datapath's programs forwarded so far (from the agent's metrics).

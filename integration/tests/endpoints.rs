@@ -42,17 +42,9 @@ fn holder(agent: &Agent, ip: Ipv4Addr) -> Option<String> {
         .and_then(|a| a["owner"].as_str().map(str::to_string))
 }
 
-/// The host ends of veth pairs in the node namespace (`lxc...`).
-fn lxc_links(agent: &Agent) -> Vec<String> {
-    agent
-        .node()
-        .ip(&["-o", "link", "show"])
-        .expect("ip link")
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .filter(|n| n.starts_with("lxc"))
-        .collect()
+/// The host ends of veth pairs in the node namespace ([`Agent::lxc_links`]).
+fn lxc_links(agent: &Agent) -> std::collections::BTreeSet<String> {
+    agent.lxc_links().expect("ip link")
 }
 
 /// The health node whose id ends with `suffix`, as (level, message).

@@ -15,6 +15,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use cellium_integration::agent::pod_objects;
 use cellium_integration::cni::{result_ipv4, result_ipv6};
 use cellium_integration::frame::{self, Ipv4Packet, Ipv6Packet, UDP};
 use cellium_integration::probe::{self, UdpServer};
@@ -66,15 +67,9 @@ fn agent() -> Agent {
 
 /// Applies Pod objects `default/<name>` with `app: <name>` and makes the pods.
 fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
-    let objects: String = names
-        .iter()
-        .map(|n| {
-            format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {n}, labels: {{ app: {n} }} }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\n"
-            )
-        })
-        .collect();
-    agent.objects("apply", &objects).expect("apply pods");
+    agent
+        .objects("apply", &pod_objects(&names))
+        .expect("apply pods");
     names.map(|name| {
         let ns = NetNs::new().expect("pod netns");
         let call = CniCall::new("ADD", &format!("frag{name}x{}", std::process::id()))

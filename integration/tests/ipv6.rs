@@ -14,10 +14,13 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use cellium_integration::agent::pod_objects;
 use cellium_integration::cni::{result_ipv4, result_ipv6};
 use cellium_integration::frame::{
     self, DSTOPTS, ECHO_REQUEST, HOPOPTS, Ipv6Packet, MLD2_REPORT, MOBILITY, ROUTING,
 };
+use cellium_integration::lab::External;
+use cellium_integration::lab::external::{EXT_ADDRS, EXT_ADDRS6};
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::wait::eventually;
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
@@ -57,15 +60,9 @@ fn agent() -> Agent {
 /// right away, before anything else can happen, that each IPv6 address is usable (not
 /// `tentative`).
 fn pods<const N: usize>(agent: &Agent, names: [&str; N]) -> [Pod; N] {
-    let objects: String = names
-        .iter()
-        .map(|n| {
-            format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {n}, labels: {{ app: {n} }} }}\nspec: {{ containers: [ {{ name: c }} ] }}\n---\n"
-            )
-        })
-        .collect();
-    agent.objects("apply", &objects).expect("apply pods");
+    agent
+        .objects("apply", &pod_objects(&names))
+        .expect("apply pods");
     names.map(|name| add(agent, name))
 }
 
@@ -127,7 +124,7 @@ fn dual_stack_pods_reach_each_other_the_node_and_the_outside_over_ipv6_without_p
     let _serial = serial();
     let agent = agent();
     let [a, b, c] = pods(&agent, ["a", "b", "c"]);
-    let ext = External::attach(&agent);
+    let ext = external(&agent);
     let gw6 = router6(&agent);
     let notes = &agent.cli_json(&["status"]).expect("cellium status -o json")["notes"];
     assert!(
@@ -139,8 +136,8 @@ fn dual_stack_pods_reach_each_other_the_node_and_the_outside_over_ipv6_without_p
     assert!(ping(&b.ns, c.v6), "b -> c over IPv6");
     assert!(ping(&a.ns, gw6), "a -> the node ({gw6})");
     assert!(ping(agent.node(), c.v6), "the node -> c");
-    eventually("a -> the outside over IPv6", || ping(&a.ns, ext.v6[0]));
-    assert!(ping(&ext.ns, c.v6), "the outside -> c over IPv6");
+    eventually("a -> the outside over IPv6", || ping(&a.ns, EXT_ADDRS6[0]));
+    assert!(ping(ext.netns(), c.v6), "the outside -> c over IPv6");
     let _tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
     let reply = probe::tcp_request(&a.ns, SocketAddr::new(b.v6.into(), 8080), TIMEOUT).unwrap();
     assert_eq!(reply.banner, "b");
@@ -204,80 +201,11 @@ spec:
     );
 }
 
-/// A network outside the cluster, routed through the node: `10.99.0.10`, `10.99.0.20`,
+/// The lab's network outside the cluster, routed through the node: `10.99.0.10`, `10.99.0.20`,
 /// `fd00:99::10` and `fd00:99::20`, external addresses for CIDR rules. Dropping it removes it
 /// (and the node's end of its link).
-struct External {
-    ns: NetNs,
-    v4: [Ipv4Addr; 2],
-    v6: [Ipv6Addr; 2],
-}
-
-impl External {
-    fn attach(agent: &Agent) -> External {
-        let node = agent.node();
-        let ns = NetNs::new().expect("external netns");
-        node.ip(&[
-            "link",
-            "add",
-            "celx6",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])
-        .expect("veth");
-        // Link-local addresses usable at once: the node resolves the external side from its
-        // own.
-        node.sysctl("net.ipv6.conf.celx6.accept_dad", "0")
-            .expect("sysctl");
-        ns.sysctl("net.ipv6.conf.eth0.accept_dad", "0")
-            .expect("sysctl");
-        let ext = External {
-            ns,
-            v4: [Ipv4Addr::new(10, 99, 0, 10), Ipv4Addr::new(10, 99, 0, 20)],
-            v6: [
-                "fd00:99::10".parse().expect("ip"),
-                "fd00:99::20".parse().expect("ip"),
-            ],
-        };
-        node.ip(&["addr", "add", "10.98.0.1/30", "dev", "celx6"])
-            .expect("addr");
-        node.ip(&["addr", "add", "fd00:98::1/64", "dev", "celx6", "nodad"])
-            .expect("addr");
-        ext.ns
-            .ip(&["addr", "add", "10.98.0.2/30", "dev", "eth0"])
-            .expect("addr");
-        ext.ns
-            .ip(&["addr", "add", "fd00:98::2/64", "dev", "eth0", "nodad"])
-            .expect("addr");
-        for ip in ext.v4.map(|ip| format!("{ip}/32")) {
-            ext.ns
-                .ip(&["addr", "add", &ip, "dev", "eth0"])
-                .expect("addr");
-        }
-        for ip in ext.v6.map(|ip| format!("{ip}/128")) {
-            ext.ns
-                .ip(&["addr", "add", &ip, "dev", "eth0", "nodad"])
-                .expect("addr");
-        }
-        node.ip(&["link", "set", "celx6", "up"]).expect("up");
-        ext.ns.ip(&["link", "set", "eth0", "up"]).expect("up");
-        node.ip(&["route", "add", "10.99.0.0/24", "via", "10.98.0.2"])
-            .expect("route");
-        node.ip(&["-6", "route", "add", "fd00:99::/64", "via", "fd00:98::2"])
-            .expect("route");
-        ext.ns
-            .ip(&["route", "add", POD_CIDR4, "via", "10.98.0.1"])
-            .expect("route");
-        ext.ns
-            .ip(&["-6", "route", "add", POD_CIDR6, "via", "fd00:98::1"])
-            .expect("route");
-        ext
-    }
+fn external(agent: &Agent) -> External {
+    External::attach(agent.node(), &[POD_CIDR4.into(), POD_CIDR6.into()]).expect("external netns")
 }
 
 #[test]
@@ -285,13 +213,13 @@ fn cidr_rules_entities_and_deny_rules_apply_per_family() {
     let _serial = serial();
     let agent = agent();
     let [a, b, c, d, e] = pods(&agent, ["a", "b", "c", "d", "e"]);
-    let ext = External::attach(&agent);
+    let ext = external(&agent);
     // The external side of the node's link: in no rule's prefix, so the world itself.
     let (link4, link6) = (
         Ipv4Addr::new(10, 98, 0, 2),
         "fd00:98::2".parse::<Ipv6Addr>().unwrap(),
     );
-    let ([x10, x20], [y10, y20]) = (ext.v4, ext.v6);
+    let ([(_, x10), (_, x20)], [y10, y20]) = (EXT_ADDRS, EXT_ADDRS6);
     eventually("a -> fd00:99::10 before any policy", || ping(&a.ns, y10));
     assert!(ping(&a.ns, x10), "a -> 10.99.0.10 before any policy");
 
@@ -372,7 +300,7 @@ spec:
     assert!(!ping(&d.ns, x10), "d -> 10.99.0.10");
     assert!(!ping(&d.ns, a.v6), "d -> a over IPv6");
     // What the outside sends to pods meets their ingress: c denies only a.
-    assert!(ping(&ext.ns, c.v6), "fd00:98::2 -> c");
+    assert!(ping(ext.netns(), c.v6), "fd00:98::2 -> c");
 }
 
 #[test]

@@ -10,12 +10,16 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellium_integration::cluster::{Cluster as Nodes, ClusterOptions};
+use cellium_integration::k8s::node_yaml;
+use cellium_integration::lab::External;
+use cellium_integration::lab::external::EXT_ADDRS;
 use cellium_integration::probe::{TcpServer, tcp_request};
 use cellium_integration::reach::{Outcome, Probe, probe};
-use cellium_integration::wait::{eventually_or, wait_for};
+use cellium_integration::shop::WEB_FROM_CLIENT;
+use cellium_integration::wait::{eventually_or, poll_until, wait_for};
 use cellium_integration::{Agent, AgentOptions, CniCall, K8sApi, NetNs, serial};
 
 const NODE: &str = "n1";
@@ -24,13 +28,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 /// How long a change made at the API server may take to reach the datapath.
 const CONVERGE: Duration = Duration::from_secs(20);
 
-/// The node, with the pod CIDR the controller manager would have given it.
-const NODE_YAML: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n1 }
-spec: { podCIDRs: [ 10.245.7.0/24 ] }
-"#;
+/// The node's pod CIDR, as the controller manager would have given it.
+const POD_CIDR: &str = "10.245.7.0/24";
 
 const APP: &str = r#"
 apiVersion: v1
@@ -51,16 +50,6 @@ apiVersion: v1
 kind: Pod
 metadata: { name: other, namespace: shop, labels: { app: other } }
 spec: { nodeName: n1, containers: [ { name: c, image: other } ] }
-"#;
-
-/// Only `app: client` pods may reach web, on its named port.
-const WEB_FROM_CLIENT: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-client, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
 "#;
 
 /// Denies web's ingress from `role: banned` pods, whatever else allows.
@@ -110,7 +99,8 @@ impl Cluster {
         })
         .expect("node");
         let api = K8sApi::start(agent.node()).expect("API server");
-        api.apply(NODE_YAML).expect("node object");
+        api.apply(&node_yaml(NODE, POD_CIDR, &[]))
+            .expect("node object");
         api.apply(APP).expect("pods");
         agent.options_mut().env = api.agent_env(NODE);
         agent.start().expect("agent in Kubernetes mode");
@@ -153,20 +143,30 @@ impl Cluster {
         self.answered(self.netns(from), None, ip, port)
     }
 
+    /// Waits until `ok` holds, for [`CONVERGE`]; panics with the agent's log otherwise.
+    fn eventually(&self, what: &str, ok: impl FnMut() -> bool) {
+        if let Err(e) = poll_until(what, CONVERGE, ok) {
+            panic!("{e}\n{}", self.agent.log());
+        }
+    }
+
     /// Waits until `from` reaching web is `want`; panics with the agent's log otherwise.
     fn expect_web(&self, from: &str, want: bool, why: &str) {
         let web = self.ip("web");
-        let began = Instant::now();
-        while self.reaches(from, web, PORT) != want {
-            if began.elapsed() > CONVERGE {
-                panic!(
-                    "{why}: {from} -> web should be {} after {CONVERGE:?}\n{}",
-                    if want { "allowed" } else { "denied" },
-                    self.agent.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let verdict = if want { "allowed" } else { "denied" };
+        self.eventually(&format!("{why}: {from} -> web {verdict}"), || {
+            self.reaches(from, web, PORT) == want
+        });
+    }
+
+    /// The ClusterIP the API server gave Service `shop/name`.
+    fn cluster_ip(&self, name: &str) -> Ipv4Addr {
+        let svc = self
+            .api
+            .api()
+            .get("v1", "Service", Some("shop"), name)
+            .expect("stored service");
+        svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap()
     }
 
     /// Whether a TCP connection from `ns` (from `src` when given) to `dst:port` is answered.
@@ -258,18 +258,7 @@ fn pods_get_their_labels_addresses_and_policy_from_the_api_server() {
 
     // A label changed with kubectl moves the pod to a new identity and policy.
     c.api
-        .kubectl(
-            &[
-                "label",
-                "pod",
-                "other",
-                "-n",
-                "shop",
-                "app=client",
-                "--overwrite",
-            ],
-            "",
-        )
+        .label_pod("shop", "other", "app=client")
         .expect("kubectl label");
     c.expect_web("other", true, "other is labelled app=client now");
     assert!(c.labels("other").contains(&"k8s:app=client".to_string()));
@@ -298,55 +287,19 @@ fn pods_get_their_labels_addresses_and_policy_from_the_api_server() {
     // A Service from the API server gives a working ClusterIP, with the address the API
     // server allocated.
     c.api.apply(WEB_SERVICE).expect("service");
-    let svc = c
-        .api
-        .api()
-        .get("v1", "Service", Some("shop"), "web")
-        .expect("stored service");
-    let vip: Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
-    let began = Instant::now();
-    while !c.reaches("client", vip, 80) {
-        assert!(
-            began.elapsed() < CONVERGE,
-            "the ClusterIP {vip} does not reach web\n{}",
-            c.agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let vip = c.cluster_ip("web");
+    c.eventually(&format!("the ClusterIP {vip} reaches web"), || {
+        c.reaches("client", vip, 80)
+    });
 
     // A Service without a selector takes its backends from the EndpointSlice naming it.
-    let manual = format!(
-        r#"
-apiVersion: v1
-kind: Service
-metadata: {{ name: manual, namespace: shop }}
-spec: {{ ports: [ {{ name: http, port: 81, targetPort: 8080 }} ] }}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{ name: manual-1, namespace: shop, labels: {{ kubernetes.io/service-name: manual }} }}
-addressType: IPv4
-ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
-endpoints: [ {{ addresses: [ "{}" ], conditions: {{ ready: true }} }} ]
-"#,
-        c.ip("web")
-    );
+    let manual = selectorless_service("manual", c.ip("web"));
     c.api.apply(&manual).expect("service and slice");
-    let svc = c
-        .api
-        .api()
-        .get("v1", "Service", Some("shop"), "manual")
-        .expect("stored service");
-    let vip: Ipv4Addr = svc["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
-    let began = Instant::now();
-    while !c.reaches("client", vip, 81) {
-        assert!(
-            began.elapsed() < CONVERGE,
-            "the EndpointSlice's backend behind {vip} is not reached\n{}",
-            c.agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let vip = c.cluster_ip("manual");
+    c.eventually(
+        &format!("the EndpointSlice's backend behind {vip} is reached"),
+        || c.reaches("client", vip, 81),
+    );
 
     // A pod created after the agent started, added right away: its labels are there.
     c.api
@@ -607,14 +560,7 @@ fn a_force_deleted_pod_keeps_its_labels_and_its_policy_until_del() {
         )
         .expect("kubectl delete --force");
     // The agent has taken the delete in once its count of objects in force changed.
-    let began = Instant::now();
-    while in_force() == before {
-        assert!(
-            began.elapsed() < CONVERGE,
-            "the delete never reached the agent"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    c.eventually("the delete reaches the agent", || in_force() != before);
     c.agent.settle().expect("settled");
     assert!(
         c.labels("web").contains(&"k8s:app=web".to_string()),
@@ -762,19 +708,9 @@ fn connect_error(c: &Cluster, from: &str, to: SocketAddr) -> Option<std::io::Err
 
 /// Waits until a connect() from `from` to `to` ends as `want` (`None`: connected).
 fn expect_connect(c: &Cluster, from: &str, to: SocketAddr, want: Option<std::io::ErrorKind>) {
-    let began = Instant::now();
-    loop {
-        let got = connect_error(c, from, to);
-        if got == want {
-            return;
-        }
-        assert!(
-            began.elapsed() < CONVERGE,
-            "{from} -> {to}: {got:?}, not {want:?}, after {CONVERGE:?}\n{}",
-            c.agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    c.eventually(&format!("{from} -> {to}: {want:?}"), || {
+        connect_error(c, from, to) == want
+    });
 }
 
 /// Service `owned` (no selector) as the API server stored it: its cluster IP and uid.
@@ -845,61 +781,28 @@ fn a_recreated_service_ignores_the_slices_of_its_predecessor_and_refuses_until_i
     expect_connect(&c, "client", vip, None);
 }
 
-/// Addresses outside the cluster, on a namespace of their own routed through the node.
-const OUTSIDE: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 99, 0, 10), Ipv4Addr::new(10, 99, 0, 20)];
+/// Addresses outside the cluster, on the lab's external network routed through the node.
+const OUTSIDE: [Ipv4Addr; 2] = [EXT_ADDRS[0].1, EXT_ADDRS[1].1];
 
-/// The network of [`OUTSIDE`]: a namespace linked to the node by a veth (`10.98.0.1/30` on
-/// the node's end), with a route each way. Dropping it removes the namespace and the link.
-struct Outside {
-    ns: NetNs,
+/// The network of [`OUTSIDE`], routed back to the pods. Dropping it removes the namespace and
+/// the link.
+fn outside(node: &NetNs) -> External {
+    External::attach(node, &[POD_CIDR.into()]).expect("outside netns")
 }
 
-impl Outside {
-    fn attach(node: &NetNs) -> Outside {
-        let ns = NetNs::new().expect("outside netns");
-        node.ip(&[
-            "link",
-            "add",
-            "celout",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])
-        .expect("veth");
-        node.ip(&["addr", "add", "10.98.0.1/30", "dev", "celout"])
-            .expect("addr");
-        ns.ip(&["addr", "add", "10.98.0.2/30", "dev", "eth0"])
-            .expect("addr");
-        for ip in OUTSIDE {
-            ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])
-                .expect("addr");
-        }
-        node.ip(&["link", "set", "celout", "up"]).expect("up");
-        ns.ip(&["link", "set", "eth0", "up"]).expect("up");
-        node.ip(&["route", "add", "10.99.0.0/24", "via", "10.98.0.2"])
-            .expect("route");
-        ns.ip(&["route", "add", "10.245.7.0/24", "via", "10.98.0.1"])
-            .expect("route");
-        Outside { ns }
-    }
-}
-
-/// Service `ext` without a selector and its EndpointSlice, pointing at `backend`.
-fn selectorless_service(backend: Ipv4Addr) -> String {
+/// Service `name` without a selector (port 81 to 8080) and its EndpointSlice, pointing at
+/// `backend`.
+fn selectorless_service(name: &str, backend: Ipv4Addr) -> String {
     format!(
         r#"
 apiVersion: v1
 kind: Service
-metadata: {{ name: ext, namespace: shop }}
+metadata: {{ name: {name}, namespace: shop }}
 spec: {{ ports: [ {{ name: http, port: 81, targetPort: 8080 }} ] }}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {{ name: ext-1, namespace: shop, labels: {{ kubernetes.io/service-name: ext }} }}
+metadata: {{ name: {name}-1, namespace: shop, labels: {{ kubernetes.io/service-name: {name} }} }}
 addressType: IPv4
 ports: [ {{ name: http, port: 8080, protocol: TCP }} ]
 endpoints: [ {{ addresses: [ "{backend}" ], conditions: {{ ready: true }} }} ]
@@ -924,13 +827,17 @@ spec:
 fn to_services_allows_the_endpoints_of_a_service_without_selector_and_nothing_else() {
     let _serial = serial();
     let c = Cluster::start();
-    let outside = Outside::attach(c.agent.node());
+    let outside = outside(c.agent.node());
     let [near, far] = OUTSIDE;
     let _servers: Vec<TcpServer> = OUTSIDE
         .iter()
         .map(|ip| {
-            TcpServer::start(&outside.ns, SocketAddr::new((*ip).into(), PORT), "outside")
-                .expect("server")
+            TcpServer::start(
+                outside.netns(),
+                SocketAddr::new((*ip).into(), PORT),
+                "outside",
+            )
+            .expect("server")
         })
         .collect();
     let client = c.netns("client");
@@ -941,7 +848,7 @@ fn to_services_allows_the_endpoints_of_a_service_without_selector_and_nothing_el
     );
 
     c.api
-        .apply(&selectorless_service(near))
+        .apply(&selectorless_service("ext", near))
         .expect("service and slice");
     c.apply_policy(CLIENT_TO_EXT);
     c.expect_tcp(client, None, near, PORT, true, "the slice's address");
@@ -964,7 +871,7 @@ fn to_services_allows_the_endpoints_of_a_service_without_selector_and_nothing_el
 
     // The slice now points elsewhere: the policy follows it.
     c.api
-        .apply(&selectorless_service(far))
+        .apply(&selectorless_service("ext", far))
         .expect("the slice moved");
     c.expect_tcp(client, None, far, PORT, true, "the slice's new address");
     c.expect_tcp(client, None, near, PORT, false, "no longer the slice's");
@@ -995,18 +902,25 @@ fn office(cidr: Ipv4Addr) -> String {
 fn a_cidr_group_admits_its_addresses_and_fails_closed_when_missing_or_deleted() {
     let _serial = serial();
     let c = Cluster::start();
-    let outside = Outside::attach(c.agent.node());
+    let outside = outside(c.agent.node());
     let [near, far] = OUTSIDE;
     let web = c.ip("web");
-    c.expect_tcp(&outside.ns, Some(near), web, PORT, true, "no policy yet");
+    c.expect_tcp(
+        outside.netns(),
+        Some(near),
+        web,
+        PORT,
+        true,
+        "no policy yet",
+    );
     assert!(
-        c.answered(&outside.ns, Some(far), web, PORT),
+        c.answered(outside.netns(), Some(far), web, PORT),
         "far, no policy yet"
     );
 
     c.apply_policy(WEB_FROM_OFFICE);
     c.expect_tcp(
-        &outside.ns,
+        outside.netns(),
         Some(near),
         web,
         PORT,
@@ -1026,21 +940,35 @@ fn a_cidr_group_admits_its_addresses_and_fails_closed_when_missing_or_deleted() 
     assert!(exit.success(), "CNI STATUS with a group missing: {out}");
 
     c.api.apply(&office(near)).expect("the group");
-    c.expect_tcp(&outside.ns, Some(near), web, PORT, true, "in the group");
+    c.expect_tcp(outside.netns(), Some(near), web, PORT, true, "in the group");
     assert!(
-        !c.answered(&outside.ns, Some(far), web, PORT),
+        !c.answered(outside.netns(), Some(far), web, PORT),
         "far: not in it"
     );
 
     c.api.apply(&office(far)).expect("the group changed");
-    c.expect_tcp(&outside.ns, Some(far), web, PORT, true, "now in the group");
-    c.expect_tcp(&outside.ns, Some(near), web, PORT, false, "taken out of it");
+    c.expect_tcp(
+        outside.netns(),
+        Some(far),
+        web,
+        PORT,
+        true,
+        "now in the group",
+    );
+    c.expect_tcp(
+        outside.netns(),
+        Some(near),
+        web,
+        PORT,
+        false,
+        "taken out of it",
+    );
 
     c.api
         .kubectl(&["delete", "ciliumcidrgroup", "office"], "")
         .expect("kubectl delete");
     c.expect_tcp(
-        &outside.ns,
+        outside.netns(),
         Some(far),
         web,
         PORT,
@@ -1123,7 +1051,7 @@ fn prefer_close_sends_new_connections_to_the_backend_of_the_nodes_zone() {
     .expect("server");
     c._servers.push(server);
     c.api
-        .apply(&NODE_YAML.replace(
+        .apply(&node_yaml(NODE, POD_CIDR, &[]).replace(
             "name: n1 }",
             "name: n1, labels: { topology.kubernetes.io/zone: a } }",
         ))

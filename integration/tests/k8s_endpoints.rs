@@ -10,6 +10,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use cellium_integration::k8s::node_yaml;
 use cellium_integration::{Agent, AgentOptions, K8sApi, NetNs, serial};
 use serde_json::{Value, json};
 
@@ -21,15 +22,6 @@ const CONVERGE: Duration = Duration::from_secs(15);
 /// How long a change made by someone else may take to be undone: the agent's resync
 /// interval (30 s) and a margin.
 const RESYNC: Duration = Duration::from_secs(45);
-
-/// The node, with its pod CIDR and its address.
-const NODE_YAML: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n1 }
-spec: { podCIDRs: [ 10.245.9.0/24 ] }
-status: { addresses: [ { type: Hostname, address: n1 }, { type: InternalIP, address: 192.168.77.1 } ] }
-"#;
 
 const APP: &str = r#"
 apiVersion: v1
@@ -75,7 +67,12 @@ impl Node {
         let api = K8sApi::start(agent.node()).expect("API server");
         // Straight into the store: a create through the API keeps the status, and kubectl
         // apply would too, but this names the node's address without a status update.
-        api.api().apply_yaml(NODE_YAML).expect("node object");
+        let node = node_yaml(
+            NODE,
+            "10.245.9.0/24",
+            &[("Hostname", NODE), ("InternalIP", "192.168.77.1")],
+        );
+        api.api().apply_yaml(&node).expect("node object");
         api.apply(APP).expect("pods");
         agent.options_mut().env = api.agent_env(NODE);
         agent.start().expect("agent in Kubernetes mode");
@@ -226,18 +223,7 @@ fn each_pod_has_a_ciliumendpoint_that_follows_its_endpoint() {
 
     // A label changed with kubectl: a new identity, shown in the object.
     n.api
-        .kubectl(
-            &[
-                "label",
-                "pod",
-                "web",
-                "-n",
-                "shop",
-                "tier=front",
-                "--overwrite",
-            ],
-            "",
-        )
+        .label_pod("shop", "web", "tier=front")
         .expect("kubectl label");
     n.wait_cep("web", CONVERGE, "the new label reaches the object", |cep| {
         cep.is_some_and(|c| {

@@ -12,8 +12,10 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use cellium_integration::k8s::node_yaml;
 use cellium_integration::probe::TcpServer;
 use cellium_integration::reach::{Outcome, Probe, probe};
+use cellium_integration::shop::{CLIENT_TO_WEB_HTTP, WEB_FROM_CLIENT};
 use cellium_integration::{Agent, AgentOptions, Etcd, K8sApi, NetNs, wait};
 use cellium_kvstore::keys;
 
@@ -23,25 +25,19 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 const LEASE_TTL: &str = "4s";
 const ALLOCATION_TIMEOUT: &str = "3s";
 
-const NODES: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n1 }
-spec: { podCIDRs: [ 10.245.21.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.1 } ] }
----
-apiVersion: v1
-kind: Node
-metadata: { name: n2 }
-spec: { podCIDRs: [ 10.245.22.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.2 } ] }
----
-apiVersion: v1
-kind: Node
-metadata: { name: n3 }
-spec: { podCIDRs: [ 10.245.23.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.3 } ] }
-"#;
+/// The Nodes n1, n2 and n3: pod CIDR `10.245.2<i>.0/24`, address `192.0.2.<i>`.
+fn nodes() -> String {
+    (1..=3)
+        .map(|i| {
+            node_yaml(
+                &format!("n{i}"),
+                &format!("10.245.2{i}.0/24"),
+                &[("InternalIP", &format!("192.0.2.{i}"))],
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
 
 fn pod(name: &str, node: &str, app: &str) -> String {
     format!(
@@ -53,27 +49,6 @@ spec: {{ nodeName: {node}, containers: [ {{ name: c, image: x, ports: [ {{ name:
 "#
     )
 }
-
-/// Only `app: client` pods, wherever they run, may reach web.
-const WEB_FROM_CLIENT: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-client, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
-"#;
-
-/// `app: client` pods may only reach web, on the port web's pods name `http`.
-const CLIENT_TO_WEB_HTTP: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: client-to-web-http, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: client } }
-  policyTypes: [ Egress ]
-  egress: [ { to: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: http } ] } ]
-"#;
 
 /// `cellium-operator` with `kvstore: etcd` in a node's namespace (its GC every 500 ms),
 /// killed on drop; its log is printed then.
@@ -166,6 +141,76 @@ fn underlay(switch: &NetNs, nodes: &[&NetNs]) {
     }
 }
 
+/// Nodes n1, n2, ... in kvstore mode: etcd on the switch, the test API server (on node 1)
+/// served on every node, the Nodes of [`nodes`]. Bound field by field in this order, the agents
+/// drop last.
+struct KvNodes<const N: usize> {
+    agents: [Agent; N],
+    switch: NetNs,
+    etcd: Etcd,
+    api: K8sApi,
+}
+
+impl<const N: usize> KvNodes<N> {
+    /// Applies the Pod objects `pods` (name, node name, app) in namespace `shop`, then starts
+    /// every agent with the settings `extra`.
+    fn start(pods: &[(&str, &str, &str)], extra: &[(&str, &str)]) -> KvNodes<N> {
+        let mut agents: [Agent; N] = std::array::from_fn(|i| {
+            Agent::prepare(AgentOptions {
+                pod_cidrs: Vec::new(),
+                ..AgentOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("node {}: {e}", i + 1))
+        });
+        let switch = NetNs::new().expect("switch");
+        underlay(&switch, &agents.each_ref().map(Agent::node));
+        let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
+        let api = K8sApi::start(agents[0].node()).expect("API server");
+        for agent in &agents[1..] {
+            api.serve_on(agent.node()).expect("served on the node");
+        }
+        api.api().apply_yaml(&nodes()).expect("nodes");
+        let mut yaml = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
+        for (name, node, app) in pods {
+            yaml.push_str("---\n");
+            yaml.push_str(&pod(name, node, app));
+        }
+        api.apply(&yaml).expect("pods");
+        for (i, agent) in agents.iter_mut().enumerate() {
+            start_in_kvstore_mode(agent, &format!("n{}", i + 1), &api, &etcd, extra);
+        }
+        KvNodes {
+            agents,
+            switch,
+            etcd,
+            api,
+        }
+    }
+}
+
+/// Pod `name` of `shop` made on `agent` through the CNI (container `cid-<name>`): its
+/// namespace and address.
+fn add_pod(agent: &Agent, name: &str) -> (NetNs, Ipv4Addr) {
+    let ns = NetNs::new().expect("netns");
+    let ip = agent
+        .add_pod(&ns, &format!("cid-{name}"), "shop", name)
+        .unwrap_or_else(|e| panic!("ADD {name}: {e}"));
+    (ns, ip)
+}
+
+/// Applies `yaml` and waits until each of `agents` enforces it.
+fn apply_policy(api: &K8sApi, agents: &[&Agent], yaml: &str) {
+    let before: Vec<u64> = agents
+        .iter()
+        .map(|a| a.policy_revision().expect("revision"))
+        .collect();
+    api.apply(yaml).expect("policy");
+    for (agent, before) in agents.iter().zip(before) {
+        agent.wait_policy_revision_after(before).expect("taken in");
+        agent.settle().expect("enforced");
+    }
+}
+
 fn reaches(from: &NetNs, ip: Ipv4Addr) -> bool {
     matches!(
         probe(from, None, ip, Probe::Tcp(PORT), PROBE_TIMEOUT),
@@ -207,60 +252,30 @@ fn etcd_id(etcd: &Etcd, ip: Ipv4Addr) -> Option<u64> {
 
 #[test]
 fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faults() {
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    let mut three = Agent::prepare(no_cidr()).expect("node 3");
-    let switch = NetNs::new().expect("switch");
-    underlay(&switch, &[one.node(), two.node(), three.node()]);
-    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    api.serve_on(three.node()).expect("served on node 3");
-    api.api().apply_yaml(NODES).expect("nodes");
-    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
-    for (name, node, app) in [
-        ("client", "n1", "client"),
-        ("other", "n1", "other"),
-        ("web", "n2", "web"),
-        ("client3", "n3", "client"),
-        ("late", "n1", "client"),
-        ("new1", "n1", "brand-new"),
-        ("slow", "n1", "client"),
-    ] {
-        pods.push_str("---\n");
-        pods.push_str(&pod(name, node, app));
-    }
-    api.apply(&pods).expect("pods");
-    let timeouts = [
-        ("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL),
-        ("CELLIUM_KVSTORE_ALLOCATION_TIMEOUT", ALLOCATION_TIMEOUT),
-    ];
-    for (agent, name) in [(&mut one, "n1"), (&mut two, "n2"), (&mut three, "n3")] {
-        start_in_kvstore_mode(agent, name, &api, &etcd, &timeouts);
-    }
-
-    let (client_ns, other_ns, web_ns, client3_ns) = (
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
+    let KvNodes {
+        agents: [mut one, two, mut three],
+        switch: _switch,
+        etcd,
+        api,
+    } = KvNodes::start(
+        &[
+            ("client", "n1", "client"),
+            ("other", "n1", "other"),
+            ("web", "n2", "web"),
+            ("client3", "n3", "client"),
+            ("late", "n1", "client"),
+            ("new1", "n1", "brand-new"),
+            ("slow", "n1", "client"),
+        ],
+        &[
+            ("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL),
+            ("CELLIUM_KVSTORE_ALLOCATION_TIMEOUT", ALLOCATION_TIMEOUT),
+        ],
     );
-    let client = one
-        .add_pod(&client_ns, "cid-client", "shop", "client")
-        .expect("ADD client");
-    let _other = one
-        .add_pod(&other_ns, "cid-other", "shop", "other")
-        .expect("ADD other");
-    let web = two
-        .add_pod(&web_ns, "cid-web", "shop", "web")
-        .expect("ADD web");
-    let client3 = three
-        .add_pod(&client3_ns, "cid-client3", "shop", "client3")
-        .expect("ADD client3");
+    let (client_ns, client) = add_pod(&one, "client");
+    let (other_ns, _other) = add_pod(&one, "other");
+    let (web_ns, web) = add_pod(&two, "web");
+    let (client3_ns, client3) = add_pod(&three, "client3");
     let _server =
         TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web").expect("server");
 
@@ -348,10 +363,7 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
     assert!(reaches(&other_ns, web), "no policy yet");
 
     // A policy on node 2 selects node 1's and node 3's pods by their labels.
-    let before = two.policy_revision().expect("revision");
-    api.apply(WEB_FROM_CLIENT).expect("policy");
-    two.wait_policy_revision_after(before).expect("taken in");
-    two.settle().expect("enforced");
+    apply_policy(&api, &[&two], WEB_FROM_CLIENT);
     eventually("other is denied", &[&one, &two, &three], || {
         !reaches(&other_ns, web)
     });
@@ -362,10 +374,7 @@ fn three_nodes_share_identities_and_ip_entries_through_etcd_and_survive_its_faul
 
     // An egress rule of node 1's client naming a port: the number is the remote web pod's,
     // from its ip entry's named ports (no pod on node 1 has them).
-    let before = one.policy_revision().expect("revision");
-    api.apply(CLIENT_TO_WEB_HTTP).expect("egress policy");
-    one.wait_policy_revision_after(before).expect("taken in");
-    one.settle().expect("enforced");
+    apply_policy(&api, &[&one], CLIENT_TO_WEB_HTTP);
     eventually(
         "client reaches web by its port's name",
         &[&one, &two, &three],
@@ -738,41 +747,22 @@ struct TwoNodes {
 
 impl TwoNodes {
     fn start() -> TwoNodes {
-        let no_cidr = || AgentOptions {
-            pod_cidrs: Vec::new(),
-            ..AgentOptions::default()
-        };
-        let mut one = Agent::prepare(no_cidr()).expect("node 1");
-        let mut two = Agent::prepare(no_cidr()).expect("node 2");
-        let switch = NetNs::new().expect("switch");
-        underlay(&switch, &[one.node(), two.node()]);
-        let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
-        let api = K8sApi::start(one.node()).expect("API server");
-        api.serve_on(two.node()).expect("served on node 2");
-        api.api().apply_yaml(NODES).expect("nodes");
-        let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
-        for (name, node) in [("client", "n1"), ("other", "n1"), ("web", "n2")] {
-            pods.push_str("---\n");
-            pods.push_str(&pod(name, node, name));
-        }
-        api.apply(&pods).expect("pods");
-        for (agent, name) in [(&mut one, "n1"), (&mut two, "n2")] {
-            start_in_kvstore_mode(agent, name, &api, &etcd, &[]);
-        }
-        let (client_ns, other_ns, web_ns) = (
-            NetNs::new().expect("netns"),
-            NetNs::new().expect("netns"),
-            NetNs::new().expect("netns"),
+        let KvNodes {
+            agents: [one, two],
+            switch,
+            etcd,
+            api,
+        } = KvNodes::start(
+            &[
+                ("client", "n1", "client"),
+                ("other", "n1", "other"),
+                ("web", "n2", "web"),
+            ],
+            &[],
         );
-        let client = one
-            .add_pod(&client_ns, "cid-client", "shop", "client")
-            .expect("ADD client");
-        let other = one
-            .add_pod(&other_ns, "cid-other", "shop", "other")
-            .expect("ADD other");
-        let web = two
-            .add_pod(&web_ns, "cid-web", "shop", "web")
-            .expect("ADD web");
+        let (client_ns, client) = add_pod(&one, "client");
+        let (other_ns, other) = add_pod(&one, "other");
+        let (web_ns, web) = add_pod(&two, "web");
         let server = TcpServer::start(&web_ns, SocketAddr::new(IpAddr::V4(web), PORT), "web")
             .expect("server");
         eventually("ip entries in etcd", &[&one, &two], || {
@@ -798,13 +788,7 @@ impl TwoNodes {
 
     /// Applies `yaml` and waits until both nodes enforce it.
     fn apply_policy(&self, yaml: &str) {
-        let agents = [&self.one, &self.two];
-        let before = agents.map(|a| a.policy_revision().expect("revision"));
-        self.api.apply(yaml).expect("policy");
-        for (agent, before) in agents.into_iter().zip(before) {
-            agent.wait_policy_revision_after(before).expect("taken in");
-            agent.settle().expect("enforced");
-        }
+        apply_policy(&self.api, &[&self.one, &self.two], yaml);
     }
 }
 
@@ -876,47 +860,24 @@ fn app_probing_first(labels_key: &str, n: u32) -> String {
 #[test]
 fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_had_it() {
     let _serial = cellium_integration::serial();
-    let no_cidr = || AgentOptions {
-        pod_cidrs: Vec::new(),
-        ..AgentOptions::default()
-    };
-    let mut one = Agent::prepare(no_cidr()).expect("node 1");
-    let mut two = Agent::prepare(no_cidr()).expect("node 2");
-    let switch = NetNs::new().expect("switch");
-    underlay(&switch, &[one.node(), two.node()]);
-    let etcd = Etcd::start(&switch, "192.0.2.254".parse().unwrap()).expect("etcd");
-    let api = K8sApi::start(one.node()).expect("API server");
-    api.serve_on(two.node()).expect("served on node 2");
-    api.api().apply_yaml(NODES).expect("nodes");
-    let mut pods = String::from("apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n");
-    for (name, node, app) in [
-        ("client", "n1", "client"),
-        ("web1", "n1", "web"),
-        ("web", "n2", "web"),
-    ] {
-        pods.push_str("---\n");
-        pods.push_str(&pod(name, node, app));
-    }
-    api.apply(&pods).expect("pods");
-    let lease = [("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL)];
-    start_in_kvstore_mode(&mut one, "n1", &api, &etcd, &lease);
-    start_in_kvstore_mode(&mut two, "n2", &api, &etcd, &lease);
-    let _operator = KvOperator::start(&two, &api, &etcd);
-    let (client_ns, web1_ns, web_ns, taker_ns) = (
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
-        NetNs::new().expect("netns"),
+    let KvNodes {
+        agents: [one, two],
+        switch: _switch,
+        etcd,
+        api,
+    } = KvNodes::start(
+        &[
+            ("client", "n1", "client"),
+            ("web1", "n1", "web"),
+            ("web", "n2", "web"),
+        ],
+        &[("CELLIUM_KVSTORE_LEASE_TTL", LEASE_TTL)],
     );
-    let client = one
-        .add_pod(&client_ns, "cid-client", "shop", "client")
-        .expect("ADD client");
-    let web1 = one
-        .add_pod(&web1_ns, "cid-web1", "shop", "web1")
-        .expect("ADD web1");
-    let web = two
-        .add_pod(&web_ns, "cid-web", "shop", "web")
-        .expect("ADD web");
+    let _operator = KvOperator::start(&two, &api, &etcd);
+    let (client_ns, client) = add_pod(&one, "client");
+    let (web1_ns, web1) = add_pod(&one, "web1");
+    let (web_ns, web) = add_pod(&two, "web");
+    let taker_ns = NetNs::new().expect("netns");
     let _servers = [(&web_ns, web, "web"), (&web1_ns, web1, "web1")].map(|(ns, ip, name)| {
         TcpServer::start(ns, SocketAddr::new(IpAddr::V4(ip), PORT), name).expect("server")
     });
@@ -932,12 +893,7 @@ fn a_number_taken_during_a_partition_longer_than_the_lease_moves_the_pods_that_h
         client_labels.starts_with("k8s:app=client;"),
         "{client_labels}"
     );
-    let before = [&one, &two].map(|n| n.policy_revision().expect("revision"));
-    api.apply(WEB_FROM_CLIENT).expect("policy");
-    for (node, before) in [&one, &two].into_iter().zip(before) {
-        node.wait_policy_revision_after(before).expect("taken in");
-        node.settle().expect("enforced");
-    }
+    apply_policy(&api, &[&one, &two], WEB_FROM_CLIENT);
     eventually("client reaches web on both nodes", &[&one, &two], || {
         reaches(&client_ns, web) && reaches(&client_ns, web1)
     });

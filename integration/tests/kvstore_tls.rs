@@ -13,19 +13,15 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cellium_integration::k8s::node_yaml;
 use cellium_integration::{Agent, AgentOptions, Etcd, EtcdTls, K8sApi, NetNs, wait};
 use cellium_kvstore::keys;
 
 const CONVERGE: Duration = Duration::from_secs(30);
 
-/// The node, at 192.0.2.1: the last part of its identity references in etcd.
-const NODE: &str = r#"
-apiVersion: v1
-kind: Node
-metadata: { name: n1 }
-spec: { podCIDRs: [ 10.245.31.0/24 ] }
-status: { addresses: [ { type: InternalIP, address: 192.0.2.1 } ] }
----
+/// The node's pod: its Node (at 192.0.2.1, the last part of its identity references in etcd)
+/// goes before it.
+const POD: &str = r#"
 apiVersion: v1
 kind: Namespace
 metadata: { name: shop }
@@ -149,7 +145,9 @@ impl Node {
         let etcd = Etcd::start_tls(agent.node(), "127.0.0.1".parse().unwrap(), pki.tls.clone())
             .expect("etcd with client-cert-auth");
         let api = K8sApi::start(agent.node()).expect("API server");
-        api.apply(NODE).expect("node and pod");
+        let node = node_yaml("n1", "10.245.31.0/24", &[("InternalIP", "192.0.2.1")]);
+        api.apply(&format!("{node}---\n{POD}"))
+            .expect("node and pod");
         Node {
             api,
             etcd,

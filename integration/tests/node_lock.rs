@@ -134,17 +134,9 @@ fn is_bpffs(path: &Path) -> bool {
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
-/// The host ends of veth pairs in the node namespace (`lxc...`).
+/// The host ends of veth pairs in the node namespace ([`Agent::lxc_links`]).
 fn lxc_links(agent: &Agent) -> BTreeSet<String> {
-    agent
-        .node()
-        .ip(&["-o", "link", "show"])
-        .expect("ip link")
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .filter(|n| n.starts_with("lxc"))
-        .collect()
+    agent.lxc_links().expect("ip link")
 }
 
 fn reach_each_other(pods: &[(NetNs, Ipv4Addr)]) -> bool {

@@ -15,24 +15,13 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use cellium_integration::lab::external::{EXT_LINK_IP, NODE_LINK_IP};
-use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends};
+use cellium_integration::lab::service_bed::{self, EXT6, NODE6, ServiceBed, frontends, pods};
 use cellium_integration::probe::{self, PeerServer, seen_from};
 use cellium_integration::wait::wait_for;
 use cellium_integration::{Agent, NetNs, frame, serial};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-const PODS: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata: { name: web-0, labels: { app: web } }
-spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: client, labels: { app: client } }
-spec: { containers: [ { name: c } ] }
-"#;
 
 /// A service of type `kind` selecting web-0, with `extra` spec lines (indented two spaces).
 fn service(name: &str, kind: &str, extra: &str) -> String {
@@ -62,7 +51,7 @@ impl std::ops::DerefMut for Env {
 }
 
 fn setup() -> Env {
-    let bed = ServiceBed::start(PODS, "np").expect("the service bed");
+    let bed = ServiceBed::start(&pods(1, true), "np").expect("the service bed");
     let servers: Vec<PeerServer> = bed
         .web_ips
         .iter()
@@ -711,16 +700,6 @@ fn host_addresses(agent: &Agent) -> (std::net::Ipv4Addr, std::net::Ipv6Addr) {
         .unwrap_or_else(|| panic!("a host address of each family:\n{list}"))
 }
 
-/// The flows the agent reports dropped, as Hubble's JSON objects.
-fn dropped_flows(agent: &Agent) -> Vec<Value> {
-    agent
-        .cli(&["observe", "--all", "--verdict", "DROPPED", "-o", "json"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .collect()
-}
-
 /// Nothing that arrives from the network is the node itself. A host outside sends, through
 /// the node's device, UDP with the node's own address as its source, to a pod whose ingress
 /// denies everything but the node (`allow-localhost`), straight and through a node port: taken
@@ -833,7 +812,7 @@ fn a_packet_from_outside_with_the_nodes_own_address_is_the_world_not_the_host() 
                 .then_some(())
         });
         let flow = wait_for(&format!("{what}: the drop's flow"), || {
-            dropped_flows(&env.agent).into_iter().find(|f| {
+            env.agent.dropped_flows().into_iter().find(|f| {
                 f["flow"]["IP"]["source"] == node.to_string().as_str()
                     && f["flow"]["IP"]["destination"] == dst.to_string().as_str()
                     && f["flow"]["l4"]["UDP"]["source_port"] == sport

@@ -49,20 +49,8 @@ fn without_policy_everything_flows() {
 fn a_selected_pod_is_default_deny_in_each_direction_its_policy_names() {
     let _serial = serial();
     let mut lab = lab();
-    lab.apply_policy(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: db-no-ingress, namespace: shop }
-spec: { podSelector: { matchLabels: { app: db } }, policyTypes: [ Ingress ] }
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: tool-no-egress, namespace: dev }
-spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
-"#,
-    )
-    .unwrap();
+    lab.apply_policy(fixture::DEFAULT_DENY_PER_DIRECTION)
+        .unwrap();
     lab.check("default deny per direction", &COMMON, |f| {
         // shop/db takes nothing in but from the node (allow-localhost), and still sends;
         // dev/tool sends nothing (the node included) and still takes everything in.
@@ -77,25 +65,7 @@ spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
 fn namespaces_isolate_themselves_with_an_empty_pod_selector() {
     let _serial = serial();
     let mut lab = lab();
-    lab.apply_policy(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: isolate, namespace: shop }
-spec:
-  podSelector: {}
-  ingress: [ { from: [ { podSelector: {} } ] } ]
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: isolate, namespace: dev }
-spec:
-  podSelector: {}
-  ingress: [ { from: [ { podSelector: {} } ] } ]
-  egress: [ { to: [ { podSelector: {} } ] } ]
-"#,
-    )
-    .unwrap();
+    lab.apply_policy(fixture::NAMESPACE_ISOLATION).unwrap();
     lab.check("namespace isolation", &COMMON, |f| {
         // dev talks only to dev, in both directions; shop takes in only shop (and the node).
         if f.from.in_ns("dev") && !f.to.in_ns("dev") {

@@ -17,6 +17,7 @@ use std::time::Duration;
 use cellium_datapath_bpf::abi::CtEntry;
 use cellium_datapath_bpf::{CtTuple, Datapath, DatapathOptions, Protocol, ktime_now_ns};
 use cellium_integration::frame;
+use cellium_integration::lab::service_bed::pods;
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::wait::{container_id as cid, wait_for};
 use cellium_integration::{Agent, AgentOptions, BpffsMount, NetNs, TestCgroup, serial};
@@ -27,23 +28,6 @@ use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const SHORT: Duration = Duration::from_millis(700);
-
-const PODS: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata: { name: web-0, labels: { app: web } }
-spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: web-1, labels: { app: web } }
-spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: client, labels: { app: client } }
-spec: { containers: [ { name: c } ] }
-"#;
 
 /// A service selecting the web pods, their named port as the target.
 const WEB: &str = r#"
@@ -66,7 +50,9 @@ struct Env {
 
 fn setup() -> Env {
     let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let mut web = Vec::new();
     let mut servers = Vec::new();
     for name in ["web-0", "web-1"] {
@@ -455,7 +441,9 @@ fn frontends_with(agent: &Agent, name: &str, count: usize, backends: usize) -> V
 fn a_dual_stack_service_balances_each_family_over_its_backends_and_survives_a_restart() {
     let _serial = serial();
     let mut agent = dual_stack_agent(Vec::new());
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let mut pods = Vec::new();
     let mut servers = Vec::new();
     for name in ["web-0", "web-1", "client"] {
@@ -541,7 +529,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
     .expect("open the datapath");
     let resources = Resources::new();
     resources
-        .apply("pods.yaml", PODS)
+        .apply("pods.yaml", &pods(2, true))
         .and_then(|_| resources.apply("web.yaml", &WEB.replace("spec:", "spec:\n  clusterIP: 10.96.0.10")))
         .and_then(|_| {
             resources.apply(
@@ -695,7 +683,9 @@ fn dual_stack_agent(mut env: Vec<(String, String)>) -> Agent {
 /// service's frontends (IPv4 TCP, IPv4 UDP, IPv6 TCP, IPv6 UDP).
 fn empty_service(env: Vec<(String, String)>) -> (Agent, NetNs, Vec<SocketAddr>) {
     let agent = dual_stack_agent(env);
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let client = NetNs::new().expect("client netns");
     let call = cellium_integration::CniCall::new("ADD", &cid("client"))
         .netns(client.path())
@@ -874,7 +864,9 @@ fn with_service_no_backend_response_drop_a_service_without_backends_stays_silent
 fn a_pod_balanced_to_itself_through_its_service_exchanges_data() {
     let _serial = serial();
     let agent = dual_stack_agent(Vec::new());
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let pod = NetNs::new().expect("pod netns");
     let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
         .netns(pod.path())
@@ -925,7 +917,9 @@ fn sock_lb_agent(cgroup: &TestCgroup) -> (Agent, NetNs, Vec<Box<dyn std::any::An
             cgroup.path().display().to_string(),
         ),
     ]);
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let pod = NetNs::new().expect("pod netns");
     let call = cellium_integration::CniCall::new("ADD", &cid("web-0"))
         .netns(pod.path())
@@ -1060,7 +1054,9 @@ fn the_nodes_own_sockets_keep_their_backend_with_session_affinity() {
             cgroup.path().display().to_string(),
         ),
     ]);
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, true))
+        .expect("apply the pods");
     let mut servers = Vec::new();
     let mut pods = Vec::new();
     for name in ["web-0", "web-1"] {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use cellium_integration::frame;
 use cellium_integration::lab::external::NODE_LINK_IP;
-use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed};
+use cellium_integration::lab::service_bed::{self, NODE6, ServiceBed, pods};
 use cellium_integration::wait::wait_for;
 use cellium_integration::{Agent, NetNs, probe, serial};
 use serde_json::Value;
@@ -28,18 +28,6 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 const CLOSED: u16 = 9999;
 /// A port the backend answers on.
 const ECHO: u16 = 8053;
-
-const PODS: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata: { name: web-0, labels: { app: web } }
-spec: { containers: [ { name: c } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: client, labels: { app: client } }
-spec: { containers: [ { name: c } ] }
-"#;
 
 /// The client's ingress: nothing is allowed in.
 const CLIENT_NO_INGRESS: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: client-no-ingress, namespace: default }\nspec: { podSelector: { matchLabels: { app: client } }, policyTypes: [ Ingress ] }\n";
@@ -52,7 +40,7 @@ fn closed_service(kind: &str) -> String {
 }
 
 fn setup() -> ServiceBed {
-    ServiceBed::start(PODS, "icmp").expect("the service bed")
+    ServiceBed::start(&pods(1, false), "icmp").expect("the service bed")
 }
 
 /// The frontends of `default/<name>` of `kind`, once there are `count` of them, each with a

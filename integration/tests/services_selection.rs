@@ -13,6 +13,7 @@ use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::Duration;
 
+use cellium_integration::lab::service_bed::pods;
 use cellium_integration::probe::{self, TcpServer};
 use cellium_integration::wait::{container_id as cid, wait_for};
 use cellium_integration::{Agent, AgentOptions, NetNs, serial};
@@ -21,23 +22,6 @@ use nix::sys::socket::{setsockopt, sockopt};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-const PODS: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata: { name: web-0, labels: { app: web } }
-spec: { containers: [ { name: c } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: web-1, labels: { app: web } }
-spec: { containers: [ { name: c } ] }
----
-apiVersion: v1
-kind: Pod
-metadata: { name: client, labels: { app: client } }
-spec: { containers: [ { name: c } ] }
-"#;
 
 /// An agent with two web pods, each serving TCP on 8080 and 8081 (banners `web-0:8080`, ...),
 /// and a client pod.
@@ -59,7 +43,9 @@ fn setup(env: &[(&str, &str)]) -> Env {
         ..AgentOptions::default()
     })
     .expect("start the agent");
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, false))
+        .expect("apply the pods");
     let mut web = Vec::new();
     let mut servers = Vec::new();
     for name in ["web-0", "web-1"] {
@@ -586,7 +572,9 @@ fn maglev_and_session_affinity_choose_alike_over_ipv6() {
         ..AgentOptions::default()
     })
     .expect("start the agent");
-    agent.objects("apply", PODS).expect("apply the pods");
+    agent
+        .objects("apply", &pods(2, false))
+        .expect("apply the pods");
     let mut servers = Vec::new();
     let mut pods = Vec::new();
     let mut ips = Vec::new();

@@ -12,14 +12,17 @@
 
 use std::fmt::Write as _;
 
-/// The shape of the cluster.
-#[derive(Debug, Clone, Copy)]
+/// The shape of the cluster; also the command-line options of the benchmarks that take it.
+#[derive(Debug, Clone, Copy, clap::Args)]
 pub struct Shape {
-    /// Kubernetes namespaces.
-    pub namespaces: usize,
-    /// Pods (one identity each).
+    /// Pods (endpoints, one identity each).
+    #[arg(long, default_value_t = 1000)]
     pub pods: usize,
-    /// NetworkPolicies (two rules each).
+    /// Kubernetes namespaces the pods spread over.
+    #[arg(long, default_value_t = 100)]
+    pub namespaces: usize,
+    /// NetworkPolicies, of two rules each.
+    #[arg(long, default_value_t = 250)]
     pub policies: usize,
 }
 

@@ -15,19 +15,10 @@ use anyhow::{Context, Result, bail};
 use cellium_integration::cluster::{Cluster, ClusterOptions, Ipam, RoutingMode};
 use cellium_integration::probe::{TcpServer, tcp_request};
 use cellium_integration::reach::Probe;
+use cellium_integration::shop::WEB_FROM_CLIENT;
 use clap::Parser;
 
 const PORT: u16 = 8080;
-
-/// Only `app: client` pods may reach the web pods.
-const WEB_FROM_CLIENT: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: { name: web-from-client, namespace: shop }
-spec:
-  podSelector: { matchLabels: { app: web } }
-  ingress: [ { from: [ { podSelector: { matchLabels: { app: client } } } ], ports: [ { port: http } ] } ]
-"#;
 
 /// A ClusterIP over the web pods, with the EndpointSlice the endpointslice controller of a
 /// real control plane would write (the test API server runs no controllers).

@@ -64,6 +64,38 @@ spec:
     ports: [ { name: dns, containerPort: 53, protocol: UDP }, { name: dns-tcp, containerPort: 53 } ]
 "#;
 
+/// Scenario "default deny per direction": shop/db takes nothing in, dev/tool sends nothing.
+pub const DEFAULT_DENY_PER_DIRECTION: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: db-no-ingress, namespace: shop }
+spec: { podSelector: { matchLabels: { app: db } }, policyTypes: [ Ingress ] }
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: tool-no-egress, namespace: dev }
+spec: { podSelector: { matchLabels: { app: tool } }, policyTypes: [ Egress ] }
+"#;
+
+/// Scenario "namespace isolation": shop takes in only shop's pods; dev talks only to dev, in
+/// both directions.
+pub const NAMESPACE_ISOLATION: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: isolate, namespace: shop }
+spec:
+  podSelector: {}
+  ingress: [ { from: [ { podSelector: {} } ] } ]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: isolate, namespace: dev }
+spec:
+  podSelector: {}
+  ingress: [ { from: [ { podSelector: {} } ] } ]
+  egress: [ { to: [ { podSelector: {} } ] } ]
+"#;
+
 /// The pods of [`BASE`] and their addresses.
 pub const PODS: [(&str, Ipv4Addr); 5] = [
     ("shop/web", Ipv4Addr::new(10, 244, 0, 10)),

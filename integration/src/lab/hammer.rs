@@ -277,11 +277,7 @@ pub struct StreamLog {
 impl StreamLog {
     /// The longest time between two round trips.
     pub fn max_gap(&self) -> Duration {
-        self.rounds
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .max()
-            .unwrap_or_default()
+        crate::probe::max_gap(&self.rounds)
     }
 
     /// How many round trips completed in `[from, to)`.

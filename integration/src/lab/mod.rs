@@ -99,14 +99,7 @@ impl Lab {
         let pod_cidrs = opts.pod_cidrs.clone();
         let agent = Agent::start_new(opts)?;
         let external = External::attach(agent.node(), &pod_cidrs)?;
-        let files = tempfile::Builder::new()
-            .prefix("cel-lab-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                op: "create",
-                path: "a temporary directory".into(),
-                source,
-            })?;
+        let files = crate::temp_dir("cel-lab-")?;
         Ok(Lab {
             servers: BTreeMap::new(),
             pods: Vec::new(),
@@ -247,16 +240,7 @@ impl Lab {
     /// Deletes the pod `namespace/name` through the CNI plugin, as a kubelet would, and
     /// removes its network namespace (its Kubernetes object stays until deleted).
     pub fn remove_pod(&mut self, key: &str) -> Result<()> {
-        let i = self
-            .pods
-            .iter()
-            .position(|p| p.key == key)
-            .ok_or_else(|| Error::Unexpected {
-                what: "pod",
-                detail: format!("no pod {key} in the lab"),
-            })?;
-        let pod = self.pods.remove(i);
-        self.servers.retain(|(place, ..), _| place != key);
+        let pod = self.take_pod(key)?;
         self.agent.del(&pod.container_id, &pod.netns.path())
     }
 
@@ -264,6 +248,13 @@ impl Lab {
     /// its servers stop and its network namespace is removed, so the kernel destroys the
     /// namespace and the veth pair into it (its endpoint's host end is gone once it has).
     pub fn vanish_pod(&mut self, key: &str) -> Result<()> {
+        drop(self.take_pod(key)?);
+        Ok(())
+    }
+
+    /// Takes the pod `namespace/name` out of the lab, its servers stopped; the caller has its
+    /// network namespace.
+    fn take_pod(&mut self, key: &str) -> Result<LabPod> {
         let i = self
             .pods
             .iter()
@@ -273,8 +264,7 @@ impl Lab {
                 detail: format!("no pod {key} in the lab"),
             })?;
         self.servers.retain(|(place, ..), _| place != key);
-        drop(self.pods.remove(i));
-        Ok(())
+        Ok(self.pods.remove(i))
     }
 
     /// Every place: the pods, the node (at its pods' gateway address), the external addresses.

@@ -74,6 +74,30 @@ impl ServiceBed {
     }
 }
 
+/// The Pod objects of the service tests, in `default`: `webs` backends `web-0`, `web-1`, ...
+/// (`app: web`, with the named port `http` 8080/TCP when `http`) and `client` (`app: client`).
+pub fn pods(webs: usize, http: bool) -> String {
+    let ports = if http {
+        ", ports: [ { name: http, containerPort: 8080 } ]"
+    } else {
+        ""
+    };
+    let mut yaml: Vec<String> = (0..webs)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{ name: web-{i}, labels: {{ app: web }} }}\n\
+                 spec: {{ containers: [ {{ name: c{ports} }} ] }}\n"
+            )
+        })
+        .collect();
+    yaml.push(
+        "apiVersion: v1\nkind: Pod\nmetadata: { name: client, labels: { app: client } }\n\
+         spec: { containers: [ { name: c } ] }\n"
+            .to_string(),
+    );
+    yaml.join("---\n")
+}
+
 /// Every frontend `cellium service list` shows (none if it cannot be read).
 pub fn frontends(agent: &Agent) -> Vec<Value> {
     agent

@@ -27,15 +27,8 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(name = "cellium-policy-bench")]
 struct Cli {
-    /// Pods (endpoints, identities).
-    #[arg(long, default_value_t = 1000)]
-    pods: usize,
-    /// Kubernetes namespaces the pods spread over.
-    #[arg(long, default_value_t = 100)]
-    namespaces: usize,
-    /// NetworkPolicies, of two rules each.
-    #[arg(long, default_value_t = 250)]
-    policies: usize,
+    #[command(flatten)]
+    shape: Shape,
     /// Applies and deletes of each policy.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -50,11 +43,7 @@ struct Cli {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     watch_signals()?;
-    let shape = Shape {
-        namespaces: cli.namespaces,
-        pods: cli.pods,
-        policies: cli.policies,
-    };
+    let shape = cli.shape;
 
     let ids = selectors::measure(shape, cli.samples)?;
     let (inc, naive) = (median(&ids.incremental), median(&ids.naive));

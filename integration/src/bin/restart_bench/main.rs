@@ -39,15 +39,8 @@ use crate::traffic::{Roles, Traffic, Window};
 #[derive(Debug, Parser)]
 #[command(name = "cellium-restart-bench")]
 struct Cli {
-    /// Pods (endpoints, identities).
-    #[arg(long, default_value_t = 1000)]
-    pods: usize,
-    /// Kubernetes namespaces the pods spread over.
-    #[arg(long, default_value_t = 100)]
-    namespaces: usize,
-    /// NetworkPolicies, of two rules each.
-    #[arg(long, default_value_t = 250)]
-    policies: usize,
+    #[command(flatten)]
+    shape: Shape,
     /// Restarts of each kind (SIGTERM, SIGKILL).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -101,11 +94,7 @@ impl Node {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     watch_signals()?;
-    let shape = Shape {
-        namespaces: cli.namespaces,
-        pods: cli.pods,
-        policies: cli.policies,
-    };
+    let shape = cli.shape;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
