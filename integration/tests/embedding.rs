@@ -161,8 +161,11 @@ fn an_agent_of_connectivity_only_serves_pods_through_the_cni_plugin() {
     assert_eq!(ep_a["egress_enforced"], false, "{ep_a:#}");
     assert_eq!(
         ep_a["labels"],
-        serde_json::json!({"k8s:io.kubernetes.pod.namespace": "shop"}),
-        "only what the runtime named: {ep_a:#}"
+        serde_json::json!({
+            "k8s:io.kubernetes.pod.namespace": "shop",
+            "k8s:io.cilium.k8s.policy.cluster": "default",
+        }),
+        "only what the runtime named, and the cluster: {ep_a:#}"
     );
     assert_eq!(endpoint(&agent, &b).expect("b's endpoint")["identity"], 5);
 
