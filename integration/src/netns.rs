@@ -115,9 +115,10 @@ impl NetNs {
         })?
     }
 
-    /// A counter from the namespace's `/proc/net/snmp`, e.g. ("Tcp", "RetransSegs").
+    /// A counter from the namespace's `/proc/net/snmp` or `/proc/net/netstat`, e.g. ("Tcp",
+    /// "RetransSegs") or ("TcpExt", "TCPLossProbes").
     pub fn snmp(&self, proto: &str, field: &str) -> Result<u64> {
-        let text = self.exec("cat", &["/proc/net/snmp"])?;
+        let text = self.exec("cat", &["/proc/net/snmp", "/proc/net/netstat"])?;
         let prefix = format!("{proto}:");
         let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
         let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
@@ -135,6 +136,15 @@ impl NetNs {
                 what: "/proc/net/snmp",
                 detail: format!("no {proto} {field}"),
             })
+    }
+
+    /// TCP segments sent again because one was lost: `RetransSegs` without the tail loss
+    /// probes (`TCPLossProbes`), which TCP also sends when an ACK is merely late, as on a busy
+    /// machine, and which say nothing of a lost packet.
+    pub fn tcp_loss_retransmissions(&self) -> Result<u64> {
+        let sent_again = self.snmp("Tcp", "RetransSegs")?;
+        let probes = self.snmp("TcpExt", "TCPLossProbes")?;
+        Ok(sent_again.saturating_sub(probes))
     }
 }
 

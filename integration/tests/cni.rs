@@ -449,8 +449,8 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
     )
     .unwrap();
     let retrans_before = (
-        pods[0].snmp("Tcp", "RetransSegs").unwrap(),
-        pods[1].snmp("Tcp", "RetransSegs").unwrap(),
+        pods[0].tcp_loss_retransmissions().unwrap(),
+        pods[1].tcp_loss_retransmissions().unwrap(),
     );
     let drops_before = agent.datapath_drops().unwrap();
     let client = probe::EchoStream::start(stream);
@@ -498,10 +498,13 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
     );
     assert!(server.received() >= rounds.len() as u64 * probe::ECHO_ROUND_BYTES as u64);
     let retrans_after = (
-        pods[0].snmp("Tcp", "RetransSegs").unwrap(),
-        pods[1].snmp("Tcp", "RetransSegs").unwrap(),
+        pods[0].tcp_loss_retransmissions().unwrap(),
+        pods[1].tcp_loss_retransmissions().unwrap(),
     );
-    assert_eq!(retrans_after, retrans_before, "TCP retransmitted");
+    assert_eq!(
+        retrans_after, retrans_before,
+        "TCP retransmitted a lost segment"
+    );
     assert_eq!(
         agent.datapath_drops().unwrap(),
         drops_before,

@@ -85,14 +85,17 @@ pub fn frontends<'a>(
     out
 }
 
-/// One frontend, one service: an external or ingress IP and port that two services both name
+/// One frontend, one owner: an external or ingress IP and port that two services both name
 /// (or one that is also a cluster IP or node address and port) is programmed for the first
-/// plan only, cluster IPs first, then by service; the others carry an error naming it, and
-/// are reported as not programmed, rather than overwriting each other at every pass.
+/// plan only, cluster IPs first, then services' other frontends, then pods' host ports (a
+/// pod never takes a service's address and port, whatever their names), by name within
+/// each; the others carry an error naming the owner, and are reported as not programmed,
+/// rather than overwriting each other at every pass. A host port refused so is the pod's
+/// matter, not the node's: reported, not Degraded.
 pub(crate) fn refuse_shared(plans: &mut [Plan]) {
-    let mut owner: BTreeMap<Frontend, (bool, String)> = BTreeMap::new();
+    let mut owner: BTreeMap<Frontend, (u8, String)> = BTreeMap::new();
     for p in plans.iter() {
-        let claim = (p.kind != FrontendKind::ClusterIp, p.service.to_string());
+        let claim = (rank(p.kind), holder(p));
         owner
             .entry(p.frontend)
             .and_modify(|held| *held = held.clone().min(claim.clone()))
@@ -100,8 +103,28 @@ pub(crate) fn refuse_shared(plans: &mut [Plan]) {
     }
     for p in plans.iter_mut() {
         let (_, first) = &owner[&p.frontend];
-        if *first != p.service.to_string() && p.error.is_none() {
-            p.error = Some(format!("the frontend is service {first}'s"));
+        if *first != holder(p) && p.error.is_none() {
+            p.error = Some(format!("the frontend is {first}'s"));
+            p.unsupported = p.kind == FrontendKind::HostPort;
         }
     }
+}
+
+/// Which plans take a shared frontend first (the lowest).
+fn rank(kind: FrontendKind) -> u8 {
+    match kind {
+        FrontendKind::ClusterIp => 0,
+        FrontendKind::HostPort => 2,
+        _ => 1,
+    }
+}
+
+/// `service shop/web` or `pod shop/web-0`, as the error names the owner.
+fn holder(p: &Plan) -> String {
+    let what = if p.kind == FrontendKind::HostPort {
+        "pod"
+    } else {
+        "service"
+    };
+    format!("{what} {}", p.service)
 }

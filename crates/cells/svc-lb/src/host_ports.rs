@@ -11,8 +11,9 @@
 //!   `portmap` likewise matches only the node's local addresses.
 //! - The client's address is kept (the backend is local, as `externalTrafficPolicy: Local`),
 //!   so the pod's ingress policy judges the real client.
-//! - Two pods (or a pod and a service) naming the same address and port: the first plan keeps
-//!   it and the others are reported ([`crate::external::refuse_shared`]).
+//! - A service's frontend always keeps its address and port against a host port; of two pods
+//!   naming one, the first by name keeps it; the others are reported, not Degraded
+//!   ([`crate::external::refuse_shared`]).
 
 use std::net::IpAddr;
 
@@ -248,5 +249,39 @@ mod tests {
             unspecified,
             ["HostPort shop/web (192.168.1.10:80/TCP) -> 10.244.0.7:80 ok"]
         );
+    }
+
+    #[test]
+    fn a_pod_never_takes_a_services_node_port_and_is_reported_not_degraded() {
+        // "a" sorts before "shop": by name alone the pod would win.
+        let resources = Resources::new();
+        resources
+            .apply(
+                "objects.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: { name: a }\n---\napiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n---\napiVersion: v1\nkind: Pod\nmetadata: { name: a, namespace: a }\nspec: { containers: [ { name: c, ports: [ { containerPort: 80, hostPort: 30080 } ] } ] }\n---\napiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: shop }\nspec: { type: NodePort, clusterIP: 10.96.0.20, ports: [ { port: 80, nodePort: 30080 } ] }\n",
+            )
+            .unwrap();
+        let mut inputs = Inputs::read(&resources, &[], None);
+        inputs.endpoints = vec![LocalEndpoint {
+            name: "endpoint 9 (a/a)".into(),
+            pod: Some(ObjectKey::namespaced("a", "a")),
+            addresses: vec!["10.244.0.9".parse().unwrap()],
+            ready: true,
+        }];
+        inputs.node_addresses = vec!["192.168.1.10".parse().unwrap()];
+        inputs.host_ports = true;
+        let all = crate::desired::plans(&inputs);
+        let at = |kind: FrontendKind| {
+            all.iter()
+                .find(|p| p.kind == kind && p.frontend.port == 30080)
+                .unwrap_or_else(|| panic!("no {kind} plan: {all:?}"))
+        };
+        assert_eq!(at(FrontendKind::NodePort).error, None);
+        let host = at(FrontendKind::HostPort);
+        assert_eq!(
+            host.error.as_deref(),
+            Some("the frontend is service shop/web's")
+        );
+        assert!(host.unsupported, "a pod's clash must not degrade the node");
     }
 }

@@ -156,8 +156,9 @@ impl ServiceLb {
     }
 
     /// What of kube-proxy's job this node does, as Cilium's `KubeProxyReplacement`, at the end
-    /// of the module's OK message in `cellium status`: `True` when kube-proxy can go (services for pods, outside
-    /// clients and the node's own processes), else `False` with what still needs it.
+    /// of the module's OK message in `cellium status`: `True` when kube-proxy can go
+    /// (services for pods, outside clients and the node's own processes), else `False` with
+    /// what still needs it.
     pub fn kube_proxy_replacement(&self) -> String {
         kube_proxy_replacement(self.sock, self.host_ports)
     }
