@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
+use crate::wait::Rounds;
 
 fn probe_err(probe: &'static str, target: impl ToString) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Probe {
@@ -470,6 +471,7 @@ pub fn udp_exchange(
 #[derive(Debug)]
 pub struct EchoStream {
     stop: Arc<AtomicBool>,
+    rounds: Rounds,
     thread: JoinHandle<std::io::Result<Vec<std::time::Instant>>>,
 }
 
@@ -491,6 +493,8 @@ impl EchoStream {
     pub fn start(stream: TcpStream) -> EchoStream {
         let stop = Arc::new(AtomicBool::new(false));
         let running = stop.clone();
+        let rounds = Rounds::default();
+        let counted = rounds.clone();
         let thread = std::thread::spawn(move || {
             let mut reader = BufReader::new(stream.try_clone()?);
             let mut banner = String::new();
@@ -503,10 +507,20 @@ impl EchoStream {
                 writer.write_all(&chunk)?;
                 reader.read_exact(&mut echo)?;
                 rounds.push(std::time::Instant::now());
+                counted.done();
             }
             Ok(rounds)
         });
-        EchoStream { stop, thread }
+        EchoStream {
+            stop,
+            rounds,
+            thread,
+        }
+    }
+
+    /// Waits until `n` more rounds complete (or the stream broke: [`EchoStream::stop`] says how).
+    pub fn wait_rounds(&self, n: usize) {
+        self.rounds.wait_more(n, || self.thread.is_finished());
     }
 
     /// Stops after the current round; returns when each round completed, or the error that

@@ -2,6 +2,8 @@
 //! a sleep that hopes it will have. The bound is generous, for a busy 2-core machine; only a
 //! failing test ever waits that long.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -61,4 +63,29 @@ pub fn eventually_or(
 /// binaries running side by side do not share their pods' records.
 pub fn container_id(tag: &str) -> String {
     format!("{tag}x{}", std::process::id())
+}
+
+/// How many rounds of a stream show it flowing (before, during or after an event).
+pub const FLOWING_ROUNDS: usize = 20;
+
+/// The rounds a background stream has completed, counted as they happen, so that a test
+/// waits for traffic to have flowed (before, during and after an event) instead of sleeping.
+#[derive(Debug, Clone, Default)]
+pub struct Rounds(Arc<AtomicUsize>);
+
+impl Rounds {
+    /// One more round completed.
+    pub fn done(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Waits until `n` more rounds complete, or until `ended()` says the stream stopped (its
+    /// failure is then for the caller to report when it collects the stream); panics after
+    /// [`CONVERGE`].
+    pub fn wait_more(&self, n: usize, ended: impl Fn() -> bool) {
+        let target = self.0.load(Ordering::Relaxed) + n;
+        eventually(&format!("{n} more rounds of the stream"), || {
+            self.0.load(Ordering::Relaxed) >= target || ended()
+        });
+    }
 }

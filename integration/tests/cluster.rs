@@ -25,6 +25,7 @@ use cellium_integration::reach::Probe::{self, Icmp, Tcp, Udp};
 use cellium_integration::reach::{Outcome, probe};
 use cellium_integration::serial;
 use cellium_integration::shop::{self, PORT};
+use cellium_integration::wait::FLOWING_ROUNDS;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 /// The tests that run in every routing mode, one module per mode.
@@ -604,14 +605,14 @@ spec:
     // The client's agent, then the server's, stopped and started again under the stream.
     let mut windows = Vec::new();
     for node in [0, 1] {
-        std::thread::sleep(Duration::from_millis(300));
+        stream.wait_rounds(FLOWING_ROUNDS);
         let stopped = Instant::now();
         cluster.agent_mut(node).stop().expect("stop");
-        std::thread::sleep(Duration::from_millis(500));
+        stream.wait_rounds(FLOWING_ROUNDS);
         cluster.start_agent(node).expect("start again");
         windows.push((node, stopped, Instant::now()));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    stream.wait_rounds(FLOWING_ROUNDS);
     let log = stream.finish().expect("stream");
     assert!(
         log.failure.is_none(),

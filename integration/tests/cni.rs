@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cellium_integration::cni::{CniProcess, result_ipv4};
 use cellium_integration::probe::{self, TcpServer};
-use cellium_integration::wait::container_id;
+use cellium_integration::wait::{FLOWING_ROUNDS, container_id};
 use cellium_integration::{Agent, AgentOptions, CniCall, NetNs, serial};
 use serde_json::Value;
 
@@ -455,14 +455,14 @@ fn a_restart_keeps_endpoints_and_a_tcp_stream_flowing() {
     let drops_before = agent.datapath_drops().unwrap();
     let client = probe::EchoStream::start(stream);
 
-    std::thread::sleep(Duration::from_millis(500));
+    client.wait_rounds(FLOWING_ROUNDS);
     let down_at = Instant::now();
     let (status, _) = agent.stop().unwrap();
     assert!(status.success(), "{status}");
-    std::thread::sleep(Duration::from_millis(300));
+    client.wait_rounds(FLOWING_ROUNDS);
     agent.start().expect("restart");
     let up_at = Instant::now();
-    std::thread::sleep(Duration::from_millis(500));
+    client.wait_rounds(FLOWING_ROUNDS);
     let rounds = client.stop().expect("the stream broke");
 
     let after: Vec<(Value, Value, Value)> = agent

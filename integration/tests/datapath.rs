@@ -16,6 +16,7 @@ use cellium_datapath_bpf::{
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::topology::GATEWAY;
+use cellium_integration::wait::FLOWING_ROUNDS;
 use cellium_integration::{BpffsMount, Topology, serial};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -819,7 +820,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     );
     let client = probe::EchoStream::start(stream);
 
-    std::thread::sleep(Duration::from_millis(700));
+    client.wait_rounds(FLOWING_ROUNDS);
     // Second agent, of another build: its programs are not the pinned ones (those are
     // unpinned here, as another build's tag would not find them), so it loads its own,
     // reopens the pinned maps and swaps the programs in place.
@@ -827,7 +828,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     let restart_at = Instant::now();
     let second = testbed_attach(name, bpf.path());
     let restart_done = Instant::now();
-    std::thread::sleep(Duration::from_millis(700));
+    client.wait_rounds(FLOWING_ROUNDS);
     let rounds = client.stop().expect("stream failed");
 
     for map in [

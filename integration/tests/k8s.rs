@@ -381,6 +381,8 @@ fn the_agent_keeps_enforcing_while_the_api_server_is_away_and_converges_after() 
     c.expect_web("other", false, "policy in force");
 
     // Killed: the agent keeps its last state; a deletion made meanwhile arrives after.
+    let failures = || c.agent.log().matches("list or watch failed").count();
+    let before = failures();
     c.api.stop();
     c.api
         .api()
@@ -391,7 +393,9 @@ fn the_agent_keeps_enforcing_while_the_api_server_is_away_and_converges_after() 
             "web-from-client",
         )
         .expect("delete while away");
-    std::thread::sleep(Duration::from_secs(2));
+    c.eventually("the agent finds the API server gone", || {
+        failures() > before
+    });
     assert!(
         !c.reaches("other", c.ip("web"), PORT),
         "the last state is enforced while the API server is away"
@@ -436,7 +440,11 @@ fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
     c.agent.stop().expect("stop the agent");
     c.api.stop();
     c.agent.launch().expect("start the agent again");
-    std::thread::sleep(Duration::from_secs(3));
+    c.eventually("the agent says what it waits for", || {
+        let log = c.agent.log();
+        log.contains("waiting for the API server's first complete lists")
+            || log.contains("list or watch failed")
+    });
     assert!(
         c.agent.is_running(),
         "the agent waits for the API server\n{}",
@@ -445,14 +453,6 @@ fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
     assert!(
         !c.reaches("other", c.ip("web"), PORT) && c.reaches("client", c.ip("web"), PORT),
         "the datapath keeps enforcing the last policy while the agent waits"
-    );
-    assert!(
-        c.agent
-            .log()
-            .contains("waiting for the API server's first complete lists")
-            || c.agent.log().contains("list or watch failed"),
-        "the agent says what it waits for\n{}",
-        c.agent.log()
     );
     c.api.restart().expect("API server back");
     c.agent.wait_ready().expect("the agent starts once synced");
@@ -661,18 +661,19 @@ fn ipam_kubernetes_waits_for_the_nodes_pod_cidrs() {
     api.apply(APP).expect("pods");
     agent.options_mut().env = api.agent_env(NODE);
     agent.launch().expect("agent");
-    std::thread::sleep(Duration::from_secs(3));
+    eventually_or(
+        "the agent says what it waits for",
+        || agent.log(),
+        || {
+            agent
+                .log()
+                .contains("waiting for Node n1 to be given spec.podCIDRs")
+        },
+    );
     assert!(agent.is_running(), "the agent waits\n{}", agent.log());
     assert!(
         agent.cli(&["status"]).is_err(),
         "the API is not served before the pod CIDRs exist"
-    );
-    assert!(
-        agent
-            .log()
-            .contains("waiting for Node n1 to be given spec.podCIDRs"),
-        "the agent says what it waits for\n{}",
-        agent.log()
     );
     api.kubectl(
         &[

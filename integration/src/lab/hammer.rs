@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::lab::OpenFlow;
 use crate::netns::NetNs;
 use crate::reach::{self, Outcome, Probe};
+use crate::wait::Rounds;
 
 /// What a hammer saw.
 #[derive(Debug, Default)]
@@ -293,6 +294,7 @@ impl StreamLog {
 #[derive(Debug)]
 pub struct Stream {
     stop: Arc<AtomicBool>,
+    rounds: Rounds,
     thread: JoinHandle<StreamLog>,
 }
 
@@ -301,11 +303,16 @@ impl Stream {
     pub fn start(mut flow: OpenFlow) -> Stream {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let rounds = Rounds::default();
+        let counted = rounds.clone();
         let thread = std::thread::spawn(move || {
             let mut log = StreamLog::default();
             while !flag.load(Ordering::Relaxed) {
                 match flow.round_trip() {
-                    Outcome::Answered => log.rounds.push(Instant::now()),
+                    Outcome::Answered => {
+                        log.rounds.push(Instant::now());
+                        counted.done();
+                    }
                     other => {
                         log.failure = Some((Instant::now(), other.to_string()));
                         break;
@@ -316,7 +323,16 @@ impl Stream {
             }
             log
         });
-        Stream { stop, thread }
+        Stream {
+            stop,
+            rounds,
+            thread,
+        }
+    }
+
+    /// Waits until `n` more round trips complete (or one failed: [`Stream::finish`] says which).
+    pub fn wait_rounds(&self, n: usize) {
+        self.rounds.wait_more(n, || self.thread.is_finished());
     }
 
     /// Stops and returns the record.
