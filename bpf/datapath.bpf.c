@@ -41,6 +41,7 @@
 #include "lib/ipv6.h"
 #include "lib/lb.h"
 #include "lib/lookup.h"
+#include "lib/masq.h"
 #include "lib/maps.h"
 #include "lib/nat.h"
 #include "lib/nd.h"
@@ -143,7 +144,7 @@ static __always_inline int from_container6(struct __sk_buff *skb,
 	int external = 0;
 	__u64 now;
 	__u32 len;
-	int ret, ct;
+	int ret, ct = CT_REPLY; /* an ICMP error (goto forward) starts nothing */
 
 	if (!s)
 		return TC_ACT_SHOT;
@@ -288,7 +289,14 @@ forward:
 		if (ret < 0)
 			return drop6(skb, p, &t, -ret);
 	} else {
+		/* Not a cluster peer's: for the world, masqueraded and routed
+		 * (lib/masq.h), or left to the node's stack. */
 		ret = TC_ACT_OK;
+		if (masq6_wanted(skb, cfg, s, ct == CT_NEW)) {
+			ret = masq6_send(skb, s);
+			if (ret < 0)
+				return drop6(skb, p, &t, -ret);
+		}
 	}
 	count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, len);
 	return ret;
@@ -405,7 +413,7 @@ int cel_from_container(struct __sk_buff *skb)
 	int external = 0;
 	__u64 now;
 	__u32 len;
-	int ret, ct;
+	int ret, ct = CT_REPLY; /* an ICMP error (goto forward) starts nothing */
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return from_container6(skb, cfg);
@@ -544,6 +552,15 @@ forward:
 	if (ret > 0)
 		return drop(skb, p, &t, ret);
 	if (ret == TUNNEL_PASS) {
+		/* Not a cluster peer's: for the world, masqueraded (lib/masq.h). */
+		if (masq4_wanted(skb, cfg, s, ct == CT_NEW)) {
+			len = skb->len;
+			ret = masq4_send(skb, s);
+			if (ret < 0)
+				return drop(skb, p, &t, -ret);
+			count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, len);
+			return ret;
+		}
 		count(CEL_DIR_EGRESS, CEL_REASON_FORWARDED, skb->len);
 		return redirect_to_node4(skb, cfg, p);
 	}
@@ -1023,7 +1040,7 @@ static __noinline int nodeport4(struct __sk_buff *skb, const struct datapath_con
 		if (!dst && cfg->tunnel_ifindex)
 			return nodeport_tunnel4(skb, cfg, p, &t);
 	} else if (!(flags & CEL_SVC_F_LOCAL)) {
-		ret = snat4(skb, p, frontend);
+		ret = snat4(skb, p, frontend, 1);
 		if (ret)
 			return drop(skb, p, &t, ret);
 	}
@@ -1113,7 +1130,7 @@ static __noinline int nodeport6(struct __sk_buff *skb, const struct datapath_con
 	if (ret)
 		return drop6(skb, p, &t, ret);
 	if (!(flags & CEL_SVC_F_LOCAL)) {
-		ret = snat6(skb, p, frontend);
+		ret = snat6(skb, p, frontend, 1);
 		if (ret)
 			return drop6(skb, p, &t, ret);
 	}

@@ -29,28 +29,38 @@ static __always_inline int is_cluster_peer(__u32 identity)
 	return identity == CEL_IDENTITY_REMOTE_NODE || (identity >= 256 && identity <= 65535);
 }
 
-/* Routes an IPv4 packet past the node's stack: the TTL decremented as a
- * router does, then redirected to the device the node's FIB names, the
- * kernel resolving the next hop's neighbour. Returns the redirect verdict,
- * or TC_ACT_OK to leave the packet to the node's stack (no route, a TTL
- * about to expire: the stack answers that one). */
-static __always_inline int fib_redirect4(struct __sk_buff *skb, const struct pkt *p)
+/* The node's FIB's route for an IPv4 packet arriving on skb's device
+ * (flags: BPF_FIB_LOOKUP_SRC also picks the source address the node would
+ * send from). Returns 0 if there is one, -1 if not (no route, a TTL about
+ * to expire: the stack answers that one). */
+static __always_inline int fib_lookup4(struct __sk_buff *skb, const struct pkt *p,
+				       struct bpf_fib_lookup *fib, __u32 flags)
 {
-	struct bpf_fib_lookup fib = {};
-	struct bpf_redir_neigh nh = {};
 	__u8 ttl;
 	int ret;
 
 	if (bpf_skb_load_bytes(skb, CEL_IPV4_TTL_OFF, &ttl, 1) < 0 || ttl <= 1)
-		return TC_ACT_OK;
-	fib.family = CEL_AF_INET;
-	fib.l4_protocol = p->protocol;
-	fib.ipv4_src = p->saddr;
-	fib.ipv4_dst = p->daddr;
-	fib.ifindex = skb->ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK;
+		return -1;
+	fib->family = CEL_AF_INET;
+	fib->l4_protocol = p->protocol;
+	fib->ipv4_src = p->saddr;
+	fib->ipv4_dst = p->daddr;
+	fib->ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+	return ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH ? 0 : -1;
+}
+
+/* Sends an IPv4 packet the way fib_lookup4 found: the TTL decremented as a
+ * router does, then redirected to the device, the kernel resolving the
+ * next hop's neighbour. */
+static __always_inline int fib_forward4(struct __sk_buff *skb, const struct pkt *p,
+					const struct bpf_fib_lookup *fib)
+{
+	struct bpf_redir_neigh nh = {};
+	__u8 ttl;
+
+	if (bpf_skb_load_bytes(skb, CEL_IPV4_TTL_OFF, &ttl, 1) < 0)
+		return TC_ACT_SHOT;
 	/* The TTL shares a checksummed 16-bit word with the protocol. */
 	{
 		__be16 old = bpf_htons((__u16)ttl << 8 | p->protocol);
@@ -63,8 +73,20 @@ static __always_inline int fib_redirect4(struct __sk_buff *skb, const struct pkt
 	}
 	/* After the lookup ipv4_dst is the next hop (the gateway, if any). */
 	nh.nh_family = CEL_AF_INET;
-	nh.ipv4_nh = fib.ipv4_dst;
-	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	nh.ipv4_nh = fib->ipv4_dst;
+	return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+}
+
+/* Routes an IPv4 packet past the node's stack (fib_lookup4, fib_forward4).
+ * Returns the redirect verdict, or TC_ACT_OK to leave the packet to the
+ * node's stack. */
+static __always_inline int fib_redirect4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+
+	if (fib_lookup4(skb, p, &fib, 0) < 0)
+		return TC_ACT_OK;
+	return fib_forward4(skb, p, &fib);
 }
 
 /* Routes a pod's IPv4 packet for another node's pod or another node
@@ -82,30 +104,48 @@ static __always_inline int redirect_to_node4(struct __sk_buff *skb,
 #define CEL_AF_INET6 10
 #define CEL_IPV6_HOP_OFF (ETH_HLEN + 7)
 
-/* fib_redirect4 for IPv6 (its header has no checksum to update). */
-static __always_inline int fib_redirect6(struct __sk_buff *skb, const struct pkt6 *p)
+/* fib_lookup4 for IPv6. */
+static __always_inline int fib_lookup6(struct __sk_buff *skb, const struct pkt6 *p,
+				       struct bpf_fib_lookup *fib, __u32 flags)
 {
-	struct bpf_fib_lookup fib = {};
-	struct bpf_redir_neigh nh = {};
 	__u8 hops;
 	int ret;
 
 	if (bpf_skb_load_bytes(skb, CEL_IPV6_HOP_OFF, &hops, 1) < 0 || hops <= 1)
-		return TC_ACT_OK;
-	fib.family = CEL_AF_INET6;
-	fib.l4_protocol = p->protocol;
-	__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
-	fib.ifindex = skb->ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK;
+		return -1;
+	fib->family = CEL_AF_INET6;
+	fib->l4_protocol = p->protocol;
+	__builtin_memcpy(fib->ipv6_src, p->saddr, 16);
+	__builtin_memcpy(fib->ipv6_dst, p->daddr, 16);
+	fib->ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+	return ret == BPF_FIB_LKUP_RET_SUCCESS || ret == BPF_FIB_LKUP_RET_NO_NEIGH ? 0 : -1;
+}
+
+/* fib_forward4 for IPv6 (its header has no checksum to update). */
+static __always_inline int fib_forward6(struct __sk_buff *skb, const struct bpf_fib_lookup *fib)
+{
+	struct bpf_redir_neigh nh = {};
+	__u8 hops;
+
+	if (bpf_skb_load_bytes(skb, CEL_IPV6_HOP_OFF, &hops, 1) < 0)
+		return TC_ACT_SHOT;
 	hops -= 1;
 	if (bpf_skb_store_bytes(skb, CEL_IPV6_HOP_OFF, &hops, 1, 0) < 0)
 		return TC_ACT_SHOT;
 	nh.nh_family = CEL_AF_INET6;
-	__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
-	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, 16);
+	return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+}
+
+/* fib_redirect4 for IPv6. */
+static __always_inline int fib_redirect6(struct __sk_buff *skb, const struct pkt6 *p)
+{
+	struct bpf_fib_lookup fib = {};
+
+	if (fib_lookup6(skb, p, &fib, 0) < 0)
+		return TC_ACT_OK;
+	return fib_forward6(skb, &fib);
 }
 
 #endif

@@ -143,6 +143,29 @@ struct {
 	__uint(max_entries, 65536);
 } cel_snat6 SEC(".maps");
 
+/* Destinations pods' packets keep their own source to (lib/masq.h): the
+ * native routing CIDRs, the ip-masq-agent's nonMasqueradeCIDRs and other
+ * nodes' pod CIDRs, both families (keys as cel_ipcache's); the value says
+ * whose (CEL_IPMASQ_* bits). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cel_ipmasq SEC(".maps");
+
+/* The node's devices cel_from_netdev is attached to (ifindex -> 1), written
+ * by the agent as it attaches and detaches: only a connection leaving by one
+ * of them is masqueraded, as only there do its replies meet the program that
+ * translates them back. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} cel_netdevs SEC(".maps");
+
 /* A socket's entries live as long as it may ask; LRU forgets those of
  * sockets long closed (a socket cookie is never reused). */
 struct {

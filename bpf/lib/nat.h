@@ -19,7 +19,14 @@
 #define NAT_SRC 0
 #define NAT_DST 1
 
-/* Only TCP and UDP are translated; returns 0 or CEL_REASON_NAT_FAILED. */
+/* The ICMP (ICMPv6) echo identifier, which plays the port of an echo
+ * request (source) and of its reply (destination), sits at the same offset
+ * in both: ICMP echo is translated as a port (masquerading, lib/masq.h). */
+#define NAT_ICMP_CSUM_OFF 2
+#define NAT_ICMP_ID_OFF 4
+
+/* TCP, UDP and ICMP echo are translated; returns 0 or
+ * CEL_REASON_NAT_FAILED. */
 static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, int which,
 					__be32 addr, __be16 port)
 {
@@ -31,12 +38,19 @@ static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, in
 	__u32 csum_off;
 	/* A UDP checksum of zero means "none" and must stay zero. */
 	__u64 mangled = 0;
+	/* ICMPv4's checksum covers no pseudo-header: an address change
+	 * leaves it alone. */
+	__u64 pseudo = BPF_F_PSEUDO_HDR;
 
 	if (p->protocol == CEL_PROTO_TCP) {
 		csum_off = p->l4_off + 16;
 	} else if (p->protocol == CEL_PROTO_UDP) {
 		csum_off = p->l4_off + 6;
 		mangled = BPF_F_MARK_MANGLED_0;
+	} else if (p->protocol == CEL_PROTO_ICMP) {
+		csum_off = p->l4_off + NAT_ICMP_CSUM_OFF;
+		port_off = p->l4_off + NAT_ICMP_ID_OFF;
+		pseudo = 0;
 	} else {
 		return CEL_REASON_NAT_FAILED;
 	}
@@ -55,8 +69,8 @@ static __always_inline int nat4_rewrite(struct __sk_buff *skb, struct pkt *p, in
 		goto done;
 	}
 	if (old_addr != addr) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
-					BPF_F_PSEUDO_HDR | mangled | sizeof(addr)) < 0)
+		if (pseudo && bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
+						  pseudo | mangled | sizeof(addr)) < 0)
 			return CEL_REASON_NAT_FAILED;
 		if (bpf_l3_csum_replace(skb, ETH_HLEN + __builtin_offsetof(struct iphdr, check),
 					old_addr, addr, sizeof(addr)) < 0)
@@ -111,19 +125,21 @@ static __always_inline int nat6_rewrite(struct __sk_buff *skb, struct pkt6 *p, i
 	__u32 addr_off = ETH_HLEN + (which == NAT_DST ? __builtin_offsetof(struct ipv6hdr, daddr)
 						      : __builtin_offsetof(struct ipv6hdr, saddr));
 	__u32 port_off = p->l4_off + (which == NAT_DST ? 2 : 0);
-	__u8 old_addr[16], new_addr[16];
 	__u32 csum_off = 0;
 	__u64 mangled = 0;
 	__s64 diff;
 
-	if (nat_l4_csum(p->protocol, p->l4_off, &csum_off, &mangled) < 0)
+	if (p->protocol == CEL_PROTO_ICMPV6) {
+		/* ICMPv6's checksum covers the pseudo-header, as TCP's. */
+		csum_off = p->l4_off + NAT_ICMP_CSUM_OFF;
+		port_off = p->l4_off + NAT_ICMP_ID_OFF;
+	} else if (nat_l4_csum(p->protocol, p->l4_off, &csum_off, &mangled) < 0) {
 		return CEL_REASON_NAT_FAILED;
-	__builtin_memcpy(old_addr, cur, 16);
-	__builtin_memcpy(new_addr, addr, 16);
+	}
 	/* A later fragment carries no L4 header: its first fragment's
 	 * checksum already covers the translated addresses and port. */
 	if (p->frag != CEL_FRAG_LATER) {
-		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		diff = bpf_csum_diff((__be32 *)cur, 16, (__be32 *)addr, 16, 0);
 		if (diff < 0)
 			return CEL_REASON_NAT_FAILED;
 		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) < 0)
@@ -136,9 +152,9 @@ static __always_inline int nat6_rewrite(struct __sk_buff *skb, struct pkt6 *p, i
 				return CEL_REASON_NAT_FAILED;
 		}
 	}
-	if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0) < 0)
+	if (bpf_skb_store_bytes(skb, addr_off, addr, 16, 0) < 0)
 		return CEL_REASON_NAT_FAILED;
-	__builtin_memcpy(cur, new_addr, 16);
+	__builtin_memcpy(cur, addr, 16);
 	if (which == NAT_DST)
 		p->dport = port;
 	else

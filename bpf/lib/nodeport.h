@@ -41,6 +41,14 @@
  * with 4536 ports per backend, failing them all means the range is full. */
 #define CEL_SNAT_TRIES 6
 
+/* The protocols cel_snat4/6 may hold a connection of: TCP and UDP (NodePort
+ * and masquerading), ICMP echo (masquerading, the identifier as the port). */
+static __always_inline int snat_proto(__u8 protocol)
+{
+	return protocol == CEL_PROTO_TCP || protocol == CEL_PROTO_UDP ||
+	       protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6;
+}
+
 /* Slot 0 of the frontend the packet is for, if it is reached from outside.
  * A later fragment has the ports its first fragment recorded (frag4_track,
  * in nodeport4). */
@@ -89,39 +97,74 @@ static __always_inline int snat4_free(const struct ct_key *rk, const struct snat
 	return !bpf_map_lookup_elem(&cel_ct4, &own);
 }
 
-/* After lb4_dnat: the client's source becomes addr and a port free towards
- * the backend (see the top). Returns 0 or CEL_REASON_NAT_FAILED. */
-static __always_inline int snat4(struct __sk_buff *skb, struct pkt *p, __be32 addr)
+/* snat4's keys and values, in memory of the caller's choice (masquerading
+ * keeps them off the stack of cel_from_container's call chain). */
+struct snat4_work {
+	struct ct_key fk, rk;
+	struct snat4_value client, given;
+};
+
+/* A port drawn at random from CEL_SNAT_PORT_MIN..MAX. */
+static __always_inline __u16 snat_port_draw(void)
 {
-	struct snat4_value client = { .addr = p->saddr, .port = p->sport };
-	struct snat4_value given = { .addr = addr };
-	struct ct_key fk = {}, rk = {};
-	struct snat4_value *was;
-	__u16 port = bpf_ntohs(p->sport);
+	return CEL_SNAT_PORT_MIN +
+	       bpf_get_prandom_u32() % (CEL_SNAT_PORT_MAX - CEL_SNAT_PORT_MIN + 1);
+}
+
+/* The client's source becomes addr and a port free towards its peer (see
+ * the top): after lb4_dnat for a NodePort client (keep_port: its own port
+ * when free), or a pod's packet to the world (masquerading, lib/masq.h: a
+ * port of the range from the start). A connection already translated keeps
+ * its port and writes nothing. Returns 0 or CEL_REASON_NAT_FAILED. */
+static __always_inline int snat4_in(struct __sk_buff *skb, struct pkt *p, __be32 addr,
+				    int keep_port, struct snat4_work *w)
+{
+	struct snat4_value *was, *have;
+	__u16 port = keep_port ? bpf_ntohs(p->sport) : snat_port_draw();
 	int i;
 
-	ct_key_from_pkt(&fk, p, CEL_SNAT_F_FORWARD);
-	was = bpf_map_lookup_elem(&cel_snat4, &fk);
-	if (was && was->addr == addr)
+	w->client.addr = p->saddr;
+	w->client.port = p->sport;
+	w->client.pad = 0;
+	w->given.addr = addr;
+	w->given.port = 0;
+	w->given.pad = 0;
+	ct_key_from_pkt(&w->fk, p, CEL_SNAT_F_FORWARD);
+	__builtin_memset(&w->rk, 0, sizeof(w->rk));
+	w->rk.saddr = p->daddr;
+	w->rk.daddr = addr;
+	w->rk.sport = p->dport;
+	w->rk.protocol = p->protocol;
+	was = bpf_map_lookup_elem(&cel_snat4, &w->fk);
+	if (was && was->addr == addr) {
+		/* Both entries in place (the lookups keep them recent in the
+		 * LRU): the connection's every later packet ends here. */
+		w->rk.dport = was->port;
+		have = bpf_map_lookup_elem(&cel_snat4, &w->rk);
+		if (have && have->addr == w->client.addr && have->port == w->client.port)
+			return nat4_rewrite(skb, p, NAT_SRC, addr, w->rk.dport);
 		port = bpf_ntohs(was->port);
-	rk.saddr = p->daddr;
-	rk.daddr = addr;
-	rk.sport = p->dport;
-	rk.protocol = p->protocol;
+	}
 #pragma unroll
 	for (i = 0; i < CEL_SNAT_TRIES; i++) {
-		rk.dport = bpf_htons(port);
-		if (snat4_free(&rk, &client)) {
-			given.port = rk.dport;
-			if (bpf_map_update_elem(&cel_snat4, &rk, &client, BPF_ANY) < 0 ||
-			    bpf_map_update_elem(&cel_snat4, &fk, &given, BPF_ANY) < 0)
+		w->rk.dport = bpf_htons(port);
+		if (snat4_free(&w->rk, &w->client)) {
+			w->given.port = w->rk.dport;
+			if (bpf_map_update_elem(&cel_snat4, &w->rk, &w->client, BPF_ANY) < 0 ||
+			    bpf_map_update_elem(&cel_snat4, &w->fk, &w->given, BPF_ANY) < 0)
 				return CEL_REASON_NAT_FAILED;
-			return nat4_rewrite(skb, p, NAT_SRC, addr, rk.dport);
+			return nat4_rewrite(skb, p, NAT_SRC, addr, w->rk.dport);
 		}
-		port = CEL_SNAT_PORT_MIN +
-		       bpf_get_prandom_u32() % (CEL_SNAT_PORT_MAX - CEL_SNAT_PORT_MIN + 1);
+		port = snat_port_draw();
 	}
 	return CEL_REASON_NAT_FAILED;
+}
+
+static __always_inline int snat4(struct __sk_buff *skb, struct pkt *p, __be32 addr, int keep_port)
+{
+	struct snat4_work w = {};
+
+	return snat4_in(skb, p, addr, keep_port, &w);
 }
 
 /* A backend's reply to a source-translated client: its destination becomes
@@ -134,7 +177,7 @@ static __always_inline int unsnat4(struct __sk_buff *skb, struct pkt *p)
 	__be32 addr;
 	__be16 port;
 
-	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+	if (!snat_proto(p->protocol))
 		return 0;
 	ct_key_from_pkt(&rk, p, 0);
 	client = bpf_map_lookup_elem(&cel_snat4, &rk);
@@ -150,7 +193,7 @@ static __always_inline int snat4_reply(const struct pkt *p)
 {
 	struct ct_key rk = {};
 
-	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+	if (!snat_proto(p->protocol))
 		return 0;
 	ct_key_from_pkt(&rk, p, 0);
 	return bpf_map_lookup_elem(&cel_snat4, &rk) != NULL;
@@ -160,7 +203,7 @@ static __always_inline int snat6_reply(const struct pkt6 *p)
 {
 	struct ct6_key rk = {};
 
-	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+	if (!snat_proto(p->protocol))
 		return 0;
 	ct6_key_from_pkt(&rk, p, 0);
 	return bpf_map_lookup_elem(&cel_snat6, &rk) != NULL;
@@ -180,55 +223,79 @@ static __always_inline int lb4_external_reply(const struct pkt *p)
 	return svc && (svc->flags & CEL_SVC_F_EXTERNAL);
 }
 
-static __always_inline int snat6_free(const struct ct6_key *rk, const struct snat6_value *v)
+/* snat4_free for IPv6; `own` is room for the conntrack key. */
+static __always_inline int snat6_free(const struct ct6_key *rk, const struct snat6_value *v,
+				      struct ct6_key *own)
 {
 	struct snat6_value *have = bpf_map_lookup_elem(&cel_snat6, rk);
-	struct ct6_key own = {};
 
 	if (have)
 		return ipv6_equal(have->addr, v->addr) && have->port == v->port;
-	__builtin_memcpy(own.saddr, rk->daddr, 16);
-	__builtin_memcpy(own.daddr, rk->saddr, 16);
-	own.sport = rk->dport;
-	own.dport = rk->sport;
-	own.protocol = rk->protocol;
-	return !bpf_map_lookup_elem(&cel_ct6, &own);
+	__builtin_memcpy(own->saddr, rk->daddr, 16);
+	__builtin_memcpy(own->daddr, rk->saddr, 16);
+	own->sport = rk->dport;
+	own->dport = rk->sport;
+	own->protocol = rk->protocol;
+	own->flags = 0;
+	own->pad = 0;
+	return !bpf_map_lookup_elem(&cel_ct6, own);
 }
 
-/* snat4 for IPv6. */
-static __always_inline int snat6(struct __sk_buff *skb, struct pkt6 *p, const __u8 *addr)
+/* snat4_work for IPv6, with snat6_free's key (own). */
+struct snat6_work {
+	struct ct6_key fk, rk, own;
+	struct snat6_value client, given;
+};
+
+/* snat4_in for IPv6. */
+static __always_inline int snat6_in(struct __sk_buff *skb, struct pkt6 *p, const __u8 *addr,
+				    int keep_port, struct snat6_work *w)
 {
-	struct snat6_value client = { .port = p->sport };
-	struct snat6_value given = {};
-	struct ct6_key fk = {}, rk = {};
-	struct snat6_value *was;
-	__u16 port = bpf_ntohs(p->sport);
+	struct snat6_value *was, *have;
+	__u16 port = keep_port ? bpf_ntohs(p->sport) : snat_port_draw();
 	int i;
 
-	__builtin_memcpy(client.addr, p->saddr, 16);
-	__builtin_memcpy(given.addr, addr, 16);
-	ct6_key_from_pkt(&fk, p, CEL_SNAT_F_FORWARD);
-	was = bpf_map_lookup_elem(&cel_snat6, &fk);
-	if (was && ipv6_equal(was->addr, addr))
+	__builtin_memcpy(w->client.addr, p->saddr, 16);
+	w->client.port = p->sport;
+	w->client.pad = 0;
+	__builtin_memcpy(w->given.addr, addr, 16);
+	w->given.port = 0;
+	w->given.pad = 0;
+	ct6_key_from_pkt(&w->fk, p, CEL_SNAT_F_FORWARD);
+	__builtin_memset(&w->rk, 0, sizeof(w->rk));
+	__builtin_memcpy(w->rk.saddr, p->daddr, 16);
+	__builtin_memcpy(w->rk.daddr, addr, 16);
+	w->rk.sport = p->dport;
+	w->rk.protocol = p->protocol;
+	was = bpf_map_lookup_elem(&cel_snat6, &w->fk);
+	if (was && ipv6_equal(was->addr, addr)) {
+		w->rk.dport = was->port;
+		have = bpf_map_lookup_elem(&cel_snat6, &w->rk);
+		if (have && ipv6_equal(have->addr, w->client.addr) && have->port == w->client.port)
+			return nat6_rewrite(skb, p, NAT_SRC, w->given.addr, w->rk.dport);
 		port = bpf_ntohs(was->port);
-	__builtin_memcpy(rk.saddr, p->daddr, 16);
-	__builtin_memcpy(rk.daddr, addr, 16);
-	rk.sport = p->dport;
-	rk.protocol = p->protocol;
+	}
 #pragma unroll
 	for (i = 0; i < CEL_SNAT_TRIES; i++) {
-		rk.dport = bpf_htons(port);
-		if (snat6_free(&rk, &client)) {
-			given.port = rk.dport;
-			if (bpf_map_update_elem(&cel_snat6, &rk, &client, BPF_ANY) < 0 ||
-			    bpf_map_update_elem(&cel_snat6, &fk, &given, BPF_ANY) < 0)
+		w->rk.dport = bpf_htons(port);
+		if (snat6_free(&w->rk, &w->client, &w->own)) {
+			w->given.port = w->rk.dport;
+			if (bpf_map_update_elem(&cel_snat6, &w->rk, &w->client, BPF_ANY) < 0 ||
+			    bpf_map_update_elem(&cel_snat6, &w->fk, &w->given, BPF_ANY) < 0)
 				return CEL_REASON_NAT_FAILED;
-			return nat6_rewrite(skb, p, NAT_SRC, given.addr, rk.dport);
+			return nat6_rewrite(skb, p, NAT_SRC, w->given.addr, w->rk.dport);
 		}
-		port = CEL_SNAT_PORT_MIN +
-		       bpf_get_prandom_u32() % (CEL_SNAT_PORT_MAX - CEL_SNAT_PORT_MIN + 1);
+		port = snat_port_draw();
 	}
 	return CEL_REASON_NAT_FAILED;
+}
+
+static __always_inline int snat6(struct __sk_buff *skb, struct pkt6 *p, const __u8 *addr,
+				 int keep_port)
+{
+	struct snat6_work w = {};
+
+	return snat6_in(skb, p, addr, keep_port, &w);
 }
 
 static __always_inline int unsnat6(struct __sk_buff *skb, struct pkt6 *p)
@@ -238,7 +305,7 @@ static __always_inline int unsnat6(struct __sk_buff *skb, struct pkt6 *p)
 	__u8 addr[16];
 	__be16 port;
 
-	if (p->protocol != CEL_PROTO_TCP && p->protocol != CEL_PROTO_UDP)
+	if (!snat_proto(p->protocol))
 		return 0;
 	ct6_key_from_pkt(&rk, p, 0);
 	client = bpf_map_lookup_elem(&cel_snat6, &rk);

@@ -15,6 +15,17 @@
 #include "ipv6.h"
 #include "lb.h"
 #include "maps.h"
+#include "nodeport.h"
+
+/* Masquerading's working memory (lib/masq.h), kept off the stack: what
+ * cel_from_container's own frame leaves its callees is under 100 bytes of
+ * the verifier's 512 for a call chain. Not cleared per packet: masq.h
+ * writes every field before it reads it. */
+struct masq_work {
+	struct bpf_fib_lookup fib;
+	struct snat4_work snat4;
+	struct snat6_work snat6;
+};
 
 struct scratch6 {
 	struct pkt6 p;
@@ -23,6 +34,7 @@ struct scratch6 {
 	struct pkt p4;
 	struct ct_key key4;
 	struct lb4_choice lb4;
+	struct masq_work masq;
 };
 
 struct {
@@ -52,7 +64,9 @@ static __always_inline struct scratch6 *scratch4(void)
 	struct scratch6 *s = bpf_map_lookup_elem(&cel_scratch6, &zero);
 
 	if (s)
-		__builtin_memset(&s->p4, 0, sizeof(*s) - __builtin_offsetof(struct scratch6, p4));
+		__builtin_memset(&s->p4, 0,
+				 __builtin_offsetof(struct scratch6, masq) -
+					 __builtin_offsetof(struct scratch6, p4));
 	return s;
 }
 

@@ -857,3 +857,47 @@ fn link_local(agent: &Agent, ifname: &str) -> Ipv6Addr {
         .find_map(|w| w.strip_suffix("/64")?.parse().ok())
         .unwrap_or_else(|| panic!("no link-local address on {ifname}"))
 }
+
+/// BPF masquerading (on by default) of both families: a pod's connections to the outside
+/// leave with the node's address of the link towards it, so the outside, its routes back to
+/// the pod CIDRs removed, still answers TCP, UDP and ICMPv6 echo; the outside's own
+/// connections to a pod keep their addresses both ways.
+#[test]
+fn pods_reach_an_outside_without_routes_to_them_masqueraded_in_both_families() {
+    let _serial = serial();
+    let agent = agent();
+    let [a, b] = pods(&agent, ["a", "b"]);
+    let ext = external(&agent);
+    let node4 = IpAddr::V4(Ipv4Addr::new(10, 98, 0, 1));
+    let node6 = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x98, 0, 0, 0, 0, 0, 1));
+    let to4 = SocketAddr::new(EXT_ADDRS[0].1.into(), 8080);
+    let to6 = SocketAddr::new(EXT_ADDRS6[0].into(), 8080);
+    let _peers = [to4, to6].map(|to| probe::PeerServer::start(ext.netns(), to).unwrap());
+    let _b_tcp = TcpServer::start(&b.ns, SocketAddr::new(b.v6.into(), 8080), "b").unwrap();
+
+    // The outside reaches b, and b's answers keep b's address (the outside's connection).
+    let banner = probe::tcp_request(ext.netns(), SocketAddr::new(b.v6.into(), 8080), TIMEOUT);
+    assert_eq!(banner.unwrap().banner, "b", "the outside -> b over IPv6");
+    for cidr in [POD_CIDR4, POD_CIDR6] {
+        ext.netns()
+            .ip(&["route", "del", cidr])
+            .expect("the outside forgets the pods");
+    }
+    for (to, node) in [(to4, node4), (to6, node6)] {
+        eventually(&format!("a -> {to} seen as {node}"), || {
+            probe::seen_from(&a.ns, to).ok() == Some(node)
+        });
+    }
+    eventually("a pings the outside over IPv6", || {
+        ping(&a.ns, EXT_ADDRS6[0])
+    });
+    assert!(ping(&a.ns, EXT_ADDRS[0].1), "a pings the outside over IPv4");
+    let _udp = UdpServer::start(
+        ext.netns(),
+        SocketAddr::new(EXT_ADDRS6[1].into(), 5353),
+        "x",
+    )
+    .unwrap();
+    let reply = probe::udp_request(&a.ns, SocketAddr::new(EXT_ADDRS6[1].into(), 5353), TIMEOUT);
+    assert_eq!(reply.unwrap().banner, "x", "a's UDP over IPv6, answered");
+}

@@ -32,6 +32,11 @@
  * bpf-lb-mode: dsr sets both, hybrid TCP's only). */
 #define CEL_CFG_F_DSR_TCP (1 << 5)
 #define CEL_CFG_F_DSR_UDP (1 << 6)
+/* BPF masquerading (lib/masq.h) of pods' IPv4 and IPv6 to the world (the
+ * agent's enable-bpf-masquerade with enable-ipv4-masquerade and
+ * enable-ipv6-masquerade). */
+#define CEL_CFG_F_MASQ4 (1 << 7)
+#define CEL_CFG_F_MASQ6 (1 << 8)
 
 /* Timeouts used while a field is still zero (a map nobody configured). */
 #define CEL_CT_DEFAULT_TCP_SYN 60

@@ -26,4 +26,10 @@ struct ipcache_value {
 	__be32 tunnel_endpoint;
 };
 
+/* cel_ipmasq values: why a destination prefix is not masqueraded, one bit
+ * per owner (the datapath only asks whether the prefix is there). */
+#define CEL_IPMASQ_NATIVE_ROUTING 1 /* ipv4/ipv6-native-routing-cidr */
+#define CEL_IPMASQ_AGENT 2          /* the ip-masq-agent's configuration */
+#define CEL_IPMASQ_POD_CIDR 4       /* another node's pod CIDR */
+
 #endif /* CELLIUM_IPCACHE_H */

@@ -18,6 +18,8 @@ pub fn cells() -> Vec<Cell> {
             cellium_metrics::cell().into(),
             // Before the cells that read the API server: the datapath loads beside their sync.
             cellium_loader::cell().into(),
+            // Its flags set before any pod is served.
+            cellium_node_discovery::masquerade::cell().into(),
             cellium_api_server::cell().provide(datapath_modules).into(),
         ])
         .into(),
@@ -131,6 +133,8 @@ mod tests {
         let without_ipam: Vec<Cell> = vec![
             cellium_statedir::cell().into(),
             cellium_loader::cell().into(),
+            // Its flags set before any pod is served.
+            cellium_node_discovery::masquerade::cell().into(),
             cellium_resources::cell().into(),
             cellium_identity::cell().into(),
             cellium_ipcache::cell().into(),
@@ -154,6 +158,8 @@ mod tests {
             cellium_metrics::cell().into(),
             cellium_api_server::cell().into(),
             cellium_loader::cell().into(),
+            // Its flags set before any pod is served.
+            cellium_node_discovery::masquerade::cell().into(),
             cellium_ipam::cell().into(),
             cellium_endpoint_manager::cell().into(),
         ]

@@ -133,6 +133,14 @@ int main(void)
 	SIZE(lb6_reverse_nat);
 	OFF(lb6_reverse_nat, vip);
 	OFF(lb6_reverse_nat, port);
+	SIZE(snat4_value);
+	OFF(snat4_value, addr);
+	OFF(snat4_value, port);
+	OFF(snat4_value, pad);
+	SIZE(snat6_value);
+	OFF(snat6_value, addr);
+	OFF(snat6_value, port);
+	OFF(snat6_value, pad);
 
 	SIZE(datapath_config);
 	OFF(datapath_config, layout_version);
@@ -177,6 +185,7 @@ int main(void)
 	OFF(event, pad);
 
 	CONST(CEL_LAYOUT_VERSION);
+	CONST(CEL_SNAT_F_FORWARD);
 	CONST(CEL_FAMILY_IPV4);
 	CONST(CEL_FAMILY_IPV6);
 	CONST(CEL_DIR_INGRESS);
@@ -217,6 +226,11 @@ int main(void)
 	CONST(CEL_CFG_F_CT_ACCOUNTING);
 	CONST(CEL_CFG_F_DSR_TCP);
 	CONST(CEL_CFG_F_DSR_UDP);
+	CONST(CEL_CFG_F_MASQ4);
+	CONST(CEL_CFG_F_MASQ6);
+	CONST(CEL_IPMASQ_NATIVE_ROUTING);
+	CONST(CEL_IPMASQ_AGENT);
+	CONST(CEL_IPMASQ_POD_CIDR);
 	CONST(CEL_REASON_EVENTS_LOST);
 	CONST(CEL_MATCH_NONE);
 	CONST(CEL_MATCH_L3_ONLY);

@@ -577,6 +577,36 @@ pub struct Lb4ReverseNat {
 }
 plain!(Lb4ReverseNat { vip, port, pad });
 
+/// `struct snat4_value`: a `cel_snat4` value, the address and port a tuple translates to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Snat4Value {
+    /// Address, network order.
+    pub addr: u32,
+    /// Port (ICMP echo: identifier), network order.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Snat4Value { addr, port, pad });
+
+/// `struct snat6_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Snat6Value {
+    /// Address bytes.
+    pub addr: [u8; 16],
+    /// Port (ICMPv6 echo: identifier), network order.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+plain!(Snat6Value { addr, port, pad });
+
+/// `CEL_SNAT_F_FORWARD`: a `cel_snat*` key that is a client's tuple (its value: the
+/// translated source), not a reply's (its value: the client).
+pub const SNAT_F_FORWARD: u8 = 1 << 1;
+
 /// `struct lb6_key` (its slots hold [`Lb4Service`] values, as IPv4's).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -698,6 +728,12 @@ impl DatapathConfig {
     pub const DSR_TCP: u32 = 1 << 5;
     /// Direct server return for UDP, as [`Self::DSR_TCP`].
     pub const DSR_UDP: u32 = 1 << 6;
+    /// BPF masquerading of pods' IPv4 connections to the world (`enable-bpf-masquerade` with
+    /// `enable-ipv4-masquerade`): their source becomes the address of the node's device they
+    /// leave by.
+    pub const MASQ4: u32 = 1 << 7;
+    /// BPF masquerading of pods' IPv6, as [`Self::MASQ4`].
+    pub const MASQ6: u32 = 1 << 8;
 }
 
 impl Default for DatapathConfig {
@@ -885,6 +921,8 @@ mod tests {
         check!(Lb6Key, lb6_key { vip => vip, dport => dport, slot => slot, protocol => protocol });
         check!(Lb6Backend, lb6_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb6ReverseNat, lb6_reverse_nat { vip => vip, port => port });
+        check!(Snat4Value, snat4_value { addr => addr, port => port, pad => pad });
+        check!(Snat6Value, snat6_value { addr => addr, port => port, pad => pad });
         check!(DatapathConfig, datapath_config {
             layout_version => layout_version, flags => flags, ct_tcp_syn => ct_tcp_syn,
             ct_tcp_established => ct_tcp_established, ct_tcp_closing => ct_tcp_closing,
@@ -907,6 +945,7 @@ mod tests {
     #[test]
     fn constants_match_the_headers() {
         assert_eq!(u64::from(LAYOUT_VERSION), c::CEL_LAYOUT_VERSION);
+        assert_eq!(u64::from(SNAT_F_FORWARD), c::CEL_SNAT_F_FORWARD);
         assert_eq!(
             u64::from(DatapathConfig::POLICY_VERDICT_EVENTS),
             c::CEL_CFG_F_POLICY_VERDICT_EVENTS
@@ -929,6 +968,17 @@ mod tests {
         );
         assert_eq!(u64::from(DatapathConfig::DSR_TCP), c::CEL_CFG_F_DSR_TCP);
         assert_eq!(u64::from(DatapathConfig::DSR_UDP), c::CEL_CFG_F_DSR_UDP);
+        assert_eq!(u64::from(DatapathConfig::MASQ4), c::CEL_CFG_F_MASQ4);
+        assert_eq!(u64::from(DatapathConfig::MASQ6), c::CEL_CFG_F_MASQ6);
+        assert_eq!(
+            u64::from(crate::maps::ipmasq::NATIVE_ROUTING),
+            c::CEL_IPMASQ_NATIVE_ROUTING
+        );
+        assert_eq!(u64::from(crate::maps::ipmasq::AGENT), c::CEL_IPMASQ_AGENT);
+        assert_eq!(
+            u64::from(crate::maps::ipmasq::POD_CIDR),
+            c::CEL_IPMASQ_POD_CIDR
+        );
         assert_eq!(c::CEL_EVENT_TRACE, 3);
         assert_eq!(
             u64::from(crate::maps::metrics::EVENTS_LOST_REASON),

@@ -23,10 +23,12 @@ use crate::maps::conntrack::Conntrack;
 use crate::maps::endpoints::Endpoints;
 use crate::maps::frag::Fragments;
 use crate::maps::ipcache::Ipcache;
+use crate::maps::ipmasq::NonMasquerade;
 use crate::maps::lb::{FamilyMaps, Services};
 use crate::maps::maglev::MaglevTables;
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
+use crate::maps::snat::SnatTable;
 use crate::pinning::{self, MapOrigin, MapReport};
 use crate::programs::{self, Parts, ProgramOrigin};
 use crate::skel::DatapathSkelBuilder;
@@ -74,6 +76,10 @@ pub struct Datapath {
     root: PathBuf,
     endpoints: Endpoints,
     ipcache: Ipcache,
+    ipmasq: NonMasquerade,
+    /// `cel_netdevs`: the devices `cel_from_netdev` is attached to (masquerading leaves by
+    /// them only).
+    netdevs: TypedMap<u32, u8>,
     policy: PolicyMap,
     conntrack: Conntrack,
     fragments: Fragments,
@@ -269,8 +275,19 @@ impl Datapath {
         Ok(Self {
             endpoints: Endpoints::new(p.typed("cel_endpoints")?),
             ipcache: Ipcache::new(p.typed("cel_ipcache")?),
+            ipmasq: NonMasquerade::new(p.typed("cel_ipmasq")?),
+            netdevs: p.typed("cel_netdevs")?,
             policy: PolicyMap::new(p.map("cel_policy")?, root.join("maps")),
-            conntrack: Conntrack::new(p.typed("cel_ct4")?, p.typed("cel_ct6")?),
+            conntrack: Conntrack::new(
+                p.typed("cel_ct4")?,
+                p.typed("cel_ct6")?,
+                SnatTable {
+                    snat: p.typed("cel_snat4")?,
+                },
+                SnatTable {
+                    snat: p.typed("cel_snat6")?,
+                },
+            ),
             fragments: Fragments::new(p.typed("cel_frag4")?, p.typed("cel_frag6")?),
             services: Services::new(
                 FamilyMaps {
@@ -334,6 +351,11 @@ impl Datapath {
     /// Prefix -> identity.
     pub fn ipcache(&self) -> &Ipcache {
         &self.ipcache
+    }
+
+    /// The destinations masquerading leaves alone.
+    pub fn ipmasq(&self) -> &NonMasquerade {
+        &self.ipmasq
     }
 
     /// Policy entries.
@@ -436,12 +458,16 @@ impl Datapath {
 
     /// Attaches `cel_from_netdev` to the ingress of a device holding one of the node's
     /// addresses, or switches an existing attachment to this datapath's program.
+    /// The device is then one masquerading may leave by (`cel_netdevs`).
     pub fn attach_netdev(&self, ifindex: u32) -> Result<Vec<HookAttach>> {
-        self.attach_hooks(ifindex, &Hook::NETDEV)
+        let done = self.attach_hooks(ifindex, &Hook::NETDEV)?;
+        self.netdevs.put(&ifindex, &1)?;
+        Ok(done)
     }
 
     /// Detaches `cel_from_netdev` from `ifindex`. Nothing attached is fine.
     pub fn detach_netdev(&self, ifindex: u32) -> Result<()> {
+        self.netdevs.delete(&ifindex)?;
         self.attacher
             .detach(&self.programs(), ifindex, &Hook::NETDEV)
     }

@@ -12,6 +12,11 @@
 //!     node's address, as native routing does);
 //!   - `cellium`: the agents started again, the datapath attached afresh.
 //!
+//!   With `--world`, also a namespace on the underlay at `192.0.2.200` with no route to any
+//!   pod (printed as `world_ns=<netns> world_ip=<ip>`): `plain` then adds iptables'
+//!   `MASQUERADE` of node 1's pods to it on node 1, and `cellium` removes it again, the agents'
+//!   BPF masquerading taking over (`integration/bench/masquerade.sh`).
+//!
 //!   At the end of stdin everything is removed.
 //! - `scale`: one real agent (node `n1`, `ipam: kubernetes`) on an API server that holds
 //!   `--nodes` synthetic CiliumNodes with `--pods` CiliumEndpoints each and their
@@ -67,6 +72,10 @@ enum Cmd {
         /// The agents' `routing-mode`.
         #[arg(long, value_enum, default_value = "native")]
         routing_mode: Mode,
+        /// Also a world on the underlay, no route to pods: `plain` masquerades the client's
+        /// node's pods to it with iptables (see the module docs).
+        #[arg(long)]
+        world: bool,
     },
     /// One agent ingesting a large cluster; see the module docs.
     Scale {
@@ -101,10 +110,16 @@ fn main() -> Result<()> {
         .init();
     watch_signals().context("signal handlers")?;
     match Cli::parse().cmd {
-        Cmd::Up { routing_mode } => up(match routing_mode {
-            Mode::Native => RoutingMode::Native,
-            Mode::Tunnel => RoutingMode::Tunnel,
-        }),
+        Cmd::Up {
+            routing_mode,
+            world,
+        } => up(
+            match routing_mode {
+                Mode::Native => RoutingMode::Native,
+                Mode::Tunnel => RoutingMode::Tunnel,
+            },
+            world,
+        ),
         Cmd::Scale {
             nodes,
             pods,
@@ -123,7 +138,7 @@ fn main() -> Result<()> {
     }
 }
 
-fn up(mode: RoutingMode) -> Result<()> {
+fn up(mode: RoutingMode, with_world: bool) -> Result<()> {
     let mut cluster = Cluster::start(ClusterOptions {
         routing_mode: mode,
         ..ClusterOptions::default()
@@ -141,6 +156,12 @@ fn up(mode: RoutingMode) -> Result<()> {
         cluster.agent(0).node().name(),
         cluster.agent(1).node().name()
     );
+    let world = with_world
+        .then(|| cluster.underlay_host("wld0", WORLD_CIDR))
+        .transpose()?;
+    if let Some(world) = &world {
+        println!("world_ns={} world_ip={WORLD}", world.name());
+    }
     let connected = |cluster: &Cluster| -> Result<()> {
         cluster
             .eventually("the client reaches the server", || {
@@ -161,8 +182,14 @@ fn up(mode: RoutingMode) -> Result<()> {
                 if mode == RoutingMode::Tunnel {
                     plain_routes(&cluster)?;
                 }
+                if world.is_some() {
+                    iptables_masquerade(&cluster, "-A")?;
+                }
             }
             "cellium" => {
+                if world.is_some() {
+                    iptables_masquerade(&cluster, "-D")?;
+                }
                 for i in 0..2 {
                     cluster.start_agent(i)?;
                 }
@@ -172,6 +199,32 @@ fn up(mode: RoutingMode) -> Result<()> {
         connected(&cluster)?;
         println!("ready");
     }
+    Ok(())
+}
+
+/// The world of `up --world`: on the underlay's network, no node's address.
+const WORLD: &str = "192.0.2.200";
+const WORLD_CIDR: &str = "192.0.2.200/24";
+
+/// Adds (`-A`) or deletes (`-D`) the baseline's masquerading on the client's node: iptables'
+/// `MASQUERADE` of its pods' packets to the world, as a node without BPF masquerading does.
+fn iptables_masquerade(cluster: &Cluster, op: &str) -> Result<()> {
+    let cidr = Cluster::node_pod_cidr(0);
+    cluster.agent(0).node().exec(
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            op,
+            "POSTROUTING",
+            "-s",
+            &cidr,
+            "-d",
+            WORLD,
+            "-j",
+            "MASQUERADE",
+        ],
+    )?;
     Ok(())
 }
 

@@ -141,10 +141,14 @@ enum Cmd {
         addr: SocketAddr,
     },
     /// Open TCP connections for `duration` seconds, each to the port 80 of one of services
-    /// `0..services` chosen at random; print `conn_per_s=<n> connect_p50_us=<us> failed=<n>`.
+    /// `0..services` chosen at random, or each to `to`; print `conn_per_s=<n>
+    /// connect_p50_us=<us> failed=<n>`.
     ConnectRate {
+        #[arg(long, required_unless_present = "to", conflicts_with = "to")]
+        services: Option<u32>,
+        /// One server instead of the services.
         #[arg(long)]
-        services: u32,
+        to: Option<SocketAddr>,
         #[arg(long, default_value_t = 3)]
         duration: u64,
     },
@@ -405,9 +409,14 @@ fn services(bpf_root: PathBuf, count: u32, backend: SocketAddrV4) -> Result<()> 
     Ok(())
 }
 
-fn connect_rate(services: u32, duration: Duration) -> Result<()> {
-    let vips: Vec<IpAddr> = (0..services).map(service_vip).collect();
-    let rate = connrate::run(&vips, SERVICE_PORT, duration)?;
+fn connect_rate(services: Option<u32>, to: Option<SocketAddr>, duration: Duration) -> Result<()> {
+    let rate = match to {
+        Some(to) => connrate::run(&[to.ip()], to.port(), duration)?,
+        None => {
+            let vips: Vec<IpAddr> = (0..services.unwrap_or_default()).map(service_vip).collect();
+            connrate::run(&vips, SERVICE_PORT, duration)?
+        }
+    };
     println!(
         "conn_per_s={:.0} connect_p50_us={:.1} failed={}",
         rate.per_second(),
@@ -475,9 +484,11 @@ fn main() -> Result<()> {
         Cmd::AcceptServer { addr } => {
             connrate::serve(addr).with_context(|| format!("serving on {addr}"))?
         }
-        Cmd::ConnectRate { services, duration } => {
-            connect_rate(services, Duration::from_secs(duration))?
-        }
+        Cmd::ConnectRate {
+            services,
+            to,
+            duration,
+        } => connect_rate(services, to, Duration::from_secs(duration))?,
         Cmd::Detach {
             name,
             pods,

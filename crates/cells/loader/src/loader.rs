@@ -137,17 +137,19 @@ fn collect_conntrack(jobs: &Jobs, dp: Arc<Datapath>, interval: std::time::Durati
         let dp = dp.clone();
         async move {
             let stats = tokio::task::spawn_blocking(move || dp.conntrack().gc()).await??;
-            if stats.deleted > 0 {
+            if stats.deleted > 0 || stats.translations_deleted > 0 {
                 tracing::debug!(
                     scanned = stats.scanned,
                     deleted = stats.deleted,
+                    translations_deleted = stats.translations_deleted,
                     "conntrack collected"
                 );
             }
             ctx.reporter().ok(format!(
-                "{} connections, {} expired removed",
+                "{} connections, {} expired removed, {} source translations of closed connections removed",
                 stats.scanned - stats.deleted,
-                stats.deleted
+                stats.deleted,
+                stats.translations_deleted
             ));
             Ok(())
         }

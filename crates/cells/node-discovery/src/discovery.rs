@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cellium_datapath_bpf::maps::ipmasq::POD_CIDR;
 use cellium_datapath_bpf::{Direction, Reason};
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Trigger};
 use cellium_identity::{Identities, Reserved};
@@ -354,6 +355,14 @@ impl NodeDiscovery {
             cilium_nodes.iter().map(|n| &**n),
             &self.node,
         );
+        // Other nodes' pods know their own addresses: never masqueraded to (lib/masq.h), even
+        // where the ipcache gives them a node-local identity (inside an ipBlock).
+        let pod_cidrs = routes.iter().map(|r| r.cidr).collect();
+        self.loader
+            .datapath()?
+            .ipmasq()
+            .sync(POD_CIDR, &pod_cidrs)
+            .map_err(|source| Error::NonMasquerade { source })?;
         let mine = desired::own_addresses(&nodes, &cilium_nodes, &self.node);
         let ifindex = self.tunnel_ifindex.load(Ordering::Relaxed);
         if ifindex != 0 {

@@ -42,6 +42,13 @@ pub enum Error {
         #[source]
         source: cellium_datapath_bpf::Error,
     },
+    /// Other nodes' pod CIDRs cannot be written to `cel_ipmasq`.
+    #[error("the pod CIDRs kept from masquerading")]
+    NonMasquerade {
+        /// Why.
+        #[source]
+        source: cellium_datapath_bpf::Error,
+    },
     /// An ipcache write failed.
     #[error("ipcache")]
     Ipcache(#[from] cellium_ipcache::Error),

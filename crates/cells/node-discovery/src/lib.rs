@@ -47,6 +47,7 @@ mod covered;
 pub mod desired;
 mod discovery;
 mod error;
+pub mod masquerade;
 pub mod netdev;
 mod remote;
 pub mod routes;

@@ -11,6 +11,7 @@ use crate::abi::{Ct6Key, CtEntry, CtKey, be32, ipv4_of};
 use crate::clock::ktime_now_ns;
 use crate::error::{Error, Result};
 use crate::maps::TypedMap;
+use crate::maps::snat::{SnatTable, V4, V6};
 use crate::types::Protocol;
 
 /// The IPv4 map name.
@@ -132,6 +133,8 @@ pub struct GcStats {
     pub scanned: usize,
     /// Expired entries deleted.
     pub deleted: usize,
+    /// Source translations (`cel_snat4`/`cel_snat6`) of connections gone, deleted.
+    pub translations_deleted: usize,
 }
 
 /// The connection tables.
@@ -139,11 +142,23 @@ pub struct GcStats {
 pub struct Conntrack {
     v4: TypedMap<CtKey, CtEntry>,
     v6: TypedMap<Ct6Key, CtEntry>,
+    snat4: SnatTable<V4>,
+    snat6: SnatTable<V6>,
 }
 
 impl Conntrack {
-    pub(crate) fn new(v4: TypedMap<CtKey, CtEntry>, v6: TypedMap<Ct6Key, CtEntry>) -> Self {
-        Self { v4, v6 }
+    pub(crate) fn new(
+        v4: TypedMap<CtKey, CtEntry>,
+        v6: TypedMap<Ct6Key, CtEntry>,
+        snat4: SnatTable<V4>,
+        snat6: SnatTable<V6>,
+    ) -> Self {
+        Self {
+            v4,
+            v6,
+            snat4,
+            snat6,
+        }
     }
 
     /// The entry of a tuple (as first seen; replies are not looked up).
@@ -181,9 +196,10 @@ impl Conntrack {
             .collect())
     }
 
-    /// Deletes every entry whose deadline passed. An entry refreshed by
-    /// the datapath between the read and the delete is lost, which only
-    /// costs that connection a fresh policy check on its next packet.
+    /// Deletes every entry whose deadline passed, then the source translations no
+    /// connection left needs ([`crate::maps::snat`]). An entry refreshed by the datapath
+    /// between the read and the delete is lost, which only costs that connection a fresh
+    /// policy check on its next packet.
     pub fn gc(&self) -> Result<GcStats> {
         let now = ktime_now_ns()?;
         let mut stats = GcStats::default();
@@ -199,6 +215,8 @@ impl Conntrack {
                 stats.deleted += 1;
             }
         }
+        stats.translations_deleted =
+            self.snat4.collect(&self.v4)? + self.snat6.collect(&self.v6)?;
         Ok(stats)
     }
 

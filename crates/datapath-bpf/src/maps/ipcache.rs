@@ -58,7 +58,7 @@ pub struct Ipcache {
     map: TypedMap<IpcacheKey, IpcacheValue>,
 }
 
-fn key_of(net: IpNet) -> IpcacheKey {
+pub(crate) fn key_of(net: IpNet) -> IpcacheKey {
     let net = net.trunc();
     let (family, addr) = family_and_bytes(net.addr());
     IpcacheKey {
@@ -69,7 +69,7 @@ fn key_of(net: IpNet) -> IpcacheKey {
     }
 }
 
-fn net_of(key: &IpcacheKey) -> Result<IpNet> {
+pub(crate) fn net_of(key: &IpcacheKey) -> Result<IpNet> {
     let bad = || {
         Error::invalid(
             format!("ipcache key {key:?}"),

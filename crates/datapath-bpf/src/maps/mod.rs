@@ -8,10 +8,12 @@ pub mod conntrack;
 pub mod endpoints;
 pub mod frag;
 pub mod ipcache;
+pub mod ipmasq;
 pub mod lb;
 pub mod maglev;
 pub mod metrics;
 pub mod policy;
+pub mod snat;
 
 use std::marker::PhantomData;
 
