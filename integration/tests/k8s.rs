@@ -466,7 +466,54 @@ fn a_restart_while_the_api_server_is_away_keeps_enforcing_and_waits_for_it() {
     );
 }
 
-/// Pods of two label sets on each of two nodes.
+/// Objects of a newer API, stored as the API server holds them (not through kubectl, which
+/// would validate them): a Service with fields this version does not know is served for what
+/// it knows, the fields named in status; a NetworkPolicy with one in its rules is not put in
+/// force and locks down its namespace (what it allows cannot be told without it) until it is
+/// deleted.
+#[test]
+fn objects_with_fields_this_version_does_not_know() {
+    let _serial = serial();
+    let c = Cluster::start();
+    let newer = WEB_SERVICE.replace("spec:\n", "spec:\n  futureField: 1\n");
+    c.api.api().apply_yaml(&newer).expect("service");
+    let vip = c.cluster_ip("web");
+    c.eventually(&format!("the ClusterIP {vip} reaches web"), || {
+        c.reaches("client", vip, 80)
+    });
+    let status = c.agent.cli(&["status", "--verbose"]).expect("status");
+    assert!(
+        status.contains(
+            "in force without the fields this version does not know: Service shop/web (spec.futureField)"
+        ),
+        "{status}"
+    );
+    c.api
+        .api()
+        .apply_yaml(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: future, namespace: shop }\n\
+             spec: { podSelector: { matchLabels: { app: web } }, ingress: [ { from: [ { podSelector: {} } ], futureAction: Deny } ] }\n",
+        )
+        .expect("policy");
+    c.expect_web("client", false, "shop is locked down");
+    let status = c.agent.cli(&["status", "--verbose"]).expect("status");
+    assert!(
+        status.contains("NetworkPolicy shop/future")
+            && status.contains("spec.ingress[0].futureAction"),
+        "{status}"
+    );
+    c.api
+        .api()
+        .delete(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            Some("shop"),
+            "future",
+        )
+        .expect("delete");
+    c.expect_web("client", true, "the lockdown ends with the policy");
+}
+
 /// Selects client, with a field this version does not enforce: the API server holds it, the
 /// agent cannot put it in force.
 const UNENFORCEABLE_FOR_CLIENT: &str = r#"

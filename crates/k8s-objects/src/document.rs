@@ -144,18 +144,27 @@ fn header_of(value: &Value) -> Result<Header, FieldError> {
 /// does not know is an error too, as `kubectl apply --validate=strict` makes it (a misspelt
 /// field in a policy would otherwise silently widen or narrow what it allows).
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, FieldError> {
+    let (decoded, unknown) = decode_noting(value)?;
+    match unknown.into_iter().next() {
+        Some(field) => Err(FieldError::new(field, "unknown field")),
+        None => Ok(decoded),
+    }
+}
+
+/// Decodes as `T` from `de`: a type error names the field's path; the fields `T` does not
+/// know are skipped and returned (as `spec.ports[0].newField`), for the caller to judge.
+pub fn decode_noting<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<(T, Vec<String>), FieldError> {
     let mut unknown = Vec::new();
     let mut record = |path: serde_ignored::Path<'_>| unknown.push(render(&path));
-    let de = serde_ignored::Deserializer::new(value, &mut record);
+    let de = serde_ignored::Deserializer::new(de, &mut record);
     let decoded: T = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let field = if field == "." { String::new() } else { field };
         FieldError::new(field, e.into_inner().to_string())
     })?;
-    if let Some(field) = unknown.into_iter().next() {
-        return Err(FieldError::new(field, "unknown field"));
-    }
-    Ok(decoded)
+    Ok((decoded, unknown))
 }
 
 /// A path as `spec.containers[0].name`: the form serde_path_to_error uses, without the

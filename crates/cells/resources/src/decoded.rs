@@ -14,8 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::feed::{as_decided, key_from};
+use crate::feed::{Taken, as_decided, key_from};
+use crate::unknown::{self, Treatment};
 use cellium_k8s_objects::ObjectKey;
+use cellium_k8s_objects::document::decode_noting;
 use cellium_k8s_objects::kinds::Parsed;
 use cellium_k8s_objects::validate::FieldError;
 use cellium_k8s_objects::{EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Service};
@@ -23,8 +25,9 @@ use cellium_k8s_objects::{EndpointSlice, Namespace, NetworkPolicy, Node, Pod, Se
 /// An object of a built-in kind from the API server: decoded, or why it does not decode.
 #[derive(Clone, Debug)]
 pub enum Decoded<K> {
-    /// The object.
-    Object(K),
+    /// The object, and the fields of it this version does not know that its kind reports
+    /// ([`crate::unknown`]).
+    Object(K, Vec<String>),
     /// An object that does not decode: its metadata (as far as it decodes, for its key and
     /// resource version) and the field that failed.
     Invalid {
@@ -35,25 +38,36 @@ pub enum Decoded<K> {
     },
 }
 
-impl<'de, K: DeserializeOwned> Deserialize<'de> for Decoded<K> {
+impl<'de, K: BuiltIn> Deserialize<'de> for Decoded<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         // Delimited first (a scan, no parse), so that a failure inside leaves the rest of the
         // list readable.
         let raw = Box::<RawValue>::deserialize(deserializer)?;
-        // Decoded plainly: tracking the path of every field costs a good part of the decode,
-        // and only an object that fails needs it. That one is decoded again, with the path,
-        // to name its field (the same input fails at the same field).
+        let invalid = |error| Decoded::Invalid {
+            metadata: Box::new(metadata_of(raw.get())),
+            error,
+        };
+        // The kinds whose unknown fields count are decoded with their paths tracked.
+        if unknown::treatment(K::TABLE_KIND) != Treatment::Skip {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let judged = decode_noting::<K, _>(&mut de)
+                .and_then(|(object, fields)| Ok((object, unknown::judge(K::TABLE_KIND, fields)?)));
+            return Ok(match judged {
+                Ok((object, fields)) => Decoded::Object(object, fields),
+                Err(error) => invalid(error),
+            });
+        }
+        // The others plainly: tracking the path of every field costs a good part of the
+        // decode, and only an object that fails needs it. That one is decoded again, with the
+        // path, to name its field (the same input fails at the same field).
         if let Ok(object) = serde_json::from_str::<K>(raw.get()) {
-            return Ok(Decoded::Object(object));
+            return Ok(Decoded::Object(object, Vec::new()));
         }
         let mut de = serde_json::Deserializer::from_str(raw.get());
-        match serde_path_to_error::deserialize::<_, K>(&mut de) {
-            Ok(object) => Ok(Decoded::Object(object)),
-            Err(e) => Ok(Decoded::Invalid {
-                metadata: Box::new(metadata_of(raw.get())),
-                error: path_error(e),
-            }),
-        }
+        Ok(match serde_path_to_error::deserialize::<_, K>(&mut de) {
+            Ok(object) => Decoded::Object(object, Vec::new()),
+            Err(e) => invalid(path_error(e)),
+        })
     }
 }
 
@@ -89,14 +103,14 @@ impl<K: k8s_openapi::Metadata<Ty = ObjectMeta>> k8s_openapi::Metadata for Decode
 
     fn metadata(&self) -> &ObjectMeta {
         match self {
-            Decoded::Object(k) => k.metadata(),
+            Decoded::Object(k, _) => k.metadata(),
             Decoded::Invalid { metadata, .. } => metadata,
         }
     }
 
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         match self {
-            Decoded::Object(k) => k.metadata_mut(),
+            Decoded::Object(k, _) => k.metadata_mut(),
             Decoded::Invalid { metadata, .. } => metadata,
         }
     }
@@ -120,9 +134,9 @@ impl<K: BuiltIn> Decoded<K> {
     }
 
     /// The tables' form of the object, or why it cannot be put in force.
-    pub(crate) fn parse(self) -> Result<Parsed, FieldError> {
+    pub(crate) fn parse(self) -> Result<Taken, FieldError> {
         match self {
-            Decoded::Object(k) => k.parse().0,
+            Decoded::Object(k, unknown) => k.parse().0.map(|parsed| Taken { parsed, unknown }),
             Decoded::Invalid { error, .. } => Err(error),
         }
     }

@@ -136,16 +136,19 @@ impl Feed {
         self.put(kind, key, object.parse());
     }
 
-    fn put(&self, kind: &str, key: ObjectKey, parsed: Result<Parsed, FieldError>) {
+    fn put(&self, kind: &str, key: ObjectKey, taken: Result<Taken, FieldError>) {
         let mut state = self.resources.lock();
-        match parsed {
-            Ok(parsed) => {
-                state.rejected.remove(&(kind.to_string(), key));
-                state.writers.upsert(parsed);
+        let id = (kind.to_string(), key);
+        state.unknown.remove(&id);
+        match taken {
+            Ok(taken) => {
+                state.rejected.remove(&id);
+                note_unknown(&mut state.unknown, id, taken.unknown);
+                state.writers.upsert(taken.parsed);
             }
             Err(e) => {
-                state.writers.delete(kind, &key);
-                reject(&mut state.rejected, kind, key, e);
+                state.writers.delete(kind, &id.1);
+                reject(&mut state.rejected, kind, id.1, e);
             }
         }
         state.writers.publish();
@@ -169,6 +172,7 @@ impl Feed {
     fn remove(&self, kind: &str, key: ObjectKey) {
         let mut state = self.resources.lock();
         state.rejected.remove(&(kind.to_string(), key.clone()));
+        state.unknown.remove(&(kind.to_string(), key.clone()));
         state.writers.delete(kind, &key);
         state.writers.publish();
         state.report();
@@ -185,11 +189,13 @@ impl Feed {
         // Hashed, not ordered: a sync looks every object of the kind up here twice.
         let mut keep = HashSet::with_capacity(items.len());
         state.rejected.retain(|(k, _), _| k != kind);
+        state.unknown.retain(|(k, _), _| k != kind);
         for (key, item) in items {
             match item {
-                Ok(parsed) => {
-                    keep.insert(key);
-                    state.writers.upsert(parsed);
+                Ok(taken) => {
+                    keep.insert(key.clone());
+                    note_unknown(&mut state.unknown, (kind.to_string(), key), taken.unknown);
+                    state.writers.upsert(taken.parsed);
                 }
                 Err(e) => reject(&mut state.rejected, kind, key, e),
             }
@@ -213,6 +219,37 @@ impl Feed {
         );
         state.report();
     }
+}
+
+/// An object the tables take: its slim form, and the fields of it this version does not know
+/// that are reported ([`crate::unknown`]).
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) parsed: Parsed,
+    pub(crate) unknown: Vec<String>,
+}
+
+impl Taken {
+    /// An object with nothing unknown to report.
+    pub(crate) fn whole(parsed: Parsed) -> Taken {
+        Taken {
+            parsed,
+            unknown: Vec::new(),
+        }
+    }
+}
+
+/// Records the unknown fields of an object in force (logged once as they arrive).
+fn note_unknown(
+    noted: &mut std::collections::BTreeMap<(String, ObjectKey), Vec<String>>,
+    id: (String, ObjectKey),
+    unknown: Vec<String>,
+) {
+    if unknown.is_empty() {
+        return;
+    }
+    tracing::warn!(kind = id.0, object = %id.1, fields = ?unknown, "an object from the API server is in force without the fields this version does not know");
+    noted.insert(id, unknown);
 }
 
 fn reject(
@@ -268,7 +305,42 @@ pub(crate) fn key_from(kind: &str, name: &str, namespace: Option<&str>) -> Optio
 /// server's clients do (fields this version does not know are skipped: the server validated
 /// them); Cilium's policies strictly, since a field of Cilium's policy language this agent does
 /// not know must not be silently dropped from what a policy means.
-pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldError> {
+pub(crate) fn from_api(kind: &str, value: Value) -> Result<Taken, FieldError> {
+    match kind {
+        "NetworkPolicy" => {
+            let (policy, unknown) = noting(kind, value)?;
+            let parsed = NetworkPolicy::from_k8s(policy).map(Parsed::NetworkPolicy)?;
+            Ok(Taken { parsed, unknown })
+        }
+        "EndpointSlice" => {
+            let (slice, unknown) = noting(kind, value)?;
+            let parsed = EndpointSlice::from_k8s(slice).map(Parsed::EndpointSlice)?;
+            Ok(Taken { parsed, unknown })
+        }
+        "Service" => {
+            let (service, unknown) = noting(kind, value)?;
+            let mut draft = Service::from_k8s(service)?;
+            as_decided(&mut draft)?;
+            Ok(Taken {
+                parsed: Parsed::Service(Box::new(draft)),
+                unknown,
+            })
+        }
+        _ => parse_api(kind, value).map(Taken::whole),
+    }
+}
+
+/// Decodes a typed object of `kind`, its unknown fields judged ([`crate::unknown`]).
+fn noting<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    value: Value,
+) -> Result<(T, Vec<String>), FieldError> {
+    let (object, unknown) = cellium_k8s_objects::document::decode_noting(value)?;
+    Ok((object, crate::unknown::judge(kind, unknown)?))
+}
+
+/// [`from_api`] for the kinds whose unknown fields are skipped, or checked by their decoder.
+fn parse_api(kind: &str, mut value: Value) -> Result<Parsed, FieldError> {
     match kind {
         "Namespace" => Namespace::from_k8s(lenient(value)?).map(Parsed::Namespace),
         "Pod" => Pod::from_k8s(lenient(value)?).map(Parsed::Pod),
@@ -276,13 +348,6 @@ pub(crate) fn from_api(kind: &str, mut value: Value) -> Result<Parsed, FieldErro
         "CiliumNode" => CiliumNode::from_api(&value).map(Parsed::CiliumNode),
         "CiliumIdentity" => CiliumIdentity::from_api(&value).map(Parsed::CiliumIdentity),
         "CiliumEndpoint" => CiliumEndpoint::from_api(&value).map(Parsed::CiliumEndpoint),
-        "NetworkPolicy" => NetworkPolicy::from_k8s(lenient(value)?).map(Parsed::NetworkPolicy),
-        "EndpointSlice" => EndpointSlice::from_k8s(lenient(value)?).map(Parsed::EndpointSlice),
-        "Service" => {
-            let mut draft = Service::from_k8s(lenient(value)?)?;
-            as_decided(&mut draft)?;
-            Ok(Parsed::Service(Box::new(draft)))
-        }
         "CiliumCIDRGroup" => {
             // Strictly, as the policies that name it: list items come without their type.
             if let Some(obj) = value.as_object_mut() {
@@ -449,11 +514,47 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn fields_this_version_does_not_know_are_reported_or_refuse_a_policy() {
+        let r = Resources::new();
+        let feed = Feed::new(r.clone());
+        let svc = json!({"metadata": {"name": "web", "namespace": "shop"},
+                         "spec": {"clusterIP": "172.20.0.10", "clusterIPs": ["172.20.0.10"],
+                                  "futureField": true,
+                                  "ports": [{"port": 80, "protocol": "TCP", "futurePortField": 1}]}});
+        feed.apply("Service", svc.clone());
+        assert_eq!(r.services.len(), 1, "in force for what is known");
+        let id = ("Service".to_string(), ObjectKey::namespaced("shop", "web"));
+        assert_eq!(
+            r.lock().unknown.get(&id),
+            Some(&vec![
+                "spec.futureField".to_string(),
+                "spec.ports[0].futurePortField".to_string()
+            ])
+        );
+        feed.delete("Service", &svc);
+        assert!(r.lock().unknown.is_empty());
+
+        let policy = json!({"metadata": {"name": "np", "namespace": "shop"},
+                            "spec": {"podSelector": {}, "ingress": [{"futureAction": "Deny"}]}});
+        feed.apply("NetworkPolicy", policy.clone());
+        assert_eq!(r.network_policies.len(), 0, "not in force");
+        let gaps = r.policy_gaps().borrow().clone();
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert!(
+            gaps[0].text.contains("spec.ingress[0].futureAction"),
+            "{gaps:?}"
+        );
+        assert_eq!(gaps[0].scope, GapScope::Namespace("shop".into()));
+        feed.delete("NetworkPolicy", &policy);
+        assert!(r.policy_gaps().borrow().is_empty());
+    }
+
+    #[test]
     fn services_keep_the_addresses_the_api_server_gave() {
         let svc = json!({"metadata": {"name": "web", "namespace": "default", "uid": "5d1c"},
                          "spec": {"clusterIP": "172.20.0.10", "clusterIPs": ["172.20.0.10"],
                                   "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}});
-        let Parsed::Service(d) = from_api("Service", svc).unwrap() else {
+        let Parsed::Service(d) = from_api("Service", svc).unwrap().parsed else {
             panic!("not a service")
         };
         assert_eq!(d.service.vip(), Some("172.20.0.10".parse().unwrap()));

@@ -54,6 +54,7 @@ mod resources;
 mod service_ip;
 mod sync;
 mod table;
+mod unknown;
 mod writers;
 
 use cellium_hive::Module;

@@ -9,13 +9,12 @@
 use serde_json::Value;
 
 use crate::decoded::{BuiltIn, Decoded};
-use crate::feed::{Feed, from_api, key_of};
+use crate::feed::{Feed, Taken, from_api, key_of};
 use cellium_k8s_objects::ObjectKey;
-use cellium_k8s_objects::kinds::Parsed;
 use cellium_k8s_objects::validate::FieldError;
 
 /// One object of a list: its key, and its typed form or why it cannot be put in force.
-pub(crate) type Item = (ObjectKey, Result<Parsed, FieldError>);
+pub(crate) type Item = (ObjectKey, Result<Taken, FieldError>);
 
 /// The objects of one kind's list so far, each parsed or rejected, in the order the API
 /// server sent them. Obtained from [`Feed::listing`], put in force by [`Feed::resync`] once the

@@ -127,6 +127,9 @@ pub(crate) struct State {
     pub(crate) record_error: Option<String>,
     /// The API server's objects that cannot be put in force, by kind and key, with why.
     pub(crate) rejected: BTreeMap<(String, ObjectKey), Rejection>,
+    /// The API server's objects in force without fields this version does not know, by kind
+    /// and key, with those fields ([`crate::unknown`]).
+    pub(crate) unknown: BTreeMap<(String, ObjectKey), Vec<String>>,
     /// The API server the objects come from, in Kubernetes mode.
     api_server: Option<String>,
     /// The stranded records that may leave an endpoint less restricted than its policy says
@@ -275,6 +278,7 @@ impl Resources {
                 merge_error: None,
                 record_error: None,
                 rejected: BTreeMap::new(),
+                unknown: BTreeMap::new(),
                 api_server: None,
                 gaps: watch::channel(Vec::new()).0,
                 reporter,
@@ -628,6 +632,17 @@ impl State {
             true => String::new(),
             false => format!("; {}", not_in_force.join("; ")),
         };
+        let unknown: String = self
+            .unknown
+            .iter()
+            .map(|((kind, key), fields)| {
+                format!(
+                    "; in force without the fields this version does not know: {kind} {key} ({})",
+                    fields.join(", ")
+                )
+            })
+            .collect();
+        let not_in_force = format!("{not_in_force}{unknown}");
         let objects = self.writers.count();
         if problems.is_empty() {
             match &self.api_server {
