@@ -80,15 +80,35 @@ static __always_inline struct lb4_service *lb6_external(const struct pkt6 *p)
 	return svc && (svc->flags & CEL_SVC_F_EXTERNAL) ? svc : NULL;
 }
 
+/* Whether the connection whose conntrack entry is `e` is over: gone, expired
+ * or closing. Its translated tuple may then carry another connection, as
+ * netfilter reuses a closed connection's tuple: a burst of short
+ * connections to one server would otherwise hold every port of the range
+ * until their entries are collected. */
+static __always_inline int snat_owner_done(const struct ct_entry *e)
+{
+	return !e || e->expires_ns <= bpf_ktime_get_ns() || e->state == CEL_CT_STATE_CLOSING;
+}
+
 /* Whether the reply tuple `rk` may carry client `v`: it already does, or
- * nobody's, not even a connection of the node's own, uses it. */
+ * nobody's, not even a connection of the node's own, uses it, or the
+ * connection that did is over (snat_owner_done). */
 static __always_inline int snat4_free(const struct ct_key *rk, const struct snat4_value *v)
 {
 	struct snat4_value *have = bpf_map_lookup_elem(&cel_snat4, rk);
 	struct ct_key own = {};
 
-	if (have)
-		return have->addr == v->addr && have->port == v->port;
+	if (have) {
+		if (have->addr == v->addr && have->port == v->port)
+			return 1;
+		/* The previous client's own tuple, as its conntrack entry has it. */
+		own.saddr = have->addr;
+		own.daddr = rk->saddr;
+		own.sport = have->port;
+		own.dport = rk->sport;
+		own.protocol = rk->protocol;
+		return snat_owner_done(bpf_map_lookup_elem(&cel_ct4, &own));
+	}
 	own.saddr = rk->daddr;
 	own.daddr = rk->saddr;
 	own.sport = rk->dport;
@@ -229,8 +249,18 @@ static __always_inline int snat6_free(const struct ct6_key *rk, const struct sna
 {
 	struct snat6_value *have = bpf_map_lookup_elem(&cel_snat6, rk);
 
-	if (have)
-		return ipv6_equal(have->addr, v->addr) && have->port == v->port;
+	if (have) {
+		if (ipv6_equal(have->addr, v->addr) && have->port == v->port)
+			return 1;
+		__builtin_memcpy(own->saddr, have->addr, 16);
+		__builtin_memcpy(own->daddr, rk->saddr, 16);
+		own->sport = have->port;
+		own->dport = rk->sport;
+		own->protocol = rk->protocol;
+		own->flags = 0;
+		own->pad = 0;
+		return snat_owner_done(bpf_map_lookup_elem(&cel_ct6, own));
+	}
 	__builtin_memcpy(own->saddr, rk->daddr, 16);
 	__builtin_memcpy(own->daddr, rk->saddr, 16);
 	own->sport = rk->dport;

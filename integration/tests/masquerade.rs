@@ -355,6 +355,11 @@ fn the_ip_masq_agent_file_is_followed_as_it_changes_and_a_broken_one_keeps_the_l
             .cli(&["status", "--verbose"])
             .is_ok_and(|s| s.contains("the previous configuration stays"))
     });
+    let status = cluster.agent(0).cli(&["status"]).expect("status");
+    assert!(
+        status.contains("the ip-masq-agent configuration") && status.contains("is not applied"),
+        "a note says so: {status}"
+    );
     assert_eq!(
         seen(&cluster, "town/a"),
         Some(node),

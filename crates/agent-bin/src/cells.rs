@@ -18,8 +18,6 @@ pub fn cells() -> Vec<Cell> {
             cellium_metrics::cell().into(),
             // Before the cells that read the API server: the datapath loads beside their sync.
             cellium_loader::cell().into(),
-            // Its flags set before any pod is served.
-            cellium_node_discovery::masquerade::cell().into(),
             cellium_api_server::cell().provide(datapath_modules).into(),
         ])
         .into(),
@@ -33,6 +31,7 @@ pub fn cells() -> Vec<Cell> {
             cellium_endpoint_manager::cell().into(),
             cellium_svc_lb::cell().into(),
             cellium_node_discovery::cell().into(),
+            cellium_node_discovery::masquerade::cell().into(),
             cellium_kvstore::cell().into(),
             cellium_flows::cell().into(),
         ])
@@ -133,8 +132,6 @@ mod tests {
         let without_ipam: Vec<Cell> = vec![
             cellium_statedir::cell().into(),
             cellium_loader::cell().into(),
-            // Its flags set before any pod is served.
-            cellium_node_discovery::masquerade::cell().into(),
             cellium_resources::cell().into(),
             cellium_identity::cell().into(),
             cellium_ipcache::cell().into(),
@@ -158,8 +155,6 @@ mod tests {
             cellium_metrics::cell().into(),
             cellium_api_server::cell().into(),
             cellium_loader::cell().into(),
-            // Its flags set before any pod is served.
-            cellium_node_discovery::masquerade::cell().into(),
             cellium_ipam::cell().into(),
             cellium_endpoint_manager::cell().into(),
         ]

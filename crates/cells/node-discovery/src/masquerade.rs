@@ -11,6 +11,8 @@
 //!   (default `true`), `enable-ipv6-masquerade` (default `true`), `ipv4-native-routing-cidr`
 //!   and `ipv6-native-routing-cidr` (default none), `enable-ip-masq-agent` (default `false`),
 //!   `ip-masq-agent-config-path` (default `/etc/config/ip-masq-agent`).
+//! - **Provides** `Arc<Masquerade>` and a status note while the ip-masq-agent's file is not
+//!   applied.
 //! - **Start hook** `masquerade`: the flags and the native routing CIDRs.
 //! - **Job** `ip-masq-agent` (with `enable-ip-masq-agent`): reads the file every
 //!   [`RELOAD_INTERVAL`] and rewrites `cel_ipmasq` when what it says changed. A file that does
@@ -22,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cellium_api::StatusNote;
 use cellium_datapath_bpf::DatapathConfig;
 use cellium_datapath_bpf::maps::ipmasq::{AGENT, NATIVE_ROUTING};
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Module};
@@ -138,7 +141,44 @@ pub fn cell() -> Module {
         "Masquerades pods' connections to the world in the datapath, except to the native routing and ip-masq-agent CIDRs",
     )
     .config::<MasqueradeConfig>()
-    .invoke(start)
+    .provide(Masquerade::new)
+    // `cellium status` says when the ip-masq-agent's file is not applied; and the API, which
+    // takes every note, so starts after this cell's hooks (a pod served before the flags are
+    // set would start connections that are never masqueraded).
+    .contribute(|m: Arc<Masquerade>| Arc::new(StatusNote::new(move || m.note())))
+}
+
+/// The masquerading of this node: what its `ip-masq-agent` job last found wrong.
+#[derive(Debug, Default)]
+pub struct Masquerade {
+    /// Why the ip-masq-agent's file is not applied, while it is not.
+    not_applied: Mutex<Option<String>>,
+}
+
+impl Masquerade {
+    /// Declares the start hook and the job (see the module docs).
+    pub fn new(
+        cfg: Config<MasqueradeConfig>,
+        loader: Arc<Loader>,
+        lc: Lifecycle,
+        jobs: Jobs,
+    ) -> Arc<Masquerade> {
+        let this = Arc::new(Masquerade::default());
+        start(cfg, loader, lc, jobs, this.clone());
+        this
+    }
+
+    /// The status note: the ip-masq-agent's file that does not parse, while it does not.
+    pub fn note(&self) -> Option<String> {
+        self.not_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_not_applied(&self, why: Option<String>) {
+        *self.not_applied.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
 }
 
 /// The native routing CIDRs.
@@ -150,7 +190,13 @@ fn native_prefixes(cfg: &MasqueradeConfig) -> BTreeSet<IpNet> {
         .collect()
 }
 
-fn start(cfg: Config<MasqueradeConfig>, loader: Arc<Loader>, lc: Lifecycle, jobs: Jobs) {
+fn start(
+    cfg: Config<MasqueradeConfig>,
+    loader: Arc<Loader>,
+    lc: Lifecycle,
+    jobs: Jobs,
+    this: Arc<Masquerade>,
+) {
     let cfg = (*cfg).clone();
     let native = native_prefixes(&cfg);
     // The agent file's prefixes as last applied (none until read).
@@ -186,6 +232,7 @@ fn start(cfg: Config<MasqueradeConfig>, loader: Arc<Loader>, lc: Lifecycle, jobs
         let loader = loader.clone();
         let applied = applied.clone();
         let path = path.clone();
+        let this = this.clone();
         async move {
             let message = match read_agent_file(&path) {
                 Ok(prefixes) => {
@@ -199,8 +246,9 @@ fn start(cfg: Config<MasqueradeConfig>, loader: Arc<Loader>, lc: Lifecycle, jobs
                             removed,
                             "ip-masq-agent configuration applied"
                         );
-                        *last = Some(prefixes.clone());
+                            *last = Some(prefixes.clone());
                     }
+                    this.set_not_applied(None);
                     format!(
                         "{} prefixes not masqueraded from {}",
                         prefixes.len(),
@@ -209,6 +257,10 @@ fn start(cfg: Config<MasqueradeConfig>, loader: Arc<Loader>, lc: Lifecycle, jobs
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "ip-masq-agent configuration not applied; the previous one stays");
+                    this.set_not_applied(Some(format!(
+                        "the ip-masq-agent configuration {} is not applied ({e}): the prefixes it gave before stay unmasqueraded",
+                        path.display()
+                    )));
                     format!("{}: {e}; the previous configuration stays", path.display())
                 }
             };
