@@ -391,7 +391,7 @@ impl Cluster {
     }
 
     /// From now on the agents and operators started authenticate as the ServiceAccounts of
-    /// `deploy/` (`kube-system/cellium` and `kube-system/cellium-operator`), each with a
+    /// `deploy/base/` (`kube-system/cellium` and `kube-system/cellium-operator`), each with a
     /// token the API server issued, in a kubeconfig: with the server's RBAC on
     /// ([`cellium_test_apiserver::ApiServer::enable_rbac`]), every call they make is
     /// authorized by the rules applied to it, as in a real cluster.

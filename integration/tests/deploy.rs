@@ -1,12 +1,12 @@
-//! `deploy/`, as a cluster admin applies it: `kubectl apply -f deploy/` against the test API
-//! server, the configuration files against the programs' own key lists, and the RBAC rules
-//! against every call the agents and operators make in a running cluster whose API server
-//! authorizes them by those rules.
+//! `deploy/`, as a cluster admin applies it: `kubectl apply -k deploy/` and each overlay
+//! against the test API server, the configuration files and the overlays' keys against the
+//! programs' own key lists, and the RBAC rules against every call the agents and operators
+//! make in a running cluster whose API server authorizes them by those rules.
 //!
 //! Root, serially, after `cargo build --workspace` (the tests run the built binaries):
 //! `cargo test -p cellium-integration --test deploy -- --test-threads=1`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,18 +26,29 @@ fn deploy_dir() -> PathBuf {
 }
 
 fn kubectl_apply_deploy(api: &K8sApi) -> String {
-    let dir = deploy_dir();
-    api.kubectl(&["apply", "-f", dir.to_str().unwrap()], "")
-        .expect("kubectl apply -f deploy/")
+    kubectl_apply_kustomized(api, &deploy_dir())
 }
 
-/// The keys a program's `hive` lists in its configuration (`    key = value` lines), read
-/// with `config` given as its `--config`. Kubernetes mode needs a server URL to construct the
-/// cells; none is contacted.
-fn hive_keys(program: &Path, config: &Path) -> Result<BTreeSet<String>, String> {
-    let out = Command::new(program)
-        .args(["hive", "--config"])
-        .arg(config)
+/// `kubectl apply -k dir`: the kustomization rendered and applied.
+fn kubectl_apply_kustomized(api: &K8sApi, dir: &Path) -> String {
+    api.kubectl(&["apply", "-k", dir.to_str().unwrap()], "")
+        .unwrap_or_else(|e| panic!("kubectl apply -k {}: {e}", dir.display()))
+}
+
+/// The configuration a program's `hive` lists (`    key = value` lines, the value as it
+/// prints it), read with `config` as its `--config` and `dir`, if any, as its `--config-dir`.
+/// Kubernetes mode needs a server URL to construct the cells; none is contacted.
+fn hive_config(
+    program: &Path,
+    config: &Path,
+    dir: Option<&Path>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut cmd = Command::new(program);
+    cmd.args(["hive", "--config"]).arg(config);
+    if let Some(dir) = dir {
+        cmd.arg("--config-dir").arg(dir);
+    }
+    let out = cmd
         .args(["--k8s-api-server", "http://127.0.0.1:1"])
         .output()
         .expect("run hive");
@@ -48,14 +59,17 @@ fn hive_keys(program: &Path, config: &Path) -> Result<BTreeSet<String>, String> 
     Ok(text
         .lines()
         .filter_map(|l| l.trim_start().split_once(" = "))
-        .map(|(key, _)| key)
-        .filter(|k| {
+        .filter(|(k, _)| {
             !k.is_empty()
                 && k.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         })
-        .map(str::to_string)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect())
+}
+
+fn hive_keys(program: &Path, config: &Path) -> Result<BTreeSet<String>, String> {
+    Ok(hive_config(program, config, None)?.into_keys().collect())
 }
 
 /// The top-level keys of a YAML config file.
@@ -88,15 +102,17 @@ fn the_manifests_apply_with_kubectl_and_the_config_names_every_key() {
         "role.rbac.authorization.k8s.io/cellium-operator-leader-election created",
         "rolebinding.rbac.authorization.k8s.io/cellium-operator-leader-election created",
         "configmap/cellium-config created",
+        "configmap/cellium-agent-overrides created",
+        "configmap/cellium-operator-overrides created",
         "daemonset.apps/cellium created",
         "deployment.apps/cellium-operator created",
     ] {
         assert!(out.contains(object), "{object} missing from:\n{out}");
     }
-    assert_eq!(out.lines().count(), 17, "{out}");
+    assert_eq!(out.lines().count(), 19, "{out}");
     // Applying again changes nothing.
     let again = kubectl_apply_deploy(&api);
-    assert_eq!(again.matches(" unchanged").count(), 17, "{again}");
+    assert_eq!(again.matches(" unchanged").count(), 19, "{again}");
 
     // The DaemonSet: host network, privileged, the node's bpffs shared both ways, the CNI
     // directories for the init container, the ServiceAccount the RBAC rules are bound to.
@@ -476,7 +492,7 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
 
     // Take a right away: the agent's call is refused, it says so, and once the rule is back
     // it writes what it could not.
-    let role = std::fs::read_to_string(deploy_dir().join("10-agent-rbac.yaml")).unwrap();
+    let role = std::fs::read_to_string(deploy_dir().join("base/10-agent-rbac.yaml")).unwrap();
     let cut = role.replace(
         "verbs: [get, list, watch, create, update, delete]",
         "verbs: [get, list, watch, update, delete]",
@@ -511,4 +527,294 @@ fn the_rbac_rules_cover_every_call_of_the_agents_and_operators() {
             cep(&cluster, "late").is_some()
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+}
+
+/// `kubectl kustomize dir`: the objects it renders.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(dir)
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("a rendered object"))
+        .collect()
+}
+
+/// The RBAC objects among `objects`, by kind and name.
+fn rbac(objects: &[Value]) -> BTreeMap<String, Value> {
+    objects
+        .iter()
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("rbac.authorization.k8s.io/"))
+                || o["kind"] == "ServiceAccount"
+        })
+        .map(|o| {
+            (
+                format!("{} {}", o["kind"], o["metadata"]["name"]),
+                o.clone(),
+            )
+        })
+        .collect()
+}
+
+/// A set-up: a kustomization directory and the keys it must set in the agent's and the
+/// operator's overrides.
+struct SetUp {
+    dir: PathBuf,
+    agent: &'static [&'static str],
+    operator: &'static [&'static str],
+}
+
+/// The overlays, and the components that are not the routing mode's all at once on native
+/// routing, in a kustomization of the test's (kustomize wants paths relative to it).
+fn set_ups(composed: &Path) -> Vec<SetUp> {
+    let overlays = deploy_dir().join("overlays");
+    let mut names: Vec<String> = std::fs::read_dir(&overlays)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["dual-stack", "kvstore", "native-routing", "tunnel"]);
+    let up = "../".repeat(composed.components().count() - 1);
+    let deploy = deploy_dir().canonicalize().unwrap();
+    let rel = |p: &str| {
+        format!(
+            "{up}{}",
+            deploy.join(p).display().to_string().trim_start_matches('/')
+        )
+    };
+    std::fs::write(
+        composed.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\n\
+             components: [{}, {}, {}]\n",
+            rel("base"),
+            rel("components/native-routing"),
+            rel("components/dual-stack"),
+            rel("components/kvstore"),
+        ),
+    )
+    .unwrap();
+    let set_up = |dir: PathBuf, agent, operator| SetUp {
+        dir,
+        agent,
+        operator,
+    };
+    vec![
+        set_up(
+            overlays.join("tunnel"),
+            &["routing-mode", "tunnel-protocol", "tunnel-port"],
+            &[],
+        ),
+        set_up(
+            overlays.join("native-routing"),
+            &["routing-mode", "ipv4-native-routing-cidr"],
+            &[],
+        ),
+        set_up(
+            overlays.join("kvstore"),
+            &[
+                "routing-mode",
+                "tunnel-protocol",
+                "tunnel-port",
+                "identity-allocation-mode",
+                "kvstore",
+                "kvstore-opt",
+            ],
+            &["kvstore", "kvstore-opt"],
+        ),
+        set_up(
+            overlays.join("dual-stack"),
+            &[
+                "routing-mode",
+                "tunnel-protocol",
+                "tunnel-port",
+                "service-cidr",
+            ],
+            &["cluster-pool-ipv6-cidr", "cluster-pool-ipv6-mask-size"],
+        ),
+        set_up(
+            composed.to_path_buf(),
+            &[
+                "routing-mode",
+                "ipv4-native-routing-cidr",
+                "identity-allocation-mode",
+                "kvstore",
+                "kvstore-opt",
+                "service-cidr",
+            ],
+            &[
+                "kvstore",
+                "kvstore-opt",
+                "cluster-pool-ipv6-cidr",
+                "cluster-pool-ipv6-mask-size",
+            ],
+        ),
+    ]
+}
+
+/// A client certificate, its key and a CA file, as the Secret cellium-etcd-secrets holds them.
+fn etcd_secrets(dir: &Path) {
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["cellium".to_string()])
+        .expect("names")
+        .self_signed(&key)
+        .expect("a certificate");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("etcd-client-ca.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("etcd-client.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("etcd-client.key"), key.serialize_pem()).unwrap();
+}
+
+/// The container's volumes as the kubelet would mount them, under `root`: each ConfigMap's
+/// keys and each Secret's files at their mount path, with `/var/lib/...` paths the files name
+/// moved under `root` too. Returns the program's `--config` and `--config-dir` arguments.
+fn mount_volumes(api: &K8sApi, workload: &Value, root: &Path) -> (PathBuf, PathBuf) {
+    let pod = &workload["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let arg = |flag: &str| {
+        let at = command.iter().position(|a| *a == flag);
+        let value = at.and_then(|i| command.get(i + 1));
+        root.join(
+            value
+                .unwrap_or_else(|| panic!("{flag} in {command:?}"))
+                .trim_start_matches('/'),
+        )
+    };
+    let rewrite = |text: &str| text.replace("/var/lib/", &format!("{}/var/lib/", root.display()));
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("no volume for {mount}"));
+        let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
+        if let Some(name) = volume["configMap"]["name"].as_str() {
+            let map = api
+                .api()
+                .get("v1", "ConfigMap", Some("kube-system"), name)
+                .unwrap_or_else(|| panic!("the ConfigMap {name} a volume names"));
+            std::fs::create_dir_all(&at).unwrap();
+            for (key, value) in map["data"].as_object().into_iter().flatten() {
+                std::fs::write(at.join(key), rewrite(value.as_str().unwrap())).unwrap();
+            }
+        } else if volume["secret"]["secretName"] == "cellium-etcd-secrets" {
+            etcd_secrets(&at);
+        }
+    }
+    (arg("--config"), arg("--config-dir"))
+}
+
+/// Every overlay under `deploy/overlays`, and the components together, render with `kubectl
+/// kustomize`, apply with `kubectl apply -k`, keep the base's RBAC, set the keys they are for
+/// in the overrides ConfigMaps, and each program, given the volumes its workload mounts,
+/// accepts the configuration and says the overridden values.
+#[test]
+fn every_overlay_applies_and_the_programs_take_its_keys() {
+    let _serial = serial();
+    let node = NetNs::new().expect("namespace");
+    let api = K8sApi::start(&node).expect("API server");
+    let binaries = Binaries::find().expect("binaries");
+    let base_rbac = rbac(&kustomize(&deploy_dir().join("base")));
+    assert_eq!(base_rbac.len(), 8, "{:?}", base_rbac.keys());
+    let composed = tempfile::tempdir().unwrap();
+    for set_up in set_ups(composed.path()) {
+        let name = set_up.dir.display().to_string();
+        assert_eq!(
+            rbac(&kustomize(&set_up.dir)),
+            base_rbac,
+            "{name} changes the RBAC"
+        );
+        let out = kubectl_apply_kustomized(&api, &set_up.dir);
+        assert!(!out.contains("error"), "{name}: {out}");
+        for (program, overrides, kind, workload, keys) in [
+            (
+                "cellium-agent",
+                "cellium-agent-overrides",
+                "DaemonSet",
+                "cellium",
+                set_up.agent,
+            ),
+            (
+                "cellium-operator",
+                "cellium-operator-overrides",
+                "Deployment",
+                "cellium-operator",
+                set_up.operator,
+            ),
+        ] {
+            let set = api
+                .api()
+                .get("v1", "ConfigMap", Some("kube-system"), overrides)
+                .unwrap_or_else(|| panic!("{name}: {overrides}"));
+            let set: BTreeMap<String, String> = set["data"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect();
+            let set_keys: Vec<&str> = set.keys().map(String::as_str).collect();
+            let mut want = keys.to_vec();
+            want.sort();
+            assert_eq!(set_keys, want, "{name}: {overrides}");
+            let workload = api
+                .api()
+                .get("apps/v1", kind, Some("kube-system"), workload)
+                .unwrap();
+            let root = tempfile::tempdir().unwrap();
+            let (config, dir) = mount_volumes(&api, &workload, root.path());
+            let said = hive_config(&binaries.dir().join(program), &config, Some(&dir))
+                .unwrap_or_else(|e| panic!("{name}: {program} refuses: {e}"));
+            // Each value set is the one the program runs with (lists as `[..]`, maps as `{..}`, strings
+            // quoted: each comma-separated part, paths as mounted).
+            for (key, value) in &set {
+                let has = &said[key];
+                for part in value.split([',', '=']) {
+                    let part = part
+                        .trim()
+                        .replace("/var/lib/", &format!("{}/var/lib/", root.path().display()));
+                    assert!(
+                        has.contains(&part),
+                        "{name}: {program} has {key} = {has}, not {value}"
+                    );
+                }
+            }
+            if program == "cellium-agent" && keys.contains(&"routing-mode") {
+                let want = if keys.contains(&"ipv4-native-routing-cidr") {
+                    "native"
+                } else {
+                    "tunnel"
+                };
+                assert_eq!(said["routing-mode"], format!("\"{want}\""), "{name}");
+            }
+        }
+    }
+    // A key the program does not know, set in the overrides, stops it naming the key.
+    let workload = api
+        .api()
+        .get("apps/v1", "DaemonSet", Some("kube-system"), "cellium")
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (config, dir) = mount_volumes(&api, &workload, root.path());
+    std::fs::write(dir.join("no-such-key"), "1").unwrap();
+    let err = hive_config(&binaries.dir().join("cellium-agent"), &config, Some(&dir))
+        .expect_err("an unknown key is refused");
+    assert!(err.contains("no-such-key"), "{err}");
 }

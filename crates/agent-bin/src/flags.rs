@@ -7,12 +7,17 @@ use std::path::PathBuf;
 
 use cellium_hive::ConfigSources;
 
-/// Configuration: defaults < `--config` file < `CELLIUM_*` environment < these flags.
+/// Configuration: defaults < `--config` file < `--config-dir` keys < `CELLIUM_*` environment <
+/// these flags.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ConfigArgs {
     /// A configuration file (TOML, or YAML with a .yaml/.yml name) of `key = value` pairs.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// A directory of one file per key, named for the key and holding its value (Cilium's
+    /// `--config-dir`; a ConfigMap mounted as a volume): over the file's keys.
+    #[arg(long, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
     /// The state directory (key `state-dir`).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -62,6 +67,9 @@ impl ConfigArgs {
         let mut sources = ConfigSources::new();
         if let Some(file) = &self.config {
             sources = sources.file(file);
+        }
+        if let Some(dir) = &self.config_dir {
+            sources = sources.dir(dir);
         }
         sources = sources.env("CELLIUM_");
         if let Some(v) = &self.state_dir {

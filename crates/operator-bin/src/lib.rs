@@ -15,7 +15,8 @@
 //! - `kvstore-gc` ([`kvstore_gc`]): with `kvstore: etcd`, identities in etcd no node uses.
 //!
 //! # Config keys
-//! Defaults < `--config` file < `CELLIUM_*` environment < flags, as the agent's.
+//! Defaults < `--config` file < `--config-dir` keys < `CELLIUM_*` environment < flags, as the
+//! agent's.
 //! - `k8s-api-server`, `k8s-kubeconfig-path`: where the API server is (`node-name` is
 //!   accepted and unused).
 //! - `leader-election-lease-name` (`cellium-operator`), `leader-election-namespace`

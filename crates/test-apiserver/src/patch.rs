@@ -24,7 +24,8 @@ pub fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// Applies a strategic merge patch: a merge patch in which lists of objects that carry a
-/// merge key (`name`, or `containerPort` / `port` for ports) merge element by element.
+/// merge key (`name`; `mountPath` for volume mounts; `containerPort` / `port` for ports)
+/// merge element by element.
 ///
 /// Directives: `$patch: delete` on a list element removes it, `$patch: replace` on a map
 /// replaces it, `$setElementOrder/…` orders a merged list; `$retainKeys` and
@@ -97,7 +98,9 @@ fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     if !items.iter().all(Value::is_object) {
         return None;
     }
-    if field == "ports" && all_have("containerPort") {
+    if field == "volumeMounts" && all_have("mountPath") {
+        Some("mountPath")
+    } else if field == "ports" && all_have("containerPort") {
         Some("containerPort")
     } else if field == "ports" && all_have("port") {
         Some("port")
@@ -288,6 +291,23 @@ mod tests {
         assert_eq!(containers[1]["image"], "b:1");
         assert_eq!(containers[2]["name"], "c");
         assert!(pod["spec"].get("$setElementOrder/containers").is_none());
+    }
+
+    #[test]
+    fn strategic_volume_mounts_merge_on_their_path() {
+        // What kubectl apply sends when a manifest drops a mount its last one had.
+        let mut c = json!({"volumeMounts": [
+            {"name": "config", "mountPath": "/etc/c"},
+            {"name": "etcd", "mountPath": "/var/lib/etcd-config"}
+        ]});
+        strategic(
+            &mut c,
+            &json!({"volumeMounts": [{"mountPath": "/var/lib/etcd-config", "$patch": "delete"}]}),
+        );
+        assert_eq!(
+            c,
+            json!({"volumeMounts": [{"name": "config", "mountPath": "/etc/c"}]})
+        );
     }
 
     #[test]

@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::error::Problem;
 
 /// The sources of configuration, in increasing precedence: files (in the order
-/// given), the environment, flags. Defaults come from each section's `Default`.
+/// given), config directories (in the order given), the environment, flags. Defaults
+/// come from each section's `Default`.
 ///
 /// ```
 /// use cellium_hive::ConfigSources;
@@ -20,6 +21,7 @@ use crate::error::Problem;
 #[derive(Clone, Debug, Default)]
 pub struct ConfigSources {
     files: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
     env: Option<EnvSource>,
     flags: Vec<(String, Result<Value, String>)>,
 }
@@ -62,6 +64,16 @@ impl ConfigSources {
     /// at the top level (`state-dir = "/x"`). A missing file is an error.
     pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
         self.files.push(path.into());
+        self
+    }
+
+    /// Adds a config directory, Cilium's `--config-dir` layout: each file is one key, its
+    /// name the key and its content the value, read as an environment value is (`a,b` for
+    /// a list). This is what a ConfigMap mounted as a volume gives: one key can be set or
+    /// patched alone. Names starting with `.` (the mount's own `..data` links) are skipped.
+    /// A missing directory is an error.
+    pub fn dir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.dirs.push(path.into());
         self
     }
 
@@ -116,6 +128,15 @@ impl ConfigSources {
                 }
                 Err(reason) => problems.push(Problem::ConfigSource {
                     source_name: format!("file `{}`", path.display()),
+                    reason,
+                }),
+            }
+        }
+        for path in &self.dirs {
+            match read_dir(path) {
+                Ok(found) => entries.extend(found),
+                Err(reason) => problems.push(Problem::ConfigSource {
+                    source_name: format!("directory `{}`", path.display()),
                     reason,
                 }),
             }
@@ -196,6 +217,35 @@ fn read_file(path: &Path) -> Result<Dict, String> {
         }
         _ => Err("unknown format: the name must end in .toml, .yaml or .yml".into()),
     }
+}
+
+/// The keys of a config directory, in name order so that errors come in a stable one.
+fn read_dir(path: &Path) -> Result<Vec<RawEntry>, String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| !n.starts_with('.')) else {
+            continue;
+        };
+        // A ConfigMap's keys are symbolic links to files: follow them.
+        if entry.path().is_file() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let file = path.join(&name);
+            let text = std::fs::read_to_string(&file).map_err(|e| format!("`{name}`: {e}"))?;
+            Ok(RawEntry {
+                key: name,
+                origin: format!("file `{}`", file.display()),
+                value: RawValue::Text(text),
+            })
+        })
+        .collect()
 }
 
 /// Converts an environment string for a field whose default is `default`.
@@ -284,5 +334,50 @@ mod tests {
             "{text:?}"
         );
         assert!(text[1].contains("missing.toml"), "{text:?}");
+    }
+
+    #[test]
+    fn a_directory_gives_one_key_per_file_after_files_and_before_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, "mtu: 1500\n").unwrap();
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        std::fs::write(keys.join("mtu"), "1450\n").unwrap();
+        std::fs::write(keys.join("pod-cidr"), "10.0.0.0/24,fd00::/64").unwrap();
+        // What a ConfigMap volume holds beside its keys.
+        std::fs::create_dir(keys.join("..2026_11_28")).unwrap();
+        std::fs::write(keys.join(".hidden"), "x").unwrap();
+        let mut problems = Vec::new();
+        let entries = ConfigSources::new()
+            .file(&file)
+            .dir(&keys)
+            .dir(dir.path().join("missing"))
+            .env_vars("X_", [("X_MTU", "9000")])
+            .read(&mut problems);
+        let got: Vec<_> = entries
+            .iter()
+            .map(|e| match &e.value {
+                RawValue::Text(t) => format!("{}={}", e.key, t.trim()),
+                RawValue::Typed(v) => format!("{}={v:?}", e.key),
+            })
+            .collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[0].starts_with("mtu="), "{got:?}");
+        assert_eq!(
+            got[1..],
+            ["mtu=1450", "pod-cidr=10.0.0.0/24,fd00::/64", "mtu=9000"]
+        );
+        assert!(
+            entries[1].origin.ends_with("keys/mtu`"),
+            "{}",
+            entries[1].origin
+        );
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].to_string().contains("missing"),
+            "{}",
+            problems[0]
+        );
     }
 }
