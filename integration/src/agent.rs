@@ -73,6 +73,11 @@ impl Binaries {
         if dir.ends_with("deps") {
             dir.pop();
         }
+        Binaries::in_dir(&dir)
+    }
+
+    /// The programs in `dir`: another build's (an upgrade test's previous release).
+    pub fn in_dir(dir: &Path) -> Result<Binaries> {
         let find = |name: &'static str| {
             let path = dir.join(name);
             if path.is_file() {
@@ -738,6 +743,12 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// From the next start on, runs the programs of `bins`: the agent, the CLI and the plugin
+    /// its CNI calls run (an upgrade, or a downgrade).
+    pub fn use_binaries(&mut self, bins: Binaries) {
+        self.bins = bins;
     }
 
     /// The program run as the agent.

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use cellium_datapath_bpf::{
     AttachAction, AttachKind, AttachMode, Backend, CtTuple, Datapath, DatapathConfig,
-    DatapathOptions, Direction, EndpointFlags, Event, EventKind, Frontend, IpNet, MapOrigin,
-    PolicyMatch, PolicyRule, Protocol, Reason, Verdict, compile_policy,
+    DatapathOptions, Direction, EndpointFlags, EndpointInfo, Event, EventKind, Frontend, IpNet,
+    MapOrigin, PolicyMatch, PolicyRule, Protocol, Reason, Verdict, compile_policy,
 };
 use cellium_integration::probe::{self, TcpServer, UdpServer};
 use cellium_integration::topology::GATEWAY;
@@ -721,6 +721,11 @@ impl Drop for NamedTopology {
 }
 
 fn testbed_attach(name: &str, bpf_root: &std::path::Path) -> String {
+    testbed_attach_with(name, bpf_root, &[])
+}
+
+/// `cellium-testbed attach` with `extra` arguments.
+fn testbed_attach_with(name: &str, bpf_root: &std::path::Path, extra: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cellium-testbed"))
         .args([
             "attach",
@@ -733,6 +738,7 @@ fn testbed_attach(name: &str, bpf_root: &std::path::Path) -> String {
             "--bpf-root",
         ])
         .arg(bpf_root)
+        .args(extra)
         .output()
         .expect("run cellium-testbed");
     assert!(
@@ -900,6 +906,124 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     {
         assert_eq!(a.program_id, Some(second_ids.0));
     }
+}
+
+/// Pins `bpf`'s endpoints map again in v0.1.0's layout (no `cluster_identity`), holding its
+/// entries, as that release left it. The programs attached keep the map they were loaded with.
+fn pin_endpoints_as_v0_1_0(bpf: &std::path::Path) {
+    use cellium_datapath_bpf::abi::Plain;
+    use cellium_datapath_bpf::abi::releases::v0_1_0;
+    use libbpf_rs::{MapCore, MapFlags, MapHandle};
+
+    let path = bpf.join("maps/cel_endpoints");
+    let current = MapHandle::from_pinned_path(&path).expect("the pinned endpoints");
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: size_of::<libbpf_sys::bpf_map_create_opts>() as u64,
+        map_flags: current.info().unwrap().info.map_flags,
+        ..Default::default()
+    };
+    let mut old = MapHandle::create(
+        current.map_type(),
+        Some("cel_endpoints"),
+        current.key_size(),
+        v0_1_0::EndpointInfo::SIZE as u32,
+        current.max_entries(),
+        &opts,
+    )
+    .expect("a map of v0.1.0's layout");
+    for key in current.keys() {
+        let value = current.lookup(&key, MapFlags::ANY).unwrap().unwrap();
+        let e = EndpointInfo::decode(&value).unwrap();
+        let released = v0_1_0::EndpointInfo {
+            ifindex: e.ifindex,
+            id: e.id,
+            flags: e.flags,
+            identity: e.identity,
+            host_mac: e.host_mac,
+            pod_mac: e.pod_mac,
+        };
+        old.update(&key, &released.encode(), MapFlags::ANY).unwrap();
+    }
+    std::fs::remove_file(&path).unwrap();
+    old.pin(&path).unwrap();
+}
+
+/// An upgrade from v0.1.0, whose endpoints map had a smaller value: the new build converts
+/// its entries as it opens the pinned map, so its programs find every pod from their first
+/// packet, before the agent writes anything. A stream between two pods goes on without a
+/// stall or a retransmission; each endpoint keeps what it had and publishes the identity it
+/// enforced with. (Recreated empty instead, the new programs would drop every packet of
+/// the pods until their endpoints were written again.)
+#[test]
+fn an_upgrade_converts_the_previous_releases_endpoints_with_connections_kept() {
+    let _serial = serial();
+    let NamedBed {
+        bpf, name, topo, ..
+    } = &named_bed("up");
+    let (p1, p2) = (topo.pod(1), topo.pod(2));
+    testbed_attach(name, bpf.path());
+    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let stream = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+    let retrans_before = (
+        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
+        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
+    );
+    let client = probe::EchoStream::start(stream);
+    client.wait_rounds(FLOWING_ROUNDS);
+
+    pin_endpoints_as_v0_1_0(bpf.path());
+    // Another build: its programs are loaded, and read the converted map. It writes nothing.
+    unpin_programs(bpf.path());
+    let upgrade_at = Instant::now();
+    let upgraded = testbed_attach_with(name, bpf.path(), &["--keep-maps"]);
+    let upgrade_done = Instant::now();
+    client.wait_rounds(FLOWING_ROUNDS);
+    let rounds = client.stop().expect("stream failed");
+
+    assert!(
+        upgraded.contains("map cel_endpoints migrated 4 entries")
+            && upgraded.contains("the layout of v0.1.0"),
+        "{upgraded}"
+    );
+    assert!(upgraded.contains("program origin loaded"), "{upgraded}");
+    assert!(
+        rounds.iter().any(|t| *t < upgrade_at) && rounds.iter().any(|t| *t > upgrade_done),
+        "{} rounds",
+        rounds.len()
+    );
+    let max_gap = probe::max_gap(&rounds);
+    assert!(
+        max_gap < Duration::from_millis(150),
+        "stream stalled for {max_gap:?}"
+    );
+    let retrans_after = (
+        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
+        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
+    );
+    assert_eq!(retrans_after, retrans_before, "TCP retransmitted");
+
+    let dp = Datapath::open(DatapathOptions {
+        bpf_root: bpf.path().to_owned(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        dp.metrics().drops().unwrap(),
+        0,
+        "{:?}",
+        dp.metrics().all().unwrap()
+    );
+    for pod in [p1, p2] {
+        let e = dp
+            .endpoints()
+            .get(pod.ip.into())
+            .unwrap()
+            .expect("endpoint");
+        assert_eq!(e.identity, 1000 + u32::from(pod.index), "{e:?}");
+        assert_eq!(e.cluster_identity, e.identity, "{e:?}");
+        assert_eq!(e.ifindex, pod.host_ifindex, "{e:?}");
+    }
+    drop(server);
 }
 
 #[test]

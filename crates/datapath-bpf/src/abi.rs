@@ -107,6 +107,8 @@ macro_rules! plain {
     };
 }
 
+pub mod releases;
+
 impl Plain for u32 {
     const SIZE: usize = 4;
     fn encode(&self) -> Vec<u8> {

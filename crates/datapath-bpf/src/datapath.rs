@@ -181,13 +181,16 @@ fn load(
     drop(skel);
 
     let mut reports = plan.reports;
-    for (name, old, reason) in plan.migrations {
-        let Some(new) = parts.maps.get(&name) else {
+    for m in plan.migrations {
+        let Some(new) = parts.maps.get(&m.name) else {
             continue;
         };
-        let entries = pinning::migrate(&name, &old, new);
-        if let Some(r) = reports.iter_mut().find(|r| r.name == name) {
-            r.origin = MapOrigin::Migrated { reason, entries };
+        let entries = pinning::migrate(&m, new);
+        if let Some(r) = reports.iter_mut().find(|r| r.name == m.name) {
+            r.origin = MapOrigin::Migrated {
+                reason: m.reason,
+                entries,
+            };
         }
     }
 

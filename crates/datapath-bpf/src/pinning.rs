@@ -5,8 +5,10 @@
 //! and the same layout version in `cel_config`, and libbpf reuses the pinned
 //! map (conntrack, policy and services survive). A map whose only change is
 //! its size limit or flags is recreated and its entries copied over
-//! (migrated); any other difference recreates it empty. Either is logged. Under another
-//! layout version the endpoints' policy map pins (`cel_policy_<id>`) go too.
+//! (migrated), as is one pinned by an earlier release whose layout this build knows how to
+//! convert ([`crate::abi::releases`]): its entries are converted as they are copied. Any
+//! other difference recreates it empty. Each is logged. Under another layout version the
+//! endpoints' policy map pins (`cel_policy_<id>`) go too.
 
 use std::fmt;
 use std::fs;
@@ -15,6 +17,7 @@ use std::path::Path;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenMap, OpenObject};
 
 use crate::abi::LAYOUT_VERSION;
+use crate::abi::releases::{self, Conversion};
 use crate::error::{Error, Result};
 
 /// What happened to one map at open.
@@ -60,10 +63,19 @@ pub struct MapReport {
     pub origin: MapOrigin,
 }
 
-/// Maps to copy after load: name, old map, why.
+/// A map whose entries are copied into the new one after load.
+pub(crate) struct Migration {
+    pub(crate) name: String,
+    pub(crate) old: MapHandle,
+    pub(crate) reason: String,
+    /// How each entry becomes this build's, when the old map is an earlier release's layout.
+    pub(crate) conversion: Option<&'static Conversion>,
+}
+
+/// What [`prepare`] decided: a report per map, and the maps to copy after load.
 pub(crate) struct Plan {
     pub(crate) reports: Vec<MapReport>,
-    pub(crate) migrations: Vec<(String, MapHandle, String)>,
+    pub(crate) migrations: Vec<Migration>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -164,13 +176,13 @@ pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> 
                 }
             } else if have == wanted {
                 MapOrigin::Reused
-            } else if have.ty == wanted.ty
-                && have.key == wanted.key
-                && have.value == wanted.value
-                && migratable(have.ty)
-            {
-                let reason = format!("pinned {have}, object {wanted}");
-                plan.migrations.push((name.clone(), old, reason.clone()));
+            } else if let Some((reason, conversion)) = migration(&name, &have, &wanted) {
+                plan.migrations.push(Migration {
+                    name: name.clone(),
+                    old,
+                    reason: reason.clone(),
+                    conversion,
+                });
                 MapOrigin::Migrated { reason, entries: 0 }
             } else {
                 MapOrigin::Recreated {
@@ -211,6 +223,28 @@ pub(crate) fn prepare(object: &mut OpenObject, maps_dir: &Path) -> Result<Plan> 
     Ok(plan)
 }
 
+/// Whether a pinned map of shape `have` can be copied into the object's `wanted`, and why it
+/// must be: the same layout under another size limit or flags, or an earlier release's layout
+/// with its conversion.
+fn migration(
+    name: &str,
+    have: &Shape,
+    wanted: &Shape,
+) -> Option<(String, Option<&'static Conversion>)> {
+    if have.ty != wanted.ty || !migratable(have.ty) {
+        return None;
+    }
+    let reason = format!("pinned {have}, object {wanted}");
+    if have.key == wanted.key && have.value == wanted.value {
+        return Some((reason, None));
+    }
+    let conversion = releases::conversion(name, have.key, have.value)?;
+    Some((
+        format!("{reason}: the layout of {}", conversion.release),
+        Some(conversion),
+    ))
+}
+
 /// Removes the pins of the endpoints' policy maps (`cel_policy_<id>`), which are no map of the
 /// object: under another layout version their entries are another layout's, and the
 /// endpoints' policies are written again at restore.
@@ -229,12 +263,22 @@ fn remove_endpoint_policy_pins(maps_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies every entry of `old` into `new`; returns how many were copied.
-pub(crate) fn migrate(name: &str, old: &MapHandle, new: &MapHandle) -> usize {
+/// Copies every entry of the migration's old map into `new`, converted if it is an earlier
+/// release's; returns how many were copied.
+pub(crate) fn migrate(m: &Migration, new: &MapHandle) -> usize {
+    let (name, old) = (&m.name, &m.old);
     let mut copied = 0;
     let mut failed = 0;
     for key in old.keys() {
         let Ok(Some(value)) = old.lookup(&key, MapFlags::ANY) else {
+            continue;
+        };
+        let entry = match m.conversion {
+            None => Some((key, value)),
+            Some(c) => (c.convert)(&key, &value),
+        };
+        let Some((key, value)) = entry else {
+            failed += 1;
             continue;
         };
         match new.update(&key, &value, MapFlags::ANY) {

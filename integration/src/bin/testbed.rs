@@ -95,6 +95,10 @@ enum Cmd {
         /// Trace events of every new connection forwarded (`cel_config`'s TRACE_EVENTS).
         #[arg(long, value_enum, default_value_t = Switch::Off)]
         trace: Switch,
+        /// Write no endpoint, ipcache entry or policy: attach over what the pinned maps hold,
+        /// as an upgraded agent's programs run before it restores its endpoints.
+        #[arg(long)]
+        keep_maps: bool,
     },
     /// Read the datapath's events with the flows cell's reader (enrichment, ring, counters)
     /// until none came for a second (after the first) or `duration` passed; print
@@ -191,6 +195,7 @@ fn attach(
     policy: Policy,
     mode: Mode,
     trace: Switch,
+    keep_maps: bool,
 ) -> Result<()> {
     let topo = Topology::open_named(name, pods).with_context(|| format!("topology {name}"))?;
     let attach_mode = match mode {
@@ -213,7 +218,7 @@ fn attach(
         Policy::None => EndpointFlags::NONE,
         Policy::Allow => EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS,
     };
-    for pod in &topo.pods {
+    for pod in topo.pods.iter().filter(|_| !keep_maps) {
         let id = u16::from(pod.index);
         // Both families: the IPv6 entries serve a topology made with `up --ipv6`, and name
         // addresses nobody has otherwise.
@@ -465,7 +470,8 @@ fn main() -> Result<()> {
             policy,
             mode,
             trace,
-        } => attach(&name, pods, bpf_root, policy, mode, trace)?,
+            keep_maps,
+        } => attach(&name, pods, bpf_root, policy, mode, trace, keep_maps)?,
         Cmd::Observe { bpf_root, duration } => observe(bpf_root, Duration::from_secs(duration))?,
         Cmd::Connections { addr, count } => connections(addr, count)?,
         Cmd::Services {
