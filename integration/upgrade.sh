@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # An upgrade from a previous release (a git tag, v0.1.0 by default) to this tree, and the
 # downgrade back, with traffic running: builds the release's programs beside this tree (a git
-# worktree under the target directory, sharing its dependencies), then runs
+# worktree under the target directory, with a target directory of its own: cargo's
+# fingerprints go by modification times, so two trees must not share one), then runs
 # integration/tests/upgrade.rs with CELLIUM_PREVIOUS_BIN naming them. Root. Not part of the
 # test suite, which the second build would slow; docs/deploy.md ("Upgrades") has its last
 # result.
@@ -20,14 +21,13 @@ bin="$target/upgrade/$from-bin"
 
 echo "# the previous release, $from ($(git rev-parse --short "$from^{commit}")), in $tree"
 [ -d "$tree" ] || git worktree add --detach "$tree" "$from"
-(cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --locked --quiet \
+(cd "$tree" && CARGO_TARGET_DIR="$tree/target" cargo build --locked --quiet \
   -p cellium-agent -p cellium-cli -p cellium-cni --bins)
 mkdir -p "$bin"
-for p in cellium-agent cellium cellium-cni; do cp -f "$target/debug/$p" "$bin/$p"; done
+for p in cellium-agent cellium cellium-cni; do cp -f "$tree/target/debug/$p" "$bin/$p"; done
 
 echo "# this tree"
-# Building it again puts its own programs back in the target directory.
-cargo build --workspace --all-targets --locked --quiet
+cargo build --locked --quiet -p cellium-agent -p cellium-cli -p cellium-cni --bins
 
 CELLIUM_PREVIOUS_BIN="$bin" cargo test --locked -p cellium-integration --test upgrade -- \
   --ignored --nocapture --test-threads=1 2>&1 | tee "$target/upgrade/$from.log"

@@ -87,6 +87,56 @@ fn pins_of_another_shape_are_migrated_or_recreated() {
     assert!(dp.services().backend(7).unwrap().is_some());
 }
 
+/// An endpoints map of a release's layout is converted; one of a layout no release had (a
+/// value of another size) is recreated, never read as this build's.
+#[test]
+fn a_release_layout_is_converted_and_an_unknown_one_recreated() {
+    use cellium_datapath_bpf::abi::Plain;
+    use cellium_datapath_bpf::abi::releases::v0_1_0;
+
+    let bpf = BpffsMount::new().unwrap();
+    let old = pin_map(&bpf, "cel_endpoints", MapType::Hash, 20, 24, 1024);
+    let released = v0_1_0::EndpointInfo {
+        ifindex: 9,
+        id: 4,
+        identity: 70000,
+        ..Default::default()
+    };
+    let mut key = [0u8; 20];
+    key[..4].copy_from_slice(&[10, 244, 0, 9]);
+    key[16] = 4; // CEL_FAMILY_IPV4
+    old.update(&key, &released.encode(), MapFlags::ANY).unwrap();
+    drop(old);
+    let dp = open(&bpf);
+    match origin(&dp, "cel_endpoints") {
+        MapOrigin::Migrated { entries: 1, reason } => {
+            assert!(reason.contains("the layout of v0.1.0"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = dp
+        .endpoints()
+        .get("10.244.0.9".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (e.ifindex, e.id, e.identity, e.cluster_identity),
+        (9, 4, 70000, 70000)
+    );
+    drop(dp);
+
+    let bpf = BpffsMount::new().unwrap();
+    let unknown = pin_map(&bpf, "cel_endpoints", MapType::Hash, 20, 32, 1024);
+    unknown.update(&key, &[1u8; 32], MapFlags::ANY).unwrap();
+    let dp = open(&bpf);
+    assert!(
+        matches!(origin(&dp, "cel_endpoints"), MapOrigin::Recreated { .. }),
+        "{:?}",
+        dp.maps_report()
+    );
+    assert!(dp.endpoints().entries().unwrap().is_empty());
+}
+
 #[test]
 fn a_different_layout_version_recreates_every_map() {
     let bpf = BpffsMount::new().unwrap();

@@ -3,6 +3,7 @@
 #[macro_use]
 mod output;
 mod apply;
+mod connectivity;
 mod endpoint;
 mod identity;
 mod ipam;
@@ -54,6 +55,10 @@ enum Command {
     /// The services the node load-balances: every frontend with its backends.
     #[command(subcommand)]
     Service(service::Command),
+    /// Checks this node's connectivity with pods, a Service and a policy of its own
+    /// (`cellium connectivity test`, as `cilium connectivity test`).
+    #[command(subcommand)]
+    Connectivity(connectivity::Command),
     /// The flows the datapath saw: who talked to whom, what was dropped and why. Filters
     /// as `hubble observe`'s; `--not` before a filter flag negates it.
     Observe(Box<observe::Args>),
@@ -74,6 +79,7 @@ async fn main() -> ExitCode {
         Command::Ipcache(command) => ipcache::exec(&cli.socket, command).await,
         Command::Policy(command) => policy::exec(&cli.socket, command).await,
         Command::Service(command) => service::exec(&cli.socket, command).await,
+        Command::Connectivity(command) => connectivity::exec(&cli.socket, command).await,
         Command::Observe(args) => observe::exec(&cli.socket, (*args).with_negated(negated)).await,
     };
     match result {
