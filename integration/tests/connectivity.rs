@@ -20,7 +20,8 @@ fn cellium(agent: &Agent, args: &[&str]) -> Command {
     cmd
 }
 
-fn connectivity_test(agent: &Agent, external: SocketAddrV4) -> Output {
+/// `cellium connectivity test` with this build's plugin and `external` as the world.
+fn connectivity_test(agent: &Agent, external: SocketAddrV4) -> Command {
     let dir = agent.binaries().dir().display().to_string();
     let target = external.to_string();
     cellium(
@@ -36,8 +37,10 @@ fn connectivity_test(agent: &Agent, external: SocketAddrV4) -> Output {
             "10s",
         ],
     )
-    .output()
-    .expect("run cellium")
+}
+
+fn run(mut cmd: Command) -> Output {
+    cmd.output().expect("run cellium")
 }
 
 /// The lines of the result table, by check name: `(result, the rest)`.
@@ -85,7 +88,7 @@ fn a_working_node_passes_every_check_and_keeps_nothing() {
     let world = SocketAddrV4::new(EXT_ADDRS[0].1, 443);
     let _server = TcpServer::start(external.netns(), world, "world").unwrap();
 
-    let out = connectivity_test(&agent, world);
+    let out = run(connectivity_test(&agent, world));
     let text = format!(
         "{}{}\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -121,7 +124,7 @@ fn a_working_node_passes_every_check_and_keeps_nothing() {
     // Where the world does not answer, that check fails, the command says so and fails, and
     // it still removes what it made.
     let nowhere = SocketAddrV4::new(EXT_ADDRS[1].1, 443);
-    let out = connectivity_test(&agent, nowhere);
+    let out = run(connectivity_test(&agent, nowhere));
     assert!(!out.status.success());
     let results = table(&out);
     assert!(
@@ -136,21 +139,7 @@ fn a_working_node_passes_every_check_and_keeps_nothing() {
     nothing_left(&agent);
 
     // Stopped half-way (SIGTERM once its pods exist): it removes what it made.
-    let dir = agent.binaries().dir().display().to_string();
-    let target = nowhere.to_string();
-    let mut child = cellium(
-        &agent,
-        &[
-            "connectivity",
-            "test",
-            "--cni-bin-dir",
-            &dir,
-            "--external-target",
-            &target,
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let mut child = connectivity_test(&agent, nowhere).spawn().unwrap();
     poll_until("the test's pods exist", CONVERGE, || {
         test_namespaces().len() == 3
     })

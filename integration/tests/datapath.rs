@@ -791,6 +791,46 @@ fn named_bed(prefix: &str) -> NamedBed {
     }
 }
 
+/// Runs `swap` (another agent's attach, which it returns the output of) under a TCP stream
+/// from `p1` to `p2`, and checks that bytes flowed before, during and after it, without a
+/// stall and without a retransmission. Returns the swap's output and how many rounds ran.
+fn under_a_stream(
+    p1: &cellium_integration::topology::Pod,
+    p2: &cellium_integration::topology::Pod,
+    swap: impl FnOnce() -> String,
+) -> (String, usize) {
+    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
+    let stream = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
+    let retrans = || {
+        (
+            p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
+            p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
+        )
+    };
+    let retrans_before = retrans();
+    let client = probe::EchoStream::start(stream);
+    client.wait_rounds(FLOWING_ROUNDS);
+    let swap_at = Instant::now();
+    let output = swap();
+    let swap_done = Instant::now();
+    client.wait_rounds(FLOWING_ROUNDS);
+    let rounds = client.stop().expect("stream failed");
+
+    assert!(
+        rounds.iter().any(|t| *t < swap_at) && rounds.iter().any(|t| *t > swap_done),
+        "{} rounds",
+        rounds.len()
+    );
+    let max_gap = probe::max_gap(&rounds);
+    assert!(
+        max_gap < Duration::from_millis(150),
+        "stream stalled for {max_gap:?}"
+    );
+    assert!(server.received() >= rounds.len() as u64 * probe::ECHO_ROUND_BYTES as u64);
+    assert_eq!(retrans(), retrans_before, "TCP retransmitted");
+    (output, rounds.len())
+}
+
 #[test]
 fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     let _serial = serial();
@@ -817,25 +857,13 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     .set_flag(DatapathConfig::CT_ACCOUNTING, true)
     .unwrap();
 
-    // A long-lived stream through the datapath, in lock-step rounds.
-    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
-    let stream = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
-    let retrans_before = (
-        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
-        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
-    );
-    let client = probe::EchoStream::start(stream);
-
-    client.wait_rounds(FLOWING_ROUNDS);
-    // Second agent, of another build: its programs are not the pinned ones (those are
-    // unpinned here, as another build's tag would not find them), so it loads its own,
-    // reopens the pinned maps and swaps the programs in place.
-    unpin_programs(bpf.path());
-    let restart_at = Instant::now();
-    let second = testbed_attach(name, bpf.path());
-    let restart_done = Instant::now();
-    client.wait_rounds(FLOWING_ROUNDS);
-    let rounds = client.stop().expect("stream failed");
+    // Second agent, of another build, under a long-lived stream: its programs are not the
+    // pinned ones (those are unpinned here, as another build's tag would not find them), so
+    // it loads its own, reopens the pinned maps and swaps the programs in place.
+    let (second, rounds) = under_a_stream(p1, p2, || {
+        unpin_programs(bpf.path());
+        testbed_attach(name, bpf.path())
+    });
 
     for map in [
         "cel_endpoints",
@@ -854,24 +882,6 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
     assert!(second.contains("program origin loaded"), "{second}");
     let second_ids = program_ids(&second);
     assert_ne!(first_ids, second_ids, "programs were not replaced");
-
-    // Bytes flowed before, during and after the swap, without stalls.
-    assert!(
-        rounds.iter().any(|t| *t < restart_at) && rounds.iter().any(|t| *t > restart_done),
-        "{} rounds",
-        rounds.len()
-    );
-    let max_gap = probe::max_gap(&rounds);
-    assert!(
-        max_gap < Duration::from_millis(150),
-        "stream stalled for {max_gap:?}"
-    );
-    assert!(server.received() >= rounds.len() as u64 * probe::ECHO_ROUND_BYTES as u64);
-    let retrans_after = (
-        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
-        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
-    );
-    assert_eq!(retrans_after, retrans_before, "TCP retransmitted");
 
     // The pinned state is one and the same: no drops, the flow tracked once.
     let dp = Datapath::open(DatapathOptions {
@@ -897,7 +907,7 @@ fn a_new_process_reuses_pins_and_replaces_programs_without_loss() {
         .iter()
         .find(|(t, _)| t.saddr == p1.ip && t.daddr == p2.ip && t.dport == 8080)
         .expect("flow");
-    assert!(flow.1.packets[0] as usize >= rounds.len(), "{:?}", flow.1);
+    assert!(flow.1.packets[0] as usize >= rounds, "{:?}", flow.1);
     let attached = dp.attached().unwrap();
     assert_eq!(attached.len(), 4);
     for a in attached
@@ -962,45 +972,18 @@ fn an_upgrade_converts_the_previous_releases_endpoints_with_connections_kept() {
     } = &named_bed("up");
     let (p1, p2) = (topo.pod(1), topo.pod(2));
     testbed_attach(name, bpf.path());
-    let server = TcpServer::start(&p2.ns, addr(p2.ip, 8080), "pod2").unwrap();
-    let stream = probe::tcp_connect(&p1.ns, addr(p2.ip, 8080), TIMEOUT).unwrap();
-    let retrans_before = (
-        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
-        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
-    );
-    let client = probe::EchoStream::start(stream);
-    client.wait_rounds(FLOWING_ROUNDS);
-
-    pin_endpoints_as_v0_1_0(bpf.path());
     // Another build: its programs are loaded, and read the converted map. It writes nothing.
-    unpin_programs(bpf.path());
-    let upgrade_at = Instant::now();
-    let upgraded = testbed_attach_with(name, bpf.path(), &["--keep-maps"]);
-    let upgrade_done = Instant::now();
-    client.wait_rounds(FLOWING_ROUNDS);
-    let rounds = client.stop().expect("stream failed");
-
+    let (upgraded, _) = under_a_stream(p1, p2, || {
+        pin_endpoints_as_v0_1_0(bpf.path());
+        unpin_programs(bpf.path());
+        testbed_attach_with(name, bpf.path(), &["--keep-maps"])
+    });
     assert!(
         upgraded.contains("map cel_endpoints migrated 4 entries")
             && upgraded.contains("the layout of v0.1.0"),
         "{upgraded}"
     );
     assert!(upgraded.contains("program origin loaded"), "{upgraded}");
-    assert!(
-        rounds.iter().any(|t| *t < upgrade_at) && rounds.iter().any(|t| *t > upgrade_done),
-        "{} rounds",
-        rounds.len()
-    );
-    let max_gap = probe::max_gap(&rounds);
-    assert!(
-        max_gap < Duration::from_millis(150),
-        "stream stalled for {max_gap:?}"
-    );
-    let retrans_after = (
-        p1.ns.snmp("Tcp", "RetransSegs").unwrap(),
-        p2.ns.snmp("Tcp", "RetransSegs").unwrap(),
-    );
-    assert_eq!(retrans_after, retrans_before, "TCP retransmitted");
 
     let dp = Datapath::open(DatapathOptions {
         bpf_root: bpf.path().to_owned(),
@@ -1023,7 +1006,6 @@ fn an_upgrade_converts_the_previous_releases_endpoints_with_connections_kept() {
         assert_eq!(e.cluster_identity, e.identity, "{e:?}");
         assert_eq!(e.ifindex, pod.host_ifindex, "{e:?}");
     }
-    drop(server);
 }
 
 #[test]
