@@ -188,6 +188,10 @@ fn the_manifests_apply_with_kubectl_and_the_config_names_every_key() {
     let conflist: Value =
         serde_json::from_str(config["data"]["05-cellium.conflist"].as_str().unwrap()).unwrap();
     assert_eq!(conflist["plugins"][0]["type"], "cellium-cni");
+    // The runtime passes hostPorts as port mappings to the plugin, which serves them: no
+    // portmap plugin in the chain.
+    assert_eq!(conflist["plugins"][0]["capabilities"]["portMappings"], true);
+    assert_eq!(conflist["plugins"].as_array().map(Vec::len), Some(1));
     let agent_config: serde_yaml::Mapping =
         serde_yaml::from_str(config["data"]["cellium-agent.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(

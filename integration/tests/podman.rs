@@ -1,16 +1,24 @@
 //! A real runtime drives the plugin: rootful podman 4.3 through its CNI backend, with a
 //! configuration and storage of its own under a temporary directory, containers from a
-//! busybox-static root filesystem (no image pull).
+//! busybox-static root filesystem (no image pull). The conflist declares the `portMappings`
+//! capability, so `podman run -p` reaches the plugin as `runtimeConfig.portMappings` and the
+//! agent publishes the port in the datapath: no `portmap` plugin in the chain.
 //!
 //! Root, after `cargo build --workspace` and `scripts/setup.sh` (podman, runc, busybox-static):
 //! `cargo test -p cellium-integration --test podman -- --test-threads=1`.
 //! Nothing is skipped: if podman cannot run, the test fails and says why.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cellium_integration::{Agent, AgentOptions};
+use cellium_integration::lab::External;
+use cellium_integration::lab::external::NODE_LINK_IP;
+use cellium_integration::lab::service_bed::frontends;
+use cellium_integration::wait::{eventually_or, wait_for};
+use cellium_integration::{Agent, AgentOptions, NetNs, serial};
 use serde_json::json;
 
 /// Commands the containers run; each becomes a symlink to busybox in the root filesystem.
@@ -78,6 +86,7 @@ cni_plugin_dirs = {dirs:?}
                 "type": "cellium-cni",
                 "socket": agent.socket(),
                 "log-file": root.join("cni.log"),
+                "capabilities": {"portMappings": true},
             }],
         });
         write(
@@ -135,15 +144,17 @@ cni_plugin_dirs = {dirs:?}
 
     /// Starts `name` detached on the network, serving its page on port 8080.
     fn start_server(&self, name: &str, rootfs: &Path) {
-        self.run(&[
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--network",
-            &self.network,
+        self.start_server_with(name, rootfs, &[]);
+    }
+
+    /// [`Podman::start_server`] with more `podman run` options (`-p 18081:8080`, say).
+    fn start_server_with(&self, name: &str, rootfs: &Path, options: &[&str]) {
+        let rootfs = rootfs.display().to_string();
+        let mut args = vec!["run", "-d", "--name", name, "--network", &self.network];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&[
             "--rootfs",
-            &rootfs.display().to_string(),
+            &rootfs,
             "/bin/httpd",
             "-f",
             "-p",
@@ -151,6 +162,7 @@ cni_plugin_dirs = {dirs:?}
             "-h",
             "/www",
         ]);
+        self.run(&args);
     }
 
     fn ip_of(&self, name: &str) -> String {
@@ -259,5 +271,85 @@ fn podman_containers_reach_each_other_and_stopping_one_deletes_its_endpoint() {
         log.lines()
             .any(|l| l.contains(" DEL ") && l.contains(" ok ")),
         "{log}"
+    );
+}
+
+/// The page at `to`, fetched from inside `ns` with a plain HTTP/1.0 request.
+fn page_from(ns: &NetNs, to: SocketAddr) -> std::io::Result<String> {
+    ns.run(move || -> std::io::Result<String> {
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+        let mut page = String::new();
+        conn.read_to_string(&mut page)?;
+        Ok(page)
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))?
+}
+
+/// The port `podman run -p` publishes in the published-port test.
+const PUBLISHED: u16 = 18081;
+
+#[test]
+fn podman_run_publish_serves_the_containers_port_at_the_nodes_address_until_it_stops() {
+    let _serial = serial();
+    let agent = Agent::start_new(AgentOptions::default()).expect("start the agent");
+    // The outside: a namespace routed to the node over celx0 (10.98.0.1).
+    let external = External::attach(agent.node(), &AgentOptions::default().pod_cidrs)
+        .expect("the external network");
+    let podman = Podman::new(&agent);
+
+    let name = format!("cel-pub-{}", std::process::id());
+    let publish = format!("{PUBLISHED}:8080");
+    podman.start_server_with(
+        &name,
+        &podman.rootfs("pub", "hello from the published port"),
+        &["-p", &publish],
+    );
+    // The mapping came with the ADD and is kept on the endpoint.
+    let ep = endpoint_of(&agent, &name).expect("the container's endpoint");
+    assert_eq!(
+        ep["port_mappings"],
+        json!([format!("{PUBLISHED}->8080/TCP")]),
+        "{ep}"
+    );
+    let frontend = wait_for(
+        "the published port's frontend on the node's address",
+        || {
+            frontends(&agent).into_iter().find(|f| {
+                f["kind"] == "HostPort"
+                    && f["port"] == PUBLISHED
+                    && f["vip"] == NODE_LINK_IP.to_string()
+            })
+        },
+    );
+    assert_eq!(frontend["service"], format!("default/{name}"), "{frontend}");
+    assert_eq!(frontend["backends_from"], "port-mappings", "{frontend}");
+
+    // From outside the node, at the node's address and the published port.
+    let at = SocketAddr::new(NODE_LINK_IP.into(), PUBLISHED);
+    let page = wait_for("the published port answering from outside", || {
+        page_from(external.netns(), at).ok()
+    });
+    assert!(
+        page.starts_with("HTTP/1.") && page.trim_end().ends_with("hello from the published port"),
+        "{page}"
+    );
+
+    // Stopping and removing the container takes the port away (DEL reaches the agent).
+    podman.run(&["stop", "-t", "1", &name]);
+    podman.run(&["rm", &name]);
+    eventually_or(
+        "the endpoint and the published port gone",
+        || podman.plugin_log(),
+        || {
+            endpoint_of(&agent, &name).is_none()
+                && frontends(&agent).iter().all(|f| f["kind"] != "HostPort")
+        },
+    );
+    eventually_or(
+        "the published port no longer answering from outside",
+        || podman.plugin_log(),
+        || page_from(external.netns(), at).is_err(),
     );
 }

@@ -543,6 +543,7 @@ fn the_programmer_keeps_ids_across_restarts_and_rev_nat_entries_for_open_connect
         pod: Some(ObjectKey::namespaced("default", pod)),
         addresses: vec![Ipv4Addr::new(10, 244, 0, last).into()],
         ready: true,
+        port_mappings: Vec::new(),
     };
     let mut inputs = Inputs::read(&resources, &[], None);
     inputs.endpoints = vec![endpoint(1, "web-0", 10), endpoint(2, "web-1", 11)];

@@ -56,6 +56,9 @@ struct EndpointView {
     drops: Option<std::collections::BTreeMap<String, u64>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     peers: Vec<PeerView>,
+    /// Ports published on the node (`8080->80/TCP`, `192.168.1.10:8080->80/TCP`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    port_mappings: Vec<String>,
     created: String,
 }
 
@@ -283,6 +286,18 @@ fn view(ep: &Endpoint) -> EndpointView {
                 identity: p.identity,
                 labels: p.labels.clone(),
                 ports: p.ports.clone(),
+            })
+            .collect(),
+        port_mappings: ep
+            .port_mappings
+            .iter()
+            .map(|m| {
+                let at = match m.host_ip.as_str() {
+                    "" => m.host_port.to_string(),
+                    ip if ip.contains(':') => format!("[{ip}]:{}", m.host_port),
+                    ip => format!("{ip}:{}", m.host_port),
+                };
+                format!("{at}->{}/{}", m.container_port, m.protocol)
             })
             .collect(),
         created: output::rfc3339_ms(ep.created_unix_ms),

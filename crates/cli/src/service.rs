@@ -97,7 +97,12 @@ fn host_port(ip: &str, port: u32) -> String {
 
 fn view(f: ServiceFrontend) -> FrontendView {
     FrontendView {
-        service: format!("{}/{}", f.namespace, f.name),
+        // The host ports of an endpoint without a pod are named after the endpoint alone.
+        service: if f.namespace.is_empty() {
+            f.name.clone()
+        } else {
+            format!("{}/{}", f.namespace, f.name)
+        },
         frontend: format!("{}/{}", host_port(&f.vip, f.port), f.protocol),
         port_name: f.port_name,
         kind: f.kind,

@@ -14,6 +14,7 @@
 //! | `log-file` | absolute path; one line per call is appended (verb, container, outcome) |
 //! | `prevResult` | the previous plugin's result (chaining; CHECK) |
 //! | `runtimeConfig.ips` | requested addresses (the `ips` capability) |
+//! | `runtimeConfig.portMappings` | ports to publish on the node (the `portMappings` capability, [`crate::port_mappings`]); read by ADD only |
 //! | `args.cni.ips` | requested addresses (the `args` convention) |
 //! | `cni.dev/valid-attachments` | GC: the attachments still in use |
 
@@ -28,6 +29,7 @@ use crate::addr;
 use crate::args::CniArgs;
 use crate::env::is_valid_name;
 use crate::error::{Error, Result};
+use crate::port_mappings::{self, PortMapping};
 use crate::result::Dns;
 use crate::version::{CniVersion, Verb};
 
@@ -57,6 +59,9 @@ pub struct NetConf {
     pub prev_result: Option<Value>,
     /// `runtimeConfig.ips`, canonical.
     pub runtime_ips: Vec<String>,
+    /// `runtimeConfig.portMappings`, checked; read for ADD only (empty for the other verbs:
+    /// a DEL must not fail on what an ADD refused).
+    pub port_mappings: Vec<PortMapping>,
     /// `args.cni.ips`, canonical.
     pub args_ips: Vec<String>,
     /// `cni.dev/valid-attachments` (GC).
@@ -108,6 +113,11 @@ impl NetConf {
             log_file,
             prev_result: map.get("prevResult").filter(|v| !v.is_null()).cloned(),
             runtime_ips: runtime_ips(&map)?,
+            port_mappings: if verb == Verb::Add {
+                port_mappings::parse(runtime_config(&map)?)?
+            } else {
+                Vec::new()
+            },
             args_ips: args_ips(&map)?,
             valid_attachments: field::<Vec<ValidAttachment>>(
                 &map,
@@ -261,17 +271,21 @@ fn parse_ips(key: &'static str, list: Vec<String>) -> Result<Vec<String>> {
         .collect()
 }
 
+/// `runtimeConfig`, the capabilities' arguments the runtime inserts; empty when absent.
+fn runtime_config(map: &Map<String, Value>) -> Result<&Map<String, Value>> {
+    static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    match map.get("runtimeConfig") {
+        None | Some(Value::Null) => Ok(EMPTY.get_or_init(Map::new)),
+        Some(Value::Object(rc)) => Ok(rc),
+        Some(other) => Err(Error::InvalidConfig {
+            key: "runtimeConfig",
+            reason: format!("{other} is not an object: the runtime must pass an object"),
+        }),
+    }
+}
+
 fn runtime_ips(map: &Map<String, Value>) -> Result<Vec<String>> {
-    let rc = match map.get("runtimeConfig") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Object(rc)) => rc,
-        Some(other) => {
-            return Err(Error::InvalidConfig {
-                key: "runtimeConfig",
-                reason: format!("{other} is not an object: the runtime must pass an object"),
-            });
-        }
-    };
+    let rc = runtime_config(map)?;
     let ips = field::<Vec<String>>(rc, "ips", "a list of address strings")
         .map_err(|e| rekey(e, "runtimeConfig.ips"))?
         .unwrap_or_default();
@@ -333,6 +347,7 @@ mod tests {
         assert_eq!(c.prev_result, None);
         assert_eq!(c.log_file, None);
         assert_eq!(c.valid_attachments, None);
+        assert!(c.port_mappings.is_empty());
     }
 
     #[test]
@@ -348,7 +363,7 @@ mod tests {
                 "timeout": "90s",
                 "log-file": "/var/log/cellium-cni.log",
                 "prevResult": {"cniVersion": "0.4.0"},
-                "runtimeConfig": {"ips": ["10.0.0.9/24"], "portMappings": []},
+                "runtimeConfig": {"ips": ["10.0.0.9/24"], "portMappings": [{"hostPort": 8080, "containerPort": 80}]},
                 "args": {"cni": {"ips": ["10.0.0.8"], "labels": []}},
                 "somePluginKey": {"anything": true}
             }),
@@ -365,6 +380,33 @@ mod tests {
         assert_eq!(c.prev_result, Some(json!({"cniVersion": "0.4.0"})));
         assert_eq!(c.runtime_ips, ["10.0.0.9/24"]);
         assert_eq!(c.args_ips, ["10.0.0.8"]);
+        assert_eq!(c.port_mappings.len(), 1);
+        assert_eq!(
+            (
+                c.port_mappings[0].host_port,
+                c.port_mappings[0].container_port
+            ),
+            (8080, 80)
+        );
+    }
+
+    #[test]
+    fn port_mappings_are_read_by_add_only() {
+        let bad = with(
+            "runtimeConfig",
+            json!({"portMappings": [{"hostPort": 0, "containerPort": 80}]}),
+        );
+        let err = parse(bad.clone(), Verb::Add).unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(
+            err.to_string().contains("\"runtimeConfig.portMappings\""),
+            "{err}"
+        );
+        // A runtime sends the same runtimeConfig with the DEL that follows a refused ADD: it
+        // must succeed.
+        for verb in [Verb::Del, Verb::Check] {
+            assert!(parse(bad.clone(), verb).unwrap().port_mappings.is_empty());
+        }
     }
 
     #[test]

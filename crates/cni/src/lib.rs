@@ -21,6 +21,7 @@ pub mod config;
 pub mod env;
 pub mod error;
 pub mod netns;
+pub mod port_mappings;
 pub mod result;
 pub mod version;
 

@@ -41,6 +41,8 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
+        // Around the port range, so that some published ports are valid.
+        (-2i64..70000).prop_map(|n| json!(n)),
         any::<f64>()
             .prop_filter("JSON has no NaN or infinity", |f| f.is_finite())
             .prop_map(|f| json!(f)),
@@ -52,6 +54,8 @@ fn json_value() -> impl Strategy<Value = Value> {
             Just("10.0.0.5/24"),
             Just("90s"),
             Just("fd00::5"),
+            Just("tcp"),
+            Just("UDP"),
         ]
         .prop_map(|s| Value::String(s.into())),
     ];
@@ -81,6 +85,12 @@ fn key() -> impl Strategy<Value = String> {
             "args",
             "cni",
             "ips",
+            "portMappings",
+            "hostPort",
+            "containerPort",
+            "protocol",
+            "hostIP",
+            "HostPort",
             "cni.dev/valid-attachments",
             "containerID",
             "ifname",
@@ -140,6 +150,10 @@ proptest! {
                     let args = CniArgs::default();
                     for ip in conf.requested_ips(&args) {
                         assert!(!ip.is_empty());
+                    }
+                    // Published ports are ports.
+                    for m in &conf.port_mappings {
+                        assert!(m.host_port > 0 && m.container_port > 0);
                     }
                 }
                 Err(e) => assert_input_error(&e),

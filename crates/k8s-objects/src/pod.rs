@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use serde::{Deserialize, Serialize};
+
 use crate::Protocol;
 use crate::key::{Object, ObjectKey};
 use crate::validate::{self, FieldError};
@@ -18,12 +20,14 @@ pub struct NamedPort {
     pub protocol: Protocol,
 }
 
-/// A container port published on the node (`hostPort`): the agent serves it as Cilium's
-/// HostPort service, so that no `portmap` plugin is needed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A container port published on the node (`hostPort`, or an entry of the CNI `portMappings`
+/// capability a runtime passes): the agent serves it as Cilium's HostPort service, so that no
+/// `portmap` plugin is needed. Serialized as endpoint records keep it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostPort {
     /// `hostIP`: the node address it is published on; `None` (absent, `0.0.0.0` or `::`)
     /// for every node address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ip: Option<IpAddr>,
     /// `hostPort`.
     pub host_port: u16,

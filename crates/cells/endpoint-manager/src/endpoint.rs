@@ -4,6 +4,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use cellium_labels::Labels;
+use cellium_resources::HostPort;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +93,11 @@ pub struct Endpoint {
     /// one, and each node derives its own local identity for the address from it.
     #[serde(default)]
     pub cluster_identity: u32,
+    /// The ports the runtime asked to publish on the node (the CNI `portMappings`
+    /// capability), kept with the record so that they are served again after a restart; svc-lb
+    /// serves them as host ports. Absent from records written before they existed: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub port_mappings: Vec<HostPort>,
     /// Where it is in its life.
     pub state: State,
     /// Creation time, milliseconds since the Unix epoch.
@@ -130,4 +136,38 @@ pub fn mac_text(mac: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellium_resources::Protocol;
+
+    #[test]
+    fn port_mappings_are_kept_in_the_record_and_older_records_have_none() {
+        let mut ep = crate::testing::endpoint(7, "c1");
+        ep.port_mappings = vec![HostPort {
+            host_ip: Some("192.168.1.10".parse().unwrap()),
+            host_port: 8080,
+            container_port: 80,
+            protocol: Protocol::Udp,
+        }];
+        let text = serde_json::to_string(&ep).unwrap();
+        assert!(
+            text.contains(r#""port_mappings":[{"host_ip":"192.168.1.10","host_port":8080,"container_port":80,"protocol":"UDP"}]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Endpoint>(&text).unwrap(), ep);
+        // A record of an agent that did not know mappings.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("port_mappings");
+        let read: Endpoint = serde_json::from_value(old).unwrap();
+        assert!(read.port_mappings.is_empty());
+        ep.port_mappings.clear();
+        assert!(
+            !serde_json::to_string(&ep)
+                .unwrap()
+                .contains("port_mappings")
+        );
+    }
 }

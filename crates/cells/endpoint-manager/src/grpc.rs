@@ -10,9 +10,11 @@ use cellium_api::v1::endpoints_server::{Endpoints as EndpointsApi, EndpointsServ
 use cellium_api::v1::{
     self, CheckEndpointRequest, CheckEndpointResponse, CreateEndpointRequest,
     DeleteEndpointRequest, DeleteEndpointResponse, EndpointPeer, EndpointState, GcRequest,
-    GcResponse, GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse, Route,
+    GcResponse, GetEndpointRequest, IpConfig, ListEndpointsRequest, ListEndpointsResponse,
+    PortMapping, Route,
 };
 use cellium_api::{ApiService, Peer, Reason, refusal};
+use cellium_resources::{HostPort, Protocol};
 use tonic::{Request, Response, Status};
 
 use crate::endpoint::{Endpoint, PodRef, State, mac_text};
@@ -166,6 +168,12 @@ fn create_request(
         },
         name: req.pod_name.clone(),
     });
+    let port_mappings = req
+        .port_mappings
+        .iter()
+        .enumerate()
+        .map(|(i, m)| port_mapping(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
     let netns = pod_netns(&req.container_id, &req.netns, passed).map_err(status)?;
     Ok(CreateRequest {
         container_id: req.container_id,
@@ -175,7 +183,55 @@ fn create_request(
         requested_ips,
         network: req.network,
         mtu: (req.mtu != 0).then_some(req.mtu),
+        port_mappings,
     })
+}
+
+/// The `i`th port mapping of a Create, checked as the plugin checks `portMappings` (the API
+/// has other clients): ports 1-65535, TCP, UDP or SCTP in any case (empty: TCP), `host_ip`
+/// empty or an address (unspecified: every node address).
+fn port_mapping(i: usize, m: &PortMapping) -> Result<HostPort, Status> {
+    let invalid = |what: String| {
+        refusal(
+            Reason::InvalidRequest,
+            format!("invalid port_mappings[{i}]: {what}"),
+        )
+    };
+    let port = |name: &str, n: u32| {
+        u16::try_from(n)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| invalid(format!("{name} {n} is not a port number (1-65535)")))
+    };
+    let protocol = match m.protocol.to_ascii_uppercase().as_str() {
+        "" => Protocol::Tcp,
+        p => p.parse::<Protocol>().map_err(invalid)?,
+    };
+    let host_ip = match m.host_ip.as_str() {
+        "" => None,
+        ip => {
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| invalid(format!("host_ip {ip:?} is not an IP address")))?;
+            (!ip.is_unspecified()).then_some(ip)
+        }
+    };
+    Ok(HostPort {
+        host_ip,
+        host_port: port("host_port", m.host_port)?,
+        container_port: port("container_port", m.container_port)?,
+        protocol,
+    })
+}
+
+/// A published port as the API sends it.
+fn port_mapping_proto(m: &HostPort) -> PortMapping {
+    PortMapping {
+        host_port: u32::from(m.host_port),
+        container_port: u32::from(m.container_port),
+        protocol: m.protocol.to_string(),
+        host_ip: m.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+    }
 }
 
 /// The refusal the API's contract gives `e`: its reason (which sets the gRPC code) and the
@@ -270,5 +326,56 @@ pub fn to_proto(ep: &Endpoint) -> v1::Endpoint {
         ingress_enforced: false,
         egress_enforced: false,
         peers: Vec::new(),
+        port_mappings: ep.port_mappings.iter().map(port_mapping_proto).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(host_port: u32, container_port: u32, protocol: &str, host_ip: &str) -> PortMapping {
+        PortMapping {
+            host_port,
+            container_port,
+            protocol: protocol.into(),
+            host_ip: host_ip.into(),
+        }
+    }
+
+    #[test]
+    fn port_mappings_are_checked_and_normalised() {
+        let m = port_mapping(0, &mapping(8080, 80, "", "")).unwrap();
+        assert_eq!(
+            (m.host_port, m.container_port, m.protocol, m.host_ip),
+            (8080, 80, Protocol::Tcp, None)
+        );
+        let m = port_mapping(0, &mapping(53, 53, "udp", "192.168.1.10")).unwrap();
+        assert_eq!(m.protocol, Protocol::Udp);
+        assert_eq!(m.host_ip, Some("192.168.1.10".parse().unwrap()));
+        assert_eq!(
+            port_mapping(0, &mapping(1, 1, "Sctp", "::"))
+                .unwrap()
+                .host_ip,
+            None
+        );
+        assert_eq!(
+            port_mapping_proto(&m),
+            mapping(53, 53, "UDP", "192.168.1.10")
+        );
+        for (bad, needle) in [
+            (mapping(0, 80, "tcp", ""), "host_port 0"),
+            (mapping(8080, 70000, "tcp", ""), "container_port 70000"),
+            (mapping(8080, 80, "icmp", ""), "ICMP"),
+            (
+                mapping(8080, 80, "tcp", "node-1"),
+                "\"node-1\" is not an IP address",
+            ),
+        ] {
+            let err = port_mapping(2, &bad).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+            assert!(err.message().contains("port_mappings[2]"), "{err:?}");
+            assert!(err.message().contains(needle), "{needle}: {err:?}");
+        }
     }
 }

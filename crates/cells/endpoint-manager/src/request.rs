@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use cellium_resources::HostPort;
+
 use crate::endpoint::PodRef;
 use crate::error::{Error, Result};
 use crate::plumbing::PodNetns;
@@ -24,6 +26,9 @@ pub struct CreateRequest {
     pub network: String,
     /// The MTU; `None` = the configured default.
     pub mtu: Option<u32>,
+    /// Ports to publish on the node (the CNI `portMappings` capability), checked by whoever
+    /// built the request (ports 1-65535, `hostIP` an address).
+    pub port_mappings: Vec<HostPort>,
 }
 
 impl CreateRequest {
@@ -98,6 +103,7 @@ mod tests {
             requested_ips: vec![],
             network: "cellium".into(),
             mtu: None,
+            port_mappings: vec![],
         }
     }
 

@@ -107,8 +107,9 @@ pub struct SvcLbConfig {
     /// `cgroup-root`): every process in it and below is served. A path that is no cgroup v2
     /// directory gets a hierarchy mounted.
     pub cgroup_root: PathBuf,
-    /// Pods' `hostPort`s served by the datapath (Cilium's `enable-host-port`; on by default):
-    /// no `portmap` plugin needed ([`crate::host_ports`]).
+    /// Pods' `hostPort`s and runtimes' CNI `portMappings` served by the datapath (Cilium's
+    /// `enable-host-port`; on by default, in every mode): no `portmap` plugin needed
+    /// ([`crate::host_ports`]).
     pub enable_host_port: bool,
 }
 

@@ -55,8 +55,8 @@ use std::sync::Arc;
 use cellium_datapath_bpf::{Backend, Frontend};
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_resources::{
-    EndpointSlice, IpFamily, LbAlgorithm, Object, ObjectKey, Pod, PortRef, Protocol, Resources,
-    Service, ServicePort, SliceEndpoint, TrafficPolicy,
+    EndpointSlice, HostPort, IpFamily, LbAlgorithm, Object, ObjectKey, Pod, PortRef, Protocol,
+    Resources, Service, ServicePort, SliceEndpoint, TrafficPolicy,
 };
 
 pub use crate::external::FrontendKind;
@@ -87,8 +87,11 @@ pub enum BackendsFrom {
     Selector,
     /// Nowhere: no slice names the service and it has no selector.
     None,
-    /// The pod that publishes a host port ([`crate::host_ports`]).
+    /// The Pod object's `hostPort`s, for the endpoint of that pod ([`crate::host_ports`]).
     Pod,
+    /// The endpoint's own `portMappings`, which the runtime passed with its CNI ADD
+    /// ([`crate::host_ports`]).
+    PortMappings,
 }
 
 impl fmt::Display for BackendsFrom {
@@ -98,6 +101,7 @@ impl fmt::Display for BackendsFrom {
             BackendsFrom::Selector => "selector",
             BackendsFrom::None => "none",
             BackendsFrom::Pod => "pod",
+            BackendsFrom::PortMappings => "port-mappings",
         })
     }
 }
@@ -142,6 +146,9 @@ pub struct Plan {
     /// Whether `error` says what the datapath does not do (an SCTP port, source ranges): the
     /// frontend is left out by design, which is reported but is no fault of the node's.
     pub unsupported: bool,
+    /// Why a host port frontend is refused (the reason `cellium_host_ports_refused` counts it
+    /// under); `None` for every other plan.
+    pub host_port_refusal: Option<crate::host_ports::Refusal>,
 }
 
 impl Plan {
@@ -173,6 +180,8 @@ pub struct LocalEndpoint {
     pub addresses: Vec<IpAddr>,
     /// Whether the datapath serves it (state `Ready`).
     pub ready: bool,
+    /// The ports its runtime asked to publish on the node (CNI `portMappings`).
+    pub port_mappings: Vec<HostPort>,
 }
 
 impl From<&Endpoint> for LocalEndpoint {
@@ -185,6 +194,7 @@ impl From<&Endpoint> for LocalEndpoint {
                 .map(|p| ObjectKey::namespaced(&p.namespace, &p.name)),
             addresses: ep.addresses.iter().map(|a| a.ip).collect(),
             ready: ep.state == State::Ready,
+            port_mappings: ep.port_mappings.clone(),
         }
     }
 }
@@ -353,6 +363,7 @@ fn plan(
         session_affinity: svc.session_affinity,
         error,
         unsupported: is_unsupported,
+        host_port_refusal: None,
     }
 }
 
@@ -572,6 +583,7 @@ spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] 
             pod: Some(ObjectKey::namespaced(ns, pod)),
             addresses: vec![ip(last)],
             ready,
+            port_mappings: Vec::new(),
         }
     }
 
@@ -591,6 +603,7 @@ spec: { containers: [ { name: c, ports: [ { name: http, containerPort: 8080 } ] 
                 pod: None,
                 addresses: vec![ip(15)],
                 ready: true,
+                port_mappings: Vec::new(),
             },
         ];
         inputs
@@ -809,6 +822,7 @@ ports: [ { port: 5353, protocol: UDP } ]
             pod: Some(ObjectKey::namespaced("shop", "web-0")),
             addresses: vec![ip(10), v6(10)],
             ready: true,
+            port_mappings: Vec::new(),
         }];
         let plans = plans(&inputs);
         let described: Vec<(String, Vec<String>)> =

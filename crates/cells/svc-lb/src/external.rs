@@ -102,10 +102,17 @@ pub(crate) fn refuse_shared(plans: &mut [Plan]) {
             .or_insert(claim);
     }
     for p in plans.iter_mut() {
-        let (_, first) = &owner[&p.frontend];
+        let (rank_of_first, first) = &owner[&p.frontend];
         if *first != holder(p) && p.error.is_none() {
             p.error = Some(format!("the frontend is {first}'s"));
-            p.unsupported = p.kind == FrontendKind::HostPort;
+            if p.kind == FrontendKind::HostPort {
+                p.unsupported = true;
+                p.host_port_refusal = Some(if *rank_of_first < rank(FrontendKind::HostPort) {
+                    crate::host_ports::Refusal::TakenByService
+                } else {
+                    crate::host_ports::Refusal::TakenByPod
+                });
+            }
         }
     }
 }
@@ -119,12 +126,14 @@ fn rank(kind: FrontendKind) -> u8 {
     }
 }
 
-/// `service shop/web` or `pod shop/web-0`, as the error names the owner.
+/// `service shop/web`, `pod shop/web-0`, or `endpoint 7 (container 3f2a9c1b0d4e)` (the host
+/// ports of a runtime that names no pod), as the error names the owner.
 fn holder(p: &Plan) -> String {
-    let what = if p.kind == FrontendKind::HostPort {
-        "pod"
+    if p.kind != FrontendKind::HostPort {
+        format!("service {}", p.service)
+    } else if p.service.namespace.is_empty() {
+        p.service.name.clone()
     } else {
-        "service"
-    };
-    format!("{what} {}", p.service)
+        format!("pod {}", p.service)
+    }
 }

@@ -4,8 +4,9 @@
 //!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one
 //!   frontend per port and cluster IP of every service (a dual-stack service has one cluster
 //!   IP per family), and per node address and node port, external IP and load balancer
-//!   ingress IP of those reached from outside ([`external`]), and per pod host port
-//!   ([`host_ports`]), its backends (of its family),
+//!   ingress IP of those reached from outside ([`external`]), and per host port (a Pod's
+//!   `hostPort`, or a runtime's CNI `portMappings` kept on the endpoint: [`host_ports`]), its
+//!   backends (of its family),
 //!   stable backend ids shared by frontends, and one rev-NAT id per frontend, ids being one
 //!   space over both families. Headless services have no frontend. Also the health check
 //!   node port servers of LoadBalancer services with `externalTrafficPolicy: Local`
@@ -14,7 +15,8 @@
 //!   source of every backend) and the `cellium.v1.Services` gRPC service
 //!   (`cellium service list`).
 //! - **Depends on** resources (services, endpoint slices, pods), endpoint-manager (this node's
-//!   endpoints and their changes), loader (the maps).
+//!   endpoints, their port mappings and their changes), loader (the maps); optionally metrics
+//!   (`cellium_host_ports_refused{reason}`: the host ports the last pass left out).
 //! - **Config keys:** `service-no-backend-response`: `reject` (the default: a new connection
 //!   to a frontend without backends gets an ICMP port unreachable at once) or `drop`;
 //!   `bpf-lb-algorithm` (`random` or `maglev`, [`maglev`]) and `bpf-lb-maglev-table-size`;
@@ -22,13 +24,14 @@
 //!   connection from outside balanced to another node's backend);
 //!   `bpf-lb-sock` (off by default) and `cgroup-root`: the node's own processes in that
 //!   cgroup get services translated at `connect()` and `sendmsg()`; `enable-host-port` (on
-//!   by default): pods' host ports ([`SvcLbConfig`]). The
+//!   by default): host ports ([`SvcLbConfig`]). The
 //!   service range, `service-cidr`, belongs to resources.
 //! - **Degraded** when a frontend cannot be programmed (too many backends, ids exhausted, a
 //!   map write failing), naming it and why; or when stale entries cannot be removed.
 //!   Frontends left out because the datapath does not serve what they ask (an SCTP port, a
 //!   LoadBalancer IP with `loadBalancerSourceRanges`) are named in the OK message and in
-//!   `cellium service list`, not Degraded: that would fail CNI STATUS on every node.
+//!   `cellium service list`, not Degraded: that would fail CNI STATUS on every node. So are
+//!   refused host ports, counted by reason in the OK message.
 //!
 //! Backends come from the service's EndpointSlices, or, when none names it, from this node's
 //! endpoints whose pods match its selector ([`desired`] has the rules). At start the pinned

@@ -39,8 +39,12 @@ use cellium_datapath_bpf::{Datapath, DatapathConfig};
 use cellium_endpoint_manager::EndpointManager;
 use cellium_hive::{BoxError, Config, Hook, Jobs, Lifecycle, Reporter, Trigger};
 use cellium_loader::Loader;
+use cellium_metrics::Metrics;
 use cellium_resources::{ApiSource, LbAlgorithm, Resources};
 use futures::{Stream, StreamExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
@@ -48,12 +52,19 @@ use crate::config::{LbMode, NoBackendResponse, SvcLbConfig};
 use crate::desired::{Inputs, plans};
 use crate::error::{Error, Result};
 use crate::health_check_node_ports::HealthCheckServers;
+use crate::host_ports::Refusal;
 use crate::sync::{FrontendStatus, Programmer, SyncReport};
 
 /// How often the maps are compared with the plans without any change.
 const RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 /// How often removed frontends' rev-NAT entries are looked at.
 const REV_NAT_GC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The label of `cellium_host_ports_refused`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
 
 /// ClusterIP load balancing: the services' frontends and backends in the datapath.
 #[derive(Debug)]
@@ -75,6 +86,8 @@ pub struct ServiceLb {
     health_checks: HealthCheckServers,
     /// Whether the first pass has run (succeeded or not): `Services.List` waits for it.
     first_pass: watch::Sender<bool>,
+    /// `cellium_host_ports_refused{reason}`: the host port frontends the last pass refused.
+    host_ports_refused: Family<ReasonLabels, Gauge>,
 }
 
 impl ServiceLb {
@@ -90,6 +103,7 @@ impl ServiceLb {
         endpoints: Arc<EndpointManager>,
         loader: Arc<Loader>,
         source: Option<Arc<dyn ApiSource>>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Arc<ServiceLb> {
         let lb = Arc::new(ServiceLb {
             resources,
@@ -105,7 +119,15 @@ impl ServiceLb {
             )),
             health_checks: HealthCheckServers::default(),
             first_pass: watch::Sender::new(false),
+            host_ports_refused: Family::default(),
         });
+        if let Some(metrics) = metrics {
+            metrics.register(
+                "host_ports_refused",
+                "Host port frontends (pods' hostPorts, runtimes' portMappings) not served at the last pass, by reason",
+                lb.host_ports_refused.clone(),
+            );
+        }
         let this = lb.clone();
         let reject = cfg.service_no_backend_response == NoBackendResponse::Reject;
         let mode = cfg.bpf_lb_mode;
@@ -185,7 +207,7 @@ impl ServiceLb {
         let node_addresses = cellium_ipcache::node_addresses()
             .await
             .map_err(Error::NodeAddresses)?;
-        let (report, health_checks) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let (report, health_checks, refused) = tokio::task::spawn_blocking(move || -> Result<_> {
             let dp = this.loader.datapath()?;
             this.take_over(&dp)?;
             let mut inputs = Inputs {
@@ -200,19 +222,34 @@ impl ServiceLb {
             inputs.node_addresses = node_addresses.into_iter().collect();
             let plans = plans(&inputs);
             let health_checks = crate::health_check_node_ports::wanted(&inputs, &plans);
-            Ok((this.state().sync(&dp, plans)?, health_checks))
+            let refused = crate::host_ports::refused(&plans);
+            Ok((this.state().sync(&dp, plans)?, health_checks, refused))
         })
         .await??;
         let unserved = self.health_checks.apply(health_checks).await;
-        self.report(&report, &unserved);
+        for (reason, n) in &refused {
+            let labels = ReasonLabels {
+                reason: reason.as_str(),
+            };
+            self.host_ports_refused
+                .get_or_create(&labels)
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.report(&report, &unserved, &refused);
         Ok(report)
     }
 
     /// Degraded for what should have been programmed and was not; frontends left out by
     /// design (`SyncReport::unsupported`) are named in the OK message only: a Degraded module
     /// fails CNI STATUS, and one Service's SCTP port must not keep every new pod off the node.
-    fn report(&self, report: &SyncReport, unserved_health_checks: &[String]) {
+    fn report(
+        &self,
+        report: &SyncReport,
+        unserved_health_checks: &[String],
+        host_ports_refused: &[(Refusal, usize)],
+    ) {
         let total = report.programmed + report.failed.len() + report.unsupported.len();
+        let refused = refused_note(host_ports_refused);
         if let Some(first) = unserved_health_checks.first() {
             self.reporter.degraded(format!(
                 "{} health check node ports not served: {first}",
@@ -230,14 +267,14 @@ impl ServiceLb {
             ));
         } else if let Some(first) = report.unsupported.first() {
             self.reporter.ok(format!(
-                "{} frontends programmed; {} left out as the datapath does not serve them: {first}; {}",
+                "{} frontends programmed; {} left out as the datapath does not serve them: {first}; {refused}{}",
                 report.programmed,
                 report.unsupported.len(),
                 self.kube_proxy_replacement()
             ));
         } else {
             self.reporter.ok(format!(
-                "{total} frontends programmed; {}",
+                "{total} frontends programmed; {refused}{}",
                 self.kube_proxy_replacement()
             ));
         }
@@ -347,6 +384,21 @@ impl ServiceLb {
     }
 }
 
+/// `2 host ports refused (foreign-host-ip 1, taken-by-service 1); ` for the status line, or
+/// nothing when none is.
+fn refused_note(refused: &[(Refusal, usize)]) -> String {
+    let total: usize = refused.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return String::new();
+    }
+    let by_reason: Vec<String> = refused
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    format!("{total} host ports refused ({}); ", by_reason.join(", "))
+}
+
 fn kube_proxy_replacement(sock: bool, host_ports: bool) -> String {
     let host = if host_ports {
         "host ports served"
@@ -366,7 +418,20 @@ fn kube_proxy_replacement(sock: bool, host_ports: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::kube_proxy_replacement;
+    use super::{Refusal, kube_proxy_replacement, refused_note};
+
+    #[test]
+    fn the_status_line_counts_refused_host_ports_by_reason() {
+        assert_eq!(refused_note(&[(Refusal::ForeignHostIp, 0)]), "");
+        assert_eq!(
+            refused_note(&[
+                (Refusal::ForeignHostIp, 1),
+                (Refusal::TakenByService, 0),
+                (Refusal::TakenByPod, 2)
+            ]),
+            "3 host ports refused (foreign-host-ip 1, taken-by-pod 2); "
+        );
+    }
 
     #[test]
     fn kube_proxy_can_go_only_with_socket_lb() {

@@ -4,7 +4,9 @@
 //! `Endpoints.Create`, which returns once the datapath enforces the endpoint, so a pod never
 //! starts before its network is ready. The pod's network namespace goes with the call, opened
 //! here ([`crate::netns`]). With a `prevResult` (this plugin anywhere in a chain),
-//! the plugin's interfaces, IPs and routes are appended to it.
+//! the plugin's interfaces, IPs and routes are appended to it. The runtime's
+//! `runtimeConfig.portMappings` go with the call: the agent publishes them as host ports
+//! ([`crate::port_mappings`]).
 
 use cellium_api::v1::{CreateEndpointRequest, EndpointState};
 
@@ -41,6 +43,7 @@ pub async fn exec(env: &Env, stdin: &[u8]) -> Result<Reply> {
         requested_ips: conf.requested_ips(&args).to_vec(),
         network: conf.name.clone(),
         mtu: conf.mtu.unwrap_or(0),
+        port_mappings: conf.port_mappings.iter().map(|m| m.to_proto()).collect(),
     };
     let ep = agent
         .call(

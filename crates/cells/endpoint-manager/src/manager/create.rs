@@ -190,15 +190,18 @@ fn record(id: u16, req: &CreateRequest, mtu: u32) -> Endpoint {
         labels: Labels::new(),
         identity: 0,
         cluster_identity: 0,
+        port_mappings: req.port_mappings.clone(),
         state: State::Creating,
         created_unix_ms: now_ms(),
     }
 }
 
-/// Whether `req` asks for what `ep` already is: the same network namespace, and addresses it
-/// holds (or none in particular).
+/// Whether `req` asks for what `ep` already is: the same network namespace, addresses it
+/// holds (or none in particular), the same published ports (an answer that they are published
+/// when they are not would be a lie too).
 fn is_retry_of(req: &CreateRequest, ep: &Endpoint) -> bool {
     req.netns.path() == ep.netns
+        && req.port_mappings == ep.port_mappings
         && req
             .requested_ips
             .iter()
@@ -350,6 +353,7 @@ mod tests {
             requested_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
             network: "cellium".into(),
             mtu: None,
+            port_mappings: vec![],
         }
     }
 

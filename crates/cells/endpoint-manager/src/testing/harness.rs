@@ -177,6 +177,7 @@ impl Harness {
             requested_ips: Vec::new(),
             network: "cellium".into(),
             mtu: None,
+            port_mappings: Vec::new(),
         }
     }
 

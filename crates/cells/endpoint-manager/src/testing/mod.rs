@@ -46,6 +46,7 @@ pub(crate) fn endpoint(id: u16, container: &str) -> Endpoint {
         labels: Labels::new(),
         identity: 0,
         cluster_identity: 0,
+        port_mappings: Vec::new(),
         state: State::Ready,
         created_unix_ms: 0,
     }

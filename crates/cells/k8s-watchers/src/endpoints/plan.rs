@@ -297,6 +297,7 @@ pub(crate) mod tests {
             ]),
             identity: 1234,
             cluster_identity: 1234,
+            port_mappings: Vec::new(),
             state: State::Ready,
             created_unix_ms: i64::from(id),
         }
