@@ -233,6 +233,36 @@ static __always_inline __u32 lb6_select(struct lb6_key *key, __u16 count, __u16 
 }
 
 /*
+ * loadBalancerSourceRanges: whether the frontend `rev_nat_id` admits a new
+ * connection from `client`. In frames of their own (the key off the
+ * callers' frames: cel_from_container's leaves its callees little of the
+ * verifier's 512 bytes).
+ */
+static __noinline int lb4_src_range_ok(__u32 rev_nat_id, __be32 client)
+{
+	struct lb4_src_range_key k = {
+		.prefixlen = CEL_LB_SRC_RANGE_STATIC_PREFIX + 32,
+		.rev_nat_id = (__u16)rev_nat_id,
+		.addr = client,
+	};
+
+	return bpf_map_lookup_elem(&cel_lb4_source_range, &k) != NULL;
+}
+
+static __noinline int lb6_src_range_ok(__u32 rev_nat_id, const __u8 *client)
+{
+	struct lb6_src_range_key k = {
+		.prefixlen = CEL_LB_SRC_RANGE_STATIC_PREFIX + 128,
+		.rev_nat_id = (__u16)rev_nat_id,
+	};
+
+	if (!client)
+		return 0;
+	__builtin_memcpy(k.addr, client, 16);
+	return bpf_map_lookup_elem(&cel_lb6_source_range, &k) != NULL;
+}
+
+/*
  * If the packet is for a frontend, translates it to the connection's
  * backend and fills `c`. A connection without a live service entry gets a
  * backend from lb4_select and nothing written: lb4_commit records the
@@ -278,6 +308,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, struct pkt *p,
 	}
 	/* New connection, or its backend was removed: choose (again). */
 	if (!be) {
+		if ((svc->flags & CEL_SVC_F_SOURCE_RANGE) && !lb4_src_range_ok(rnat, p->saddr))
+			return CEL_REASON_NOT_IN_SRC_RANGE;
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
 		id = lb4_select(&key, count, rnat, timeout, p, now);
@@ -525,6 +557,8 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, struct pkt6 *p,
 		}
 	}
 	if (!be) {
+		if ((svc->flags & CEL_SVC_F_SOURCE_RANGE) && !lb6_src_range_ok(rnat, p->saddr))
+			return CEL_REASON_NOT_IN_SRC_RANGE;
 		if (count == 0)
 			return CEL_REASON_NO_SERVICE_BACKEND;
 		id = lb6_select(&key, count, rnat, timeout, p, now);

@@ -216,6 +216,24 @@ struct {
 	__uint(max_entries, 65536);
 } cel_lb6_affinity SEC(".maps");
 
+/* loadBalancerSourceRanges (lib/lb.h lb4_src_range_ok): written by the
+ * agent per rev-NAT id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb4_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cel_lb4_source_range SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb6_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cel_lb6_source_range SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb_affinity_match);

@@ -124,7 +124,10 @@ static __always_inline int sock4_translate(struct bpf_sock_addr *ctx, int per_me
 	key.dport = (__be16)ctx->user_port;
 	key.protocol = ctx->protocol;
 	svc = bpf_map_lookup_elem(&cel_lb4_services, &key);
-	if (!svc)
+	/* A frontend with loadBalancerSourceRanges is left to the packet path
+	 * (lb4_dnat), which checks the client's address: at connect() the
+	 * socket's source is not chosen yet. */
+	if (!svc || (svc->flags & CEL_SVC_F_SOURCE_RANGE))
 		return 1;
 	if (svc->count == 0)
 		return sock_no_backend(cfg);
@@ -208,7 +211,8 @@ static __always_inline int sock6_translate(struct bpf_sock_addr *ctx, int per_me
 	key.dport = (__be16)ctx->user_port;
 	key.protocol = ctx->protocol;
 	svc = bpf_map_lookup_elem(&cel_lb6_services, &key);
-	if (!svc)
+	/* As sock4_translate: left to the packet path. */
+	if (!svc || (svc->flags & CEL_SVC_F_SOURCE_RANGE))
 		return 1;
 	if (svc->count == 0)
 		return sock_no_backend(cfg);

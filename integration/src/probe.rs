@@ -362,6 +362,48 @@ pub fn seen_from(ns: &NetNs, to: SocketAddr) -> std::io::Result<IpAddr> {
     .map_err(|e| std::io::Error::other(e.to_string()))?
 }
 
+/// [`seen_from`] with the client's socket bound to `src` (one of `ns`'s addresses), giving up
+/// after `timeout`: what a client of that address gets.
+pub fn seen_from_source(
+    ns: &NetNs,
+    src: IpAddr,
+    to: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<IpAddr> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, setsockopt, socket,
+        sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let family = if to.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    ns.run(move || -> std::io::Result<IpAddr> {
+        let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+        // A blocking connect gives up after the send timeout.
+        let tv = nix::sys::time::TimeVal::new(
+            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            i64::from(timeout.subsec_micros()),
+        );
+        setsockopt(&fd, sockopt::SendTimeout, &tv)?;
+        bind(
+            fd.as_raw_fd(),
+            &SockaddrStorage::from(SocketAddr::new(src, 0)),
+        )?;
+        connect(fd.as_raw_fd(), &SockaddrStorage::from(to))?;
+        let stream = TcpStream::from(fd);
+        stream.set_read_timeout(Some(timeout))?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        line.trim()
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("{line:?}: {e}")))
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))?
+}
+
 /// A UDP server in a namespace: answers each datagram with `<banner>:<payload>` (payloads up
 /// to the largest datagram, so large ones come back fragmented as they went).
 #[derive(Debug)]

@@ -81,6 +81,11 @@
 /* An endpoint enforces this direction but has no policy map (not written
  * yet, or removed): nothing allows, so nothing passes. */
 #define CEL_REASON_NO_POLICY_MAP 16
+/* A new connection to a load balancer ingress IP of a service with
+ * loadBalancerSourceRanges from a client none of them holds
+ * (cel_lb4_source_range / cel_lb6_source_range). Cilium's
+ * DROP_NOT_IN_SRC_RANGE. */
+#define CEL_REASON_NOT_IN_SRC_RANGE 17
 #define CEL_REASON_SLOTS 256
 /* Not a verdict: the ingress slot counts the events cel_events had no room
  * for (packets: events, bytes: 0). */

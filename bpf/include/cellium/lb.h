@@ -151,6 +151,33 @@ struct lb_affinity_match {
 /* externalTrafficPolicy Local: a client from outside keeps its address;
  * without it, its source becomes the frontend's address (SNAT). */
 #define CEL_SVC_F_LOCAL (1 << 1)
+/* A load balancer ingress IP of a service with loadBalancerSourceRanges:
+ * a new connection is admitted only from a client the frontend's rev-NAT id
+ * lists in cel_lb4_source_range / cel_lb6_source_range (Cilium's
+ * SVC_FLAG_SOURCE_RANGE). */
+#define CEL_SVC_F_SOURCE_RANGE (1 << 2)
+
+/*
+ * cel_lb4_source_range / cel_lb6_source_range: LPM tries of the client
+ * prefixes each such frontend admits. The rev-NAT id (and pad) are always
+ * matched whole: prefixlen = CEL_LB_SRC_RANGE_STATIC_PREFIX + the client
+ * prefix's length. The value is unused (1).
+ */
+#define CEL_LB_SRC_RANGE_STATIC_PREFIX 32
+
+struct lb4_src_range_key {
+	__u32 prefixlen;
+	__u16 rev_nat_id;
+	__u16 pad;
+	__be32 addr;
+};
+
+struct lb6_src_range_key {
+	__u32 prefixlen;
+	__u16 rev_nat_id;
+	__u16 pad;
+	__u8 addr[16];
+};
 
 /*
  * cel_snat4 / cel_snat6: the clients from outside whose source was

@@ -108,6 +108,16 @@ int main(void)
 	OFF(lb4_service, count);
 	OFF(lb4_service, rev_nat_id);
 	OFF(lb4_service, flags);
+	SIZE(lb4_src_range_key);
+	OFF(lb4_src_range_key, prefixlen);
+	OFF(lb4_src_range_key, rev_nat_id);
+	OFF(lb4_src_range_key, pad);
+	OFF(lb4_src_range_key, addr);
+	SIZE(lb6_src_range_key);
+	OFF(lb6_src_range_key, prefixlen);
+	OFF(lb6_src_range_key, rev_nat_id);
+	OFF(lb6_src_range_key, pad);
+	OFF(lb6_src_range_key, addr);
 	SIZE(lb_affinity_match);
 	OFF(lb_affinity_match, backend_id);
 	OFF(lb_affinity_match, rev_nat_id);
@@ -206,6 +216,9 @@ int main(void)
 	CONST(CEL_REASON_UNKNOWN_SENDER);
 	CONST(CEL_REASON_INVALID_IDENTITY);
 	CONST(CEL_REASON_NO_POLICY_MAP);
+	CONST(CEL_REASON_NOT_IN_SRC_RANGE);
+	CONST(CEL_SVC_F_SOURCE_RANGE);
+	CONST(CEL_LB_SRC_RANGE_STATIC_PREFIX);
 	CONST(CEL_IDENTITY_REMOTE_NODE);
 	CONST(CEL_IDENTITY_WORLD);
 	CONST(CEL_IDENTITY_WORLD_IPV4);

@@ -528,6 +528,46 @@ plain!(Lb4Service {
     pad
 });
 
+/// `struct lb4_src_range_key`: a client prefix the frontend `rev_nat_id` admits.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb4SrcRangeKey {
+    /// `CEL_LB_SRC_RANGE_STATIC_PREFIX` + the client prefix's length.
+    pub prefixlen: u32,
+    /// The frontend.
+    pub rev_nat_id: u16,
+    /// Zero.
+    pub pad: u16,
+    /// The prefix's address bytes.
+    pub addr: [u8; 4],
+}
+plain!(Lb4SrcRangeKey {
+    prefixlen,
+    rev_nat_id,
+    pad,
+    addr
+});
+
+/// `struct lb6_src_range_key`: [`Lb4SrcRangeKey`] for IPv6 clients.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lb6SrcRangeKey {
+    /// `CEL_LB_SRC_RANGE_STATIC_PREFIX` + the client prefix's length.
+    pub prefixlen: u32,
+    /// The frontend.
+    pub rev_nat_id: u16,
+    /// Zero.
+    pub pad: u16,
+    /// The prefix's address bytes.
+    pub addr: [u8; 16],
+}
+plain!(Lb6SrcRangeKey {
+    prefixlen,
+    rev_nat_id,
+    pad,
+    addr
+});
+
 /// `struct lb_affinity_match`: backend `backend_id` is one of the frontend `rev_nat_id`'s
 /// (for session affinity).
 #[repr(C)]
@@ -917,6 +957,12 @@ mod tests {
         check!(Lb4Service, lb4_service {
             backend_id => backend_id, count => count, rev_nat_id => rev_nat_id, flags => flags,
         });
+        check!(Lb4SrcRangeKey, lb4_src_range_key {
+            prefixlen => prefixlen, rev_nat_id => rev_nat_id, pad => pad, addr => addr,
+        });
+        check!(Lb6SrcRangeKey, lb6_src_range_key {
+            prefixlen => prefixlen, rev_nat_id => rev_nat_id, pad => pad, addr => addr,
+        });
         check!(LbAffinityMatch, lb_affinity_match { backend_id => backend_id, rev_nat_id => rev_nat_id });
         check!(Lb4Backend, lb4_backend { addr => addr, port => port, protocol => protocol, flags => flags });
         check!(Lb4ReverseNat, lb4_reverse_nat { vip => vip, port => port });
@@ -977,6 +1023,14 @@ mod tests {
             c::CEL_IPMASQ_NATIVE_ROUTING
         );
         assert_eq!(u64::from(crate::maps::ipmasq::AGENT), c::CEL_IPMASQ_AGENT);
+        assert_eq!(
+            u64::from(crate::maps::lb::SERVICE_SOURCE_RANGE),
+            c::CEL_SVC_F_SOURCE_RANGE
+        );
+        assert_eq!(
+            u64::from(crate::maps::source_range::STATIC_PREFIX),
+            c::CEL_LB_SRC_RANGE_STATIC_PREFIX
+        );
         assert_eq!(
             u64::from(crate::maps::ipmasq::POD_CIDR),
             c::CEL_IPMASQ_POD_CIDR

@@ -29,6 +29,7 @@ use crate::maps::maglev::MaglevTables;
 use crate::maps::metrics::Metrics;
 use crate::maps::policy::PolicyMap;
 use crate::maps::snat::SnatTable;
+use crate::maps::source_range::SourceRanges;
 use crate::pinning::{self, MapOrigin, MapReport};
 use crate::programs::{self, Parts, ProgramOrigin};
 use crate::skel::DatapathSkelBuilder;
@@ -86,6 +87,7 @@ pub struct Datapath {
     services: Services,
     maglev: MaglevTables,
     affinity_match: AffinityMatch,
+    source_ranges: SourceRanges,
     config: ConfigMap,
     metrics: Metrics,
     events: MapHandle,
@@ -306,6 +308,10 @@ impl Datapath {
             ),
             maglev: MaglevTables::new(p.typed("cel_lb_maglev")?),
             affinity_match: AffinityMatch::new(p.typed("cel_lb_affinity_match")?),
+            source_ranges: SourceRanges::new(
+                p.typed("cel_lb4_source_range")?,
+                p.typed("cel_lb6_source_range")?,
+            ),
             config: ConfigMap::new(p.typed("cel_config")?),
             metrics: Metrics::new(p.typed("cel_metrics")?),
             events: p.map("cel_events")?,
@@ -389,6 +395,11 @@ impl Datapath {
     /// Which backends each frontend with session affinity has.
     pub fn affinity_match(&self) -> &AffinityMatch {
         &self.affinity_match
+    }
+
+    /// The load balancer source range maps (`cel_lb4_source_range`, `cel_lb6_source_range`).
+    pub fn source_ranges(&self) -> &SourceRanges {
+        &self.source_ranges
     }
 
     /// Datapath-wide settings.

@@ -79,10 +79,13 @@ pub use maps::config::VXLAN_OVERHEAD;
 pub use maps::conntrack::{CtState, CtTuple, GcStats};
 pub use maps::frag::Fragmented;
 pub use maps::ipcache::IpcacheInfo;
-pub use maps::lb::{Backend, Frontend, SERVICE_EXTERNAL, SERVICE_LOCAL, ServiceEntry};
+pub use maps::lb::{
+    Backend, Frontend, SERVICE_EXTERNAL, SERVICE_LOCAL, SERVICE_SOURCE_RANGE, ServiceEntry,
+};
 pub use maps::maglev::MaglevTables;
 pub use maps::metrics::MetricSample;
 pub use maps::policy::{SyncStats, compile_policy};
+pub use maps::source_range::SourceRanges;
 pub use pinning::{MapOrigin, MapReport};
 pub use programs::ProgramOrigin;
 pub use sock::SockHook;

@@ -51,13 +51,17 @@ pub enum Reason {
     /// An endpoint enforces the direction but has no policy map (not written yet, or
     /// removed): nothing allows, so nothing passes.
     NoPolicyMap,
+    /// A new connection to a load balancer ingress IP of a service with
+    /// `loadBalancerSourceRanges` from a client none of them holds (Cilium's
+    /// `DROP_NOT_IN_SRC_RANGE`).
+    NotInSrcRange,
     /// A number this version does not know.
     Unknown(u8),
 }
 
 impl Reason {
     /// Every reason the datapath emits, in number order.
-    pub const KNOWN: [Reason; 15] = [
+    pub const KNOWN: [Reason; 16] = [
         Reason::Forwarded,
         Reason::InvalidSource,
         Reason::PolicyDeny,
@@ -73,6 +77,7 @@ impl Reason {
         Reason::UnknownSender,
         Reason::InvalidIdentity,
         Reason::NoPolicyMap,
+        Reason::NotInSrcRange,
     ];
 
     /// The reason's number.
@@ -95,6 +100,7 @@ impl Reason {
             Reason::UnknownSender => 14,
             Reason::InvalidIdentity => 15,
             Reason::NoPolicyMap => 16,
+            Reason::NotInSrcRange => 17,
             Reason::Unknown(n) => n,
         }
     }
@@ -133,6 +139,7 @@ impl fmt::Display for Reason {
             Reason::UnknownSender => f.write_str("unknown sender"),
             Reason::InvalidIdentity => f.write_str("invalid identity"),
             Reason::NoPolicyMap => f.write_str("no policy map"),
+            Reason::NotInSrcRange => f.write_str("not in source range"),
             Reason::Unknown(n) => write!(f, "reason {n}"),
         }
     }
@@ -266,6 +273,7 @@ mod tests {
             (Reason::UnknownSender, c::CEL_REASON_UNKNOWN_SENDER),
             (Reason::InvalidIdentity, c::CEL_REASON_INVALID_IDENTITY),
             (Reason::NoPolicyMap, c::CEL_REASON_NO_POLICY_MAP),
+            (Reason::NotInSrcRange, c::CEL_REASON_NOT_IN_SRC_RANGE),
         ];
         for (r, n) in reasons {
             assert_eq!(u64::from(r.as_u8()), n, "{r}");

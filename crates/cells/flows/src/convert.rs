@@ -34,6 +34,7 @@ pub fn drop_reason(reason: Reason) -> v1::DropReason {
         Reason::EncapFailed => D::ErrorRetrievingTunnelKey,
         Reason::UnknownSender => D::UnknownSender,
         Reason::InvalidIdentity => D::InvalidIdentity,
+        Reason::NotInSrcRange => D::DeniedByLbSrcRangeCheck,
         Reason::Forwarded | Reason::Unknown(_) => D::Unknown,
     }
 }

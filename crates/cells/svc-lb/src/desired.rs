@@ -40,10 +40,14 @@
 //! backends of the cluster IP frontend of their family, only this node's with
 //! `externalTrafficPolicy: Local`.
 //!
+//! `loadBalancerSourceRanges` restrict the load balancer ingress frontends only, as with
+//! kube-proxy (the cluster IP, node ports and external IPs of the service admit everyone):
+//! such a frontend carries the ranges of its family ([`Plan::source_ranges`]) and a new
+//! connection from a client outside them is dropped (`NOT_IN_SRC_RANGE`).
+//!
 //! What the datapath cannot do is left out frontend by frontend, with an error that reports
 //! it, and the rest of the service is served: an SCTP port (the datapath balances TCP and
-//! UDP), and the load balancer ingress frontends of a service with `loadBalancerSourceRanges`
-//! (fail closed: the ranges are not enforced, so those frontends admit no one).
+//! UDP).
 //!
 //! Headless and ExternalName services have no frontend. Everything here is a pure function of its inputs.
 
@@ -52,7 +56,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use cellium_datapath_bpf::{Backend, Frontend};
+use cellium_datapath_bpf::{Backend, Frontend, IpNet};
 use cellium_endpoint_manager::{Endpoint, State};
 use cellium_resources::{
     EndpointSlice, HostPort, IpFamily, LbAlgorithm, Object, ObjectKey, Pod, PortRef, Protocol,
@@ -73,6 +77,9 @@ impl Plan {
         }
         if self.local {
             flags |= cellium_datapath_bpf::SERVICE_LOCAL;
+        }
+        if self.source_ranges.is_some() {
+            flags |= cellium_datapath_bpf::SERVICE_SOURCE_RANGE;
         }
         flags
     }
@@ -141,6 +148,10 @@ pub struct Plan {
     pub algorithm: LbAlgorithm,
     /// `sessionAffinity: ClientIP`: its timeout in seconds; `None` without affinity.
     pub session_affinity: Option<u32>,
+    /// A load balancer ingress frontend of a service with `loadBalancerSourceRanges`: the
+    /// client prefixes of the frontend's family it admits (none: it admits no client of its
+    /// family). `None`: no restriction.
+    pub source_ranges: Option<Vec<IpNet>>,
     /// Why it cannot be programmed, if it cannot.
     pub error: Option<String>,
     /// Whether `error` says what the datapath does not do (an SCTP port, source ranges): the
@@ -340,7 +351,7 @@ fn plan(
         draining.retain(here);
     }
     draining.retain(|d| !backends.iter().any(|b| b.backend == d.backend));
-    let unsupported = unservable(svc, port, kind);
+    let unsupported = unservable(port);
     let is_unsupported = unsupported.is_some();
     let error = unsupported.or_else(|| {
         (backends.len() > MAX_BACKENDS).then(|| {
@@ -361,20 +372,35 @@ fn plan(
         draining,
         algorithm: svc.lb_algorithm.unwrap_or(inputs.lb_algorithm),
         session_affinity: svc.session_affinity,
+        source_ranges: source_ranges(svc, kind, family),
         error,
         unsupported: is_unsupported,
         host_port_refusal: None,
     }
 }
 
-/// Why the datapath cannot serve this frontend of `svc`, if it cannot (see the module).
-fn unservable(svc: &Service, port: &ServicePort, kind: FrontendKind) -> Option<String> {
-    if port.protocol == Protocol::Sctp {
-        return Some("SCTP ports are not balanced (the datapath balances TCP and UDP)".into());
+/// Why the datapath cannot serve this port, if it cannot (see the module).
+fn unservable(port: &ServicePort) -> Option<String> {
+    (port.protocol == Protocol::Sctp)
+        .then(|| "SCTP ports are not balanced (the datapath balances TCP and UDP)".into())
+}
+
+/// The client prefixes a frontend admits: for a load balancer ingress frontend of a service
+/// with `loadBalancerSourceRanges`, those of its family (truncated, without duplicates);
+/// `None` for every other frontend, and without ranges (an empty list restricts nothing).
+fn source_ranges(svc: &Service, kind: FrontendKind, family: IpFamily) -> Option<Vec<IpNet>> {
+    if kind != FrontendKind::LoadBalancer || svc.load_balancer_source_ranges.is_empty() {
+        return None;
     }
-    (kind == FrontendKind::LoadBalancer && !svc.load_balancer_source_ranges.is_empty()).then(|| {
-        "loadBalancerSourceRanges are not enforced: the load balancer IP is not served".into()
-    })
+    let mut ranges: Vec<IpNet> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|n| IpFamily::of(n.addr()) == family)
+        .map(IpNet::trunc)
+        .collect();
+    ranges.sort_unstable();
+    ranges.dedup();
+    Some(ranges)
 }
 
 /// Which endpoints topology-aware routing prefers, for a node of a known zone.
@@ -1124,27 +1150,67 @@ status: { loadBalancer: { ingress: [ { ip: 192.0.2.9 } ] } }
     }
 
     #[test]
-    fn sctp_ports_and_source_ranges_leave_out_only_their_frontends() {
+    fn sctp_ports_leave_out_only_their_frontends_and_source_ranges_restrict_the_lb_ip() {
         let mut inputs = setup(&LB_WITH_FIELDS.replace(
             "SPEC",
-            "loadBalancerSourceRanges: [ 198.51.100.0/24 ], trafficDistribution: PreferClose,",
+            "loadBalancerSourceRanges: [ 198.51.100.7/24, 2001:db8::/32 ], trafficDistribution: PreferClose,",
         ));
         inputs.node_addresses = vec!["10.98.0.1".parse().unwrap()];
         let plans = plans(&inputs);
         let sctp = Some("SCTP ports are not balanced (the datapath balances TCP and UDP)".into());
-        let ranges = Some(
-            "loadBalancerSourceRanges are not enforced: the load balancer IP is not served".into(),
-        );
         assert_eq!(
             described(&plans),
             vec![
                 ("shop/web http (10.96.0.20:80/TCP)".into(), None),
                 ("shop/web sig (10.96.0.20:3868/SCTP)".into(), sctp.clone()),
                 ("shop/web http (10.98.0.1:30080/TCP)".into(), None),
-                ("shop/web http (192.0.2.9:80/TCP)".into(), ranges),
+                ("shop/web http (192.0.2.9:80/TCP)".into(), None),
                 ("shop/web sig (10.98.0.1:30086/SCTP)".into(), sctp.clone()),
                 ("shop/web sig (192.0.2.9:3868/SCTP)".into(), sctp),
             ]
+        );
+        let ranges: Vec<(String, Option<Vec<IpNet>>, bool)> = plans
+            .iter()
+            .filter(|p| p.error.is_none())
+            .map(|p| {
+                let flagged = p.flags() & cellium_datapath_bpf::SERVICE_SOURCE_RANGE != 0;
+                (p.describe(), p.source_ranges.clone(), flagged)
+            })
+            .collect();
+        // Only the load balancer IP is restricted, to the ranges of its family, truncated.
+        assert_eq!(
+            ranges,
+            vec![
+                ("shop/web http (10.96.0.20:80/TCP)".into(), None, false),
+                ("shop/web http (10.98.0.1:30080/TCP)".into(), None, false),
+                (
+                    "shop/web http (192.0.2.9:80/TCP)".into(),
+                    Some(vec!["198.51.100.0/24".parse().unwrap()]),
+                    true
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zero_range_admits_all_and_no_ranges_restrict_nothing() {
+        let lb_ranges = |spec: &str| -> Vec<Option<Vec<IpNet>>> {
+            plans(&setup(&LB_WITH_FIELDS.replace("SPEC", spec)))
+                .iter()
+                .filter(|p| p.kind == FrontendKind::LoadBalancer && p.error.is_none())
+                .map(|p| p.source_ranges.clone())
+                .collect()
+        };
+        assert_eq!(
+            lb_ranges("loadBalancerSourceRanges: [ 0.0.0.0/0 ],"),
+            vec![Some(vec!["0.0.0.0/0".parse().unwrap()])]
+        );
+        assert_eq!(lb_ranges("loadBalancerSourceRanges: [],"), vec![None]);
+        assert_eq!(lb_ranges(""), vec![None]);
+        // Ranges of the other family only: the frontend admits no client of its own.
+        assert_eq!(
+            lb_ranges("loadBalancerSourceRanges: [ 2001:db8::/32 ],"),
+            vec![Some(vec![])]
         );
     }
 

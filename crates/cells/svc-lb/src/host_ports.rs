@@ -236,6 +236,7 @@ fn plan(
         draining: Vec::new(),
         algorithm: inputs.lb_algorithm,
         session_affinity: None,
+        source_ranges: None,
         // The pod asked for what this node does not serve: reported, not a fault of the node.
         unsupported: error.is_some(),
         error,

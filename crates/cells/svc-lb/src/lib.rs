@@ -1,7 +1,8 @@
 //! The `svc-lb` cell: services load-balanced by the datapath.
 //!
 //! - **Owns** the contents of the datapath's load-balancing maps (`cel_lb4_*`, `cel_lb6_*`,
-//!   the maglev tables `cel_lb_maglev` and the affinity pairs `cel_lb_affinity_match`): one
+//!   the maglev tables `cel_lb_maglev`, the affinity pairs `cel_lb_affinity_match` and the
+//!   load balancer source ranges `cel_lb4_source_range` / `cel_lb6_source_range`): one
 //!   frontend per port and cluster IP of every service (a dual-stack service has one cluster
 //!   IP per family), and per node address and node port, external IP and load balancer
 //!   ingress IP of those reached from outside ([`external`]), and per host port (a Pod's

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
-use cellium_datapath_bpf::{Backend, Datapath, Frontend, ServiceEntry, ktime_now_ns};
+use cellium_datapath_bpf::{Backend, Datapath, Frontend, IpNet, ServiceEntry, ktime_now_ns};
 use cellium_resources::LbAlgorithm;
 
 use crate::config::MaglevTableSize;
@@ -92,6 +92,10 @@ pub struct Programmer {
     /// at its start and written since, and those the frontends with affinity want.
     matches_in_map: BTreeSet<(u16, u32)>,
     matches_wanted: BTreeSet<(u16, u32)>,
+    /// During a pass: the (rev-NAT id, client prefix) entries of the source range maps, as
+    /// read at its start and written since, and those the frontends want.
+    ranges_in_map: BTreeSet<(u16, IpNet)>,
+    ranges_wanted: BTreeSet<(u16, IpNet)>,
     /// What [`adopt`](Programmer::adopt) read, for the pass that follows it: at a restart
     /// with thousands of services, reading the maps twice in a row is a good part of the
     /// takeover.
@@ -177,6 +181,11 @@ impl Programmer {
             .entries()
             .map_err(read("affinity match map"))?;
         self.matches_wanted.clear();
+        self.ranges_in_map = dp
+            .source_ranges()
+            .entries()
+            .map_err(read("source range maps"))?;
+        self.ranges_wanted.clear();
         let mut report = SyncReport::default();
         let wanted: BTreeSet<Frontend> = plans.iter().map(|p| p.frontend).collect();
         let mut status = Vec::with_capacity(plans.len());
@@ -200,6 +209,7 @@ impl Programmer {
                 }
                 Err(e) => {
                     self.keep_matches(&plan.frontend);
+                    self.keep_ranges(&plan.frontend);
                     let message = error_chain(&e);
                     tracing::warn!(frontend = %plan.describe(), error = %message, "frontend not programmed");
                     if plan.unsupported {
@@ -274,6 +284,8 @@ impl Programmer {
         // put_service keeps slot 0's timeout: what the map holds until set otherwise.
         let stored_affinity = current.map_or(0, |c| c.affinity_timeout);
         let flags = plan.flags();
+        // Before the flag is set: a frontend restricted anew admits its clients at once.
+        self.program_ranges(dp, plan, rev_nat_id)?;
         // The rev-NAT entry as read at the start of the pass: only this frontend writes its
         // id's entry, so nothing in the pass has changed it before this point.
         let same = current.is_some_and(|c| {
@@ -341,6 +353,59 @@ impl Programmer {
                 .map_err(write_err)?;
         }
         Ok(())
+    }
+
+    /// `loadBalancerSourceRanges`: writes the frontend's client prefixes missing from the
+    /// source range maps. Those no longer wanted go with the stale entries of the pass, after
+    /// the new ones are in: changed ranges never leave a moment with neither.
+    fn program_ranges(&mut self, dp: &Datapath, plan: &Plan, rev_nat_id: u16) -> Result<()> {
+        for net in plan.source_ranges.iter().flatten() {
+            let entry = (rev_nat_id, *net);
+            if !self.ranges_in_map.contains(&entry) {
+                dp.source_ranges()
+                    .put(rev_nat_id, *net)
+                    .map_err(|source| Error::Program {
+                        frontend: plan.describe(),
+                        source,
+                    })?;
+                self.ranges_in_map.insert(entry);
+            }
+            self.ranges_wanted.insert(entry);
+        }
+        Ok(())
+    }
+
+    /// A frontend that failed keeps its source ranges, as it keeps the rest.
+    fn keep_ranges(&mut self, frontend: &Frontend) {
+        if let Some(rev) = self.ids.rev_nat(frontend) {
+            let kept: Vec<(u16, IpNet)> = self
+                .ranges_in_map
+                .iter()
+                .filter(|(r, _)| *r == rev)
+                .copied()
+                .collect();
+            self.ranges_wanted.extend(kept);
+        }
+    }
+
+    /// Removes the source ranges no frontend wants (of frontends removed, or changed).
+    fn remove_stale_ranges(&mut self, dp: &Datapath, report: &mut SyncReport) {
+        let stale: Vec<(u16, IpNet)> = self
+            .ranges_in_map
+            .difference(&self.ranges_wanted)
+            .copied()
+            .collect();
+        for (rev, net) in stale {
+            match dp.source_ranges().delete(rev, net) {
+                Ok(_) => {
+                    self.ranges_in_map.remove(&(rev, net));
+                }
+                Err(source) => report.removal_errors.push(error_chain(&Error::Remove {
+                    what: format!("source range {net} of rev-NAT id {rev}"),
+                    source,
+                })),
+            }
+        }
     }
 
     /// A frontend that failed keeps its affinity pairs, as it keeps the rest.
@@ -473,6 +538,7 @@ impl Programmer {
         }
         self.remove_stale_tables(dp, wanted, report)?;
         self.remove_stale_matches(dp, report);
+        self.remove_stale_ranges(dp, report);
         let after = lb.services().map_err(read("services map"))?;
         // Ids of frontends gone from the plans and from the map (removed above, or never
         // written because their plan failed) wait for collection.

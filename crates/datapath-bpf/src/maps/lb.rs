@@ -39,6 +39,10 @@ pub const SERVICE_EXTERNAL: u8 = 1 << 0;
 /// Slot 0 flag (`CEL_SVC_F_LOCAL`): `externalTrafficPolicy: Local`, the client's address is
 /// kept; without it a client from outside is source-translated to the frontend's address.
 pub const SERVICE_LOCAL: u8 = 1 << 1;
+/// Slot 0 flag (`CEL_SVC_F_SOURCE_RANGE`): a load balancer ingress IP of a service with
+/// `loadBalancerSourceRanges`; a new connection is admitted only from a client its rev-NAT
+/// id lists in the source range maps ([`crate::SourceRanges`]).
+pub const SERVICE_SOURCE_RANGE: u8 = 1 << 2;
 
 /// A service frontend: what clients connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

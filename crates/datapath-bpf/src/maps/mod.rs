@@ -14,6 +14,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod policy;
 pub mod snat;
+pub mod source_range;
 
 use std::marker::PhantomData;
 
