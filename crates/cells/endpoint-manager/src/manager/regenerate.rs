@@ -290,6 +290,12 @@ impl EndpointManager {
     /// settles what an earlier attempt left owing: its programs attached, its record written.
     pub(crate) fn enforce_and_settle(&self, b: &Backends, ep: &Endpoint) -> Result<()> {
         self.enforcement.enforce(&*b.datapath, ep)?;
+        self.settle(b, ep)
+    }
+
+    /// Settles what an earlier attempt left owing: the endpoint's programs attached, its
+    /// record written.
+    pub(crate) fn settle(&self, b: &Backends, ep: &Endpoint) -> Result<()> {
         if lock(&self.regeneration.unattached).contains(&ep.id) {
             // Replaces the previous agent's programs atomically: never a moment without.
             b.datapath

@@ -92,10 +92,18 @@ impl EndpointManager {
             .collect();
         self.enforcement.take_named_ports();
         took.mark("identify");
-        for ep in &identified {
-            self.enforce_restored(&b, ep);
-        }
+        // Every endpoint's policy is in force before any gets this agent's programs: a new
+        // program delivers to a peer by the peer's policy map, which an upgrade may have just
+        // recreated (another layout), and a peer without one drops (`NO_POLICY_MAP`).
+        let enforced: Vec<&Arc<Endpoint>> = identified
+            .iter()
+            .filter(|ep| self.enforce_restored(&b, ep))
+            .collect();
         took.mark("enforce");
+        for ep in enforced {
+            self.settle_restored(&b, ep);
+        }
+        took.mark("attach");
         let mut removed = 0;
         for (mut ep, why) in std::mem::take(&mut plan.remove) {
             tracing::info!(endpoint = %ep.describe(), why, "endpoint not restored, removing it");
@@ -182,7 +190,7 @@ impl EndpointManager {
     /// `regenerate` job retries it; meanwhile the previous agent's programs and entries keep
     /// enforcing its old policy).
     ///
-    /// Its record is written again (by [`EndpointManager::enforce_restored`]) only if what it
+    /// Its record is written again (by [`EndpointManager::settle_restored`]) only if what it
     /// says changed: the host end (`moved`), the labels or the identity.
     fn identify_restored(
         &self,
@@ -214,16 +222,31 @@ impl EndpointManager {
         Some(Arc::new(ep))
     }
 
-    /// The second half: makes the datapath enforce the identified endpoint's policy, attaches
-    /// its programs and writes its record if it changed. It is restored whatever fails here:
-    /// its pod exists, and the previous agent's programs and entries keep enforcing its old
-    /// policy; what failed is retried by the `regenerate` job until it succeeds, and named on
-    /// the module's health meanwhile.
-    fn enforce_restored(&self, b: &Backends, ep: &Endpoint) {
-        if let Err(e) = self.enforce_and_settle(b, ep) {
-            tracing::warn!(endpoint = %ep.describe(), error = %chain(&e), "restored endpoint not regenerated yet; retrying");
-            self.regeneration.trigger.trigger();
+    /// The second half: makes the datapath enforce the identified endpoint's policy; returns
+    /// whether it does. It is restored whatever fails here: its pod exists, and the previous
+    /// agent's programs and entries keep enforcing its old policy; what failed is retried by
+    /// the `regenerate` job until it succeeds, and named on the module's health meanwhile.
+    fn enforce_restored(&self, b: &Backends, ep: &Endpoint) -> bool {
+        match self.enforcement.enforce(&*b.datapath, ep) {
+            Ok(_) => true,
+            Err(e) => {
+                self.retry_restored(ep, &e);
+                false
+            }
         }
+    }
+
+    /// The third: attaches its programs and writes its record if it changed (as the second,
+    /// retried on failure).
+    fn settle_restored(&self, b: &Backends, ep: &Endpoint) {
+        if let Err(e) = self.settle(b, ep) {
+            self.retry_restored(ep, &e);
+        }
+    }
+
+    fn retry_restored(&self, ep: &Endpoint, e: &Error) {
+        tracing::warn!(endpoint = %ep.describe(), error = %chain(e), "restored endpoint not regenerated yet; retrying");
+        self.regeneration.trigger.trigger();
     }
 }
 
