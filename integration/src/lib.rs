@@ -27,6 +27,7 @@ pub mod etcd;
 pub mod frame;
 pub mod k8s;
 pub mod lab;
+mod leftovers;
 pub mod netns;
 pub mod pingpong;
 pub mod probe;
@@ -49,10 +50,12 @@ pub use netns::NetNs;
 pub use readonly::ReadOnlyDir;
 pub use topology::{Pod, Topology};
 
-/// A new temporary directory `/tmp/<prefix>XXXXXX`, removed with the guard.
+/// A new temporary directory `/tmp/<prefix><pid>-XXXXXX`, removed with the guard: named for
+/// this process, so that what a killed process left in it can be told from a live one's
+/// ([`leftovers`]).
 pub(crate) fn temp_dir(prefix: &str) -> Result<tempfile::TempDir> {
     tempfile::Builder::new()
-        .prefix(prefix)
+        .prefix(&format!("{prefix}{}-", std::process::id()))
         .tempdir()
         .map_err(|source| Error::Io {
             op: "create",
@@ -63,8 +66,10 @@ pub(crate) fn temp_dir(prefix: &str) -> Result<tempfile::TempDir> {
 
 /// One privileged test of a test binary at a time: the tests share two cores, run agents
 /// and wait on time-sensitive events. Hold the guard for the whole test; a test that failed
-/// while holding it does not stop the others.
+/// while holding it does not stop the others. The first call removes what killed test
+/// processes left behind ([`leftovers`]).
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    leftovers::sweep_once();
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
