@@ -32,6 +32,13 @@ pub(crate) async fn upkeep(
     cancel: CancellationToken,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
+    // Not before the Nodes are listed: until then this node's addresses are unknown, and an
+    // object published without them tells other nodes and the operator nothing.
+    let mut synced = feed.tables().nodes.synced();
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = synced.wait_for(|s| *s) => {}
+    }
     let mut nodes = feed.tables().nodes.revision();
     loop {
         let addresses = feed
