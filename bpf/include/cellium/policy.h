@@ -27,10 +27,16 @@ struct policy_key {
 	__be16 dport;
 };
 
+/* policy_value.flags: the entry's verdict is only audited (a deny or default deny it
+ * decides is let through and reported as an audit verdict). */
+#define CEL_POLICY_F_AUDIT 0x01
+
+/* Same size and offsets as before these fields: earlier releases wrote zeros there. */
 struct policy_value {
 	__u8 deny; /* 1 = deny, 0 = allow */
-	__u8 pad[3];
-	__u32 flags; /* reserved, zero */
+	__u8 flags; /* CEL_POLICY_F_* */
+	__be16 proxy_port; /* an allow's L7 proxy: new connections go to it; 0 = none */
+	__u32 cookie; /* the rule that made the entry, named in events; 0 = none */
 };
 
 #endif /* CELLIUM_POLICY_H */

@@ -56,6 +56,8 @@ int main(void)
 	SIZE(policy_value);
 	OFF(policy_value, deny);
 	OFF(policy_value, flags);
+	OFF(policy_value, proxy_port);
+	OFF(policy_value, cookie);
 
 	SIZE(ct_key);
 	OFF(ct_key, saddr);

@@ -307,12 +307,19 @@ plain!(PolicyKey {
 pub struct PolicyValue {
     /// 1 = deny, 0 = allow.
     pub deny: u8,
-    /// Zero.
-    pub pad: [u8; 3],
-    /// Reserved, zero.
-    pub flags: u32,
+    /// `CEL_POLICY_F_*`.
+    pub flags: u8,
+    /// An allow's L7 proxy port, network order: new connections go to it; 0 = none.
+    pub proxy_port: u16,
+    /// The rule that made the entry, named in events; 0 = none.
+    pub cookie: u32,
 }
-plain!(PolicyValue { deny, pad, flags });
+plain!(PolicyValue {
+    deny,
+    flags,
+    proxy_port,
+    cookie
+});
 
 /// `struct ct_key`.
 #[repr(C)]
@@ -932,7 +939,9 @@ mod tests {
             prefixlen => prefixlen, endpoint_id => endpoint_id, direction => direction,
             identity => identity, protocol => protocol, dport => dport,
         });
-        check!(PolicyValue, policy_value { deny => deny, flags => flags });
+        check!(PolicyValue, policy_value {
+            deny => deny, flags => flags, proxy_port => proxy_port, cookie => cookie,
+        });
         check!(CtKey, ct_key {
             saddr => saddr, daddr => daddr, sport => sport, dport => dport,
             protocol => protocol, flags => flags,

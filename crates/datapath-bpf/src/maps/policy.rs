@@ -97,8 +97,7 @@ fn entry_of(key: &PolicyKey) -> Result<PolicyEntry> {
 fn value_of(v: Verdict) -> PolicyValue {
     PolicyValue {
         deny: u8::from(v == Verdict::Deny),
-        pad: [0; 3],
-        flags: 0,
+        ..PolicyValue::default()
     }
 }
 
