@@ -270,6 +270,116 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
     assert!(compact.contains("ICMPv4 EchoRequest"), "{compact}");
 }
 
+/// No pod called `tool` reaches shop/db on 5432, whatever shop's own policies allow.
+const NO_TOOL_TO_DB: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: { name: no-tool-to-db }
+spec:
+  endpointSelector: { matchLabels: { app: db } }
+  enableDefaultDeny: { ingress: false }
+  ingressDeny: [ { fromEndpoints: [ { matchLabels: { app: tool } } ], toPorts: [ { ports: [ { port: "5432" } ] } ] } ]
+"#;
+
+/// Every policy drop and verdict names the object that decided it: a default deny the
+/// objects that switched it on, a deny rule its object, an allowed connection its allow
+/// rule's; `observe` shows it, in Hubble's fields, and a metric counts drops per policy.
+#[test]
+fn a_drop_and_a_verdict_name_the_policy_that_decided() {
+    let _serial = serial();
+    let mut lab = lab_with(vec![(
+        "CELLIUM_BPF_EVENTS_POLICY_VERDICT_ENABLED".into(),
+        "true".into(),
+    )]);
+    lab.apply_policy(DB_FROM_WEB).unwrap();
+    lab.settle().unwrap();
+    lab.serve(&[Tcp(5432)]).unwrap();
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    let web = &lab.pod("shop/web").unwrap().netns;
+
+    // Default deny: the NetworkPolicy that put shop/db's ingress into it.
+    assert!(probe::tcp_connect(tool, addr(&lab, "shop/db", 5432), SHORT).is_err());
+    let by_default = wait_for("the default deny's drop", || {
+        let f = observe(
+            lab.agent(),
+            &["--all", "--type", "drop", "--to-pod", "shop/db"],
+        );
+        (!f.is_empty()).then_some(f)
+    });
+    let f = &by_default[0]["flow"];
+    assert_eq!(f["drop_reason_desc"], "POLICY_DENIED", "{f:#}");
+    assert_eq!(
+        f["ingress_denied_by"],
+        serde_json::json!([{"kind": "NetworkPolicy", "namespace": "shop", "name": "db-from-web"}]),
+        "{f:#}"
+    );
+
+    // Allowed: the allow rule's object, on the policy verdict.
+    probe::tcp_request(web, addr(&lab, "shop/db", 5432), TIMEOUT).expect("web -> db allowed");
+    let allowed = wait_for("the allowed verdict", || {
+        let f = observe(
+            lab.agent(),
+            &[
+                "--all",
+                "--type",
+                "policy-verdict",
+                "--from-pod",
+                "shop/web",
+                "--to-pod",
+                "shop/db",
+            ],
+        );
+        f.into_iter()
+            .find(|f| f["flow"]["traffic_direction"] == "INGRESS")
+    });
+    assert_eq!(
+        allowed["flow"]["ingress_allowed_by"][0]["name"], "db-from-web",
+        "{allowed:#}"
+    );
+
+    // A deny rule: its object alone, not the default deny's.
+    lab.apply_policy(NO_TOOL_TO_DB).unwrap();
+    lab.settle().unwrap();
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    assert!(probe::tcp_connect(tool, addr(&lab, "shop/db", 5432), SHORT).is_err());
+    let denied = wait_for("the deny rule's drop", || {
+        observe(
+            lab.agent(),
+            &["--all", "--type", "drop", "--to-pod", "shop/db"],
+        )
+        .into_iter()
+        .find(|f| f["flow"]["drop_reason_desc"] == "POLICY_DENY")
+    });
+    assert_eq!(
+        denied["flow"]["ingress_denied_by"],
+        serde_json::json!([{"kind": "CiliumClusterwideNetworkPolicy", "namespace": "", "name": "no-tool-to-db"}]),
+        "{denied:#}"
+    );
+    let compact = lab
+        .agent()
+        .cli(&[
+            "observe",
+            "--all",
+            "--verdict",
+            "DROPPED",
+            "--to-pod",
+            "shop/db",
+        ])
+        .unwrap();
+    assert!(
+        compact.contains("DROPPED by NetworkPolicy shop/db-from-web")
+            && compact.contains("DROPPED by CiliumClusterwideNetworkPolicy no-tool-to-db"),
+        "{compact}"
+    );
+    let metrics = lab.agent().metrics().unwrap();
+    for series in [
+        r#"cellium_policy_drops_total{kind="NetworkPolicy",namespace="shop",name="db-from-web",direction="ingress"} 1"#,
+        r#"cellium_policy_drops_total{kind="CiliumClusterwideNetworkPolicy",namespace="",name="no-tool-to-db",direction="ingress"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} not in:\n{metrics}");
+    }
+}
+
 #[test]
 fn a_cluster_ip_connection_names_the_service() {
     let _serial = serial();

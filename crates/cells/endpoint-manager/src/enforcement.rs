@@ -364,5 +364,6 @@ pub(crate) fn unrestricted() -> Arc<EndpointPolicy> {
         ingress_enforced: false,
         egress_enforced: false,
         rules: Vec::new(),
+        origins: Default::default(),
     })
 }

@@ -236,7 +236,29 @@ pub fn to_proto(flow: &Flow, node: &str) -> v1::Flow {
         },
         endpoint_id: u32::from(e.endpoint_id),
         ingress_policy_match_type: ingress_match,
+        egress_allowed_by: policies(flow, Direction::Egress, false),
+        ingress_allowed_by: policies(flow, Direction::Ingress, false),
+        egress_denied_by: policies(flow, Direction::Egress, true),
+        ingress_denied_by: policies(flow, Direction::Ingress, true),
     }
+}
+
+/// The flow's deciding policies, in the field of `direction` and allowed or denied.
+fn policies(flow: &Flow, direction: Direction, denied: bool) -> Vec<v1::FlowPolicy> {
+    let here =
+        flow.event.direction == direction && (flow.verdict() == FlowVerdict::Dropped) == denied;
+    if !here {
+        return Vec::new();
+    }
+    flow.policies
+        .iter()
+        .map(|p| v1::FlowPolicy {
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            kind: p.kind.clone(),
+            ..v1::FlowPolicy::default()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -272,6 +294,15 @@ mod tests {
         assert_eq!(f.event_type.unwrap().r#type, event_type::DROP);
         assert!(f.is_reply.is_none());
         assert_eq!(f.node_name, "node-1");
+    }
+
+    #[test]
+    fn the_deciding_policies_go_in_the_field_of_their_direction_and_verdict() {
+        let mut e = Enricher::new(Arc::new(FakeSources::default()));
+        let f = to_proto(&e.flow(event("10.0.0.1", "10.0.0.2")), "n");
+        assert_eq!(f.ingress_denied_by[0].name, "denied");
+        assert_eq!(f.ingress_denied_by[0].kind, "CiliumNetworkPolicy");
+        assert!(f.ingress_allowed_by.is_empty() && f.egress_denied_by.is_empty());
     }
 
     #[test]

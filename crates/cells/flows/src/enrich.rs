@@ -11,10 +11,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use cellium_datapath_bpf::Event;
+use cellium_datapath_bpf::{Direction, Event, EventKind, Protocol, Reason};
 use cellium_labels::Labels;
+use cellium_policy_repo::Outcome;
 
-use crate::flow::{EndpointRef, Flow, Peer, ServiceRef};
+use crate::flow::{EndpointRef, Flow, Peer, PolicyRef, ServiceRef};
 
 /// A local endpoint with what flows say of it.
 #[derive(Debug, Clone)]
@@ -44,6 +45,60 @@ pub trait Sources: Send + Sync + 'static {
     fn world_identity(&self, ip: IpAddr) -> u32;
     /// Every service frontend by rev-NAT id.
     fn services(&self) -> Vec<(u16, ServiceRef)>;
+    /// The policy objects that decided `question`, as the endpoint's policy stands now;
+    /// none where no policy is known.
+    fn decided_by(&self, question: &PolicyQuestion) -> Vec<PolicyRef> {
+        let _ = question;
+        Vec::new()
+    }
+}
+
+/// What a policy verdict or a policy drop asks of the endpoint's policy: which objects
+/// decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyQuestion {
+    /// The endpoint whose policy decided.
+    pub endpoint_id: u16,
+    /// What it decided.
+    pub outcome: Outcome,
+    /// The direction, relative to the endpoint.
+    pub direction: Direction,
+    /// The other side's identity.
+    pub peer_identity: u32,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The destination port (0 for protocols without ports).
+    pub port: u16,
+}
+
+impl PolicyQuestion {
+    /// The question an event asks, if it is a policy verdict or a policy drop.
+    pub fn of(event: &Event) -> Option<PolicyQuestion> {
+        let outcome = match (event.kind, event.reason) {
+            (EventKind::PolicyVerdict, _) if event.allowed => Outcome::Allowed,
+            (EventKind::PolicyVerdict | EventKind::Drop, Reason::PolicyDeny) => Outcome::Denied,
+            (EventKind::PolicyVerdict | EventKind::Drop, Reason::PolicyDefaultDeny) => {
+                Outcome::DefaultDenied
+            }
+            _ => return None,
+        };
+        let peer_identity = match event.direction {
+            Direction::Ingress => event.src_identity,
+            Direction::Egress => event.dst_identity,
+        };
+        Some(PolicyQuestion {
+            endpoint_id: event.endpoint_id,
+            outcome,
+            direction: event.direction,
+            peer_identity,
+            protocol: event.protocol,
+            port: if event.protocol.has_ports() {
+                event.dport
+            } else {
+                0
+            },
+        })
+    }
 }
 
 /// How often a rev-NAT id that names no known service may trigger a new read.
@@ -58,6 +113,7 @@ pub struct Enricher {
     services: HashMap<u16, Arc<ServiceRef>>,
     services_read: Option<Instant>,
     empty: Arc<Labels>,
+    no_policies: Arc<[PolicyRef]>,
     // ktime -> wall clock: the offset measured at construction (both clocks tick alike
     // while the node runs; a wall clock step shows up only after a restart).
     boot_offset: Duration,
@@ -91,6 +147,7 @@ impl Enricher {
             services: HashMap::new(),
             services_read: None,
             empty: Arc::new(Labels::new()),
+            no_policies: Arc::new([]),
             boot_offset: wall.saturating_sub(kt),
         }
     }
@@ -106,10 +163,18 @@ impl Enricher {
         };
         Flow {
             time: SystemTime::UNIX_EPOCH + self.boot_offset + Duration::from_nanos(event.ktime_ns),
-            event,
             source,
             destination,
             service,
+            policies: self.policies(&event),
+            event,
+        }
+    }
+
+    fn policies(&self, event: &Event) -> Arc<[PolicyRef]> {
+        match PolicyQuestion::of(event) {
+            Some(q) => self.sources.decided_by(&q).into(),
+            None => self.no_policies.clone(),
         }
     }
 
@@ -204,6 +269,7 @@ pub(crate) mod tests {
         pub identities: Mutex<HashMap<u32, Labels>>,
         pub services: Mutex<Vec<(u16, ServiceRef)>>,
         pub service_reads: AtomicU64,
+        pub questions: Mutex<Vec<PolicyQuestion>>,
     }
 
     impl FakeSources {
@@ -249,6 +315,14 @@ pub(crate) mod tests {
         fn services(&self) -> Vec<(u16, ServiceRef)> {
             self.service_reads.fetch_add(1, Ordering::SeqCst);
             self.services.lock().unwrap().clone()
+        }
+        fn decided_by(&self, q: &PolicyQuestion) -> Vec<PolicyRef> {
+            self.questions.lock().unwrap().push(*q);
+            vec![PolicyRef {
+                kind: "CiliumNetworkPolicy".into(),
+                namespace: "shop".into(),
+                name: format!("{:?}", q.outcome).to_lowercase(),
+            }]
         }
     }
 
@@ -323,5 +397,45 @@ pub(crate) mod tests {
         // Known: no read at all.
         e.flow(ev);
         assert_eq!(s.service_reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn policy_verdicts_and_policy_drops_ask_which_policies_decided() {
+        use cellium_datapath_bpf::{Direction, EventKind, Protocol, Reason};
+        let s = Arc::new(FakeSources::default());
+        let mut e = Enricher::new(s.clone());
+        let mut ev = event("10.0.0.1", "10.0.0.2");
+        ev.src_identity = 300;
+        ev.dst_identity = 301;
+        let f = e.flow(ev.clone());
+        assert_eq!(f.policies[0].name, "denied");
+        assert_eq!(
+            s.questions.lock().unwrap()[0],
+            PolicyQuestion {
+                endpoint_id: 2,
+                outcome: Outcome::Denied,
+                direction: Direction::Ingress,
+                peer_identity: 300,
+                protocol: Protocol::Tcp,
+                port: 80,
+            }
+        );
+        // An allowed egress verdict asks about the destination; ICMP has no port.
+        let mut allowed = ev.clone();
+        (allowed.kind, allowed.reason, allowed.allowed) =
+            (EventKind::PolicyVerdict, Reason::Forwarded, true);
+        (allowed.direction, allowed.protocol, allowed.dport) =
+            (Direction::Egress, Protocol::Icmp, 9);
+        assert_eq!(e.flow(allowed).policies[0].name, "allowed");
+        let q = *s.questions.lock().unwrap().last().unwrap();
+        assert_eq!((q.peer_identity, q.port), (301, 0));
+        let mut default = ev.clone();
+        default.reason = Reason::PolicyDefaultDeny;
+        assert_eq!(e.flow(default).policies[0].name, "defaultdenied");
+        // Other drops and traces ask nothing.
+        let mut other = ev;
+        other.reason = Reason::NoPolicyMap;
+        assert!(e.flow(other).policies.is_empty());
+        assert_eq!(s.questions.lock().unwrap().len(), 3);
     }
 }

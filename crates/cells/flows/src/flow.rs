@@ -52,6 +52,28 @@ pub struct ServiceRef {
     pub name: String,
 }
 
+/// A policy object, as flows name the ones that decided a verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyRef {
+    /// `NetworkPolicy`, `CiliumNetworkPolicy` or `CiliumClusterwideNetworkPolicy`.
+    pub kind: String,
+    /// Its namespace (empty for the cluster-wide kind).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for PolicyRef {
+    /// `CiliumNetworkPolicy shop/db`, `CiliumClusterwideNetworkPolicy no-telnet`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
 /// One flow.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flow {
@@ -65,6 +87,10 @@ pub struct Flow {
     pub destination: Peer,
     /// The service a translated connection went through.
     pub service: Option<Arc<ServiceRef>>,
+    /// Policy verdicts and policy drops: the objects that decided (the allow rules that
+    /// matched, the deny rules that matched, or those that put the direction into default
+    /// deny), as they stand when the event is read.
+    pub policies: Arc<[PolicyRef]>,
 }
 
 /// What a flow's verdict is, in Hubble's terms.

@@ -41,9 +41,9 @@ mod stats;
 use cellium_hive::Module;
 
 pub use config::FlowsConfig;
-pub use enrich::{Enricher, LocalEndpoint, Sources};
+pub use enrich::{Enricher, LocalEndpoint, PolicyQuestion, Sources};
 pub use filter::{Filter, FilterError, Filters};
-pub use flow::{EndpointRef, Flow, FlowVerdict, Peer, ServiceRef};
+pub use flow::{EndpointRef, Flow, FlowVerdict, Peer, PolicyRef, ServiceRef};
 pub use grpc::{ObserverService, flow_of};
 pub use hubble::{HUBBLE_SERVICE, HubbleObserver};
 pub use observer::Flows;

@@ -10,8 +10,8 @@ use cellium_labels::Labels;
 use cellium_svc_lb::ServiceLb;
 use tokio::sync::watch;
 
-use crate::enrich::{LocalEndpoint, Sources};
-use crate::flow::{EndpointRef, ServiceRef};
+use crate::enrich::{LocalEndpoint, PolicyQuestion, Sources};
+use crate::flow::{EndpointRef, PolicyRef, ServiceRef};
 
 /// Reads the other cells; those an agent lacks are simply not asked.
 #[derive(Debug)]
@@ -100,6 +100,21 @@ impl Sources for CellSources {
                         name: f.plan.service.name.clone(),
                     },
                 )
+            })
+            .collect()
+    }
+
+    fn decided_by(&self, q: &PolicyQuestion) -> Vec<PolicyRef> {
+        let Some(policy) = self.endpoints.policy_of(q.endpoint_id) else {
+            return Vec::new();
+        };
+        policy
+            .decided_by(q.outcome, q.direction, q.peer_identity, q.protocol, q.port)
+            .iter()
+            .map(|o| PolicyRef {
+                kind: o.kind.to_string(),
+                namespace: o.namespace.clone(),
+                name: o.name.clone(),
             })
             .collect()
     }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 
 use crate::convert;
-use crate::flow::{Flow, FlowVerdict};
+use crate::flow::{Flow, FlowVerdict, PolicyRef};
 use crate::ring::Ring;
 
 /// The counters.
@@ -30,6 +30,8 @@ struct Inner {
     verdicts: HashMap<(&'static str, &'static str, &'static str), u64>,
     // endpoint id -> reason -> drops
     drops: HashMap<u16, BTreeMap<String, u64>>,
+    // (policy, direction) -> policy drops it decided
+    policy_drops: HashMap<(PolicyRef, &'static str), u64>,
 }
 
 fn kind_name(kind: EventKind) -> &'static str {
@@ -97,6 +99,13 @@ impl Stats {
                         by.insert(reason.to_string(), 1);
                     }
                 }
+                let direction = direction_name(e.direction);
+                for p in flow.policies.iter() {
+                    *inner
+                        .policy_drops
+                        .entry((p.clone(), direction))
+                        .or_default() += 1;
+                }
             }
             EventKind::Unknown(_) => {}
         }
@@ -117,12 +126,13 @@ pub(crate) struct StatsCollector {
 
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (flows, verdicts, drops) = {
+        let (flows, verdicts, drops, policy_drops) = {
             let inner = self.stats.lock();
             (
                 inner.flows.clone(),
                 inner.verdicts.clone(),
                 inner.drops.clone(),
+                inner.policy_drops.clone(),
             )
         };
         let mut family = encoder.encode_descriptor(
@@ -160,6 +170,21 @@ impl Collector for StatsCollector {
                 let labels = [("endpoint", id.to_string()), ("reason", reason.clone())];
                 ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "policy_drops",
+            "Packets dropped by policy, by the policy object that decided (its deny rule, or its default deny) and direction",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((p, direction), n) in &policy_drops {
+            let labels = [
+                ("kind", p.kind.as_str()),
+                ("namespace", p.namespace.as_str()),
+                ("name", p.name.as_str()),
+                ("direction", direction),
+            ];
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
         }
         let mut family = encoder.encode_descriptor(
             "flows_lost_events",
@@ -201,5 +226,12 @@ mod tests {
             inner.verdicts.get(&("egress", "L3-L4", "allowed")),
             Some(&1)
         );
+        // The policy that decided each drop, as the sources named it.
+        let (policy, n) = inner.policy_drops.iter().next().unwrap();
+        assert_eq!(
+            (policy.0.name.as_str(), policy.1, *n),
+            ("denied", "ingress", 2)
+        );
+        assert_eq!(inner.policy_drops.len(), 1);
     }
 }

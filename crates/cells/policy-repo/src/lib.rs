@@ -65,7 +65,7 @@ use cellium_hive::Module;
 pub use error::{Error, Result};
 pub use grpc::PolicyService;
 pub use repository::{PolicyRepository, RuleInfo, SelectorInfo};
-pub use resolve::{EndpointPolicy, PeerPolicy, Subject};
+pub use resolve::{EndpointPolicy, Origins, Outcome, PeerPolicy, Subject};
 pub use selected_keys::{KeyUse, LabelKeyInfo, SelectedKeys, kept_by};
 pub use selector_cache::{CachedSelector, SelectorCache};
 

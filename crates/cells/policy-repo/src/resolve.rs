@@ -9,13 +9,14 @@
 //! anything else (an address outside every pod has no named ports).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use cellium_identity::Reserved;
 use cellium_labels::{Labels, Selector};
 use cellium_policy::{Direction, PolicyRule, Protocol, Verdict};
 use cellium_resources::NamedPort;
 
-use crate::rule::{Peer, PortMatch, PortSpec, RuleSet};
+use crate::rule::{Origin, Peer, PortMatch, PortSpec, RuleSet};
 use crate::selector_cache::SelectorCache;
 use crate::translate::protocol;
 
@@ -54,9 +55,65 @@ pub struct EndpointPolicy {
     pub egress_enforced: bool,
     /// The rules, for `cellium_policy::compile`.
     pub rules: Vec<PolicyRule>,
+    /// Which objects each rule and each direction's default deny came from.
+    pub origins: Origins,
+}
+
+/// Which policy objects an endpoint's rules came from: what flows name as the policies that
+/// allowed or denied a connection, as Hubble's `*_allowed_by` / `*_denied_by`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origins {
+    /// Per rule (in [`EndpointPolicy::rules`]' order), the objects whose rules gave it; empty
+    /// for the rules the agent adds itself (allow-localhost, rules without default deny).
+    rules: Vec<Vec<Arc<Origin>>>,
+    /// Per direction (ingress, egress), the objects that put it into default deny.
+    default_deny: [Vec<Arc<Origin>>; 2],
+}
+
+/// Why the datapath decided what it did about a connection, as its event says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// An allow rule matched.
+    Allowed,
+    /// A deny rule matched.
+    Denied,
+    /// No rule matched in a direction in default deny.
+    DefaultDenied,
 }
 
 impl EndpointPolicy {
+    /// The objects that decided `outcome` for a connection of a peer of `identity` in
+    /// `direction`, by `protocol` to `port` (0 for protocols without ports): the rules of that
+    /// verdict that match it, or, for a default deny, the objects that switched it on. Sorted,
+    /// without duplicates.
+    pub fn decided_by(
+        &self,
+        outcome: Outcome,
+        direction: Direction,
+        identity: u32,
+        protocol: Protocol,
+        port: u16,
+    ) -> Vec<Arc<Origin>> {
+        let verdict = match outcome {
+            Outcome::DefaultDenied => {
+                return self.origins.default_deny[dir_index(direction)].clone();
+            }
+            Outcome::Allowed => Verdict::Allow,
+            Outcome::Denied => Verdict::Deny,
+        };
+        let mut out: BTreeSet<Arc<Origin>> = BTreeSet::new();
+        for (rule, origins) in self.rules.iter().zip(&self.origins.rules) {
+            let matches = rule.verdict == verdict
+                && rule.direction == direction
+                && (rule.identity == identity || rule.identity == 0)
+                && covers(rule, protocol, port);
+            if matches {
+                out.extend(origins.iter().cloned());
+            }
+        }
+        out.into_iter().collect()
+    }
+
     /// The rules summarised per direction, verdict and peer, for display. Computed on
     /// demand: every endpoint is resolved at every revision, and shown far less often.
     pub fn peers(&self) -> Vec<PeerPolicy> {
@@ -70,6 +127,15 @@ impl EndpointPolicy {
             )
         }))
     }
+}
+
+/// Whether `rule` covers a connection by `protocol` to `port`.
+fn covers(rule: &PolicyRule, protocol: Protocol, port: u16) -> bool {
+    let proto_ok = match rule.protocol {
+        Some(p) => p == protocol,
+        None => rule.ports.is_none() || protocol.has_ports(),
+    };
+    proto_ok && rule.ports.as_ref().is_none_or(|r| r.contains(&port))
 }
 
 /// A protocol (`None`: every protocol, or TCP, UDP and SCTP with ports) and a port range.
@@ -106,13 +172,19 @@ pub fn resolve<'a>(
             .entry(s)
             .or_insert_with(|| s.matches(subject.labels))
     };
-    let mut default_deny = [false; 2];
+    let mut default_deny: [Vec<Arc<Origin>>; 2] = Default::default();
     let mut has_rules = [false; 2];
-    let mut out: BTreeSet<RuleKey> = BTreeSet::new();
+    let mut out: BTreeMap<RuleKey, Vec<Arc<Origin>>> = BTreeMap::new();
+    let mut add = |key: RuleKey, origin: &Arc<Origin>| {
+        let origins = out.entry(key).or_default();
+        if !origins.contains(origin) {
+            origins.push(origin.clone());
+        }
+    };
     for set in sets {
         for e in &set.enforce {
             if selects(&e.subject) {
-                default_deny[dir_index(e.direction)] = true;
+                default_deny[dir_index(e.direction)].push(e.origin.clone());
             }
         }
         for rule in &set.rules {
@@ -153,14 +225,20 @@ pub fn resolve<'a>(
                     };
                     for (id, named) in peers {
                         for (proto, range) in l4(spec, named) {
-                            out.insert((id, rule.direction, proto, range, rule.verdict));
+                            add(
+                                (id, rule.direction, proto, range, rule.verdict),
+                                &rule.origin,
+                            );
                         }
                     }
                     continue;
                 }
                 for &id in &ids {
                     for (proto, range) in l4(spec, subject.named_ports) {
-                        out.insert((id, rule.direction, proto, range, rule.verdict));
+                        add(
+                            (id, rule.direction, proto, range, rule.verdict),
+                            &rule.origin,
+                        );
                     }
                 }
             }
@@ -169,41 +247,54 @@ pub fn resolve<'a>(
     let mut enforced = [false; 2];
     for d in Direction::ALL {
         let i = dir_index(d);
-        enforced[i] = lockdown || default_deny[i] || has_rules[i];
-        if has_rules[i] && !default_deny[i] && !lockdown {
+        let deny_all = !default_deny[i].is_empty();
+        enforced[i] = lockdown || deny_all || has_rules[i];
+        if has_rules[i] && !deny_all && !lockdown {
             // Rules without default deny (Cilium's `enableDefaultDeny: false`): everything
             // the deny rules leave is allowed.
-            out.insert((0, d, None, None, Verdict::Allow));
+            out.entry((0, d, None, None, Verdict::Allow)).or_default();
         }
     }
     if enforced[dir_index(Direction::Ingress)] {
         // Cilium's default `allow-localhost`: the node reaches its endpoints (kubelet
         // probes, health checks) whatever their ingress policy.
-        out.insert((
+        out.entry((
             Reserved::Host.id(),
             Direction::Ingress,
             None,
             None,
             Verdict::Allow,
-        ));
+        ))
+        .or_default();
     }
-    let rules: Vec<PolicyRule> = out
-        .iter()
+    let (rules, origins): (Vec<PolicyRule>, Vec<Vec<Arc<Origin>>>) = out
+        .into_iter()
         .map(
-            |(identity, direction, protocol, ports, verdict)| PolicyRule {
-                identity: *identity,
-                direction: *direction,
-                protocol: *protocol,
-                ports: ports.map(|(a, b)| a..=b),
-                verdict: *verdict,
+            |((identity, direction, protocol, ports, verdict), origins)| {
+                let rule = PolicyRule {
+                    identity,
+                    direction,
+                    protocol,
+                    ports: ports.map(|(a, b)| a..=b),
+                    verdict,
+                };
+                (rule, origins)
             },
         )
-        .collect();
+        .unzip();
+    for origins in &mut default_deny {
+        origins.sort();
+        origins.dedup();
+    }
     EndpointPolicy {
         revision,
         ingress_enforced: enforced[dir_index(Direction::Ingress)],
         egress_enforced: enforced[dir_index(Direction::Egress)],
         rules,
+        origins: Origins {
+            rules: origins,
+            default_deny,
+        },
     }
 }
 
@@ -284,6 +375,7 @@ mod tests {
         });
         let set = RuleSet {
             enforce: vec![Enforcement {
+                origin: origin.clone(),
                 subject: db.clone(),
                 direction: Direction::Ingress,
                 labels: Vec::new(),
@@ -391,6 +483,84 @@ mod tests {
                 ports: None,
                 verdict: Verdict::Allow
             }]
+        );
+    }
+
+    #[test]
+    fn each_outcome_names_the_objects_that_decided_it() {
+        let db = Selector::from_labels(&l("k8s:app=db"));
+        let web = Selector::from_labels(&l("k8s:app=web"));
+        let origin = |kind, name: &str| {
+            Arc::new(Origin {
+                kind,
+                namespace: "shop".into(),
+                name: name.into(),
+            })
+        };
+        let rule = |origin: &Arc<Origin>, verdict, port: u16| Rule {
+            origin: origin.clone(),
+            subject: db.clone(),
+            direction: Direction::Ingress,
+            verdict,
+            peers: vec![Peer::Selector(web.clone())],
+            ports: vec![PortSpec {
+                protocol: Some(Protocol::Tcp),
+                ports: PortMatch::Range(port, port),
+            }],
+            labels: Vec::new(),
+        };
+        let set = |origin: &Arc<Origin>, rules| RuleSet {
+            enforce: vec![Enforcement {
+                origin: origin.clone(),
+                subject: db.clone(),
+                direction: Direction::Ingress,
+                labels: Vec::new(),
+            }],
+            rules,
+            ..RuleSet::default()
+        };
+        let a = origin(PolicyKind::NetworkPolicy, "a");
+        let b = origin(PolicyKind::CiliumNetworkPolicy, "b");
+        let sets = [
+            set(&a, vec![rule(&a, Verdict::Allow, 80)]),
+            set(
+                &b,
+                vec![rule(&b, Verdict::Allow, 80), rule(&b, Verdict::Deny, 81)],
+            ),
+        ];
+        let mut cache = SelectorCache::default();
+        cache.add_user(&web);
+        cache.identity_added(300, &l("k8s:app=web"));
+        let labels = l("k8s:app=db");
+        let subject = Subject {
+            identity: 301,
+            labels: &labels,
+            named_ports: &[],
+        };
+        let p = resolve(&subject, sets.iter(), &cache, &PeerPorts::new(), 1, false);
+        let by = |outcome, identity, port| {
+            p.decided_by(outcome, Direction::Ingress, identity, Protocol::Tcp, port)
+        };
+        assert_eq!(by(Outcome::Allowed, 300, 80), vec![a.clone(), b.clone()]);
+        assert_eq!(by(Outcome::Denied, 300, 81), vec![b.clone()]);
+        assert_eq!(
+            by(Outcome::DefaultDenied, 300, 82),
+            vec![a.clone(), b.clone()]
+        );
+        // Nothing of theirs allows another peer, or a port they do not name; the node is
+        // allowed by the agent's own rule, which no object made.
+        assert!(by(Outcome::Allowed, 302, 80).is_empty());
+        assert!(by(Outcome::Allowed, 300, 82).is_empty());
+        assert!(by(Outcome::Allowed, Reserved::Host.id(), 22).is_empty());
+        assert!(
+            p.decided_by(
+                Outcome::DefaultDenied,
+                Direction::Egress,
+                300,
+                Protocol::Tcp,
+                80
+            )
+            .is_empty()
         );
     }
 }

@@ -140,6 +140,8 @@ pub struct Rule {
 /// A subject put into default deny in one direction.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Enforcement {
+    /// The object that switched it on.
+    pub origin: Arc<Origin>,
     /// The endpoints.
     pub subject: Selector,
     /// The direction.
@@ -241,6 +243,11 @@ mod tests {
     #[test]
     fn a_set_is_scoped_to_the_namespace_all_its_subjects_require() {
         let enforce = |subject: &str| Enforcement {
+            origin: Arc::new(Origin {
+                kind: PolicyKind::NetworkPolicy,
+                namespace: "shop".into(),
+                name: "db".into(),
+            }),
             subject: subject.parse().unwrap(),
             direction: Direction::Ingress,
             labels: Vec::new(),

@@ -160,6 +160,7 @@ mod tests {
     fn deny_all(subject: &str) -> RuleSet {
         RuleSet {
             enforce: vec![Enforcement {
+                origin: std::sync::Arc::new(origin("shop", "deny-all")),
                 subject: subject.parse().unwrap(),
                 direction: Direction::Ingress,
                 labels: Vec::new(),

@@ -225,8 +225,30 @@ fn sides(f: &Flow) -> (String, String) {
     )
 }
 
+/// The policy objects that decided (`CiliumNetworkPolicy shop/db, NetworkPolicy shop/web`):
+/// whichever of Hubble's four fields the flow fills.
+fn deciders(f: &Flow) -> Option<String> {
+    let all: Vec<String> = [
+        &f.egress_allowed_by,
+        &f.ingress_allowed_by,
+        &f.egress_denied_by,
+        &f.ingress_denied_by,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| {
+        if p.namespace.is_empty() {
+            format!("{} {}", p.kind, p.name)
+        } else {
+            format!("{} {}/{}", p.kind, p.namespace, p.name)
+        }
+    })
+    .collect();
+    (!all.is_empty()).then(|| all.join(", "))
+}
+
 /// One line: `Nov 24 05:16:05.123: shop/client:40000 (ID:300) -> shop/web-1:80 (ID:301)
-/// [svc shop/web] Policy denied DROPPED (TCP Flags: SYN)`.
+/// [svc shop/web] Policy denied DROPPED by CiliumNetworkPolicy shop/db (TCP Flags: SYN)`.
 pub fn compact(f: &Flow) -> String {
     let (src, dst) = sides(f);
     let arrow = if f.is_reply.as_ref().is_some_and(|r| r.value) {
@@ -243,8 +265,9 @@ pub fn compact(f: &Flow) -> String {
     } else {
         format!(" ({summary})")
     };
+    let by = deciders(f).map(|d| format!(" by {d}")).unwrap_or_default();
     format!(
-        "{}: {src} {arrow} {dst}{svc} {}{summary}",
+        "{}: {src} {arrow} {dst}{svc} {}{by}{summary}",
         time(f.time.as_ref()),
         what(f)
     )
@@ -288,6 +311,9 @@ pub fn dict(f: &Flow) -> String {
     ];
     if let Some(s) = service(f) {
         lines.push(format!("    SERVICE: {s}"));
+    }
+    if let Some(d) = deciders(f) {
+        lines.push(format!("   POLICIES: {d}"));
     }
     lines.join("\n")
 }
@@ -387,6 +413,20 @@ pub fn json(f: &Flow) -> Value {
             json!({"name": s.name, "namespace": s.namespace}),
         );
     }
+    for (field, policies) in [
+        ("egress_allowed_by", &f.egress_allowed_by),
+        ("ingress_allowed_by", &f.ingress_allowed_by),
+        ("egress_denied_by", &f.egress_denied_by),
+        ("ingress_denied_by", &f.ingress_denied_by),
+    ] {
+        if !policies.is_empty() {
+            let list: Vec<Value> = policies
+                .iter()
+                .map(|p| json!({"name": p.name, "namespace": p.namespace, "kind": p.kind}))
+                .collect();
+            obj.insert(field.into(), Value::Array(list));
+        }
+    }
     json!({"flow": flow, "node_name": f.node_name, "time": rfc3339(f.time.as_ref())})
 }
 
@@ -471,5 +511,38 @@ mod tests {
         assert_eq!(j["flow"]["source"]["pod_name"], "client");
         assert_eq!(j["flow"]["IP"]["ipVersion"], "IPv4");
         assert_eq!(j["flow"]["traffic_direction"], "INGRESS");
+        assert!(j["flow"].get("ingress_denied_by").is_none());
+    }
+
+    #[test]
+    fn the_deciding_policies_are_named() {
+        let mut f = flow();
+        f.ingress_denied_by = vec![
+            v1::FlowPolicy {
+                name: "db".into(),
+                namespace: "shop".into(),
+                kind: "CiliumNetworkPolicy".into(),
+                ..Default::default()
+            },
+            v1::FlowPolicy {
+                name: "no-telnet".into(),
+                kind: "CiliumClusterwideNetworkPolicy".into(),
+                ..Default::default()
+            },
+        ];
+        assert!(
+            compact(&f).ends_with(
+                "DROPPED by CiliumNetworkPolicy shop/db, CiliumClusterwideNetworkPolicy no-telnet (TCP Flags: SYN)"
+            ),
+            "{}",
+            compact(&f)
+        );
+        assert!(dict(&f).contains("   POLICIES: CiliumNetworkPolicy shop/db, "));
+        let j = json(&f);
+        assert_eq!(j["flow"]["ingress_denied_by"][0]["name"], "db");
+        assert_eq!(
+            j["flow"]["ingress_denied_by"][1]["kind"],
+            "CiliumClusterwideNetworkPolicy"
+        );
     }
 }

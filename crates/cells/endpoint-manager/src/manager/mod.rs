@@ -260,6 +260,11 @@ impl EndpointManager {
             .map(Arc::unwrap_or_clone)
     }
 
+    /// The policy endpoint `id`'s datapath entries were last written from, once computed.
+    pub fn policy_of(&self, id: u16) -> Option<Arc<cellium_policy_repo::EndpointPolicy>> {
+        self.enforcement.table().get(id)?.policy
+    }
+
     /// What the datapath enforces for endpoint `id`.
     pub(crate) fn enforced_of(&self, id: u16) -> Option<Enforced> {
         self.enforcement.table().get(id)

@@ -65,6 +65,7 @@ pub fn translate(
         ] {
             if on {
                 set.enforce.push(Enforcement {
+                    origin: origin.clone(),
                     subject: subject.clone(),
                     direction,
                     labels: labels.clone(),

@@ -48,6 +48,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
             continue;
         }
         set.enforce.push(Enforcement {
+            origin: origin.clone(),
             subject: subject.clone(),
             direction,
             labels: Vec::new(),
