@@ -16,6 +16,9 @@
 #include "notify.h"
 #include "packet.h"
 
+/* Or'ed into a drop reason by the lookups: an audit lets the drop through. */
+#define CEL_POLICY_AUDITED 0x100
+
 /* Endpoint `endpoint_id`'s own policy map, or NULL. */
 static __always_inline void *policy_map_of(__u16 endpoint_id)
 {
@@ -24,13 +27,17 @@ static __always_inline void *policy_map_of(__u16 endpoint_id)
 	return bpf_map_lookup_elem(&cel_policy, &id);
 }
 
-/* In `map`, an endpoint's policy map: returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason;
- * *by_peer is set when the entry for the peer's own identity matched. */
+/* In `map`, an endpoint's policy map: returns CEL_REASON_FORWARDED (0) when allowed, else the drop reason
+ * (with CEL_POLICY_AUDITED when only audited deny entries matched: an enforced
+ * deny wins over them, they win over an allow); *by_peer is set when the
+ * entry for the peer's own identity matched. */
 static __always_inline int policy_lookup(void *map, __u16 endpoint_id, __u8 direction,
 					 __u32 identity, __u8 protocol, __be16 dport, int *by_peer)
 {
 	struct policy_key key = {};
 	struct policy_value *v;
+	/* One variable for both kinds of deny (1 enforced, 2 audited): every
+	 * register counts in the callers this is inlined into. */
 	int allow = 0, deny = 0;
 
 	key.prefixlen = CEL_POLICY_PREFIX_FULL;
@@ -43,19 +50,21 @@ static __always_inline int policy_lookup(void *map, __u16 endpoint_id, __u8 dire
 	 * which the verifier rejects. */
 	v = bpf_map_lookup_elem(map, &key);
 	if (v) {
-		deny |= v->deny;
+		deny |= v->flags & CEL_POLICY_F_AUDIT ? 2 : v->deny;
 		allow = 1;
 		*by_peer = 1;
 	}
 	key.identity = 0;
 	v = bpf_map_lookup_elem(map, &key);
 	if (v) {
-		deny |= v->deny;
+		deny |= v->flags & CEL_POLICY_F_AUDIT ? 2 : v->deny;
 		allow = 1;
 	}
 
-	if (deny)
+	if (deny & 1)
 		return CEL_REASON_POLICY_DENY;
+	if (deny)
+		return CEL_REASON_POLICY_DENY | CEL_POLICY_AUDITED;
 	if (allow)
 		return CEL_REASON_FORWARDED;
 	return CEL_REASON_POLICY_DEFAULT_DENY;
@@ -78,15 +87,19 @@ static __always_inline int policy_any_port(__u16 endpoint_id, __u8 direction, __
 }
 
 /* Whether endpoint `ep` lets a new connection through in `direction`:
- * CEL_REASON_FORWARDED (0) or the drop reason. *by_peer as policy_lookup
- * sets it; -1 when the direction is not enforced. */
+ * CEL_REASON_FORWARDED (0) or the drop reason, with CEL_POLICY_AUDITED when
+ * an audit lets it through. *by_peer as policy_lookup sets it; -1 when the
+ * direction is not enforced. */
 static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 direction,
 					  __u32 peer_identity, __u8 protocol, __be16 dport,
 					  int *by_peer)
 {
 	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
 						     : CEL_EP_F_ENFORCE_EGRESS;
+	__u16 audit = direction == CEL_DIR_INGRESS ? CEL_EP_F_AUDIT_INGRESS
+						   : CEL_EP_F_AUDIT_EGRESS;
 	void *map;
+	int reason;
 
 	if (!(ep->flags & enforce)) {
 		*by_peer = -1;
@@ -98,8 +111,12 @@ static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 d
 	/* ICMP has no port; its policy entries are protocol-wide. */
 	if (protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6)
 		dport = 0;
-	return policy_lookup(map, ep->id, direction, peer_identity, protocol, dport, by_peer);
+	reason = policy_lookup(map, ep->id, direction, peer_identity, protocol, dport, by_peer);
+	if (reason == CEL_REASON_POLICY_DEFAULT_DENY && (ep->flags & audit))
+		reason |= CEL_POLICY_AUDITED;
+	return reason;
 }
+
 
 /* The CEL_MATCH_* of a decision, for events. */
 static __always_inline __u8 policy_match(const struct endpoint_info *ep, __u8 direction,
@@ -147,16 +164,22 @@ static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt 
 	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
 	int verdicts = verdict_events(cfg);
 
-	if (verdicts || trace_events(cfg))
+	/* The audit bit stays in `reason` (no variable more: this is inlined into
+	 * the largest frames). */
+	if (reason & CEL_POLICY_AUDITED)
+		*match = CEL_MATCH_NONE;
+	else if (verdicts || trace_events(cfg))
 		*match = policy_match(ep, direction, peer_identity, reason, by_peer);
-	if (verdicts) {
+	/* One call site: the event is inlined, and each copy takes its own stack. */
+	if (verdicts || (reason & CEL_POLICY_AUDITED)) {
 		struct trace vt = verdict_trace(t, ep, direction);
 
 		vt.match = *match;
-		emit_event(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
-			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
+		emit_event(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason & 0xff,
+			   reason & CEL_POLICY_AUDITED ? CEL_VERDICT_AUDIT
+			   : reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
 	}
-	return reason;
+	return reason & CEL_POLICY_AUDITED ? CEL_REASON_FORWARDED : reason;
 }
 
 static __always_inline int policy_check6(struct __sk_buff *skb, const struct pkt6 *p,
@@ -169,16 +192,22 @@ static __always_inline int policy_check6(struct __sk_buff *skb, const struct pkt
 	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
 	int verdicts = verdict_events(cfg);
 
-	if (verdicts || trace_events(cfg))
+	/* The audit bit stays in `reason` (no variable more: this is inlined into
+	 * the largest frames). */
+	if (reason & CEL_POLICY_AUDITED)
+		*match = CEL_MATCH_NONE;
+	else if (verdicts || trace_events(cfg))
 		*match = policy_match(ep, direction, peer_identity, reason, by_peer);
-	if (verdicts) {
+	/* One call site: the event is inlined, and each copy takes its own stack. */
+	if (verdicts || (reason & CEL_POLICY_AUDITED)) {
 		struct trace vt = verdict_trace(t, ep, direction);
 
 		vt.match = *match;
-		emit_event6(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason,
-			   reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
+		emit_event6(skb, p, &vt, CEL_EVENT_POLICY_VERDICT, reason & 0xff,
+			    reason & CEL_POLICY_AUDITED ? CEL_VERDICT_AUDIT
+			    : reason == CEL_REASON_FORWARDED ? CEL_VERDICT_ALLOWED : CEL_VERDICT_DENIED);
 	}
-	return reason;
+	return reason & CEL_POLICY_AUDITED ? CEL_REASON_FORWARDED : reason;
 }
 
 #endif /* CELLIUM_LIB_POLICY_H */

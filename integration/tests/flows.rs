@@ -380,6 +380,102 @@ fn a_drop_and_a_verdict_name_the_policy_that_decided() {
     }
 }
 
+/// DB_FROM_WEB in audit mode.
+const DB_FROM_WEB_AUDITED: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: { name: db-from-web, namespace: shop, annotations: { policy.cellium.io/audit-mode: "true" } }
+spec:
+  podSelector: { matchLabels: { app: db } }
+  policyTypes: [ Ingress ]
+  ingress: [ { from: [ { podSelector: { matchLabels: { app: web } } } ], ports: [ { port: 5432 } ] } ]
+"#;
+
+/// The first AUDIT flow to shop/db, once there is one.
+fn audit_to_db(agent: &Agent) -> Value {
+    wait_for("an audit verdict", || {
+        observe(
+            agent,
+            &["--all", "--verdict", "AUDIT", "--to-pod", "shop/db"],
+        )
+        .into_iter()
+        .next()
+    })
+}
+
+/// A policy in audit mode (its annotation, or the agent's `policy-audit-mode`) lets through
+/// what it alone would drop and reports it as an AUDIT verdict naming it; beside an enforced
+/// policy, the enforced one's drops stay drops.
+#[test]
+fn a_policy_in_audit_mode_lets_through_what_it_would_drop_and_names_itself() {
+    let _serial = serial();
+    let mut lab = lab_with(Vec::new());
+    lab.apply_policy(DB_FROM_WEB_AUDITED).unwrap();
+    lab.settle().unwrap();
+    lab.serve(&[Tcp(5432)]).unwrap();
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    probe::tcp_request(tool, addr(&lab, "shop/db", 5432), TIMEOUT)
+        .expect("what only an audited policy denies passes");
+    let audit = audit_to_db(lab.agent());
+    let f = &audit["flow"];
+    assert_eq!(f["verdict"], "AUDIT", "{f:#}");
+    assert_eq!(f["source"]["pod_name"], "tool");
+    assert_eq!(f["ingress_denied_by"][0]["name"], "db-from-web", "{f:#}");
+    let compact = lab
+        .agent()
+        .cli(&["observe", "--all", "--verdict", "AUDIT"])
+        .unwrap();
+    assert!(
+        compact.contains("INGRESS AUDIT (policy default deny) by NetworkPolicy shop/db-from-web"),
+        "{compact}"
+    );
+    let metrics = lab.agent().metrics().unwrap();
+    assert!(
+        metrics.contains(
+            r#"cellium_policy_verdicts_total{direction="ingress",match="none",action="audit"}"#
+        ),
+        "{metrics}"
+    );
+    // An enforced policy beside it: its default deny drops, naming only itself; the audited
+    // policy's allow does not widen it.
+    lab.apply_policy(
+        &DB_FROM_WEB
+            .replace("db-from-web", "db-enforced")
+            .replace("app: web", "app: nobody"),
+    )
+    .unwrap();
+    lab.settle().unwrap();
+    let web = &lab.pod("shop/web").unwrap().netns;
+    assert!(probe::tcp_connect(web, addr(&lab, "shop/db", 5432), SHORT).is_err());
+    let dropped = wait_for("the enforced drop", || {
+        observe(
+            lab.agent(),
+            &["--all", "--type", "drop", "--to-pod", "shop/db"],
+        )
+        .into_iter()
+        .next()
+    });
+    assert_eq!(
+        dropped["flow"]["ingress_denied_by"],
+        serde_json::json!([{"kind": "NetworkPolicy", "namespace": "shop", "name": "db-enforced"}]),
+        "{dropped:#}"
+    );
+    drop(lab);
+
+    // The agent's audit mode: every policy audited.
+    let mut lab = lab_with(vec![("CELLIUM_POLICY_AUDIT_MODE".into(), "true".into())]);
+    lab.apply_policy(DB_FROM_WEB).unwrap();
+    lab.settle().unwrap();
+    lab.serve(&[Tcp(5432)]).unwrap();
+    let tool = &lab.pod("dev/tool").unwrap().netns;
+    probe::tcp_request(tool, addr(&lab, "shop/db", 5432), TIMEOUT)
+        .expect("policy-audit-mode drops nothing");
+    assert_eq!(
+        audit_to_db(lab.agent())["flow"]["ingress_denied_by"][0]["name"],
+        "db-from-web"
+    );
+}
+
 #[test]
 fn a_cluster_ip_connection_names_the_service() {
     let _serial = serial();

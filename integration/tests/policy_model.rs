@@ -219,6 +219,15 @@ fn rules(rng: &mut Rng) -> Vec<PolicyRule> {
             ),
             r(1, d, Some(Protocol::Icmp), None, Verdict::Allow),
             r(301, d, Some(ICMPV6), None, Verdict::Deny),
+            r(
+                300,
+                d,
+                Some(Protocol::Tcp),
+                Some(86..=88),
+                Verdict::AuditDeny,
+            ),
+            r(303, d, Some(Protocol::Tcp), None, Verdict::AuditDeny),
+            r(303, d, Some(Protocol::Tcp), Some(443..=443), Verdict::Allow),
         ]);
     }
     let identities = [0, 1, 2, 300, 301, 302, 303, 16_777_216];
@@ -241,10 +250,10 @@ fn rules(rng: &mut Rng) -> Vec<PolicyRule> {
             rng.pick(&Direction::ALL),
             protocol,
             ports,
-            if rng.below(4) == 0 {
-                Verdict::Deny
-            } else {
-                Verdict::Allow
+            match rng.below(8) {
+                0 | 1 => Verdict::Deny,
+                2 => Verdict::AuditDeny,
+                _ => Verdict::Allow,
             },
         ));
     }
@@ -413,11 +422,14 @@ fn observe(
     }
 }
 
-/// What the model says the programs count for a new connection.
-fn expected(entries_decision: Decision, enforced: bool) -> String {
+/// What the model says the programs count for a new connection (`audited`: the direction's
+/// default deny is only audited).
+fn expected(entries_decision: Decision, enforced: bool, audited: bool) -> String {
     let reason = match (enforced, entries_decision) {
-        (false, _) | (true, Decision::Allowed) => Reason::Forwarded,
+        // An audited deny passes (reported as an audit verdict, counted as forwarded).
+        (false, _) | (true, Decision::Allowed | Decision::Audited) => Reason::Forwarded,
         (true, Decision::Denied) => Reason::PolicyDeny,
+        (true, Decision::NoMatch) if audited => Reason::Forwarded,
         (true, Decision::NoMatch) => Reason::PolicyDefaultDeny,
     };
     reason.to_string()
@@ -432,6 +444,10 @@ fn the_programs_decide_as_the_policy_model_over_the_real_map() {
         EndpointFlags::ENFORCE_INGRESS | EndpointFlags::ENFORCE_EGRESS,
         // Egress not enforced: nothing is looked up, whatever the entries say.
         EndpointFlags::ENFORCE_INGRESS,
+        // Ingress's default deny only audited: what no entry matches passes.
+        EndpointFlags::ENFORCE_INGRESS
+            | EndpointFlags::ENFORCE_EGRESS
+            | EndpointFlags::AUDIT_INGRESS,
     ];
     let (mut checked, mut failures) = (0usize, Vec::new());
     let mut answers: std::collections::BTreeMap<String, usize> = Default::default();
@@ -459,6 +475,8 @@ fn the_programs_decide_as_the_policy_model_over_the_real_map() {
             .flat_map(|d| [(d, false), (d, true)])
         {
             let enforced = flags.contains(EndpointFlags::enforce(direction));
+            let audited =
+                direction == Direction::Ingress && flags.contains(EndpointFlags::AUDIT_INGRESS);
             let mut probes = Vec::new();
             for (identity, net) in PEERS {
                 for protocol in protocols(v6) {
@@ -473,6 +491,7 @@ fn the_programs_decide_as_the_policy_model_over_the_real_map() {
                 let want = expected(
                     decide(&entries, direction, identity, protocol, port),
                     enforced,
+                    audited,
                 );
                 checked += 1;
                 *answers.entry(format!("{family} {want}")).or_default() += 1;

@@ -14,6 +14,10 @@
 #define CEL_EP_F_ENFORCE_INGRESS (1 << 0)
 /* The endpoint enforces policy on traffic leaving it. */
 #define CEL_EP_F_ENFORCE_EGRESS (1 << 1)
+/* The endpoint's default deny in that direction comes only from policies in
+ * audit mode: what it would drop passes, reported as an AUDIT verdict. */
+#define CEL_EP_F_AUDIT_INGRESS (1 << 2)
+#define CEL_EP_F_AUDIT_EGRESS (1 << 3)
 
 struct endpoint_key {
 	__u8 addr[16]; /* IPv4 in addr[0..4], rest zero */

@@ -19,6 +19,9 @@
 /* event.verdict for POLICY_VERDICT events. */
 #define CEL_VERDICT_ALLOWED 0
 #define CEL_VERDICT_DENIED 1
+/* A policy drop let through by an audit (always reported, whatever
+ * CEL_CFG_F_POLICY_VERDICT_EVENTS says: an audit nobody sees is no audit). */
+#define CEL_VERDICT_AUDIT 2
 
 /*
  * Which kind of policy entry let a connection through, with Cilium's

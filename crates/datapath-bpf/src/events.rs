@@ -24,6 +24,11 @@ use crate::types::{Direction, Protocol, Reason};
 /// The map name.
 pub const NAME: &str = "cel_events";
 
+/// `CEL_VERDICT_DENIED`.
+const VERDICT_DENIED: u8 = 1;
+/// `CEL_VERDICT_AUDIT`.
+const VERDICT_AUDIT: u8 = 2;
+
 /// What an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -110,6 +115,8 @@ pub struct Event {
     pub len: u32,
     /// Whether the packet was let through (policy verdicts).
     pub allowed: bool,
+    /// Policy verdicts: a policy drop an audit let through (`reason` says which drop).
+    pub audited: bool,
     /// TCP: the packet's flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10, ...).
     pub tcp_flags: u8,
     /// Policy verdicts: the match of this decision; traces: the egress decision of the hook.
@@ -145,7 +152,9 @@ impl Event {
             dport: u16::from_be(raw.dport),
             ifindex: raw.ifindex,
             len: raw.len,
-            allowed: raw.verdict == 0,
+            // An audited drop passed.
+            allowed: raw.verdict != VERDICT_DENIED,
+            audited: raw.verdict == VERDICT_AUDIT,
             tcp_flags: raw.tcp_flags,
             egress_match: PolicyMatch::from_nibble(raw.match_type),
             ingress_match: PolicyMatch::from_nibble(raw.match_type >> 4),
@@ -309,7 +318,7 @@ impl EventReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::family_and_bytes;
+    use crate::abi::{c, family_and_bytes};
     use std::net::Ipv4Addr;
 
     fn raw(src: IpAddr, dst: IpAddr) -> RawEvent {
@@ -345,8 +354,16 @@ mod tests {
         assert_eq!(e.direction, Direction::Egress);
         assert_eq!(e.saddr, src);
         assert_eq!(e.dport, 80);
-        assert!(!e.allowed);
+        assert!(!e.allowed && !e.audited);
         assert!(Event::decode(&[0u8; 8]).is_none());
+        let mut audit = raw(src, Ipv4Addr::new(10, 0, 0, 2).into());
+        (audit.kind, audit.verdict) = (2, VERDICT_AUDIT);
+        let e = Event::decode(&audit.encode()).unwrap();
+        assert!(e.allowed && e.audited, "an audited drop passed");
+        assert_eq!(
+            (u64::from(VERDICT_DENIED), u64::from(VERDICT_AUDIT)),
+            (c::CEL_VERDICT_DENIED, c::CEL_VERDICT_AUDIT)
+        );
     }
 
     #[test]

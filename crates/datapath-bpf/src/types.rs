@@ -205,6 +205,11 @@ impl EndpointFlags {
     pub const ENFORCE_INGRESS: EndpointFlags = EndpointFlags(1 << 0);
     /// Enforce policy on traffic leaving the pod.
     pub const ENFORCE_EGRESS: EndpointFlags = EndpointFlags(1 << 1);
+    /// The ingress default deny comes only from policies in audit mode: what it would drop
+    /// passes, reported as an audit verdict.
+    pub const AUDIT_INGRESS: EndpointFlags = EndpointFlags(1 << 2);
+    /// The same for egress.
+    pub const AUDIT_EGRESS: EndpointFlags = EndpointFlags(1 << 3);
 
     /// Whether every flag of `other` is set.
     pub fn contains(self, other: EndpointFlags) -> bool {
@@ -237,7 +242,19 @@ impl fmt::Debug for EndpointFlags {
         if self.contains(Self::ENFORCE_EGRESS) {
             names.push("ENFORCE_EGRESS");
         }
-        let rest = self.0 & !(Self::ENFORCE_INGRESS.0 | Self::ENFORCE_EGRESS.0);
+        if self.contains(Self::AUDIT_INGRESS) {
+            names.push("AUDIT_INGRESS");
+        }
+        if self.contains(Self::AUDIT_EGRESS) {
+            names.push("AUDIT_EGRESS");
+        }
+        let known = [
+            Self::ENFORCE_INGRESS,
+            Self::ENFORCE_EGRESS,
+            Self::AUDIT_INGRESS,
+            Self::AUDIT_EGRESS,
+        ];
+        let rest = known.iter().fold(self.0, |rest, f| rest & !f.0);
         if rest != 0 {
             return write!(f, "{}|{rest:#x}", names.join("|"));
         }
@@ -289,6 +306,14 @@ mod tests {
         assert_eq!(
             u64::from(EndpointFlags::ENFORCE_EGRESS.0),
             c::CEL_EP_F_ENFORCE_EGRESS
+        );
+        assert_eq!(
+            u64::from(EndpointFlags::AUDIT_INGRESS.0),
+            c::CEL_EP_F_AUDIT_INGRESS
+        );
+        assert_eq!(
+            u64::from(EndpointFlags::AUDIT_EGRESS.0),
+            c::CEL_EP_F_AUDIT_EGRESS
         );
     }
 

@@ -251,6 +251,7 @@ impl CiliumPolicyDoc {
             .ok_or_else(|| FieldError::new("metadata.name", "a name is required"))?;
         validate::dns1123_subdomain("metadata.name", &name)?;
         validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let audit = crate::audit_mode(meta.annotations.as_ref())?;
         let namespace = if clusterwide {
             if meta.namespace.is_some() {
                 return Err(FieldError::new(
@@ -281,6 +282,7 @@ impl CiliumPolicyDoc {
             namespace,
             name,
             rules,
+            audit,
         })
     }
 }

@@ -224,6 +224,8 @@ pub struct CiliumPolicy {
     pub name: String,
     /// `spec` followed by the items of `specs`.
     pub rules: Vec<CiliumRule>,
+    /// In audit mode ([`crate::AUDIT_MODE_ANNOTATION`]).
+    pub audit: bool,
 }
 
 /// A `CiliumNetworkPolicy`: rules scoped to its namespace.

@@ -11,6 +11,7 @@
 //! Storing only those fields keeps memory low (a full Pod object is mostly status and spec no
 //! cell of the agent reads) and keeps the cells independent of the Kubernetes types.
 
+mod audit;
 pub mod document;
 pub mod gap;
 mod key;
@@ -32,6 +33,7 @@ mod selector;
 pub mod service;
 pub mod service_exposure;
 
+pub use audit::{AUDIT_MODE_ANNOTATION, audit_mode};
 pub use cidr_group::{CIDR_GROUP_VERSIONS, CiliumCidrGroup};
 pub use cilium_cluster::{CiliumEndpoint, CiliumIdentity, CiliumNode};
 pub use cilium_policy::{

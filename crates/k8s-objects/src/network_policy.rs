@@ -59,6 +59,8 @@ pub struct NetworkPolicy {
     pub ingress: Vec<NetworkPolicyRule>,
     /// Egress rules (ignored unless `policy_types` holds `Egress`).
     pub egress: Vec<NetworkPolicyRule>,
+    /// In audit mode ([`crate::AUDIT_MODE_ANNOTATION`]).
+    pub audit: bool,
 }
 
 impl Object for NetworkPolicy {
@@ -84,6 +86,7 @@ impl NetworkPolicy {
         let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
         validate::dns1123_label("metadata.namespace", &namespace)?;
         validate::labels("metadata.labels", &meta.labels.unwrap_or_default())?;
+        let audit = crate::audit_mode(meta.annotations.as_ref())?;
         let spec = np.spec.unwrap_or_default();
         let pod_selector = match spec.pod_selector {
             Some(sel) => {
@@ -118,6 +121,7 @@ impl NetworkPolicy {
             policy_types,
             ingress,
             egress,
+            audit,
         })
     }
 }

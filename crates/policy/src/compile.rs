@@ -107,8 +107,10 @@ impl PortSet {
 struct Group {
     any_allow: bool,
     any_deny: bool,
+    any_audit: bool,
     allow: BTreeMap<Protocol, PortSet>,
     deny: BTreeMap<Protocol, PortSet>,
+    audit: BTreeMap<Protocol, PortSet>,
 }
 
 fn validate(rule: &PolicyRule) -> Result<()> {
@@ -142,6 +144,7 @@ pub fn compile(endpoint_id: u16, rules: &[PolicyRule]) -> Result<Vec<(PolicyEntr
                 match rule.verdict {
                     Verdict::Allow => g.any_allow = true,
                     Verdict::Deny => g.any_deny = true,
+                    Verdict::AuditDeny => g.any_audit = true,
                 }
                 continue;
             }
@@ -152,6 +155,7 @@ pub fn compile(endpoint_id: u16, rules: &[PolicyRule]) -> Result<Vec<(PolicyEntr
         let sets = match rule.verdict {
             Verdict::Allow => &mut g.allow,
             Verdict::Deny => &mut g.deny,
+            Verdict::AuditDeny => &mut g.audit,
         };
         for p in protocols {
             sets.entry(p).or_default().add(lo, hi);
@@ -171,12 +175,21 @@ pub fn compile(endpoint_id: u16, rules: &[PolicyRule]) -> Result<Vec<(PolicyEntr
             out.insert((entry(L4Match::Any), Verdict::Deny));
             continue;
         }
-        if g.any_allow {
+        // An audited deny of everything outranks an allow of everything, and leaves no room
+        // for a narrower allow (it would be longer, and win).
+        if g.any_audit {
+            out.insert((entry(L4Match::Any), Verdict::AuditDeny));
+        } else if g.any_allow {
             out.insert((entry(L4Match::Any), Verdict::Allow));
         }
-        let protocols: BTreeSet<Protocol> = g.allow.keys().chain(g.deny.keys()).copied().collect();
+        let protocols: BTreeSet<Protocol> = (g.allow.keys())
+            .chain(g.deny.keys())
+            .chain(g.audit.keys())
+            .copied()
+            .collect();
         for p in protocols {
             let deny = g.deny.get(&p).cloned().unwrap_or_default();
+            let audit = g.audit.get(&p).cloned().unwrap_or_default();
             let allow = g.allow.get(&p).cloned().unwrap_or_default();
             let port_entries = |set: &PortSet, verdict, out: &mut BTreeSet<_>| {
                 for (port, prefix_bits) in set.blocks() {
@@ -195,16 +208,22 @@ pub fn compile(endpoint_id: u16, rules: &[PolicyRule]) -> Result<Vec<(PolicyEntr
                 continue;
             }
             // Deny blocks are always needed: a deny must also beat the other
-            // lookup's (identity 0 or the peer's) allow.
+            // lookup's (identity 0 or the peer's) allow. Audited ones alike.
             port_entries(&deny, Verdict::Deny, &mut out);
-            if g.any_allow || allow.is_empty() {
+            if audit.is_full() {
+                // The deny blocks are longer, so they win; nothing is left to allow.
+                out.insert((entry(L4Match::Protocol(p)), Verdict::AuditDeny));
+                continue;
+            }
+            port_entries(&audit.minus(&deny), Verdict::AuditDeny, &mut out);
+            if g.any_allow || g.any_audit || allow.is_empty() {
                 continue;
             }
             if allow.is_full() {
-                // The deny blocks are longer than this entry, so they win.
+                // The deny and audit blocks are longer than this entry, so they win.
                 out.insert((entry(L4Match::Protocol(p)), Verdict::Allow));
             } else {
-                port_entries(&allow.minus(&deny), Verdict::Allow, &mut out);
+                port_entries(&allow.minus(&deny).minus(&audit), Verdict::Allow, &mut out);
             }
         }
     }
@@ -241,6 +260,7 @@ mod tests {
         match decide(entries, Direction::Ingress, identity, protocol, port) {
             Decision::Allowed => Some(Verdict::Allow),
             Decision::Denied => Some(Verdict::Deny),
+            Decision::Audited => Some(Verdict::AuditDeny),
             Decision::NoMatch => None,
         }
     }
@@ -265,6 +285,8 @@ mod tests {
             .collect();
         if matching.iter().any(|r| r.verdict == Verdict::Deny) {
             Some(Verdict::Deny)
+        } else if matching.iter().any(|r| r.verdict == Verdict::AuditDeny) {
+            Some(Verdict::AuditDeny)
         } else if matching.is_empty() {
             None
         } else {
@@ -345,6 +367,34 @@ mod tests {
             rule(5, Some(Protocol::Tcp), Some(8000..=8100), Verdict::Deny),
             rule(6, Some(Protocol::Icmp), None, Verdict::Allow),
             rule(0, None, Some(1000..=1003), Verdict::Allow),
+        ];
+        check_equivalent(&rules);
+    }
+
+    #[test]
+    fn audited_denies_rank_between_denies_and_allows() {
+        let rules = [
+            rule(5, Some(Protocol::Tcp), Some(1..=1000), Verdict::Allow),
+            rule(5, Some(Protocol::Tcp), Some(20..=30), Verdict::AuditDeny),
+            rule(5, Some(Protocol::Tcp), Some(22..=22), Verdict::Deny),
+            rule(0, Some(Protocol::Udp), None, Verdict::AuditDeny),
+            rule(6, Some(Protocol::Udp), Some(53..=53), Verdict::Allow),
+            rule(6, Some(Protocol::Udp), Some(60..=70), Verdict::Deny),
+            rule(0, Some(Protocol::Tcp), Some(80..=80), Verdict::Allow),
+        ];
+        check_equivalent(&rules);
+        // An audited deny of everything: only enforced denies punch through it.
+        let rules = [
+            rule(5, None, None, Verdict::AuditDeny),
+            rule(5, None, None, Verdict::Allow),
+            rule(5, Some(Protocol::Tcp), Some(443..=443), Verdict::Allow),
+            rule(5, Some(Protocol::Tcp), Some(22..=22), Verdict::Deny),
+        ];
+        check_equivalent(&rules);
+        let rules = [
+            rule(6, Some(Protocol::Tcp), None, Verdict::AuditDeny),
+            rule(6, Some(Protocol::Tcp), None, Verdict::Allow),
+            rule(6, Some(Protocol::Tcp), Some(8080..=8081), Verdict::Deny),
         ];
         check_equivalent(&rules);
     }

@@ -14,6 +14,8 @@ pub enum Decision {
     Allowed,
     /// A deny entry matched.
     Denied,
+    /// An audited deny entry matched and no deny did: passes, reported as an audit.
+    Audited,
     /// Nothing matched: denied if the endpoint enforces the direction.
     NoMatch,
 }
@@ -23,6 +25,7 @@ impl Decision {
     pub fn of_lookups(peer: Option<Verdict>, any: Option<Verdict>) -> Decision {
         match (peer, any) {
             (Some(Verdict::Deny), _) | (_, Some(Verdict::Deny)) => Decision::Denied,
+            (Some(Verdict::AuditDeny), _) | (_, Some(Verdict::AuditDeny)) => Decision::Audited,
             (None, None) => Decision::NoMatch,
             _ => Decision::Allowed,
         }
@@ -31,7 +34,7 @@ impl Decision {
     /// Whether the connection passes, given whether the endpoint enforces the direction
     /// (the datapath looks nothing up in a direction it does not enforce).
     pub fn passes(self, enforced: bool) -> bool {
-        !enforced || self == Decision::Allowed
+        !enforced || matches!(self, Decision::Allowed | Decision::Audited)
     }
 }
 

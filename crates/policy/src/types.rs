@@ -107,6 +107,9 @@ pub enum Verdict {
     Allow,
     /// Deny the connection (wins over any allow).
     Deny,
+    /// What a deny of a policy in audit mode becomes: the connection passes, reported as an
+    /// audit verdict. Below [`Verdict::Deny`], above [`Verdict::Allow`].
+    AuditDeny,
 }
 
 #[cfg(test)]

@@ -205,6 +205,8 @@ impl Enforcement {
         let mut after = Directions {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
+            ingress_audit: policy.ingress_audit,
+            egress_audit: policy.egress_audit,
         };
         // A new revision that leaves this endpoint's rules as they were (the usual case: most
         // changes concern a few endpoints) writes nothing; only the revision it enforces moves.
@@ -242,6 +244,7 @@ impl Enforcement {
             after = Directions {
                 ingress: true,
                 egress: true,
+                ..Directions::default()
             };
         }
         // A new endpoint has allowed nothing yet: it is as strict as its policy from its first
@@ -252,6 +255,8 @@ impl Enforcement {
             Directions {
                 ingress: before.enforcement.ingress && after.ingress,
                 egress: before.enforcement.egress && after.egress,
+                ingress_audit: before.enforcement.ingress_audit || after.ingress_audit,
+                egress_audit: before.enforcement.egress_audit || after.egress_audit,
             }
         };
         let written = dp
@@ -363,6 +368,8 @@ pub(crate) fn unrestricted() -> Arc<EndpointPolicy> {
         revision: 0,
         ingress_enforced: false,
         egress_enforced: false,
+        ingress_audit: false,
+        egress_audit: false,
         rules: Vec::new(),
         origins: Default::default(),
     })

@@ -262,7 +262,12 @@ pub fn view(manager: &EndpointManager, ep: &Endpoint, with_peers: bool) -> v1::E
             .iter()
             .map(|p| EndpointPeer {
                 direction: p.direction.to_string(),
-                verdict: format!("{:?}", p.verdict).to_lowercase(),
+                verdict: match p.verdict {
+                    cellium_datapath_bpf::Verdict::Allow => "allow",
+                    cellium_datapath_bpf::Verdict::Deny => "deny",
+                    cellium_datapath_bpf::Verdict::AuditDeny => "audit-deny",
+                }
+                .to_string(),
                 identity: p.identity,
                 labels: manager.identity_labels(p.identity),
                 ports: p.ports.clone(),

@@ -13,6 +13,11 @@ pub struct Enforcement {
     pub ingress: bool,
     /// The endpoint's egress is restricted by policy.
     pub egress: bool,
+    /// The ingress default deny is only audited (every policy that switched it on is in
+    /// audit mode): what it would drop passes, reported as an audit verdict.
+    pub ingress_audit: bool,
+    /// The same for egress.
+    pub egress_audit: bool,
 }
 
 /// Writes the endpoint's entries in the endpoint map (one per address, IPv4 and IPv6) with its
@@ -39,6 +44,12 @@ pub fn write_endpoint(
     }
     if enforcement.egress {
         flags = flags | EndpointFlags::ENFORCE_EGRESS;
+    }
+    if enforcement.ingress_audit {
+        flags = flags | EndpointFlags::AUDIT_INGRESS;
+    }
+    if enforcement.egress_audit {
+        flags = flags | EndpointFlags::AUDIT_EGRESS;
     }
     let info = EndpointInfo {
         ifindex: ep.host_ifindex,
@@ -71,9 +82,18 @@ pub fn read_enforcement(dp: &Datapath, ep: &Endpoint) -> Enforcement {
         .filter_map(|a| dp.endpoints().get(a.ip).ok().flatten())
         .find(|info| info.id == ep.id)
         .map_or(0, |info| info.flags.0);
-    Enforcement {
-        ingress: flags & EndpointFlags::ENFORCE_INGRESS.0 != 0,
-        egress: flags & EndpointFlags::ENFORCE_EGRESS.0 != 0,
+    Enforcement::from_flags(EndpointFlags(flags))
+}
+
+impl Enforcement {
+    /// What endpoint map flags say.
+    pub fn from_flags(flags: EndpointFlags) -> Enforcement {
+        Enforcement {
+            ingress: flags.contains(EndpointFlags::ENFORCE_INGRESS),
+            egress: flags.contains(EndpointFlags::ENFORCE_EGRESS),
+            ingress_audit: flags.contains(EndpointFlags::AUDIT_INGRESS),
+            egress_audit: flags.contains(EndpointFlags::AUDIT_EGRESS),
+        }
     }
 }
 

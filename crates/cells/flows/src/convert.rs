@@ -44,6 +44,7 @@ pub fn verdict(flow: &Flow) -> v1::Verdict {
     match flow.verdict() {
         FlowVerdict::Forwarded => v1::Verdict::Forwarded,
         FlowVerdict::Dropped => v1::Verdict::Dropped,
+        FlowVerdict::Audit => v1::Verdict::Audit,
     }
 }
 
@@ -229,7 +230,8 @@ pub fn to_proto(flow: &Flow, node: &str) -> v1::Flow {
             index: e.ifindex,
             name: String::new(),
         }),
-        drop_reason_text: if dropped {
+        // An audit says which drop it let through.
+        drop_reason_text: if dropped || flow.verdict() == FlowVerdict::Audit {
             e.reason.to_string()
         } else {
             String::new()
@@ -243,10 +245,11 @@ pub fn to_proto(flow: &Flow, node: &str) -> v1::Flow {
     }
 }
 
-/// The flow's deciding policies, in the field of `direction` and allowed or denied.
+/// The flow's deciding policies, in the field of `direction` and allowed or denied (an audit
+/// names what would have denied).
 fn policies(flow: &Flow, direction: Direction, denied: bool) -> Vec<v1::FlowPolicy> {
     let here =
-        flow.event.direction == direction && (flow.verdict() == FlowVerdict::Dropped) == denied;
+        flow.event.direction == direction && (flow.verdict() != FlowVerdict::Forwarded) == denied;
     if !here {
         return Vec::new();
     }

@@ -74,12 +74,13 @@ pub struct PolicyQuestion {
 impl PolicyQuestion {
     /// The question an event asks, if it is a policy verdict or a policy drop.
     pub fn of(event: &Event) -> Option<PolicyQuestion> {
+        // An audited verdict carries the drop it let through as its reason.
         let outcome = match (event.kind, event.reason) {
-            (EventKind::PolicyVerdict, _) if event.allowed => Outcome::Allowed,
             (EventKind::PolicyVerdict | EventKind::Drop, Reason::PolicyDeny) => Outcome::Denied,
             (EventKind::PolicyVerdict | EventKind::Drop, Reason::PolicyDefaultDeny) => {
                 Outcome::DefaultDenied
             }
+            (EventKind::PolicyVerdict, _) if event.allowed => Outcome::Allowed,
             _ => return None,
         };
         let peer_identity = match event.direction {
@@ -343,6 +344,7 @@ pub(crate) mod tests {
             ifindex: 7,
             len: 60,
             allowed: false,
+            audited: false,
             tcp_flags: 0x02,
             egress_match: cellium_datapath_bpf::PolicyMatch::None,
             ingress_match: cellium_datapath_bpf::PolicyMatch::None,

@@ -100,13 +100,17 @@ pub enum FlowVerdict {
     Forwarded,
     /// Dropped.
     Dropped,
+    /// A policy drop an audit let through.
+    Audit,
 }
 
 impl Flow {
-    /// Dropped (a drop, or a denying policy verdict) or forwarded.
+    /// Dropped (a drop, or a denying policy verdict), audited (a policy verdict an audit let
+    /// through) or forwarded.
     pub fn verdict(&self) -> FlowVerdict {
         match self.event.kind {
             EventKind::Drop => FlowVerdict::Dropped,
+            _ if self.event.audited => FlowVerdict::Audit,
             _ if !self.event.allowed => FlowVerdict::Dropped,
             _ => FlowVerdict::Forwarded,
         }

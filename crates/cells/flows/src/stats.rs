@@ -54,6 +54,7 @@ fn verdict_name(v: FlowVerdict) -> &'static str {
     match v {
         FlowVerdict::Forwarded => "FORWARDED",
         FlowVerdict::Dropped => "DROPPED",
+        FlowVerdict::Audit => "AUDIT",
     }
 }
 
@@ -73,7 +74,11 @@ impl Stats {
             .or_default() += 1;
         match e.kind {
             EventKind::PolicyVerdict => {
-                let action = if e.allowed { "allowed" } else { "denied" };
+                let action = match (e.allowed, e.audited) {
+                    (_, true) => "audit",
+                    (true, false) => "allowed",
+                    (false, false) => "denied",
+                };
                 *inner
                     .verdicts
                     .entry((direction_name(e.direction), e.egress_match.name(), action))

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cellium_hive::{Backoff, BoxError, Hook, JobContext, Jobs, Lifecycle, Reporter};
+use cellium_hive::{Backoff, BoxError, Config, Hook, JobContext, Jobs, Lifecycle, Reporter};
 use cellium_identity::{Identities, IdentityEvent};
 use cellium_ipcache::Ipcache;
 use cellium_resources::{
@@ -17,6 +17,7 @@ use cellium_resources::{
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 
+use crate::config::PolicyConfig;
 use crate::repository::PolicyRepository;
 use crate::rule::PolicyKind;
 
@@ -24,6 +25,7 @@ impl PolicyRepository {
     /// The cell's constructor: the `feed` job fills the repository from the resources
     /// tables, the identities and the ipcache's named ports.
     pub fn new(
+        cfg: Config<PolicyConfig>,
         lc: Lifecycle,
         jobs: Jobs,
         reporter: Reporter,
@@ -31,11 +33,10 @@ impl PolicyRepository {
         identities: Arc<Identities>,
         ipcache: Arc<Ipcache>,
     ) -> Arc<PolicyRepository> {
-        let repo = Arc::new(PolicyRepository::with_parts(
-            identities.clone(),
-            Some(ipcache.clone()),
-            Some(reporter),
-        ));
+        let repo = Arc::new(
+            PolicyRepository::with_parts(identities.clone(), Some(ipcache.clone()), Some(reporter))
+                .with_audit_mode(cfg.policy_audit_mode),
+        );
         // The repository holds every policy and identity before the cells that resolve
         // policies start (the endpoint manager restores endpoints in its own start hook):
         // without this, a restored endpoint could be regenerated against an empty repository

@@ -44,6 +44,7 @@ impl PolicyApi for PolicyService {
                     None => "default-deny",
                     Some(Verdict::Allow) => "allow",
                     Some(Verdict::Deny) => "deny",
+                    Some(Verdict::AuditDeny) => "audit-deny",
                 }
                 .to_string(),
                 peers: r

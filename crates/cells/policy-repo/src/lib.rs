@@ -17,8 +17,8 @@
 //!   (where it puts its CIDR prefixes, and whose named ports per identity, which endpoints'
 //!   owners put there, egress rules' port names resolve against:
 //!   [`PolicyRepository::sync_named_ports`]).
-//! - **Config keys:** none (the policy directory, `policy-dir`, is a feed of the resources
-//!   cell).
+//! - **Config keys:** `policy-audit-mode` ([`PolicyConfig`]; the policy directory,
+//!   `policy-dir`, is a feed of the resources cell).
 //! - **Degraded** when a policy that passed validation cannot be enforced (it is then not
 //!   enforced at all), and when a CIDR identity or ipcache entry cannot be set up.
 //!
@@ -49,6 +49,7 @@
 //! ```
 
 mod cidr;
+mod config;
 mod error;
 mod feed;
 mod grpc;
@@ -62,6 +63,7 @@ pub mod translate;
 
 use cellium_hive::Module;
 
+pub use config::PolicyConfig;
 pub use error::{Error, Result};
 pub use grpc::PolicyService;
 pub use repository::{PolicyRepository, RuleInfo, SelectorInfo};
@@ -75,6 +77,7 @@ pub fn cell() -> Module {
         "policy-repo",
         "Translates network policies into rules and resolves each endpoint's allowed peers",
     )
+    .config::<PolicyConfig>()
     .provide(PolicyRepository::new)
     .contribute(PolicyService::api)
 }

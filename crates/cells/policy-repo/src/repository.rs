@@ -106,6 +106,7 @@ pub struct PolicyRepository {
     reporter: Option<Reporter>,
     revision: watch::Sender<u64>,
     cidr_changes: watch::Sender<u64>,
+    audit_all: bool,
 }
 
 impl PolicyRepository {
@@ -124,7 +125,15 @@ impl PolicyRepository {
             reporter,
             revision: watch::channel(0).0,
             cidr_changes: watch::channel(0).0,
+            audit_all: false,
         }
+    }
+
+    /// The repository with every policy in audit mode or none (`policy-audit-mode`): set
+    /// before any endpoint is resolved.
+    pub fn with_audit_mode(mut self, on: bool) -> PolicyRepository {
+        self.audit_all = on;
+        self
     }
 
     /// The current revision.
@@ -198,6 +207,7 @@ impl PolicyRepository {
             &st.peer_ports,
             st.revision,
             st.lockdown.covers(subject.labels),
+            self.audit_all,
         ));
         st.resolved.insert(key, policy.clone());
         policy
@@ -413,15 +423,10 @@ impl PolicyRepository {
     pub fn rules(&self) -> Vec<RuleInfo> {
         let st = self.lock();
         let mut out = Vec::new();
-        for ((kind, key), set) in &st.sets {
-            let origin = Origin {
-                kind: *kind,
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-            };
+        for set in st.sets.values() {
             for e in &set.enforce {
                 out.push(RuleInfo {
-                    origin: origin.clone(),
+                    origin: (*e.origin).clone(),
                     subject: e.subject.to_string(),
                     direction: e.direction,
                     verdict: None,
@@ -453,7 +458,7 @@ impl PolicyRepository {
                     r.ports.iter().map(ToString::to_string).collect()
                 };
                 out.push(RuleInfo {
-                    origin: origin.clone(),
+                    origin: (*r.origin).clone(),
                     subject: r.subject.to_string(),
                     direction: r.direction,
                     verdict: Some(r.verdict),
@@ -518,6 +523,7 @@ impl PolicyRepository {
                     kind: key.0,
                     namespace: key.1.namespace.clone(),
                     name: key.1.name.clone(),
+                    audit: false,
                 };
                 tracing::warn!(%origin, %reason, "policy not enforced");
                 st.problems
@@ -538,6 +544,7 @@ impl PolicyRepository {
                 kind: *kind,
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
+                audit: false,
             };
             (origin, set.as_ref())
         }));

@@ -53,6 +53,11 @@ pub struct EndpointPolicy {
     pub ingress_enforced: bool,
     /// Whether egress is default deny.
     pub egress_enforced: bool,
+    /// Whether the ingress default deny is only audited: every object that switched it on
+    /// is in audit mode (or the agent is, `policy-audit-mode`).
+    pub ingress_audit: bool,
+    /// The same for egress.
+    pub egress_audit: bool,
     /// The rules, for `cellium_policy::compile`.
     pub rules: Vec<PolicyRule>,
     /// Which objects each rule and each direction's default deny came from.
@@ -84,8 +89,9 @@ pub enum Outcome {
 impl EndpointPolicy {
     /// The objects that decided `outcome` for a connection of a peer of `identity` in
     /// `direction`, by `protocol` to `port` (0 for protocols without ports): the rules of that
-    /// verdict that match it, or, for a default deny, the objects that switched it on. Sorted,
-    /// without duplicates.
+    /// verdict that match it, or, for a default deny, the objects that switched it on. An
+    /// enforced drop names no object in audit mode (it did not cause it). Sorted, without
+    /// duplicates.
     pub fn decided_by(
         &self,
         outcome: Outcome,
@@ -94,21 +100,31 @@ impl EndpointPolicy {
         protocol: Protocol,
         port: u16,
     ) -> Vec<Arc<Origin>> {
+        let audit_only = match direction {
+            Direction::Ingress => self.ingress_audit,
+            Direction::Egress => self.egress_audit,
+        };
         let verdict = match outcome {
             Outcome::DefaultDenied => {
-                return self.origins.default_deny[dir_index(direction)].clone();
+                let all = &self.origins.default_deny[dir_index(direction)];
+                return all
+                    .iter()
+                    .filter(|o| audit_only || !o.audit)
+                    .cloned()
+                    .collect();
             }
-            Outcome::Allowed => Verdict::Allow,
-            Outcome::Denied => Verdict::Deny,
+            Outcome::Allowed => [Verdict::Allow; 2],
+            Outcome::Denied => [Verdict::Deny, Verdict::AuditDeny],
         };
         let mut out: BTreeSet<Arc<Origin>> = BTreeSet::new();
         for (rule, origins) in self.rules.iter().zip(&self.origins.rules) {
-            let matches = rule.verdict == verdict
+            let matches = verdict.contains(&rule.verdict)
                 && rule.direction == direction
                 && (rule.identity == identity || rule.identity == 0)
                 && covers(rule, protocol, port);
             if matches {
-                out.extend(origins.iter().cloned());
+                let enforced = rule.verdict == Verdict::Deny;
+                out.extend(origins.iter().filter(|o| !enforced || !o.audit).cloned());
             }
         }
         out.into_iter().collect()
@@ -157,7 +173,13 @@ pub type PeerPorts = BTreeMap<u32, Vec<NamedPort>>;
 /// Resolves the policy of `subject` from every rule set. With `lockdown` (the subject is in the
 /// scope of a policy, or of labels policy selects by, that is not in force), both directions
 /// are enforced whatever the sets say, and nothing is allowed but what their allow rules allow
-/// (and the node, for ingress).
+/// (and the node, for ingress); nothing is audited then.
+///
+/// Audit mode (an object's, or every object's with `audit_all`): what only audited objects
+/// would drop passes, reported as an audit. Their deny rules become audited denies, unless an
+/// enforced object denies the same; a default deny that only audited objects switched on is
+/// audited; their allow rules count only in a direction whose default deny is audited, as they
+/// must not widen what an enforced object's default deny leaves.
 pub fn resolve<'a>(
     subject: &Subject<'_>,
     sets: impl Iterator<Item = &'a RuleSet>,
@@ -165,6 +187,7 @@ pub fn resolve<'a>(
     peer_ports: &PeerPorts,
     revision: u64,
     lockdown: bool,
+    audit_all: bool,
 ) -> EndpointPolicy {
     let mut matched: HashMap<&Selector, bool> = HashMap::new();
     let mut selects = |s: &'a Selector| {
@@ -244,6 +267,18 @@ pub fn resolve<'a>(
             }
         }
     }
+    let audited = |o: &Arc<Origin>| !lockdown && (audit_all || o.audit);
+    let mut audit_default = [false; 2];
+    for (i, origins) in default_deny.iter().enumerate() {
+        audit_default[i] = !origins.is_empty() && origins.iter().all(audited);
+    }
+    out.retain(|(_, d, _, _, v), origins| {
+        if *v == Verdict::Allow && !audit_default[dir_index(*d)] {
+            origins.retain(|o| !audited(o));
+            return !origins.is_empty();
+        }
+        true
+    });
     let mut enforced = [false; 2];
     for d in Direction::ALL {
         let i = dir_index(d);
@@ -271,6 +306,9 @@ pub fn resolve<'a>(
         .into_iter()
         .map(
             |((identity, direction, protocol, ports, verdict), origins)| {
+                let audit =
+                    verdict == Verdict::Deny && !origins.is_empty() && origins.iter().all(audited);
+                let verdict = if audit { Verdict::AuditDeny } else { verdict };
                 let rule = PolicyRule {
                     identity,
                     direction,
@@ -290,6 +328,8 @@ pub fn resolve<'a>(
         revision,
         ingress_enforced: enforced[dir_index(Direction::Ingress)],
         egress_enforced: enforced[dir_index(Direction::Egress)],
+        ingress_audit: audit_default[dir_index(Direction::Ingress)],
+        egress_audit: audit_default[dir_index(Direction::Egress)],
         rules,
         origins: Origins {
             rules: origins,
@@ -372,6 +412,7 @@ mod tests {
             kind: PolicyKind::NetworkPolicy,
             namespace: "shop".into(),
             name: "db".into(),
+            audit: false,
         });
         let set = RuleSet {
             enforce: vec![Enforcement {
@@ -422,6 +463,7 @@ mod tests {
             &PeerPorts::new(),
             7,
             false,
+            false,
         );
         assert!(p.ingress_enforced && !p.egress_enforced);
         assert_eq!(p.revision, 7);
@@ -458,6 +500,7 @@ mod tests {
             &PeerPorts::new(),
             7,
             false,
+            false,
         );
         assert!(!p.ingress_enforced && p.rules.is_empty());
         // Locked down, a pod no policy selects allows nothing but the node's ingress.
@@ -472,6 +515,7 @@ mod tests {
             &PeerPorts::new(),
             8,
             true,
+            false,
         );
         assert!(p.ingress_enforced && p.egress_enforced);
         assert_eq!(
@@ -495,6 +539,7 @@ mod tests {
                 kind,
                 namespace: "shop".into(),
                 name: name.into(),
+                audit: false,
             })
         };
         let rule = |origin: &Arc<Origin>, verdict, port: u16| Rule {
@@ -537,7 +582,15 @@ mod tests {
             labels: &labels,
             named_ports: &[],
         };
-        let p = resolve(&subject, sets.iter(), &cache, &PeerPorts::new(), 1, false);
+        let p = resolve(
+            &subject,
+            sets.iter(),
+            &cache,
+            &PeerPorts::new(),
+            1,
+            false,
+            false,
+        );
         let by = |outcome, identity, port| {
             p.decided_by(outcome, Direction::Ingress, identity, Protocol::Tcp, port)
         };
@@ -562,5 +615,110 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    /// `db`'s ingress by `objects`: (name, audited, allowed port, denied port) each, with a
+    /// default deny each; web (identity 300) is the peer.
+    fn db_policy(
+        objects: &[(&str, bool, u16, u16)],
+        lockdown: bool,
+        audit_all: bool,
+    ) -> EndpointPolicy {
+        let db = Selector::from_labels(&l("k8s:app=db"));
+        let web = Selector::from_labels(&l("k8s:app=web"));
+        let sets: Vec<RuleSet> = objects
+            .iter()
+            .map(|&(name, audit, allow, deny)| {
+                let origin = Arc::new(Origin {
+                    kind: PolicyKind::CiliumNetworkPolicy,
+                    namespace: "shop".into(),
+                    name: name.into(),
+                    audit,
+                });
+                let rule = |verdict, port| Rule {
+                    origin: origin.clone(),
+                    subject: db.clone(),
+                    direction: Direction::Ingress,
+                    verdict,
+                    peers: vec![Peer::Selector(web.clone())],
+                    ports: vec![PortSpec {
+                        protocol: Some(Protocol::Tcp),
+                        ports: PortMatch::Range(port, port),
+                    }],
+                    labels: Vec::new(),
+                };
+                RuleSet {
+                    enforce: vec![Enforcement {
+                        origin: origin.clone(),
+                        subject: db.clone(),
+                        direction: Direction::Ingress,
+                        labels: Vec::new(),
+                    }],
+                    rules: vec![rule(Verdict::Allow, allow), rule(Verdict::Deny, deny)],
+                    ..RuleSet::default()
+                }
+            })
+            .collect();
+        let mut cache = SelectorCache::default();
+        cache.add_user(&web);
+        cache.identity_added(300, &l("k8s:app=web"));
+        let labels = l("k8s:app=db");
+        let subject = Subject {
+            identity: 301,
+            labels: &labels,
+            named_ports: &[],
+        };
+        resolve(
+            &subject,
+            sets.iter(),
+            &cache,
+            &PeerPorts::new(),
+            1,
+            lockdown,
+            audit_all,
+        )
+    }
+
+    fn verdict_of(p: &EndpointPolicy, port: u16) -> Option<Verdict> {
+        p.rules
+            .iter()
+            .find(|r| r.identity == 300 && r.ports == Some(port..=port))
+            .map(|r| r.verdict)
+    }
+
+    #[test]
+    fn audited_objects_let_through_only_what_they_alone_would_drop() {
+        // Alone: its default deny and its deny are audited, its allow counts.
+        let p = db_policy(&[("a", true, 80, 81)], false, false);
+        assert!(p.ingress_enforced && p.ingress_audit && !p.egress_audit);
+        assert_eq!(verdict_of(&p, 80), Some(Verdict::Allow));
+        assert_eq!(verdict_of(&p, 81), Some(Verdict::AuditDeny));
+        // Beside an enforced object: its allow must not widen what the other's default deny
+        // leaves; its deny is still only audited; the default deny is the enforced one's.
+        let p = db_policy(&[("a", true, 80, 81), ("b", false, 90, 91)], false, false);
+        assert!(!p.ingress_audit);
+        assert_eq!(verdict_of(&p, 80), None);
+        assert_eq!(verdict_of(&p, 90), Some(Verdict::Allow));
+        assert_eq!(verdict_of(&p, 81), Some(Verdict::AuditDeny));
+        assert_eq!(verdict_of(&p, 91), Some(Verdict::Deny));
+        let named = |outcome, port| {
+            p.decided_by(outcome, Direction::Ingress, 300, Protocol::Tcp, port)
+                .iter()
+                .map(|o| o.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(named(Outcome::DefaultDenied, 99), ["b"]);
+        assert_eq!(named(Outcome::Denied, 81), ["a"]);
+        assert_eq!(named(Outcome::Denied, 91), ["b"]);
+        // An enforced deny of the same port wins over the audited one.
+        let p = db_policy(&[("a", true, 80, 81), ("b", false, 90, 81)], false, false);
+        assert_eq!(verdict_of(&p, 81), Some(Verdict::Deny));
+        // The agent's audit mode audits everything; a lockdown audits nothing.
+        let p = db_policy(&[("b", false, 90, 91)], false, true);
+        assert!(p.ingress_audit);
+        assert_eq!(verdict_of(&p, 91), Some(Verdict::AuditDeny));
+        let p = db_policy(&[("a", true, 80, 81)], true, true);
+        assert!(!p.ingress_audit && !p.egress_audit);
+        assert_eq!(verdict_of(&p, 81), Some(Verdict::Deny));
     }
 }

@@ -48,6 +48,8 @@ pub struct Origin {
     pub namespace: String,
     /// Its name.
     pub name: String,
+    /// In audit mode (`policy.cellium.io/audit-mode`): what only it would drop passes.
+    pub audit: bool,
 }
 
 impl fmt::Display for Origin {
@@ -236,6 +238,7 @@ mod tests {
             kind: PolicyKind::CiliumClusterwideNetworkPolicy,
             namespace: String::new(),
             name: "x".into(),
+            audit: false,
         };
         assert_eq!(o.to_string(), "CiliumClusterwideNetworkPolicy x");
     }
@@ -247,6 +250,7 @@ mod tests {
                 kind: PolicyKind::NetworkPolicy,
                 namespace: "shop".into(),
                 name: "db".into(),
+                audit: false,
             }),
             subject: subject.parse().unwrap(),
             direction: Direction::Ingress,

@@ -154,6 +154,7 @@ mod tests {
             kind: crate::rule::PolicyKind::NetworkPolicy,
             namespace: namespace.into(),
             name: name.into(),
+            audit: false,
         }
     }
 

@@ -93,7 +93,8 @@ fn match_name(m: u32) -> &'static str {
     }
 }
 
-/// `policy-verdict:L3-L4 EGRESS ALLOWED`, `to-endpoint FORWARDED`, `Policy denied DROPPED`.
+/// `policy-verdict:L3-L4 EGRESS ALLOWED`, `policy-verdict:none INGRESS AUDIT (policy
+/// denied)`, `to-endpoint FORWARDED`, `Policy denied DROPPED`.
 fn what(f: &Flow) -> String {
     let et = f.event_type.as_ref().map(|e| e.r#type).unwrap_or(0);
     let direction = match f.traffic_direction() {
@@ -106,10 +107,11 @@ fn what(f: &Flow) -> String {
         5 => format!(
             "policy-verdict:{} {direction} {}",
             match_name(f.policy_match_type),
-            if f.verdict() == v1::Verdict::Dropped {
-                "DENIED"
-            } else {
-                "ALLOWED"
+            match f.verdict() {
+                v1::Verdict::Dropped => "DENIED".to_string(),
+                // What the audit let through.
+                v1::Verdict::Audit => format!("AUDIT ({})", f.drop_reason_text),
+                _ => "ALLOWED".to_string(),
             }
         ),
         4 => {

@@ -94,18 +94,22 @@ fn entry_of(key: &PolicyKey) -> Result<PolicyEntry> {
     })
 }
 
+/// `CEL_POLICY_F_AUDIT`.
+const F_AUDIT: u8 = 0x01;
+
 fn value_of(v: Verdict) -> PolicyValue {
     PolicyValue {
-        deny: u8::from(v == Verdict::Deny),
+        deny: u8::from(v != Verdict::Allow),
+        flags: if v == Verdict::AuditDeny { F_AUDIT } else { 0 },
         ..PolicyValue::default()
     }
 }
 
 fn verdict_of(v: &PolicyValue) -> Verdict {
-    if v.deny != 0 {
-        Verdict::Deny
-    } else {
-        Verdict::Allow
+    match (v.deny != 0, v.flags & F_AUDIT != 0) {
+        (false, _) => Verdict::Allow,
+        (true, false) => Verdict::Deny,
+        (true, true) => Verdict::AuditDeny,
     }
 }
 
@@ -639,22 +643,24 @@ fn diff_into(
     revoke(map, &current, &wanted, &mut stats)?;
     write(map, &wanted, &current, Verdict::Deny, &mut stats)?;
     write(map, &wanted, &current, Verdict::Allow, &mut stats)?;
+    write(map, &wanted, &current, Verdict::AuditDeny, &mut stats)?;
     remove_denies(map, &current, &wanted, &mut stats)?;
     Ok(stats)
 }
 
-/// Takes back what the new set no longer allows: an allow it denies becomes a deny, an allow
-/// it drops is removed. First, so that no failure later leaves a revoked allow in force; these
-/// writes only change or remove keys the map holds, so a full map cannot refuse them.
+/// Takes back what the new set no longer lets through: an allow (or an audited deny, which
+/// passes too) it denies becomes a deny, one it drops is removed. First, so that no failure
+/// later leaves a revoked allow in force; these writes only change or remove keys the map
+/// holds, so a full map cannot refuse them.
 fn revoke(
     map: &impl PolicyWrites,
     current: &[(PolicyEntry, Verdict)],
     wanted: &[(PolicyEntry, Verdict)],
     stats: &mut SyncStats,
 ) -> Result<()> {
-    for (entry, _) in current.iter().filter(|(_, v)| *v == Verdict::Allow) {
+    for (entry, _) in current.iter().filter(|(_, v)| *v != Verdict::Deny) {
         match lookup(wanted, entry) {
-            Some(Verdict::Allow) => {}
+            Some(Verdict::Allow | Verdict::AuditDeny) => {}
             Some(Verdict::Deny) => {
                 map.put(entry, Verdict::Deny)?;
                 stats.written += 1;
@@ -669,8 +675,8 @@ fn revoke(
     Ok(())
 }
 
-/// Writes the entries `wanted` has with verdict `pass` that `current` does not hold so (an
-/// allow turned deny is [`revoke`]'s).
+/// Writes the entries `wanted` has with verdict `pass` that `current` does not hold so (a
+/// passing entry turned deny is [`revoke`]'s).
 fn write(
     map: &impl PolicyWrites,
     wanted: &[(PolicyEntry, Verdict)],
@@ -681,7 +687,7 @@ fn write(
     for (entry, _) in wanted.iter().filter(|(_, v)| *v == pass) {
         match lookup(current, entry) {
             Some(held) if held == pass => stats.unchanged += 1,
-            Some(Verdict::Allow) => {}
+            Some(held) if pass == Verdict::Deny && held != Verdict::Deny => {}
             _ => {
                 map.put(entry, pass)?;
                 stats.written += 1;
@@ -726,6 +732,16 @@ fn lookup(sorted: &[(PolicyEntry, Verdict)], entry: &PolicyEntry) -> Option<Verd
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verdicts_round_trip_through_values() {
+        assert_eq!(u64::from(F_AUDIT), crate::abi::c::CEL_POLICY_F_AUDIT);
+        for v in [Verdict::Allow, Verdict::Deny, Verdict::AuditDeny] {
+            assert_eq!(verdict_of(&value_of(v)), v);
+        }
+        // An audited deny is a deny to a datapath that knows no audit (an older one).
+        assert_eq!(value_of(Verdict::AuditDeny).deny, 1);
+    }
 
     #[test]
     fn keys_round_trip() {

@@ -147,10 +147,7 @@ impl EndpointDatapath for FakeDatapath {
             .find_map(|a| maps.endpoints.get(&a.ip))
             .filter(|i| i.id == ep.id)
             .map_or(0, |i| i.flags.0);
-        Enforcement {
-            ingress: flags & cellium_datapath_bpf::EndpointFlags::ENFORCE_INGRESS.0 != 0,
-            egress: flags & cellium_datapath_bpf::EndpointFlags::ENFORCE_EGRESS.0 != 0,
-        }
+        Enforcement::from_flags(cellium_datapath_bpf::EndpointFlags(flags))
     }
 
     fn apply_policy(

@@ -44,6 +44,7 @@ pub fn translate(
         kind,
         namespace: policy.namespace.clone(),
         name: policy.name.clone(),
+        audit: policy.audit,
     });
     let ns = policy.namespace.as_str();
     let mut set = RuleSet::default();

@@ -27,6 +27,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
         kind: PolicyKind::NetworkPolicy,
         namespace: np.namespace.clone(),
         name: np.name.clone(),
+        audit: np.audit,
     });
     let subject = pod_selector(&np.pod_selector)
         .map_err(|e| format!("spec.podSelector: {e}"))?
