@@ -92,7 +92,7 @@ static __always_inline int policy_any_port(__u16 endpoint_id, __u8 direction, __
  * direction is not enforced. */
 static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 direction,
 					  __u32 peer_identity, __u8 protocol, __be16 dport,
-					  int *by_peer)
+					  __u8 icmp_type, int *by_peer)
 {
 	__u16 enforce = direction == CEL_DIR_INGRESS ? CEL_EP_F_ENFORCE_INGRESS
 						     : CEL_EP_F_ENFORCE_EGRESS;
@@ -108,9 +108,9 @@ static __always_inline int policy_verdict(const struct endpoint_info *ep, __u8 d
 	map = policy_map_of(ep->id);
 	if (!map)
 		return CEL_REASON_NO_POLICY_MAP;
-	/* ICMP has no port; its policy entries are protocol-wide. */
+	/* ICMP has no port: its type takes the port's place (Cilium's icmps). */
 	if (protocol == CEL_PROTO_ICMP || protocol == CEL_PROTO_ICMPV6)
-		dport = 0;
+		dport = bpf_htons(icmp_type);
 	reason = policy_lookup(map, ep->id, direction, peer_identity, protocol, dport, by_peer);
 	if (reason == CEL_REASON_POLICY_DEFAULT_DENY && (ep->flags & audit))
 		reason |= CEL_POLICY_AUDITED;
@@ -161,7 +161,8 @@ static __always_inline int policy_check(struct __sk_buff *skb, const struct pkt 
 					__u8 *match)
 {
 	int by_peer = 0;
-	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport,
+				    p->icmp_type, &by_peer);
 	int verdicts = verdict_events(cfg);
 
 	/* The audit bit stays in `reason` (no variable more: this is inlined into
@@ -189,7 +190,8 @@ static __always_inline int policy_check6(struct __sk_buff *skb, const struct pkt
 					 __u8 *match)
 {
 	int by_peer = 0;
-	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport, &by_peer);
+	int reason = policy_verdict(ep, direction, peer_identity, p->protocol, p->dport,
+				    p->icmp_type, &by_peer);
 	int verdicts = verdict_events(cfg);
 
 	/* The audit bit stays in `reason` (no variable more: this is inlined into

@@ -440,6 +440,53 @@ spec:
 }
 
 #[test]
+fn icmp_types_are_allowed_and_denied_per_family() {
+    let _serial = serial();
+    let mut lab = lab();
+    lab.apply_policy(
+        r#"
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: { name: db-icmp, namespace: shop }
+spec:
+  endpointSelector: { matchLabels: { app: db } }
+  ingress:
+  - fromEntities: [ all ]
+    icmps: [ { fields: [ { type: EchoRequest, family: IPv4 }, { type: 13 }, { type: EchoReply, family: IPv6 } ] } ]
+  - fromEndpoints: [ { matchLabels: { app: web } } ]
+    icmps: [ { fields: [ { type: 128, family: IPv6 } ] } ]
+    toPorts: [ { ports: [ { port: "80", protocol: TCP } ] } ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: { name: tool-no-echo }
+spec:
+  endpointSelector: { matchLabels: { app: tool } }
+  egress: [ { toEntities: [ all ] } ]
+  egressDeny: [ { icmps: [ { fields: [ { type: Echo }, { type: EchoRequest, family: IPv6 } ] } ] } ]
+"#,
+    )
+    .unwrap();
+    lab.check("icmp types", &COMMON, |f| {
+        // dev/tool sends no echo request in either family, and everything else.
+        if f.from.is("dev/tool") && f.probe == Icmp {
+            return false;
+        }
+        if !f.to.is("shop/db") || f.from.is_node() {
+            return true;
+        }
+        // shop/db: IPv4 echo requests from anyone, IPv6 ones and TCP 80 from shop/web only
+        // (the IPv4 type is not the IPv6 one, and an IPv6 echo reply is not a request),
+        // nothing else.
+        match f.probe {
+            Icmp => !f.v6() || f.from.is("shop/web"),
+            Tcp(80) => f.from.is("shop/web"),
+            _ => false,
+        }
+    });
+}
+
+#[test]
 fn egress_and_ingress_rules_hold_together() {
     let _serial = serial();
     let mut lab = lab();

@@ -144,7 +144,7 @@ pub struct WireIngress {
     #[serde(default)]
     pub from_nodes: Option<Value>,
     #[serde(default)]
-    pub icmps: Option<Value>,
+    pub icmps: Option<Vec<crate::icmp::WireIcmpRule>>,
     #[serde(default)]
     pub authentication: Option<Value>,
 }
@@ -175,7 +175,7 @@ pub struct WireEgress {
     #[serde(default, rename = "toFQDNs")]
     pub to_fqdns: Option<Value>,
     #[serde(default)]
-    pub icmps: Option<Value>,
+    pub icmps: Option<Vec<crate::icmp::WireIcmpRule>>,
     #[serde(default)]
     pub authentication: Option<Value>,
 }
@@ -225,6 +225,20 @@ pub struct WirePort {
     pub end_port: Option<i64>,
     #[serde(default)]
     pub protocol: Option<String>,
+}
+
+/// Fails when `fromRequires` / `toRequires` is present: Cilium deprecated them (they narrow
+/// every other rule selecting the endpoint, a surprise its users tripped over), and a policy
+/// enforced without them would allow more than written.
+fn deprecated(field: String, present: bool) -> Result<(), FieldError> {
+    if present {
+        Err(FieldError::new(
+            field,
+            "deprecated by Cilium and not supported: put the required labels into the rule's own selectors",
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 /// Fails when an unsupported field is present.
@@ -394,11 +408,12 @@ struct Parts {
     entities: (&'static str, Option<Vec<String>>),
     services: Option<Vec<WireService>>,
     to_ports: Option<Vec<WirePortRule>>,
+    icmps: Option<Vec<crate::icmp::WireIcmpRule>>,
 }
 
 fn ingress_rule(field: &str, r: WireIngress) -> Result<CiliumPeerRule, FieldError> {
     let f = |name: &str| format!("{field}.{name}");
-    unsupported(f("fromRequires"), r.from_requires.is_some(), "fromRequires")?;
+    deprecated(f("fromRequires"), r.from_requires.is_some())?;
     unsupported(
         f("fromGroups"),
         r.from_groups.is_some(),
@@ -409,7 +424,6 @@ fn ingress_rule(field: &str, r: WireIngress) -> Result<CiliumPeerRule, FieldErro
         r.from_nodes.is_some(),
         "node selectors (fromNodes)",
     )?;
-    unsupported(f("icmps"), r.icmps.is_some(), "ICMP type rules (icmps)")?;
     unsupported(
         f("authentication"),
         r.authentication.is_some(),
@@ -424,13 +438,14 @@ fn ingress_rule(field: &str, r: WireIngress) -> Result<CiliumPeerRule, FieldErro
             entities: ("fromEntities", r.from_entities),
             services: None,
             to_ports: r.to_ports,
+            icmps: r.icmps,
         },
     )
 }
 
 fn egress_rule(field: &str, r: WireEgress) -> Result<CiliumPeerRule, FieldError> {
     let f = |name: &str| format!("{field}.{name}");
-    unsupported(f("toRequires"), r.to_requires.is_some(), "toRequires")?;
+    deprecated(f("toRequires"), r.to_requires.is_some())?;
     unsupported(
         f("toGroups"),
         r.to_groups.is_some(),
@@ -446,7 +461,6 @@ fn egress_rule(field: &str, r: WireEgress) -> Result<CiliumPeerRule, FieldError>
         r.to_fqdns.is_some(),
         "DNS-based policy (toFQDNs)",
     )?;
-    unsupported(f("icmps"), r.icmps.is_some(), "ICMP type rules (icmps)")?;
     unsupported(
         f("authentication"),
         r.authentication.is_some(),
@@ -461,6 +475,7 @@ fn egress_rule(field: &str, r: WireEgress) -> Result<CiliumPeerRule, FieldError>
             entities: ("toEntities", r.to_entities),
             services: r.to_services,
             to_ports: r.to_ports,
+            icmps: r.icmps,
         },
     )
 }
@@ -572,6 +587,10 @@ fn peer_rule(field: &str, parts: Parts) -> Result<CiliumPeerRule, FieldError> {
             Ok::<_, FieldError>(ports)
         })
         .transpose()?;
+    let icmps = parts
+        .icmps
+        .map(|rules| crate::icmp::icmp_types(&format!("{field}.icmps"), rules))
+        .transpose()?;
     Ok(CiliumPeerRule {
         endpoints,
         cidrs,
@@ -580,6 +599,7 @@ fn peer_rule(field: &str, parts: Parts) -> Result<CiliumPeerRule, FieldError> {
         entities,
         services,
         ports,
+        icmps,
     })
 }
 
@@ -803,6 +823,21 @@ mod tests {
         assert!(err.reason.starts_with("not supported: "), "{}", err.reason);
         let err = cnp("{nodeSelector: {}}").unwrap_err();
         assert_eq!(err.field, "spec.nodeSelector");
+        let err = cnp("{endpointSelector: {}, egress: [{toRequires: [{matchLabels: {a: b}}]}]}")
+            .unwrap_err();
+        assert_eq!(err.field, "spec.egress[0].toRequires");
+        assert!(
+            err.reason.starts_with("deprecated by Cilium"),
+            "{}",
+            err.reason
+        );
+        // ICMP types are read, with their field in errors.
+        let p =
+            cnp("{endpointSelector: {}, ingressDeny: [{icmps: [{fields: [{type: 8}]}]}]}").unwrap();
+        assert_eq!(p.rules[0].ingress_deny[0].icmps.as_ref().unwrap().len(), 1);
+        let err = cnp("{endpointSelector: {}, egress: [{icmps: [{fields: [{type: Nope}]}]}]}")
+            .unwrap_err();
+        assert_eq!(err.field, "spec.egress[0].icmps[0].fields[0].type");
         let err = cnp("{endpointSelector: {}, ingress: [{fromEndpoint: [{}]}]}").unwrap_err();
         assert_eq!(
             (err.field.as_str(), err.reason.as_str()),

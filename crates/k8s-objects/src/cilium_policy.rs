@@ -115,8 +115,12 @@ pub struct CiliumPeerRule {
     pub entities: Option<Vec<Entity>>,
     /// `toServices` (egress only).
     pub services: Option<Vec<ServiceRef>>,
-    /// The ports of every `toPorts` entry; `None` (or empty) = every port and protocol.
+    /// The ports of every `toPorts` entry; `None` (or empty) = every port and protocol, unless
+    /// `icmps` names types.
     pub ports: Option<Vec<PolicyPort>>,
+    /// The ICMP and ICMPv6 types of every `icmps` entry: with them, the rule covers those
+    /// types (and its `toPorts`), nothing else.
+    pub icmps: Option<Vec<crate::IcmpType>>,
 }
 
 impl CiliumPeerRule {

@@ -23,6 +23,7 @@ mod cilium_cluster;
 pub mod cilium_decode;
 mod cilium_policy;
 mod endpoint_slice;
+mod icmp;
 mod namespace;
 mod network_policy;
 mod node;
@@ -44,6 +45,7 @@ pub use endpoint_slice::{
     CONTROLLER_MANAGED_BY, EndpointSlice, SERVICE_NAME_LABEL, ServiceOwner, SliceEndpoint,
     SlicePort,
 };
+pub use icmp::{IcmpFamily, IcmpType};
 pub use namespace::{NAME_LABEL, Namespace, SYSTEM_NAMESPACES};
 pub use network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, PolicyType};
 pub use node::Node;

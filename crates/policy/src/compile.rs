@@ -122,8 +122,11 @@ fn validate(rule: &PolicyRule) -> Result<()> {
         if ports.start() > ports.end() {
             return Err(bad("the port range is empty"));
         }
-        if let Some(p) = rule.protocol.filter(|p| !p.has_ports()) {
+        if let Some(p) = rule.protocol.filter(|p| !p.has_ports() && !p.is_icmp()) {
             return Err(bad(&format!("{p} has no ports")));
+        }
+        if rule.protocol.is_some_and(Protocol::is_icmp) && *ports.end() > 255 {
+            return Err(bad("an ICMP type is 0-255"));
         }
     }
     Ok(())
@@ -400,6 +403,23 @@ mod tests {
     }
 
     #[test]
+    fn icmp_types_take_the_place_of_ports() {
+        let rules = [
+            rule(5, Some(Protocol::Icmp), Some(8..=8), Verdict::Allow),
+            rule(5, Some(Protocol::Icmp), Some(13..=13), Verdict::Deny),
+            rule(6, Some(Protocol::Icmp), None, Verdict::Allow),
+            rule(6, Some(Protocol::Icmp), Some(0..=0), Verdict::Deny),
+        ];
+        let entries = compile(1, &rules).unwrap();
+        let d = |id, t| decided(&entries, id, Protocol::Icmp, t);
+        assert_eq!(d(5, 8), Some(Verdict::Allow));
+        assert_eq!(d(5, 13), Some(Verdict::Deny));
+        assert_eq!(d(5, 0), None);
+        assert_eq!(d(6, 3), Some(Verdict::Allow));
+        assert_eq!(d(6, 0), Some(Verdict::Deny));
+    }
+
+    #[test]
     fn everything_denied_collapses_to_one_entry() {
         let rules = [
             rule(5, None, None, Verdict::Deny),
@@ -414,10 +434,22 @@ mod tests {
     fn invalid_rules_name_the_problem() {
         let err = compile(
             1,
-            &[rule(5, Some(Protocol::Icmp), Some(1..=2), Verdict::Allow)],
+            &[rule(
+                5,
+                Some(Protocol::Other(47)),
+                Some(1..=2),
+                Verdict::Allow,
+            )],
         )
         .unwrap_err();
-        assert!(err.to_string().contains("icmp has no ports"), "{err}");
+        assert!(err.to_string().contains("proto-47 has no ports"), "{err}");
+        // ICMP's "ports" are its types, 0-255.
+        let err = compile(
+            1,
+            &[rule(5, Some(Protocol::Icmp), Some(8..=256), Verdict::Allow)],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("0-255"), "{err}");
         #[allow(clippy::reversed_empty_ranges)]
         let err = compile(
             1,

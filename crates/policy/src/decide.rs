@@ -57,8 +57,8 @@ pub fn longest_match(
 
 /// What the datapath decides for a new connection of the endpoint whose `entries` these are
 /// (as `compile` returns them), in `direction`, with a peer of `identity`, for `protocol`
-/// and destination `port`. Protocols without ports are looked up with port 0, as the
-/// datapath does.
+/// and destination `port` (for ICMP and ICMPv6, the message's type). Other protocols without
+/// ports are looked up with port 0, as the datapath does.
 pub fn decide(
     entries: &[(PolicyEntry, Verdict)],
     direction: Direction,
@@ -66,7 +66,11 @@ pub fn decide(
     protocol: Protocol,
     port: u16,
 ) -> Decision {
-    let port = if protocol.has_ports() { port } else { 0 };
+    let port = if protocol.has_ports() || protocol.is_icmp() {
+        port
+    } else {
+        0
+    };
     Decision::of_lookups(
         longest_match(entries, direction, identity, protocol, port),
         longest_match(entries, direction, 0, protocol, port),

@@ -74,6 +74,24 @@ impl Protocol {
     pub fn has_ports(self) -> bool {
         matches!(self, Protocol::Tcp | Protocol::Udp | Protocol::Sctp)
     }
+
+    /// ICMP or ICMPv6, whose message type takes the port's place in policy (Cilium's
+    /// `icmps`): a "port" 0..=255.
+    pub fn is_icmp(self) -> bool {
+        matches!(self, Protocol::Icmp | Protocol::Other(58))
+    }
+
+    /// What stands for the port of a connection in policy: its port, an ICMP message's type,
+    /// else 0.
+    pub fn policy_port(self, port: u16, icmp_type: u8) -> u16 {
+        if self.has_ports() {
+            port
+        } else if self.is_icmp() {
+            u16::from(icmp_type)
+        } else {
+            0
+        }
+    }
 }
 
 impl From<u8> for Protocol {

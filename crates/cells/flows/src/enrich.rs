@@ -93,11 +93,7 @@ impl PolicyQuestion {
             direction: event.direction,
             peer_identity,
             protocol: event.protocol,
-            port: if event.protocol.has_ports() {
-                event.dport
-            } else {
-                0
-            },
+            port: event.protocol.policy_port(event.dport, event.icmp.0),
         })
     }
 }

@@ -65,12 +65,12 @@ pub use cellium_k8s_objects::{
     CONTROLLER_MANAGED_BY, CidrBlock, CidrGroupMatch, CidrGroupRef, CiliumCidrGroup,
     CiliumClusterwideNetworkPolicy, CiliumEndpoint, CiliumIdentity, CiliumNetworkPolicy,
     CiliumNode, CiliumPeerRule, CiliumPolicy, CiliumRule, ClusterIp, DocumentError, EndpointSlice,
-    Entity, Exposure, FieldError, GapScope, HostPort, IpFamily, IpFamilyPolicy,
-    LB_ALGORITHM_ANNOTATION, LabelRequirement, LabelSelector, LbAlgorithm, NAME_LABEL, NamedPort,
-    Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node, Object, ObjectKey, Pod,
-    PolicyGap, PolicyPort, PolicyType, PortRef, Protocol, RuleLabel, SELECTOR_SOURCES,
-    SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service, ServiceOwner, ServicePort,
-    ServiceRef, ServiceType, SliceEndpoint, SlicePort, TrafficPolicy,
+    Entity, Exposure, FieldError, GapScope, HostPort, IcmpFamily, IcmpType, IpFamily,
+    IpFamilyPolicy, LB_ALGORITHM_ANNOTATION, LabelRequirement, LabelSelector, LbAlgorithm,
+    NAME_LABEL, NamedPort, Namespace, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyRule, Node,
+    Object, ObjectKey, Pod, PolicyGap, PolicyPort, PolicyType, PortRef, Protocol, RuleLabel,
+    SELECTOR_SOURCES, SERVICE_NAME_LABEL, SYSTEM_NAMESPACES, SelectorOperator, Service,
+    ServiceOwner, ServicePort, ServiceRef, ServiceType, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 pub use config::{DEFAULT_APPLY_MAX_BYTES, DEFAULT_APPLY_MAX_DEPTH, ResourcesConfig};
 pub use decoded::{BuiltIn, Decoded};

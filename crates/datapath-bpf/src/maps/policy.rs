@@ -602,7 +602,11 @@ impl PolicyMap {
         protocol: Protocol,
         dport: u16,
     ) -> Result<Decision> {
-        let dport = if protocol.has_ports() { dport } else { 0 };
+        let dport = if protocol.has_ports() || protocol.is_icmp() {
+            dport
+        } else {
+            0
+        };
         let Some(map) = self.live_map(endpoint_id)? else {
             return Ok(Decision::of_lookups(None, None));
         };

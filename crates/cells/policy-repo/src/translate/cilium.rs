@@ -26,10 +26,12 @@ use std::sync::Arc;
 
 use cellium_labels::Requirement;
 use cellium_labels::{NAMESPACE_LABELS_PREFIX, POD_NAMESPACE_LABEL, Selector};
-use cellium_policy::{Direction, Verdict};
-use cellium_resources::{CidrBlock, CiliumPeerRule, CiliumPolicy, Entity, LabelSelector};
+use cellium_policy::{Direction, Protocol, Verdict};
+use cellium_resources::{
+    CidrBlock, CiliumPeerRule, CiliumPolicy, Entity, IcmpFamily, LabelSelector,
+};
 
-use crate::rule::{Enforcement, Origin, Peer, PolicyKind, Rule, RuleSet};
+use crate::rule::{Enforcement, Origin, Peer, PolicyKind, PortMatch, PortSpec, Rule, RuleSet};
 use crate::translate::deps::{Backends, Deps};
 use crate::translate::{absent, block_prefixes, cidr_block, ports, present, selector};
 
@@ -98,7 +100,7 @@ pub fn translate(
                     direction,
                     verdict,
                     peers,
-                    ports: ports(r.ports.as_deref().unwrap_or_default()),
+                    ports: l4(r),
                     labels: labels.clone(),
                 });
             }
@@ -109,6 +111,23 @@ pub fn translate(
     Ok(set)
 }
 
+/// A rule's L4 part: its `toPorts` ports and its `icmps` types (empty: everything).
+fn l4(r: &CiliumPeerRule) -> Vec<PortSpec> {
+    let mut specs = ports(r.ports.as_deref().unwrap_or_default());
+    specs.extend(r.icmps.iter().flatten().map(|t| {
+        let protocol = match t.family {
+            IcmpFamily::V4 => Protocol::Icmp,
+            IcmpFamily::V6 => Protocol::Other(58),
+        };
+        let n = u16::from(t.icmp_type);
+        PortSpec {
+            protocol: Some(protocol),
+            ports: PortMatch::Range(n, n),
+        }
+    }));
+    specs
+}
+
 fn peers(
     ns: &str,
     r: &CiliumPeerRule,
@@ -117,7 +136,7 @@ fn peers(
 ) -> Result<Vec<Peer>, String> {
     if !r.has_peer_fields() {
         // Ports alone apply to every peer; an empty rule only switches default deny on.
-        let has_ports = r.ports.as_ref().is_some_and(|p| !p.is_empty());
+        let has_ports = !l4(r).is_empty();
         return Ok(if has_ports { vec![Peer::All] } else { vec![] });
     }
     let mut out = Vec::new();
