@@ -277,6 +277,7 @@ kind: CiliumClusterwideNetworkPolicy
 metadata: { name: no-tool-to-db }
 spec:
   endpointSelector: { matchLabels: { app: db } }
+  log: { value: "tools stay off the database" }
   enableDefaultDeny: { ingress: false }
   ingressDeny: [ { fromEndpoints: [ { matchLabels: { app: tool } } ], toPorts: [ { ports: [ { port: "5432" } ] } ] } ]
 "#;
@@ -353,6 +354,12 @@ fn a_drop_and_a_verdict_name_the_policy_that_decided() {
     assert_eq!(
         denied["flow"]["ingress_denied_by"],
         serde_json::json!([{"kind": "CiliumClusterwideNetworkPolicy", "namespace": "", "name": "no-tool-to-db"}]),
+        "{denied:#}"
+    );
+    // Its rule's log value goes with it (Cilium 1.18's policy log field).
+    assert_eq!(
+        denied["flow"]["policy_log"],
+        serde_json::json!(["tools stay off the database"]),
         "{denied:#}"
     );
     let compact = lab

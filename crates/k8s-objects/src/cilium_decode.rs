@@ -65,7 +65,7 @@ pub struct WireRule {
     #[serde(default)]
     pub labels: Option<Vec<WireLabel>>,
     #[serde(default)]
-    pub log: Option<Value>,
+    pub log: Option<WireLog>,
 }
 
 /// A rule label.
@@ -195,6 +195,15 @@ pub struct WireCidrRule {
     pub cidr_group_selector: Option<RawSelector>,
 }
 
+/// A rule's `log` (Cilium 1.18): a free text put into the flows the rule decides.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct WireLog {
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
 /// A `toPorts` item.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -307,7 +316,6 @@ fn rule(field: &str, r: WireRule) -> Result<CiliumRule, FieldError> {
         r.node_selector.is_some(),
         "host policies (nodeSelector)",
     )?;
-    unsupported(format!("{field}.log"), r.log.is_some(), "policy logging")?;
     let endpoint_selector = r.endpoint_selector.ok_or_else(|| {
         FieldError::new(
             format!("{field}.endpointSelector"),
@@ -364,6 +372,7 @@ fn rule(field: &str, r: WireRule) -> Result<CiliumRule, FieldError> {
         default_deny_ingress,
         default_deny_egress,
         description: r.description.unwrap_or_default(),
+        log: r.log.and_then(|l| l.value).filter(|v| !v.is_empty()),
         labels: rule_labels(&format!("{field}.labels"), r.labels.unwrap_or_default())?,
     })
 }

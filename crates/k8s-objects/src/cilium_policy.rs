@@ -213,6 +213,8 @@ pub struct CiliumRule {
     pub default_deny_ingress: bool,
     /// The same for egress.
     pub default_deny_egress: bool,
+    /// `log.value` (Cilium 1.18): put into the flows the rule decides (Hubble's `policy_log`).
+    pub log: Option<String>,
     /// `description`.
     pub description: String,
     /// `labels`: what names the rule.

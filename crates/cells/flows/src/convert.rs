@@ -242,6 +242,7 @@ pub fn to_proto(flow: &Flow, node: &str) -> v1::Flow {
         ingress_allowed_by: policies(flow, Direction::Ingress, false),
         egress_denied_by: policies(flow, Direction::Egress, true),
         ingress_denied_by: policies(flow, Direction::Ingress, true),
+        policy_log: policy_log(flow),
     }
 }
 
@@ -253,15 +254,33 @@ fn policies(flow: &Flow, direction: Direction, denied: bool) -> Vec<v1::FlowPoli
     if !here {
         return Vec::new();
     }
-    flow.policies
-        .iter()
-        .map(|p| v1::FlowPolicy {
-            name: p.name.clone(),
-            namespace: p.namespace.clone(),
-            kind: p.kind.clone(),
-            ..v1::FlowPolicy::default()
-        })
-        .collect()
+    // An object is named once, though several of its specs (each with its log) decided.
+    let mut out: Vec<v1::FlowPolicy> = Vec::new();
+    for p in flow.policies.iter() {
+        let same = |q: &v1::FlowPolicy| {
+            (&q.kind, &q.namespace, &q.name) == (&p.kind, &p.namespace, &p.name)
+        };
+        if !out.iter().any(same) {
+            out.push(v1::FlowPolicy {
+                name: p.name.clone(),
+                namespace: p.namespace.clone(),
+                kind: p.kind.clone(),
+                ..v1::FlowPolicy::default()
+            });
+        }
+    }
+    out
+}
+
+/// The `log` values of the rules that decided, each once.
+fn policy_log(flow: &Flow) -> Vec<String> {
+    let mut logs: Vec<String> = Vec::new();
+    for log in flow.policies.iter().filter_map(|p| p.log.as_ref()) {
+        if !logs.contains(log) {
+            logs.push(log.clone());
+        }
+    }
+    logs
 }
 
 #[cfg(test)]
@@ -306,6 +325,7 @@ mod tests {
         assert_eq!(f.ingress_denied_by[0].name, "denied");
         assert_eq!(f.ingress_denied_by[0].kind, "CiliumNetworkPolicy");
         assert!(f.ingress_allowed_by.is_empty() && f.egress_denied_by.is_empty());
+        assert_eq!(f.policy_log, ["seen"]);
     }
 
     #[test]

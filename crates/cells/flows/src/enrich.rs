@@ -319,6 +319,7 @@ pub(crate) mod tests {
                 kind: "CiliumNetworkPolicy".into(),
                 namespace: "shop".into(),
                 name: format!("{:?}", q.outcome).to_lowercase(),
+                log: Some("seen".into()),
             }]
         }
     }

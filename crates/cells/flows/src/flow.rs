@@ -61,6 +61,8 @@ pub struct PolicyRef {
     pub namespace: String,
     /// Its name.
     pub name: String,
+    /// The `log` value of the rule of it that decided (Cilium 1.18's policy log field).
+    pub log: Option<String>,
 }
 
 impl std::fmt::Display for PolicyRef {

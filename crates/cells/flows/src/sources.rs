@@ -115,6 +115,7 @@ impl Sources for CellSources {
                 kind: o.kind.to_string(),
                 namespace: o.namespace.clone(),
                 name: o.name.clone(),
+                log: o.log.clone(),
             })
             .collect()
     }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 
 use crate::convert;
-use crate::flow::{Flow, FlowVerdict, PolicyRef};
+use crate::flow::{Flow, FlowVerdict};
 use crate::ring::Ring;
 
 /// The counters.
@@ -30,8 +30,8 @@ struct Inner {
     verdicts: HashMap<(&'static str, &'static str, &'static str), u64>,
     // endpoint id -> reason -> drops
     drops: HashMap<u16, BTreeMap<String, u64>>,
-    // (policy, direction) -> policy drops it decided
-    policy_drops: HashMap<(PolicyRef, &'static str), u64>,
+    // (kind, namespace, name, direction) -> policy drops that object decided
+    policy_drops: HashMap<(String, String, String, &'static str), u64>,
 }
 
 fn kind_name(kind: EventKind) -> &'static str {
@@ -106,10 +106,13 @@ impl Stats {
                 }
                 let direction = direction_name(e.direction);
                 for p in flow.policies.iter() {
-                    *inner
-                        .policy_drops
-                        .entry((p.clone(), direction))
-                        .or_default() += 1;
+                    let key = (
+                        p.kind.clone(),
+                        p.namespace.clone(),
+                        p.name.clone(),
+                        direction,
+                    );
+                    *inner.policy_drops.entry(key).or_default() += 1;
                 }
             }
             EventKind::Unknown(_) => {}
@@ -182,11 +185,11 @@ impl Collector for StatsCollector {
             None,
             MetricType::Counter,
         )?;
-        for ((p, direction), n) in &policy_drops {
+        for ((kind, namespace, name, direction), n) in &policy_drops {
             let labels = [
-                ("kind", p.kind.as_str()),
-                ("namespace", p.namespace.as_str()),
-                ("name", p.name.as_str()),
+                ("kind", kind.as_str()),
+                ("namespace", namespace.as_str()),
+                ("name", name.as_str()),
                 ("direction", direction),
             ];
             ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
@@ -232,11 +235,8 @@ mod tests {
             Some(&1)
         );
         // The policy that decided each drop, as the sources named it.
-        let (policy, n) = inner.policy_drops.iter().next().unwrap();
-        assert_eq!(
-            (policy.0.name.as_str(), policy.1, *n),
-            ("denied", "ingress", 2)
-        );
+        let ((_, _, name, direction), n) = inner.policy_drops.iter().next().unwrap();
+        assert_eq!((name.as_str(), *direction, *n), ("denied", "ingress", 2));
         assert_eq!(inner.policy_drops.len(), 1);
     }
 }

@@ -524,6 +524,7 @@ impl PolicyRepository {
                     namespace: key.1.namespace.clone(),
                     name: key.1.name.clone(),
                     audit: false,
+                    log: None,
                 };
                 tracing::warn!(%origin, %reason, "policy not enforced");
                 st.problems
@@ -545,6 +546,7 @@ impl PolicyRepository {
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
                 audit: false,
+                log: None,
             };
             (origin, set.as_ref())
         }));

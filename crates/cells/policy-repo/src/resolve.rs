@@ -413,6 +413,7 @@ mod tests {
             namespace: "shop".into(),
             name: "db".into(),
             audit: false,
+            log: None,
         });
         let set = RuleSet {
             enforce: vec![Enforcement {
@@ -540,6 +541,7 @@ mod tests {
                 namespace: "shop".into(),
                 name: name.into(),
                 audit: false,
+                log: None,
             })
         };
         let rule = |origin: &Arc<Origin>, verdict, port: u16| Rule {
@@ -634,6 +636,7 @@ mod tests {
                     namespace: "shop".into(),
                     name: name.into(),
                     audit,
+                    log: None,
                 });
                 let rule = |verdict, port| Rule {
                     origin: origin.clone(),

@@ -50,6 +50,9 @@ pub struct Origin {
     pub name: String,
     /// In audit mode (`policy.cellium.io/audit-mode`): what only it would drop passes.
     pub audit: bool,
+    /// The `log` value of the rule (a Cilium spec) this origin stands for: put into the flows
+    /// it decides.
+    pub log: Option<String>,
 }
 
 impl fmt::Display for Origin {
@@ -239,6 +242,7 @@ mod tests {
             namespace: String::new(),
             name: "x".into(),
             audit: false,
+            log: None,
         };
         assert_eq!(o.to_string(), "CiliumClusterwideNetworkPolicy x");
     }
@@ -251,6 +255,7 @@ mod tests {
                 namespace: "shop".into(),
                 name: "db".into(),
                 audit: false,
+                log: None,
             }),
             subject: subject.parse().unwrap(),
             direction: Direction::Ingress,

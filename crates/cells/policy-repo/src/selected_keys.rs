@@ -155,6 +155,7 @@ mod tests {
             namespace: namespace.into(),
             name: name.into(),
             audit: false,
+            log: None,
         }
     }
 

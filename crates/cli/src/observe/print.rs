@@ -317,6 +317,9 @@ pub fn dict(f: &Flow) -> String {
     if let Some(d) = deciders(f) {
         lines.push(format!("   POLICIES: {d}"));
     }
+    if !f.policy_log.is_empty() {
+        lines.push(format!("        LOG: {}", f.policy_log.join(", ")));
+    }
     lines.join("\n")
 }
 
@@ -429,6 +432,9 @@ pub fn json(f: &Flow) -> Value {
             obj.insert(field.into(), Value::Array(list));
         }
     }
+    if !f.policy_log.is_empty() {
+        obj.insert("policy_log".into(), json!(f.policy_log));
+    }
     json!({"flow": flow, "node_name": f.node_name, "time": rfc3339(f.time.as_ref())})
 }
 
@@ -540,6 +546,9 @@ mod tests {
             compact(&f)
         );
         assert!(dict(&f).contains("   POLICIES: CiliumNetworkPolicy shop/db, "));
+        f.policy_log = vec!["db guard".into()];
+        assert!(dict(&f).contains("        LOG: db guard"));
+        assert_eq!(json(&f)["flow"]["policy_log"][0], "db guard");
         let j = json(&f);
         assert_eq!(j["flow"]["ingress_denied_by"][0]["name"], "db");
         assert_eq!(

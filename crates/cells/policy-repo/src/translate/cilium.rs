@@ -47,6 +47,7 @@ pub fn translate(
         namespace: policy.namespace.clone(),
         name: policy.name.clone(),
         audit: policy.audit,
+        log: None,
     });
     let ns = policy.namespace.as_str();
     let mut set = RuleSet::default();
@@ -62,6 +63,14 @@ pub fn translate(
             subject = subject.and(Selector::namespace(ns));
         }
         let labels: Vec<String> = rule.labels.iter().map(ToString::to_string).collect();
+        // A spec with a `log` value has an origin of its own, which names it in flows.
+        let origin = match &rule.log {
+            Some(log) => Arc::new(Origin {
+                log: Some(log.clone()),
+                ..(*origin).clone()
+            }),
+            None => origin.clone(),
+        };
         for (direction, on) in [
             (Direction::Ingress, rule.default_deny_ingress),
             (Direction::Egress, rule.default_deny_egress),

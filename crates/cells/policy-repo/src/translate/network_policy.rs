@@ -28,6 +28,7 @@ pub fn translate(np: &NetworkPolicy) -> Result<RuleSet, String> {
         namespace: np.namespace.clone(),
         name: np.name.clone(),
         audit: np.audit,
+        log: None,
     });
     let subject = pod_selector(&np.pod_selector)
         .map_err(|e| format!("spec.podSelector: {e}"))?
