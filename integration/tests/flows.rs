@@ -61,6 +61,13 @@ fn observe(agent: &Agent, args: &[&str]) -> Vec<Value> {
         .collect()
 }
 
+/// `cellium observe --all <args>`, one flow a line.
+fn compact(agent: &Agent, args: &[&str]) -> String {
+    let mut all = vec!["observe", "--all"];
+    all.extend_from_slice(args);
+    agent.cli(&all).expect("cellium observe")
+}
+
 /// A `cellium observe --follow` running in the background, its lines timed as they come.
 struct Follower {
     child: Child,
@@ -152,22 +159,15 @@ fn a_policy_drop_names_both_pods_and_the_reason_and_an_allowed_connection_its_ma
         "{f:#}"
     );
     // The one-line form says the same at a glance.
-    let compact = lab
-        .agent()
-        .cli(&[
-            "observe",
-            "--all",
-            "--verdict",
-            "DROPPED",
-            "--to-pod",
-            "shop/db",
-        ])
-        .unwrap();
-    assert!(
-        compact.contains("dev/tool:") && compact.contains("-> shop/db:5432"),
-        "{compact}"
+    let line = compact(
+        lab.agent(),
+        &["--verdict", "DROPPED", "--to-pod", "shop/db"],
     );
-    assert!(compact.contains("DROPPED"), "{compact}");
+    assert!(
+        line.contains("dev/tool:") && line.contains("-> shop/db:5432"),
+        "{line}"
+    );
+    assert!(line.contains("DROPPED"), "{line}");
     // The drop counts against shop/db, whose ingress policy decided: in `endpoint get` and
     // in the metrics.
     let db_id = lab.endpoints().unwrap()["shop/db"]["id"].as_u64().unwrap();
@@ -362,21 +362,14 @@ fn a_drop_and_a_verdict_name_the_policy_that_decided() {
         serde_json::json!(["tools stay off the database"]),
         "{denied:#}"
     );
-    let compact = lab
-        .agent()
-        .cli(&[
-            "observe",
-            "--all",
-            "--verdict",
-            "DROPPED",
-            "--to-pod",
-            "shop/db",
-        ])
-        .unwrap();
+    let lines = compact(
+        lab.agent(),
+        &["--verdict", "DROPPED", "--to-pod", "shop/db"],
+    );
     assert!(
-        compact.contains("DROPPED by NetworkPolicy shop/db-from-web")
-            && compact.contains("DROPPED by CiliumClusterwideNetworkPolicy no-tool-to-db"),
-        "{compact}"
+        lines.contains("DROPPED by NetworkPolicy shop/db-from-web")
+            && lines.contains("DROPPED by CiliumClusterwideNetworkPolicy no-tool-to-db"),
+        "{lines}"
     );
     let metrics = lab.agent().metrics().unwrap();
     for series in [
@@ -428,13 +421,10 @@ fn a_policy_in_audit_mode_lets_through_what_it_would_drop_and_names_itself() {
     assert_eq!(f["verdict"], "AUDIT", "{f:#}");
     assert_eq!(f["source"]["pod_name"], "tool");
     assert_eq!(f["ingress_denied_by"][0]["name"], "db-from-web", "{f:#}");
-    let compact = lab
-        .agent()
-        .cli(&["observe", "--all", "--verdict", "AUDIT"])
-        .unwrap();
+    let line = compact(lab.agent(), &["--verdict", "AUDIT"]);
     assert!(
-        compact.contains("INGRESS AUDIT (policy default deny) by NetworkPolicy shop/db-from-web"),
-        "{compact}"
+        line.contains("INGRESS AUDIT (policy default deny) by NetworkPolicy shop/db-from-web"),
+        "{line}"
     );
     let metrics = lab.agent().metrics().unwrap();
     assert!(

@@ -533,90 +533,29 @@ mod tests {
 
     #[test]
     fn each_outcome_names_the_objects_that_decided_it() {
-        let db = Selector::from_labels(&l("k8s:app=db"));
-        let web = Selector::from_labels(&l("k8s:app=web"));
-        let origin = |kind, name: &str| {
-            Arc::new(Origin {
-                kind,
-                namespace: "shop".into(),
-                name: name.into(),
-                audit: false,
-                log: None,
-            })
-        };
-        let rule = |origin: &Arc<Origin>, verdict, port: u16| Rule {
-            origin: origin.clone(),
-            subject: db.clone(),
-            direction: Direction::Ingress,
-            verdict,
-            peers: vec![Peer::Selector(web.clone())],
-            ports: vec![PortSpec {
-                protocol: Some(Protocol::Tcp),
-                ports: PortMatch::Range(port, port),
-            }],
-            labels: Vec::new(),
-        };
-        let set = |origin: &Arc<Origin>, rules| RuleSet {
-            enforce: vec![Enforcement {
-                origin: origin.clone(),
-                subject: db.clone(),
-                direction: Direction::Ingress,
-                labels: Vec::new(),
-            }],
-            rules,
-            ..RuleSet::default()
-        };
-        let a = origin(PolicyKind::NetworkPolicy, "a");
-        let b = origin(PolicyKind::CiliumNetworkPolicy, "b");
-        let sets = [
-            set(&a, vec![rule(&a, Verdict::Allow, 80)]),
-            set(
-                &b,
-                vec![rule(&b, Verdict::Allow, 80), rule(&b, Verdict::Deny, 81)],
-            ),
-        ];
-        let mut cache = SelectorCache::default();
-        cache.add_user(&web);
-        cache.identity_added(300, &l("k8s:app=web"));
-        let labels = l("k8s:app=db");
-        let subject = Subject {
-            identity: 301,
-            labels: &labels,
-            named_ports: &[],
-        };
-        let p = resolve(
-            &subject,
-            sets.iter(),
-            &cache,
-            &PeerPorts::new(),
-            1,
-            false,
-            false,
-        );
-        let by = |outcome, identity, port| {
+        let p = db_policy(&[("a", false, 80, 83), ("b", false, 80, 81)], false, false);
+        let by = |outcome, identity, port| -> Vec<String> {
             p.decided_by(outcome, Direction::Ingress, identity, Protocol::Tcp, port)
+                .iter()
+                .map(|o| o.name.clone())
+                .collect()
         };
-        assert_eq!(by(Outcome::Allowed, 300, 80), vec![a.clone(), b.clone()]);
-        assert_eq!(by(Outcome::Denied, 300, 81), vec![b.clone()]);
-        assert_eq!(
-            by(Outcome::DefaultDenied, 300, 82),
-            vec![a.clone(), b.clone()]
-        );
+        assert_eq!(by(Outcome::Allowed, 300, 80), ["a", "b"]);
+        assert_eq!(by(Outcome::Denied, 300, 81), ["b"]);
+        assert_eq!(by(Outcome::DefaultDenied, 300, 82), ["a", "b"]);
         // Nothing of theirs allows another peer, or a port they do not name; the node is
         // allowed by the agent's own rule, which no object made.
         assert!(by(Outcome::Allowed, 302, 80).is_empty());
         assert!(by(Outcome::Allowed, 300, 82).is_empty());
         assert!(by(Outcome::Allowed, Reserved::Host.id(), 22).is_empty());
-        assert!(
-            p.decided_by(
-                Outcome::DefaultDenied,
-                Direction::Egress,
-                300,
-                Protocol::Tcp,
-                80
-            )
-            .is_empty()
+        let egress = p.decided_by(
+            Outcome::DefaultDenied,
+            Direction::Egress,
+            300,
+            Protocol::Tcp,
+            80,
         );
+        assert!(egress.is_empty());
     }
 
     /// `db`'s ingress by `objects`: (name, audited, allowed port, denied port) each, with a
