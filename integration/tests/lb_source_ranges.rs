@@ -73,7 +73,7 @@ fn not_in_range(agent: &Agent) -> u64 {
 #[test]
 fn load_balancer_source_ranges_admit_only_their_clients_at_the_ingress_ips() {
     let _serial = serial();
-    let bed = ServiceBed::start(&pods(1, true), "lbsr").expect("the service bed");
+    let mut bed = ServiceBed::start(&pods(1, true), "lbsr").expect("the service bed");
     let _servers: Vec<PeerServer> = bed
         .web_ips
         .iter()
@@ -184,6 +184,40 @@ fn load_balancer_source_ranges_admit_only_their_clients_at_the_ingress_ips() {
         });
         assert_eq!(seen, b[f]);
         assert_eq!(reached(a[f], lbs[f]), None, "{} is outside now", a[f]);
+    }
+
+    // The ranges hold while the agent is down (the pinned maps enforce them) and after it
+    // comes back (it reads them back from the pins, and removes none).
+    let ids = ids_in_maps(&bed.agent);
+    bed.agent.stop().expect("stop the agent");
+    for f in 0..families {
+        assert_eq!(
+            reached(a[f], lbs[f]),
+            None,
+            "{} refused while stopped",
+            a[f]
+        );
+        assert!(
+            reached(b[f], lbs[f]).is_some(),
+            "{} admitted while stopped",
+            b[f]
+        );
+    }
+    bed.agent.start().expect("start the agent again");
+    let agent = &bed.agent;
+    assert_eq!(ids_in_maps(agent), ids, "the same ranges, read back");
+    for f in 0..families {
+        assert_eq!(
+            reached(a[f], lbs[f]),
+            None,
+            "{} refused after the restart",
+            a[f]
+        );
+        let seen = wait_for(
+            &format!("{} reaching {} after the restart", b[f], lbs[f]),
+            || reached(b[f], lbs[f]),
+        );
+        assert_eq!(seen, b[f]);
     }
 
     // A /0 admits every client.
