@@ -35,8 +35,9 @@ struct policy_key {
 struct policy_value {
 	__u8 deny; /* 1 = deny, 0 = allow */
 	__u8 flags; /* CEL_POLICY_F_* */
-	__be16 proxy_port; /* an allow's L7 proxy: new connections go to it; 0 = none */
-	__u32 cookie; /* the rule that made the entry, named in events; 0 = none */
+	__be16 proxy_port; /* reserved for an allow's L7 proxy redirect; zero */
+	__u32 cookie; /* reserved for the rule that made the entry; zero (flows name
+		       * the deciding policies from the agent's resolved policy) */
 };
 
 #endif /* CELLIUM_POLICY_H */

@@ -309,9 +309,10 @@ pub struct PolicyValue {
     pub deny: u8,
     /// `CEL_POLICY_F_*`.
     pub flags: u8,
-    /// An allow's L7 proxy port, network order: new connections go to it; 0 = none.
+    /// Reserved for an allow's L7 proxy redirect (network order); zero.
     pub proxy_port: u16,
-    /// The rule that made the entry, named in events; 0 = none.
+    /// Reserved for the rule that made the entry; zero (flows name the deciding policies
+    /// from the agent's resolved policy).
     pub cookie: u32,
 }
 plain!(PolicyValue {
