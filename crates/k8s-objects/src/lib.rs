@@ -21,6 +21,7 @@ mod cidr_group;
 mod cilium_cluster;
 pub mod cilium_decode;
 mod cilium_policy;
+mod dns_match;
 mod endpoint_slice;
 mod namespace;
 mod network_policy;
@@ -38,6 +39,7 @@ pub use cilium_policy::{
     CidrGroupMatch, CidrGroupRef, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy,
     CiliumPeerRule, CiliumPolicy, CiliumRule, Entity, RuleLabel, ServiceRef,
 };
+pub use dns_match::DnsMatch;
 pub use endpoint_slice::{
     CONTROLLER_MANAGED_BY, EndpointSlice, SERVICE_NAME_LABEL, ServiceOwner, SliceEndpoint,
     SlicePort,
