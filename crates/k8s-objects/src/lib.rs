@@ -22,6 +22,7 @@ mod cidr_group;
 mod cilium_cluster;
 pub mod cilium_decode;
 mod cilium_policy;
+mod dns_match;
 mod endpoint_slice;
 mod icmp;
 mod namespace;
@@ -41,6 +42,7 @@ pub use cilium_policy::{
     CidrGroupMatch, CidrGroupRef, CiliumClusterwideNetworkPolicy, CiliumNetworkPolicy,
     CiliumPeerRule, CiliumPolicy, CiliumRule, Entity, RuleLabel, ServiceRef,
 };
+pub use dns_match::DnsMatch;
 pub use endpoint_slice::{
     CONTROLLER_MANAGED_BY, EndpointSlice, SERVICE_NAME_LABEL, ServiceOwner, SliceEndpoint,
     SlicePort,
